@@ -487,8 +487,8 @@ def compare_boundary(a, b, rows: int = ROWS) -> dict:
             "cos_min": cos_min}
 
 
-def layers(fp32_path: str, int8_path: str, seed: int) -> dict:
-    """Boundary-by-boundary FP32 vs. INT8 error on the contract input, paired by position."""
+def measure_layers(fp32_path: str, int8_path: str, seed: int):
+    """The ``layers`` answer plus the boundary tensors it was computed from (for ``report``)."""
     require_file(fp32_path)
     require_file(int8_path)
     fp32_boundaries, fp32_features, fp32_tensors = boundary_tensors(fp32_path, seed)
@@ -509,7 +509,13 @@ def layers(fp32_path: str, int8_path: str, seed: int) -> dict:
                              f"row over {ROWS} rows")
         entries.append({"index": index, "fp32": fp32_name, "int8": int8_name,
                         **compare_boundary(a, b)})
-    return {"seed": seed, "rows": ROWS, "layer_count": len(entries), "layers": entries}
+    answer = {"seed": seed, "rows": ROWS, "layer_count": len(entries), "layers": entries}
+    return answer, fp32_tensors, int8_tensors
+
+
+def layers(fp32_path: str, int8_path: str, seed: int) -> dict:
+    """Boundary-by-boundary FP32 vs. INT8 error on the contract input, paired by position."""
+    return measure_layers(fp32_path, int8_path, seed)[0]
 
 
 def growth_from(rel_errors: list[float]) -> dict:
@@ -539,10 +545,15 @@ def growth_from(rel_errors: list[float]) -> dict:
     }
 
 
+def growth_of(measured: dict) -> dict:
+    """The ``growth`` answer for a ``layers`` answer: one measurement, never a second run."""
+    return {"seed": measured["seed"],
+            **growth_from([entry["rel_error"] for entry in measured["layers"]])}
+
+
 def growth(fp32_path: str, int8_path: str, seed: int) -> dict:
-    """The ``layers`` measurement reduced to how relative error grows; one run, not two."""
-    measured = layers(fp32_path, int8_path, seed)
-    return {"seed": seed, **growth_from([entry["rel_error"] for entry in measured["layers"]])}
+    """The ``layers`` measurement reduced to how relative error grows."""
+    return growth_of(layers(fp32_path, int8_path, seed))
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -582,6 +593,204 @@ def settings(model_path: str, seed: int) -> dict:
                                                 and y.tobytes() == base.tobytes())})
     return {"model": model_path, "seed": seed, "baseline": baseline, "cases": cases,
             "all_equal": all(case["bitwise_equal"] for case in cases)}
+
+
+# -- report ------------------------------------------------------------------------------------
+
+REPORT_REQUESTS = (["CPUExecutionProvider"], ["AzureExecutionProvider"],
+                   ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                   ["NoSuchExecutionProvider"], [])
+REPORT_NOTE = ("A requested provider list is a wish, not a guarantee: onnxruntime drops providers "
+               "it does not have without raising and runs on what is left (CPU at the end); "
+               "'actual' is session.get_providers(), the only reliable answer.")
+REPORT_SPLITS = (("fp32", "MatMul"), ("fp32", "MatMul,Add,Relu"), ("int8", "MatMul"),
+                 ("int8", "MatMul,Add,Relu"),
+                 ("int8", "MatMul,Add,Relu,QuantizeLinear,DequantizeLinear"))
+REPORT_FILES = ("fp32_exposed.onnx", "int8_exposed.onnx", "providers.json", "growth.json",
+                "settings.json", "ep_report.md")
+
+
+def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None) -> dict:
+    """Measure everything the lab asks for and write the deliverables into ``out_dir``.
+
+    All measurements run before the first file is written, so a failure leaves the previous
+    deliverables as they were; each file is then written atomically.
+    """
+    out_dir = out_dir if out_dir is not None else (os.path.dirname(fp32_path) or ".")
+    require_file(fp32_path)
+    require_file(int8_path)
+    paths = {name: os.path.join(out_dir, name) for name in REPORT_FILES}
+    for source in (fp32_path, int8_path):
+        for target in paths.values():
+            if _same_file(source, target):
+                raise EprunError(f"refusing to overwrite the input model {source!r} with a "
+                                 "deliverable; choose another --out-dir", EXIT_USAGE)
+    models = {"fp32": fp32_path, "int8": int8_path}
+    provider_answer = {**providers(fp32_path, [list(r) for r in REPORT_REQUESTS]),
+                       "note": REPORT_NOTE}
+    splits = [partition(models[which], parse_list(ops)) for which, ops in REPORT_SPLITS]
+    measured, _, int8_tensors = measure_layers(fp32_path, int8_path, seed)
+    growth_answer = growth_of(measured)
+    settings_answer = settings(int8_path, seed)
+    exposure = _exposure_effect(int8_path, seed, measured, int8_tensors)
+    markdown = report_markdown(provider_answer, splits, measured, growth_answer,
+                               settings_answer, exposure)
+
+    os.makedirs(out_dir, exist_ok=True)
+    expose(fp32_path, paths["fp32_exposed.onnx"])
+    expose(int8_path, paths["int8_exposed.onnx"])
+    for name, answer in (("providers.json", provider_answer), ("growth.json", growth_answer),
+                         ("settings.json", settings_answer)):
+        write_atomically((to_json(answer) + "\n").encode(), paths[name])
+    write_atomically(markdown.encode("utf-8"), paths["ep_report.md"])
+    return {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES]}
+
+
+def _exposure_effect(int8_path: str, seed: int, measured: dict, int8_tensors: list) -> dict:
+    """Does exposing the int8 boundaries change the final output? Exposed DQ outputs can stop
+    onnxruntime from fusing DequantizeLinear -> MatMul -> QuantizeLinear into one kernel."""
+    import numpy as np
+
+    model = load_model(int8_path, load_weights=False)
+    name, x = contract_input(model, seed, path=int8_path)
+    output = model.graph.output[0].name
+    del model
+    session = cpu_session(int8_path, what=repr(int8_path))
+    plain = run_session(session, [output], {name: x}, what=repr(int8_path))[0]
+    exposed = int8_tensors[[entry["int8"] for entry in measured["layers"]].index(output)]
+    with np.errstate(all="ignore"):
+        diff = float(np.max(np.abs(plain.astype(np.float64) - exposed.astype(np.float64))))
+    return {"output": output, "bitwise_equal": plain.tobytes() == exposed.tobytes(),
+            "max_abs_diff": diff}
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    return "null" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
+
+
+def _ops(names: list[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names) if names else "(none)"
+
+
+def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
+                    growth_answer: dict, settings_answer: dict, exposure: dict) -> str:
+    """``ep_report.md``: the four headings of the contract, every number from a measurement."""
+    import platform
+
+    import numpy
+    import onnxruntime
+
+    available = provider_answer["available"]
+    fell_back = [case for case in provider_answer["cases"] if case["fell_back"]]
+    errors = [case for case in provider_answer["cases"] if case["error"]]
+    lines = ["# eprun report: requested vs. held providers, graph splits, quantization error", "",
+             f"Generated by `python eprun.py report {provider_answer['model']} "
+             f"{settings_answer['model']} --seed {settings_answer['seed']}`; the JSON files "
+             "beside this report hold every number in full precision.", "",
+             "## 무엇을 요청했고 무엇을 쥐었나", "",
+             f"This onnxruntime ({onnxruntime.__version__}) offers **{len(available)}** "
+             f"execution providers: {_ops(available)}. Each requested list below got its own "
+             f"session on `{provider_answer['model']}` (`providers.json`).", "",
+             "| requested | actual (`get_providers()`) | missing | fell back | error |",
+             "|---|---|---|---|---|"]
+    for case in provider_answer["cases"]:
+        lines.append(f"| {_ops(case['requested'])} | {_ops(case['actual'])} | "
+                     f"{_ops(case['missing'])} | {'yes' if case['fell_back'] else 'no'} | "
+                     f"{case['error'] or '—'} |")
+    lines += ["", f"{len(fell_back)} of {len(provider_answer['cases'])} requests did not get "
+              "exactly what they asked for, and "
+              + ("none of them raised an exception: a missing provider is silently dropped, so "
+                 "only the session can say what is running."
+                 if not errors else f"{len(errors)} raised an exception at session creation."),
+              ""]
+
+    lines += ["## 그래프가 쪼개지는 자리", "",
+              "A simulation in file order, not real placement: a node is the EP's when its op "
+              "type is in the supported list, and each run of consecutive nodes with one owner "
+              "is one partition (`eprun.py partition`).", "",
+              "| model | supported ops | nodes | claimed by EP | partitions | hand-offs |",
+              "|---|---|---|---|---|---|"]
+    for split in splits:
+        lines.append(f"| `{split['model']}` | {_ops(split['supported'])} | {split['nodes']} | "
+                     f"{split['claimed']} | {split['partition_count']} | {split['handoffs']} |")
+    fp32_split, int8_split = splits[0], splits[2]
+    lines += ["", f"With only `MatMul` supported the float model splits into "
+              f"{fp32_split['partition_count']} partitions and the int8 model into "
+              f"{int8_split['partition_count']}: QDQ puts a QuantizeLinear/DequantizeLinear "
+              "pair between every two compute ops, so an EP that does not claim Q/DQ hands the "
+              "tensor back and forth at each of them; claiming Q/DQ as well is what lets the "
+              "quantized graph stay in one piece.", ""]
+
+    rel_error = growth_answer["rel_error"]
+    ratios = [None] + growth_answer["ratios"]
+    lines += ["## 층을 거듭하며 자란 오차", "",
+              f"Input: `default_rng({measured['seed']}).standard_normal(({measured['rows']}, F))`"
+              ", both models exposed in memory and run on the CPU provider with default session "
+              "options; boundary k pairs the k-th tensor of each model (`growth.json`).", "",
+              "| boundary | fp32 tensor | int8 tensor | max abs error | scale | rel error | "
+              "cos min | ratio to previous |", "|---|---|---|---|---|---|---|---|"]
+    for entry, ratio in zip(measured["layers"], ratios):
+        lines.append(f"| {entry['index']} | `{entry['fp32']}` | `{entry['int8']}` | "
+                     f"{_num(entry['max_abs_error'])} | {_num(entry['scale'])} | "
+                     f"{_num(entry['rel_error'])} | {_num(entry['cos_min'], 6)} | "
+                     f"{'—' if entry['index'] == 0 else _num(ratio)} |")
+    total = growth_answer["total_growth"]
+    jump = growth_answer["max_ratio"]
+    drops = [k for k in range(1, len(rel_error)) if not rel_error[k] >= rel_error[k - 1]]
+    lines += ["", f"Total growth factor, last relative error over the first: **{_num(total)}** "
+              f"(`total_growth` = {total!r} in `growth.json`)." if total is not None else
+              "Total growth factor: null (the first relative error is 0).", ""]
+    if jump:
+        lines.append(f"Largest jump: into boundary {jump['index']} "
+                     f"(`{measured['layers'][jump['index']]['fp32']}`), ×{_num(jump['ratio'])}.")
+    lines.append("Growth was monotone: the relative error never decreased." if not drops else
+                 "Growth was not monotone: the relative error fell at boundar"
+                 f"{'y' if len(drops) == 1 else 'ies'} {', '.join(map(str, drops))} "
+                 "(Relu cuts part of the error and each layer is requantized with its own scale).")
+    if all(value is not None and math.isfinite(value) for value in rel_error):
+        lines += ["", "```mermaid", "xychart-beta",
+                  '    title "Relative error per boundary (int8 vs fp32)"',
+                  "    x-axis \"boundary\" [" + ", ".join(f'"{k}"' for k in range(len(rel_error)))
+                  + "]", '    y-axis "max abs error / scale"',
+                  "    line [" + ", ".join(f"{value:.6g}" for value in rel_error) + "]", "```"]
+    lines.append("")
+
+    base = settings_answer["baseline"]
+    differing = [case for case in settings_answer["cases"] if not case["bitwise_equal"]]
+    lines += ["## 이 기계에서만 참인 것", "",
+              "These results hold for this machine's provider set and settings, and may differ "
+              "elsewhere:", "",
+              f"- **Providers**: {len(available)} available ({_ops(available)}). Which lists fell "
+              "back, and to what, is a property of this onnxruntime build: on a machine with "
+              "CUDA the CUDA request would hold.",
+              f"- **Software**: onnxruntime {onnxruntime.__version__}, numpy {numpy.__version__}, "
+              f"Python {platform.python_version()} on {platform.machine() or 'unknown'} with "
+              f"{os.cpu_count()} logical CPUs. The error table used onnxruntime's default "
+              "session options (all graph optimizations, default thread count); other kernels "
+              "round differently, so the error values in the last digits are this stack's.",
+              f"- **Settings** (`settings.json`, int8 model, seed {settings_answer['seed']}): "
+              + ("all three cases (ORT_ENABLE_ALL with 1 thread, ORT_DISABLE_ALL with 2, "
+                 "ORT_ENABLE_ALL with 2) were bitwise equal to the single-threaded unoptimized "
+                 "baseline here. That is a measurement of this machine, not a guarantee."
+                 if not differing else
+                 "these cases differed from the single-threaded unoptimized baseline: "
+                 + "; ".join(f"{case['level']} with {case['intra_op']} threads (max abs diff "
+                             f"{_num(case['max_abs_diff'])})" for case in differing) + "."),
+              f"  Baseline output: max |y| = {_num(base['max_abs_output'])}, "
+              f"mean = {_num(base['mean_output'])}.",
+              "- **Exposure**: exposing the int8 boundary tensors as outputs can change which "
+              "fused kernels onnxruntime picks (a DequantizeLinear whose output is a graph "
+              "output cannot be folded into a QLinearMatMul). Here the exposed int8 model's "
+              f"final output `{exposure['output']}` was "
+              + ("bitwise equal to the plain model's, so the error table describes the model "
+                 "as deployed."
+                 if exposure["bitwise_equal"] else
+                 f"**not** equal to the plain model's (max abs diff "
+                 f"{_num(exposure['max_abs_diff'])}): the error table describes the exposed "
+                 "graph, whose kernels differ from the model as deployed."),
+              "- **No timing was measured.** Nothing here says anything about speed; latency on "
+              "this machine would not carry over to an accelerator anyway.", ""]
+    return "\n".join(lines)
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -652,6 +861,16 @@ def build_parser() -> argparse.ArgumentParser:
                   lambda args: settings(args.model, args.seed))
     sub.add_argument("model", help="ONNX model file")
     sub.add_argument("seed", type=parse_seed, help="non-negative integer seed of the input")
+
+    sub = command("report", "run every lab measurement and write the deliverables: "
+                  + ", ".join(REPORT_FILES),
+                  '{"out_dir", "files"} (the JSON files hold the command answers; providers.json '
+                  'adds "note")',
+                  lambda args: report(args.fp32, args.int8, args.seed, args.out_dir))
+    sub.add_argument("fp32", help="float model")
+    sub.add_argument("int8", help="quantized (QDQ) model")
+    sub.add_argument("--seed", type=parse_seed, default=0, help="input seed (default 0)")
+    sub.add_argument("--out-dir", help="folder to write into (default: the fp32 model's folder)")
     return parser
 
 

@@ -1,0 +1,82 @@
+"""Shared fixtures: run the real CLI in a subprocess, and build small models inline."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EPRUN = ROOT / "eprun.py"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+class Result:
+    def __init__(self, proc: subprocess.CompletedProcess) -> None:
+        self.code = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+
+    @property
+    def answer(self) -> dict:
+        """stdout parsed as exactly one strict JSON object on one line."""
+        lines = self.stdout.splitlines()
+        assert len(lines) == 1, f"expected one stdout line, got {self.stdout!r}"
+
+        def refuse(constant: str) -> None:
+            raise AssertionError(f"non-strict JSON constant {constant}")
+
+        value = json.loads(lines[0], parse_constant=refuse)
+        assert isinstance(value, dict)
+        return value
+
+
+def run_eprun(*args: str, env: dict | None = None, cwd: str | None = None,
+              prefix: list[str] | None = None) -> Result:
+    command = (prefix or [sys.executable, str(EPRUN)]) + [str(arg) for arg in args]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+    return Result(proc)
+
+
+@pytest.fixture
+def eprun():
+    """Run ``python eprun.py ARGS``; assert success and return the parsed JSON answer."""
+    def call(*args: str, **kwargs) -> dict:
+        result = run_eprun(*args, **kwargs)
+        assert result.code == 0, f"exit {result.code}: {result.stderr}"
+        assert "Traceback" not in result.stderr
+        return result.answer
+    return call
+
+
+@pytest.fixture
+def eprun_fails():
+    """Run ``python eprun.py ARGS`` expecting failure ``code``: empty stdout, one error line."""
+    def call(code: int, *args: str, **kwargs) -> str:
+        result = run_eprun(*args, **kwargs)
+        assert result.code == code, f"exit {result.code}, wanted {code}: {result.stderr}"
+        assert result.stdout == ""
+        assert "Traceback" not in result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, f"expected one stderr line, got {result.stderr!r}"
+        assert lines[0].startswith("eprun: error: ")
+        return lines[0]
+    return call
+
+
+@pytest.fixture(scope="session")
+def lab_pair(tmp_path_factory):
+    """A small fp32 chain (5 layers) and its QDQ quantization, built once per test run."""
+    import models
+
+    folder = tmp_path_factory.mktemp("lab")
+    fp32 = folder / "fp32.onnx"
+    int8 = folder / "int8.onnx"
+    models.save(models.chain(features=8, widths=[12, 10, 10, 8, 6], seed=3), fp32)
+    models.quantize(fp32, int8, seed=4)
+    return fp32, int8

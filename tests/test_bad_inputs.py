@@ -1,0 +1,224 @@
+"""Every bad input gets its exit code, an empty stdout and one ``eprun: error:`` line."""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import models
+from conftest import run_eprun
+
+COMMANDS_ON_ONE_MODEL = [
+    ("partition", ["MatMul"]),
+    ("expose", ["{tmp}/out.onnx"]),
+    ("settings", ["1"]),
+]
+
+
+@pytest.fixture
+def files(tmp_path, lab_pair):
+    """Broken and awkward inputs, by name."""
+    fp32, int8 = lab_pair
+    made = {"fp32": fp32, "int8": int8, "dir": tmp_path / "folder",
+            "missing": tmp_path / "nope.onnx", "empty": tmp_path / "empty.onnx",
+            "random": tmp_path / "random.onnx", "text": tmp_path / "text.onnx",
+            "truncated": tmp_path / "truncated.onnx"}
+    made["dir"].mkdir()
+    made["empty"].write_bytes(b"")
+    made["random"].write_bytes(np.random.default_rng(0).bytes(4096))
+    made["text"].write_text("ir_version: 8\nthis is a text file, not a model\n")
+    made["truncated"].write_bytes(fp32.read_bytes()[:700])
+
+    two_inputs = models.finish(
+        [helper.make_node("MatMul", ["x", "z"], ["y"])],
+        [models.float_input("x", 4), helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    made["two_inputs"] = models.save(two_inputs, tmp_path / "two_inputs.onnx")
+
+    int_input = models.finish(
+        [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+         helper.make_node("MatMul", ["xf", "W"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.INT64, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.eye(4, dtype=np.float32), "W")])
+    made["int64_input"] = models.save(int_input, tmp_path / "int64_input.onnx")
+
+    symbolic = models.chain(features=4, widths=(4, 4, 4, 4, 4))
+    symbolic.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "F"
+    made["symbolic_f"] = models.save(symbolic, tmp_path / "symbolic_f.onnx")
+
+    fixed = models.chain(features=4, widths=(4, 4, 4, 4, 4), batch=1)
+    made["fixed_batch"] = models.save(fixed, tmp_path / "fixed_batch.onnx")
+
+    made["short"] = models.save(models.chain(features=8, widths=(6, 6, 4)), tmp_path / "short.onnx")
+    made["wide"] = models.save(models.chain(features=5, widths=(12, 10, 10, 8, 6)),
+                               tmp_path / "wide.onnx")
+    return made
+
+
+def expect_failure(code: int, argv: list[str], names: str | None = None) -> str:
+    result = run_eprun(*argv)
+    assert result.code == code, f"{argv}: exit {result.code}, wanted {code}: {result.stderr}"
+    assert result.stdout == "", argv
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eprun: error: "), result.stderr
+    if names:
+        assert names in lines[0], (names, lines[0])
+    return lines[0]
+
+
+def fill(argv: list[str], files: dict, tmp_path) -> list[str]:
+    return [str(files[a[1:]]) if a.startswith("@") else a.replace("{tmp}", str(tmp_path))
+            for a in argv]
+
+
+MODEL_FAILURES = [
+    # (input, exit code) for every command that reads one model
+    ("missing", 3), ("dir", 3), ("empty", 4), ("random", 4), ("text", 4), ("truncated", 4),
+]
+
+
+@pytest.mark.parametrize("command, extra", COMMANDS_ON_ONE_MODEL)
+@pytest.mark.parametrize("name, code", MODEL_FAILURES)
+def test_unreadable_models(files, tmp_path, command, extra, name, code):
+    argv = [command, str(files[name])] + [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    expect_failure(code, argv, names=str(files[name]))
+    assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("command", ["layers", "growth"])
+@pytest.mark.parametrize("name, code", MODEL_FAILURES)
+def test_unreadable_models_in_pairs(files, command, name, code):
+    expect_failure(code, [command, str(files["fp32"]), str(files[name]), "1"],
+                   names=str(files[name]))
+    expect_failure(code, [command, str(files[name]), str(files["int8"]), "1"],
+                   names=str(files[name]))
+
+
+@pytest.mark.parametrize("name", ["missing", "dir"])
+def test_providers_exits_3_only_for_a_missing_file(files, name):
+    expect_failure(3, ["providers", str(files[name]), "CPUExecutionProvider"],
+                   names=str(files[name]))
+
+
+@pytest.mark.parametrize("argv, code, names", [
+    (["layers", "@two_inputs", "@two_inputs", "1"], 4, "2 inputs"),
+    (["settings", "@two_inputs", "1"], 4, "2 inputs"),
+    (["settings", "@int64_input", "1"], 4, "float32"),
+    (["layers", "@int64_input", "@int64_input", "1"], 4, "float32"),
+    (["settings", "@symbolic_f", "1"], 4, "static"),
+    (["settings", "@fixed_batch", "1"], 4, "64 rows"),
+    (["layers", "@fp32", "@short", "1"], 4, "boundary counts differ"),
+    (["growth", "@short", "@int8", "1"], 4, "boundary counts differ"),
+    (["layers", "@fp32", "@wide", "1"], 4, "input widths"),
+    (["layers", "@fp32", "@int8", "abc"], 2, "'abc'"),
+    (["layers", "@fp32", "@int8", "-1"], 2, "'-1'"),
+    (["growth", "@fp32", "@int8", "1.5"], 2, "'1.5'"),
+    (["settings", "@fp32", ""], 2, "''"),
+    (["settings", "@fp32", " 7"], 2, "' 7'"),
+    (["settings", "@fp32", "٣"], 2, "is not a non-negative integer"),
+    (["report", "@fp32", "@int8", "--seed", "x"], 2, "'x'"),
+    (["frobnicate", "@fp32"], 2, "frobnicate"),
+    ([], 2, "required"),
+    (["layers", "@fp32", "@int8"], 2, "required"),
+    (["layers", "@fp32", "@int8", "1", "2"], 2, "unrecognized"),
+    (["settings", "@fp32"], 2, "required"),
+    (["partition", "@fp32"], 2, "required"),
+    (["partition", "@fp32", "MatMul", "Add"], 2, "unrecognized"),
+    (["providers", "@fp32"], 2, "required"),
+    (["expose", "@fp32"], 2, "required"),
+    (["expose", "@fp32", "@fp32"], 2, "refusing to overwrite"),
+    (["expose", "@fp32", "{tmp}/no/such/folder/out.onnx"], 4, "does not exist"),
+    (["expose", "@fp32", "{tmp}/folder"], 4, "directory"),
+    (["expose", "@fp32", "/proc/eprun-out.onnx"], 4, "cannot write"),
+])
+def test_bad_usage_and_unusable_models(files, tmp_path, argv, code, names):
+    before = {name: hashlib.sha256(open(files[name], "rb").read()).hexdigest()
+              for name in ("fp32", "int8")}
+    line = expect_failure(code, fill(argv, files, tmp_path), names=names.replace(
+        "{tmp}", str(tmp_path)))
+    assert "eprun: error:" in line
+    after = {name: hashlib.sha256(open(files[name], "rb").read()).hexdigest()
+             for name in ("fp32", "int8")}
+    assert before == after
+
+
+def test_expose_refuses_its_input_under_another_spelling(files, tmp_path):
+    link = tmp_path / "link.onnx"
+    os.symlink(files["fp32"], link)
+    expect_failure(2, ["expose", str(files["fp32"]), str(link)], names="refusing")
+    relative = os.path.relpath(files["fp32"])
+    expect_failure(2, ["expose", str(files["fp32"]), relative], names="refusing")
+
+
+@pytest.mark.parametrize("argv", [
+    ["settings", "@fp32", str(10 ** 29)],
+    ["partition", "@fp32", ""],
+    ["partition", "@fp32", ",,,"],
+    ["providers", "@fp32", ""],
+])
+def test_legal_edge_inputs_succeed(eprun, files, tmp_path, argv):
+    answer = eprun(*fill(argv, files, tmp_path))
+    if argv[0] == "settings":
+        assert answer["seed"] == 10 ** 29
+    if argv[0] == "partition":
+        assert answer["supported"] == [] and answer["claimed"] == 0
+        assert answer["partition_count"] == 1 and answer["handoffs"] == 0
+
+
+def test_a_model_without_matmul_has_only_its_output_as_boundary(eprun, tmp_path):
+    model = models.finish([helper.make_node("Relu", ["x"], ["y"])], [models.float_input("x", 4)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    path = models.save(model, tmp_path / "relu.onnx")
+    assert eprun("expose", path, tmp_path / "o.onnx")["boundaries"] == ["y"]
+    answer = eprun("growth", path, path, "2")
+    assert answer["layer_count"] == 1 and answer["ratios"] == []
+    assert answer["rel_error"] == [0.0] and answer["total_growth"] is None
+    assert answer["monotone"] is True and answer["max_ratio"] is None
+
+
+def test_an_initializer_listed_as_input_is_not_fed(eprun, tmp_path):
+    model = models.chain(features=4, widths=(4, 4, 4, 4, 4))
+    model.graph.input.append(helper.make_tensor_value_info("W0", TensorProto.FLOAT, [4, 4]))
+    path = models.save(model, tmp_path / "init_input.onnx")
+    assert eprun("layers", path, path, "1")["layer_count"] == 6
+
+
+def test_debug_mode_shows_the_traceback(files):
+    result = run_eprun("layers", files["empty"], files["int8"], "1", env={"EPRUN_DEBUG": "1"})
+    assert result.code == 4 and "Traceback" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("eprun: error: ")
+
+
+def test_native_writes_to_fd1_during_session_creation_stay_off_stdout(lab_pair):
+    """Simulate a native library that writes straight to file descriptor 1 and C stdio."""
+    from conftest import EPRUN
+
+    code = (
+        "import ctypes, os, runpy, sys\n"
+        "import onnxruntime\n"
+        "original = onnxruntime.InferenceSession.__init__\n"
+        "libc = ctypes.CDLL(None)\n"
+        "def noisy(self, *args, **kwargs):\n"
+        "    os.write(1, b'native write to fd 1\\n')\n"
+        "    libc.printf(b'buffered C stdio write\\n')\n"
+        "    print('python print during session creation')\n"
+        "    original(self, *args, **kwargs)\n"
+        "onnxruntime.InferenceSession.__init__ = noisy\n"
+        f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    fp32, int8 = lab_pair
+    for argv in (["providers", fp32, "FooExecutionProvider"], ["layers", fp32, int8, "1"],
+                 ["settings", int8, "1"]):
+        result = run_eprun(*argv, prefix=[sys.executable, "-c", code])
+        assert result.code == 0, result.stderr
+        assert len(result.stdout.splitlines()) == 1, result.stdout
+        assert result.stdout.startswith("{")
+        assert "native write to fd 1" in result.stderr
+        assert "buffered C stdio write" in result.stderr

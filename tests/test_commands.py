@@ -1,0 +1,308 @@
+"""Every contract command run as a user runs it, each number recomputed independently."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import models
+
+
+def sha(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def oracle_boundaries(model: onnx.ModelProto) -> list[str]:
+    """CONTRACT.md's boundary rule, written out again for the tests."""
+    names = []
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "Gemm") and node.input[0] not in names:
+            names.append(node.input[0])
+    if model.graph.output[0].name not in names:
+        names.append(model.graph.output[0].name)
+    return names
+
+
+def run_with_outputs(path, names: list[str], x: np.ndarray) -> list[np.ndarray]:
+    """Run a model with extra outputs added by hand (element type from shape inference)."""
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    known = {v.name: v for v in list(model.graph.value_info) + list(model.graph.input)}
+    present = {o.name for o in model.graph.output}
+    for name in names:
+        if name not in present:
+            model.graph.output.append(known[name])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(names, {session.get_inputs()[0].name: x})
+
+
+def close(actual, expected, rel=1e-6) -> bool:
+    if expected is None:
+        return actual is None
+    return actual == pytest.approx(expected, rel=rel, abs=1e-12)
+
+
+# -- providers ---------------------------------------------------------------------------------
+
+def test_providers_reports_requested_actual_missing_and_fallback(eprun, lab_pair):
+    fp32, _ = lab_pair
+    answer = eprun("providers", fp32, " CPUExecutionProvider ", "CUDAExecutionProvider,CPUExecutionProvider",
+                   "FooExecutionProvider", "AzureExecutionProvider", ",,")
+    available = ort.get_available_providers()
+    assert answer["model"] == str(fp32)
+    assert answer["available"] == available
+    assert [case["requested"] for case in answer["cases"]] == [
+        ["CPUExecutionProvider"], ["CUDAExecutionProvider", "CPUExecutionProvider"],
+        ["FooExecutionProvider"], ["AzureExecutionProvider"], []]
+    for case in answer["cases"]:
+        assert set(case) == {"requested", "actual", "missing", "fell_back", "error"}
+        session = ort.InferenceSession(str(fp32), providers=case["requested"])
+        assert case["actual"] == session.get_providers()
+        assert case["missing"] == [p for p in case["requested"] if p not in available]
+        assert case["fell_back"] is (case["actual"] != case["requested"])
+        assert case["error"] is None
+    assert answer["cases"][0]["fell_back"] is False
+    assert answer["cases"][2]["fell_back"] is True  # made-up name: CPU, no exception
+
+
+def test_providers_on_an_unloadable_file_reports_errors_per_case(eprun, tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not a model")
+    answer = eprun("providers", junk, "CPUExecutionProvider", "FooExecutionProvider")
+    for case in answer["cases"]:
+        assert case["actual"] == [] and case["fell_back"] is True
+        assert isinstance(case["error"], str) and case["error"]
+
+
+def test_fallback_banner_never_reaches_stdout(lab_pair):
+    from conftest import run_eprun
+
+    result = run_eprun("providers", lab_pair[0], "FooExecutionProvider")
+    assert result.code == 0
+    assert len(result.stdout.splitlines()) == 1
+    assert "Falling back" in result.stderr or "not in available" in result.stderr
+
+
+# -- partition ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ops, supported, partitions", [
+    (["MatMul", "Add", "Relu", "MatMul", "Add"], "MatMul",
+     [("ep", ["MatMul"]), ("cpu", ["Add", "Relu"]), ("ep", ["MatMul"]), ("cpu", ["Add"])]),
+    (["MatMul", "Add", "Relu", "MatMul", "Add"], "MatMul, Add ,Relu",
+     [("ep", ["MatMul", "Add", "Relu", "MatMul", "Add"])]),
+    (["MatMul", "Add", "Relu"], "", [("cpu", ["MatMul", "Add", "Relu"])]),
+    (["MatMul", "Add", "Relu"], ",,", [("cpu", ["MatMul", "Add", "Relu"])]),
+    (["Gemm", "Softmax", "Gemm"], "Gemm,NoSuchOp", [("ep", ["Gemm"]), ("cpu", ["Softmax"]),
+                                                    ("ep", ["Gemm"])]),
+    (["Relu", "Relu", "MatMul"], "matmul", [("cpu", ["Relu", "Relu", "MatMul"])]),
+    ([], "MatMul", []),
+])
+def test_partition_hand_made_graphs(eprun, tmp_path, ops, supported, partitions):
+    path = models.save(models.ops_graph(ops), tmp_path / "g.onnx")
+    answer = eprun("partition", path, supported)
+    expected_parts = [{"owner": owner, "nodes": nodes, "size": len(nodes)}
+                      for owner, nodes in partitions]
+    assert answer == {
+        "model": str(path),
+        "supported": [item.strip() for item in supported.split(",") if item.strip()],
+        "nodes": len(ops),
+        "claimed": sum(len(nodes) for owner, nodes in partitions if owner == "ep"),
+        "partition_count": len(partitions),
+        "handoffs": max(len(partitions) - 1, 0),
+        "partitions": expected_parts,
+    }
+
+
+def test_partition_does_not_import_onnxruntime(lab_pair):
+    from conftest import EPRUN, run_eprun
+
+    code = ("import runpy, sys; sys.argv = ['eprun.py', 'partition', sys.argv[1], 'MatMul'];\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "assert 'onnxruntime' not in sys.modules, 'partition imported onnxruntime'\n")
+    import sys
+    result = run_eprun(lab_pair[1], prefix=[sys.executable, "-c", code.replace(
+        "sys.argv[0]", repr(str(EPRUN)))])
+    assert result.code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1
+
+
+# -- expose ------------------------------------------------------------------------------------
+
+def test_expose_fp32_with_gemm_opens_runs_and_is_idempotent(eprun, tmp_path):
+    fp32 = models.save(models.chain(gemm_layers=(1, 3)), tmp_path / "m.onnx")
+    before = sha(fp32)
+    out = tmp_path / "m_exposed.onnx"
+    answer = eprun("expose", fp32, out)
+    expected = oracle_boundaries(onnx.load(str(fp32)))
+    assert expected == ["x", "relu0", "relu1", "relu2", "relu3", "y"]
+    assert answer == {"model": str(fp32), "out": str(out), "boundaries": expected,
+                      "outputs": ["y"] + expected[:-1]}
+    assert sha(fp32) == before
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == answer["outputs"]
+    x = models.contract_input(0, 8)
+    results = session.run(None, {"x": x})
+    np.testing.assert_array_equal(results[1], x)
+
+    again = eprun("expose", out, tmp_path / "twice.onnx")
+    assert again["boundaries"] == answer["boundaries"]
+    assert again["outputs"] == answer["outputs"]
+    assert onnx.load(str(tmp_path / "twice.onnx")) == onnx.load(str(out))
+
+
+def test_expose_int8_declares_real_types_and_runs(eprun, lab_pair, tmp_path):
+    _, int8 = lab_pair
+    before = sha(int8)
+    out = tmp_path / "int8_exposed.onnx"
+    answer = eprun("expose", int8, out)
+    model = onnx.load(str(int8))
+    producers = {o: n.op_type for n in model.graph.node for o in n.output}
+    assert answer["boundaries"] == oracle_boundaries(model)
+    assert all(producers[name] == "DequantizeLinear" for name in answer["boundaries"][:-1])
+    exposed = onnx.load(str(out))
+    for value in exposed.graph.output:
+        assert value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    session.run(None, {"x": models.contract_input(1, 8)})
+    assert sha(int8) == before
+
+
+def test_expose_keeps_an_int8_boundary_int8(eprun, tmp_path):
+    """A MatMulInteger-free graph whose MatMul reads a Cast-to-int32 tensor: declared int32."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Cast", ["x"], ["xi"], to=TensorProto.INT32),
+             helper.make_node("MatMul", ["xi", "W"], ["yi"]),
+             helper.make_node("Cast", ["yi"], ["y"], to=TensorProto.FLOAT)]
+    w = numpy_helper.from_array(np.ones((8, 3), np.int32), "W")
+    model = models.finish(nodes, [models.float_input()],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])], [w])
+    path = models.save(model, tmp_path / "int.onnx")
+    eprun("expose", path, tmp_path / "out.onnx")
+    outputs = {o.name: o.type.tensor_type.elem_type
+               for o in onnx.load(str(tmp_path / "out.onnx")).graph.output}
+    assert outputs == {"y": TensorProto.FLOAT, "xi": TensorProto.INT32}
+    ort.InferenceSession(str(tmp_path / "out.onnx"), providers=["CPUExecutionProvider"])
+
+
+# -- layers and growth -------------------------------------------------------------------------
+
+def oracle_layers(fp32, int8, seed: int) -> list[dict]:
+    fp32_model, int8_model = onnx.load(str(fp32)), onnx.load(str(int8))
+    features = fp32_model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = models.contract_input(seed, features)
+    names_a, names_b = oracle_boundaries(fp32_model), oracle_boundaries(int8_model)
+    tensors_a = run_with_outputs(fp32, names_a, x)
+    tensors_b = run_with_outputs(int8, names_b, x)
+    entries = []
+    for k, (a, b) in enumerate(zip(tensors_a, tensors_b)):
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        max_abs = float(np.abs(a - b).max())
+        scale = float(np.abs(a).max())
+        cosines = []
+        for row_a, row_b in zip(a.reshape(64, -1), b.reshape(64, -1)):
+            denominator = np.sqrt((row_a ** 2).sum()) * np.sqrt((row_b ** 2).sum())
+            cosines.append(1.0 if denominator == 0 else float(row_a @ row_b / denominator))
+        entries.append({"index": k, "fp32": names_a[k], "int8": names_b[k],
+                        "max_abs_error": max_abs, "scale": scale,
+                        "rel_error": max_abs / scale if scale else 0.0,
+                        "cos_min": min(cosines)})
+    return entries
+
+
+@pytest.mark.parametrize("seed", [0, 12345, 10 ** 30])
+def test_layers_matches_numpy_recomputation(eprun, lab_pair, seed):
+    fp32, int8 = lab_pair
+    answer = eprun("layers", fp32, int8, str(seed))
+    assert answer["seed"] == seed and answer["rows"] == 64
+    expected = oracle_layers(fp32, int8, seed)
+    assert answer["layer_count"] == len(expected) == 6
+    for got, want in zip(answer["layers"], expected):
+        assert set(got) == set(want)
+        for key in ("index", "fp32", "int8"):
+            assert got[key] == want[key]
+        for key in ("max_abs_error", "scale", "rel_error", "cos_min"):
+            assert close(got[key], want[key]), (key, got, want)
+    assert any(entry["max_abs_error"] > 0 for entry in answer["layers"])
+
+
+def test_layers_with_gemm_and_per_channel(eprun, tmp_path):
+    fp32 = models.save(models.chain(widths=(16, 12, 12, 10, 4), gemm_layers=(0, 2), seed=9),
+                       tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, seed=10, per_channel=True)
+    answer = eprun("layers", fp32, int8, "5")
+    expected = oracle_layers(fp32, int8, 5)
+    assert [e["int8"] for e in answer["layers"]] == [e["int8"] for e in expected]
+    for got, want in zip(answer["layers"], expected):
+        assert close(got["rel_error"], want["rel_error"]) and close(got["cos_min"], want["cos_min"])
+
+
+def test_growth_is_derived_from_layers(eprun, lab_pair):
+    fp32, int8 = lab_pair
+    rel = [entry["rel_error"] for entry in eprun("layers", fp32, int8, "3")["layers"]]
+    answer = eprun("growth", fp32, int8, "3")
+    ratios = [rel[k] / rel[k - 1] if rel[k - 1] else None for k in range(1, len(rel))]
+    best = max((r, -k) for k, r in enumerate(ratios, start=1) if r is not None)
+    assert answer == {
+        "seed": 3, "layer_count": len(rel), "rel_error": rel, "ratios": ratios,
+        "monotone": all(rel[k] >= rel[k - 1] for k in range(1, len(rel))),
+        "total_growth": rel[-1] / rel[0] if rel[0] else None,
+        "max_ratio": {"index": -best[1], "ratio": best[0]},
+    }
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_settings_matches_direct_sessions(eprun, lab_pair, which):
+    path = lab_pair[which]
+    answer = eprun("settings", path, "11")
+    x = models.contract_input(11, 8)
+
+    def output(level, threads):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return session.run(None, {"x": x})[0]
+
+    level = ort.GraphOptimizationLevel
+    base = output(level.ORT_DISABLE_ALL, 1)
+    assert answer["model"] == str(path) and answer["seed"] == 11
+    assert answer["baseline"] == {"level": "ORT_DISABLE_ALL", "intra_op": 1,
+                                  "max_abs_output": pytest.approx(float(np.abs(base).max())),
+                                  "mean_output": pytest.approx(float(base.mean()))}
+    cases = [("ORT_ENABLE_ALL", 1), ("ORT_DISABLE_ALL", 2), ("ORT_ENABLE_ALL", 2)]
+    assert [(c["level"], c["intra_op"]) for c in answer["cases"]] == cases
+    for case, (name, threads) in zip(answer["cases"], cases):
+        y = output(getattr(level, name), threads)
+        assert case["bitwise_equal"] is (y.tobytes() == base.tobytes())
+        assert case["max_abs_diff"] == pytest.approx(float(np.abs(y - base).max()), abs=1e-12)
+    assert answer["all_equal"] is all(c["bitwise_equal"] for c in answer["cases"])
+
+
+def test_non_finite_values_are_strict_json_null(eprun, tmp_path):
+    """Weights of 1e30 overflow float32 to inf and then nan: strict JSON writes null."""
+    fp32 = models.save(models.chain(widths=(8, 8, 8, 8, 4), scale=1e30), tmp_path / "big.onnx")
+    answer = eprun("settings", fp32, "0")
+    assert answer["baseline"]["max_abs_output"] is None
+    assert answer["baseline"]["mean_output"] is None
+    grown = eprun("growth", fp32, fp32, "0")
+    assert None in grown["rel_error"]
+
+
+# -- help --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["providers", "partition", "expose", "layers", "growth",
+                                     "settings", "report"])
+def test_every_command_has_help_naming_its_fields(command):
+    from conftest import run_eprun
+
+    result = run_eprun(command, "--help")
+    assert result.code == 0
+    assert "JSON" in result.stdout and "usage:" in result.stdout

@@ -1,0 +1,127 @@
+"""The committed deliverables are what the commands print for the committed models."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import EPRUN, PINNED_STACK, ROOT
+
+HEADINGS = ["## 무엇을 요청했고 무엇을 쥐었나", "## 그래프가 쪼개지는 자리",
+            "## 층을 거듭하며 자란 오차", "## 이 기계에서만 참인 것"]
+
+
+def cli(*args: str) -> str:
+    proc = subprocess.run([sys.executable, str(EPRUN), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def load(name: str) -> dict:
+    return json.loads((ROOT / name).read_text())
+
+
+def approx_tree(value):
+    if isinstance(value, float):
+        return pytest.approx(value, rel=1e-5, abs=1e-9)
+    if isinstance(value, dict):
+        return {k: approx_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [approx_tree(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("growth.json", lambda seed: ["growth", "fp32.onnx", "int8.onnx", str(seed)]),
+    ("settings.json", lambda seed: ["settings", "int8.onnx", str(seed)]),
+])
+def test_committed_json_equals_the_command_output(name, argv):
+    committed_text = (ROOT / name).read_text()
+    committed = json.loads(committed_text)
+    fresh_text = cli(*argv(committed["seed"]))
+    if PINNED_STACK:
+        assert committed_text == fresh_text
+    else:
+        assert committed == approx_tree(json.loads(fresh_text))
+
+
+def test_providers_json_is_the_providers_answer_plus_a_note():
+    committed = load("providers.json")
+    note = committed.pop("note")
+    assert isinstance(note, str) and note and "\n" not in note
+    requests = [",".join(case["requested"]) for case in committed["cases"]]
+    assert json.loads(cli("providers", "fp32.onnx", *requests)) == committed
+    available = set(committed["available"])
+    assert any(case["requested"] and set(case["requested"]) <= available
+               for case in committed["cases"]), "needs a request of available providers only"
+    assert any(case["missing"] for case in committed["cases"]), "needs a missing provider"
+
+
+@pytest.mark.parametrize("source", ["fp32.onnx", "int8.onnx"])
+def test_exposed_models_are_current_and_run(tmp_path, source):
+    exposed = ROOT / source.replace(".onnx", "_exposed.onnx")
+    answer = json.loads(cli("expose", source, str(tmp_path / "fresh.onnx")))
+    assert onnx.load(str(exposed)) == onnx.load(str(tmp_path / "fresh.onnx"))
+    session = ort.InferenceSession(str(exposed), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == answer["outputs"]
+    features = session.get_inputs()[0].shape[1]
+    x = np.random.default_rng(0).standard_normal((64, features)).astype(np.float32)
+    assert len(session.run(None, {"x": x})) == len(answer["outputs"])
+
+
+def test_report_has_the_four_headings_and_the_measured_numbers():
+    text = (ROOT / "ep_report.md").read_text(encoding="utf-8")
+    headings = [line for line in text.splitlines() if line.startswith("#")]
+    assert headings == HEADINGS
+    sections = re.split(r"^## .*$", text, flags=re.M)
+    providers = load("providers.json")
+    assert f"**{len(providers['available'])}**" in sections[1]
+    growth = load("growth.json")
+    assert repr(growth["total_growth"]) in sections[3]
+    settings = load("settings.json")
+    last = sections[4]
+    assert "No timing was measured" in last
+    assert f"seed {settings['seed']}" in last
+    if PINNED_STACK:
+        assert f"onnxruntime {ort.__version__}" in last
+
+
+def test_report_says_whether_exposure_changed_the_int8_output():
+    """Recompute: the plain int8 model vs. its exposed copy, default options, same input."""
+    seed = load("growth.json")["seed"]
+    outputs = []
+    for name in ("int8.onnx", "int8_exposed.onnx"):
+        session = ort.InferenceSession(str(ROOT / name), providers=["CPUExecutionProvider"])
+        features = session.get_inputs()[0].shape[1]
+        x = np.random.default_rng(seed).standard_normal((64, features)).astype(np.float32)
+        outputs.append(session.run([session.get_outputs()[0].name], {"x": x})[0])
+    equal = outputs[0].tobytes() == outputs[1].tobytes()
+    text = (ROOT / "ep_report.md").read_text(encoding="utf-8")
+    assert ("was bitwise equal to the plain model's" in text) is equal
+    assert ("**not** equal to the plain model's" in text) is (not equal)
+
+
+def test_report_command_regenerates_identical_json(tmp_path):
+    """report writes the same JSON and models the individual commands do."""
+    seed = load("growth.json")["seed"]
+    listing = json.loads(cli("report", "fp32.onnx", "int8.onnx", "--seed", str(seed),
+                             "--out-dir", str(tmp_path)))
+    assert sorted(Path(p).name for p in listing["files"]) == sorted(
+        ["fp32_exposed.onnx", "int8_exposed.onnx", "providers.json", "growth.json",
+         "settings.json", "ep_report.md"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        Path(p).name for p in listing["files"])
+    for name in ("growth.json", "settings.json", "providers.json"):
+        fresh = json.loads((tmp_path / name).read_text())
+        if PINNED_STACK:
+            assert (tmp_path / name).read_text() == (ROOT / name).read_text()
+        else:
+            assert load(name) == approx_tree(fresh)

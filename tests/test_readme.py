@@ -1,0 +1,58 @@
+"""Every ``$ python eprun.py ...`` example in README.md prints what the README shows."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PINNED_STACK, ROOT
+
+
+def examples() -> list[tuple[str, str]]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = []
+    for block in re.findall(r"```console\n(.*?)```", text, flags=re.S):
+        command, output = None, []
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                if command:
+                    found.append((command, "\n".join(output)))
+                command, output = line[2:], []
+            else:
+                output.append(line)
+        if command:
+            found.append((command, "\n".join(output)))
+    return found
+
+
+def loose(text: str):
+    """JSON with floats compared to 1e-5, for stacks other than the pinned one."""
+    def approx(value):
+        if isinstance(value, float):
+            return pytest.approx(value, rel=1e-5, abs=1e-9)
+        if isinstance(value, dict):
+            return {k: approx(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [approx(v) for v in value]
+        return value
+    return approx(json.loads(text))
+
+
+def test_readme_has_examples_of_every_command():
+    commands = {command.split()[2] for command, _ in examples()}
+    assert {"providers", "partition", "expose", "layers", "growth", "settings"} <= commands
+
+
+@pytest.mark.parametrize("command, shown", examples(), ids=lambda value: value[:50])
+def test_readme_example_output_is_real(command, shown):
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    proc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+    if PINNED_STACK or not shown.startswith("{"):
+        assert proc.stdout.rstrip("\n") == shown
+    else:
+        assert json.loads(shown) == loose(proc.stdout)

@@ -17,7 +17,8 @@ its own, so calibration never sees the rows eprun measures with.
 Everything is seeded: the same command writes byte-identical models. Both files are saved with
 ``ir_version`` 8 and opset 17 so that onnxruntime releases from 1.16 on can load them.
 
-Usage: ``python gen_ep.py [--out-dir DIR] [--seed N] [--features F] [--widths 64,64,...]``
+Usage: ``python gen_ep.py [--out-dir DIR] [--seed N] [--features F] [--widths 64,64,...]
+[--layers N]``
 """
 from __future__ import annotations
 
@@ -130,13 +131,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="folder to write the models into (default: next to this script)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="weights and calibration seed")
     parser.add_argument("--features", type=int, default=DEFAULT_FEATURES, help="input width F")
-    parser.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)),
-                        help="comma-joined output width of each layer (at least 5 layers)")
+    parser.add_argument("--widths", help="comma-joined output width of each layer, e.g. "
+                        f"{','.join(map(str, DEFAULT_WIDTHS))} (the default)")
+    parser.add_argument("--layers", type=int,
+                        help="number of layers; alone, hidden layers keep the default first "
+                        "width and the last layer the default output width")
     args = parser.parse_args(argv)
-    try:
-        args.widths = [int(w) for w in args.widths.split(",") if w.strip()]
-    except ValueError:
-        parser.error(f"--widths must be comma-joined integers, got {args.widths!r}")
+    if args.widths is None:
+        widths = list(DEFAULT_WIDTHS)
+        if args.layers is not None:
+            widths = [DEFAULT_WIDTHS[0]] * (args.layers - 1) + [DEFAULT_WIDTHS[-1]]
+    else:
+        try:
+            widths = [int(w) for w in args.widths.split(",") if w.strip()]
+        except ValueError:
+            parser.error(f"--widths must be comma-joined integers, got {args.widths!r}")
+        if args.layers is not None and args.layers != len(widths):
+            parser.error(f"--layers {args.layers} contradicts --widths, which has "
+                         f"{len(widths)} layers")
+    args.widths = widths
     if len(args.widths) < 5 or min(args.widths) < 1 or args.features < 1:
         parser.error("need at least 5 layers and positive widths")
     if args.seed < 0:

@@ -6,6 +6,7 @@ import sys
 
 import onnx
 import onnxruntime as ort
+import pytest
 
 from conftest import PINNED_STACK, ROOT
 
@@ -54,8 +55,20 @@ def test_same_options_same_bytes(tmp_path):
         assert (first / name).read_bytes() == (second / name).read_bytes()
 
 
-def test_bad_options_are_usage_errors(tmp_path):
+def test_layer_count_option(tmp_path):
+    generate(tmp_path, "--layers", "7", "--features", "4")
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "fp32.onnx")).graph.node]
+    assert ops.count("MatMul") == 7 and ops.count("Relu") == 6
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--widths", "4,4"], "at least 5 layers"),
+    (["--layers", "3"], "at least 5 layers"),
+    (["--widths", "4,4,4,4,4", "--layers", "6"], "contradicts"),
+    (["--widths", "4,x"], "comma-joined integers"),
+])
+def test_bad_options_are_usage_errors(tmp_path, options, message):
     proc = subprocess.run([sys.executable, str(ROOT / "gen_ep.py"), "--out-dir", str(tmp_path),
-                           "--widths", "4,4"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "at least 5 layers" in proc.stderr
+                           *options], capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr
     assert not (tmp_path / "fp32.onnx").exists()

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
 from typing import Any, Callable, Iterator
@@ -58,9 +60,17 @@ class EprunError(Exception):
         self.code = code
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]")
+
+
 def one_line(text: object) -> str:
-    """Collapse a (possibly multi-line, native) error message into one line."""
-    return " ".join(str(text).split())
+    """Collapse a (possibly multi-line, native) message into one line.
+
+    Runs of spaces and newlines become one space; any other control character left (a
+    carriage return inside an argument, say) is shown escaped, so stderr stays one line.
+    """
+    collapsed = " ".join(re.split(r"[ \t\n]+", str(text).strip(" \t\n")))
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], collapsed)
 
 
 # -- arguments ---------------------------------------------------------------------------------
@@ -260,33 +270,72 @@ def expose_in_place(model) -> list[str]:
 
 
 def write_atomically(data: bytes, path: str) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder, then rename.
+    """Write ``data`` to ``path`` so that ``path`` is either untouched or complete.
 
-    A reader never sees a partial file, and a failed write leaves no temporary file behind.
+    On Linux the bytes go to an unnamed ``O_TMPFILE`` in the target folder that gets a name
+    only once it is complete and synced, so even ``kill -9`` mid-write leaves nothing behind.
+    Elsewhere a hidden temporary file is used and removed on any failure or signal eprun can
+    catch. Either way the final step is a rename, atomic within the folder: two writers of the
+    same path leave one complete file.
     """
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise EprunError(f"cannot write {path!r}: folder {folder!r} does not exist")
     if os.path.isdir(path):
         raise EprunError(f"cannot write {path!r}: it is a directory")
+    temporary = None
     try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                                             dir=folder)
-    except OSError as exc:
-        raise EprunError(f"cannot write {path!r}: {exc.strerror or one_line(exc)}") from exc
-    try:
+        handle = _open_unnamed(folder)
+        if handle is None:
+            handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
+                                                 suffix=".tmp", dir=folder)
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
-        os.chmod(temporary, 0o644 & ~_umask())
+            if temporary is None:
+                temporary = _link_unnamed(stream.fileno(), path)
+            else:
+                os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, path)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
         if isinstance(exc, OSError):
             raise EprunError(f"cannot write {path!r}: {exc.strerror or one_line(exc)}") from exc
         raise
+
+
+def _open_unnamed(folder: str) -> int | None:
+    """An unnamed file in ``folder`` (Linux ``O_TMPFILE``), or None where unsupported."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd") or os.link not in os.supports_dir_fd:
+        return None
+    try:
+        return os.open(folder, flag | os.O_WRONLY, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            return None  # the filesystem has no O_TMPFILE: use a named temporary file
+        raise
+
+
+def _link_unnamed(handle: int, path: str) -> str:
+    """Give the unnamed file a hidden name beside ``path``, to be renamed onto it at once."""
+    folder, base = os.path.split(os.path.abspath(path))
+    # os.link only asks linkat() to follow the /proc magic link when given a dir_fd.
+    proc_fds = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        for attempt in range(100):
+            name = os.path.join(folder, f".{base}.{os.getpid()}.{attempt}.tmp")
+            try:
+                os.link(str(handle), name, src_dir_fd=proc_fds, follow_symlinks=True)
+                return name
+            except FileExistsError:
+                continue
+    finally:
+        os.close(proc_fds)
+    raise OSError(errno.EEXIST, f"no free temporary name beside {path!r}")
 
 
 def _umask() -> int:
@@ -802,7 +851,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with eprun's one-line usage errors (exit 2, nothing on stdout)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"eprun: error: {message} (see '{self.prog} --help')\n")
+        self.exit(EXIT_USAGE, f"eprun: error: {one_line(message)} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -877,8 +926,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for name in ("SIGTERM", "SIGHUP"):  # unwind through the cleanup code instead of vanishing
+        if hasattr(signal, name) and signal.getsignal(getattr(signal, name)) == signal.SIG_DFL:
+            signal.signal(getattr(signal, name), _exit_on_signal)
     try:
         with stdout_to_stderr():
             answer = args.run(args)

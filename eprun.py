@@ -90,6 +90,26 @@ def parse_seed(text: str) -> int:
     return int(text)
 
 
+def parse_rows(text: str) -> int:
+    if not _SEED.fullmatch(text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"rows {text!r} is not a positive integer")
+    return int(text)
+
+
+def parse_metrics(text: str) -> tuple[str, ...]:
+    metrics = tuple(parse_list(text))
+    unknown = [name for name in metrics if name not in METRICS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown metric {unknown[0]!r}; choose from "
+                                         f"{', '.join(METRICS)}")
+    return metrics
+
+
+def parse_boundary_ops(text: str) -> tuple[str, ...]:
+    """``--boundary-ops Conv`` adds to MatMul and Gemm; it never removes them."""
+    return BOUNDARY_OPS + tuple(op for op in parse_list(text) if op not in BOUNDARY_OPS)
+
+
 # -- strict JSON -------------------------------------------------------------------------------
 
 def _strict(value: Any) -> Any:
@@ -154,9 +174,9 @@ def stdout_to_stderr() -> Iterator[None]:
 def require_file(path: str, what: str = "model") -> None:
     """Exit 3 for an input that is not there, before any library gets to raise about it."""
     if os.path.isdir(path):
-        raise EprunError(f"{what} {path!r} is a directory, not a file", EXIT_MISSING)
+        raise EprunError(f"{what} {path!r} is a directory; give the path of a file", EXIT_MISSING)
     if not os.path.exists(path):
-        raise EprunError(f"{what} file {path!r} does not exist", EXIT_MISSING)
+        raise EprunError(f"{what} file {path!r} does not exist; check the path", EXIT_MISSING)
 
 
 def load_model(path: str, load_weights: bool = True):
@@ -171,10 +191,11 @@ def load_model(path: str, load_weights: bool = True):
     try:
         model = onnx.load(path, load_external_data=load_weights)
     except Exception as exc:  # DecodeError, external data problems, OS errors
-        raise EprunError(f"{path!r} is not a loadable ONNX model: {type(exc).__name__}: "
-                         f"{one_line(exc)}") from exc
+        raise EprunError(f"{path!r} is not a loadable ONNX model ({type(exc).__name__}: "
+                         f"{one_line(exc)}); re-export or regenerate it") from exc
     if model.ir_version < 1 or not model.HasField("graph") or not model.graph.output:
-        raise EprunError(f"{path!r} is not a loadable ONNX model: no IR version, graph or output")
+        raise EprunError(f"{path!r} is not a loadable ONNX model (no IR version, graph or "
+                         "output); re-export or regenerate it")
     return model
 
 
@@ -186,7 +207,7 @@ def graph_inputs(model) -> list:
 
 # -- boundaries --------------------------------------------------------------------------------
 
-def find_boundaries(graph) -> list[str]:
+def find_boundaries(graph, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> list[str]:
     """The first input of every MatMul/Gemm in file order, then the graph's first output.
 
     A MatMul's first input is the activation entering a layer; in a QDQ model it is the float
@@ -194,7 +215,7 @@ def find_boundaries(graph) -> list[str]:
     """
     boundaries: list[str] = []
     candidates = [node.input[0] for node in graph.node
-                  if node.op_type in BOUNDARY_OPS and node.input and node.input[0]]
+                  if node.op_type in boundary_ops and node.input and node.input[0]]
     candidates += [graph.output[0].name] if graph.output else []
     for name in candidates:
         if name not in boundaries:
@@ -246,7 +267,7 @@ def tensor_types(model) -> dict:
     return types
 
 
-def expose_in_place(model) -> list[str]:
+def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> list[str]:
     """Add every boundary that is not yet a graph output; return the boundaries.
 
     Each new output is declared with its inferred type (float when unknown), so an int8 tensor
@@ -254,7 +275,7 @@ def expose_in_place(model) -> list[str]:
     """
     import onnx
 
-    boundaries = find_boundaries(model.graph)
+    boundaries = find_boundaries(model.graph, boundary_ops)
     existing = {value.name for value in model.graph.output}
     missing = [name for name in boundaries if name not in existing]
     if missing:
@@ -280,9 +301,10 @@ def write_atomically(data: bytes, path: str) -> None:
     """
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise EprunError(f"cannot write {path!r}: folder {folder!r} does not exist")
+        raise EprunError(f"cannot write {path!r}: folder {folder!r} does not exist; create it "
+                         "first")
     if os.path.isdir(path):
-        raise EprunError(f"cannot write {path!r}: it is a directory")
+        raise EprunError(f"cannot write {path!r}: it is a directory; name a file inside it")
     temporary = None
     try:
         handle = _open_unnamed(folder)
@@ -347,10 +369,12 @@ def _umask() -> int:
 # -- the contract input and sessions -----------------------------------------------------------
 
 def contract_input(model, seed: int, rows: int = ROWS, path: str = "model"):
-    """``(input name, x)`` with x = default_rng(seed).standard_normal((rows, F)) as float32.
+    """``(input name, x)`` with x = default_rng(seed).standard_normal((rows, *rest)), float32.
 
-    The model must have exactly one input to feed, float32, of shape ``[batch, F]`` with F
-    static; anything else cannot take the contract input and is refused with the reason.
+    For the contract's ``[batch, F]`` input that is ``standard_normal((64, F))``. The model must
+    have exactly one input to feed, float32, whose first dimension is the batch (symbolic,
+    unset or equal to ``rows``) and whose other dimensions are static; anything else cannot
+    take the contract input and is refused with the reason.
     """
     import numpy as np
     from onnx import TensorProto
@@ -358,23 +382,26 @@ def contract_input(model, seed: int, rows: int = ROWS, path: str = "model"):
     inputs = graph_inputs(model)
     if len(inputs) != 1:
         names = ", ".join(value.name for value in inputs) or "none"
-        raise EprunError(f"{path!r} has {len(inputs)} inputs ({names}); eprun feeds exactly one")
+        raise EprunError(f"{path!r} has {len(inputs)} inputs ({names}); eprun feeds exactly one "
+                         "float32 [rows, F] input, so give it a single-input model")
     value = inputs[0]
     tensor = value.type.tensor_type
     if not value.type.HasField("tensor_type") or tensor.elem_type != TensorProto.FLOAT:
         raise EprunError(f"{path!r}: input {value.name!r} is not a float32 tensor; the contract "
                          "input is float32")
     dims = tensor.shape.dim if tensor.HasField("shape") else []
-    if len(dims) != 2:
-        raise EprunError(f"{path!r}: input {value.name!r} has rank {len(dims)}; the contract "
+    if not dims:
+        raise EprunError(f"{path!r}: input {value.name!r} has no batch dimension; the contract "
                          "input is [rows, F]")
-    if not dims[1].HasField("dim_value") or dims[1].dim_value < 1:
-        raise EprunError(f"{path!r}: input {value.name!r} has no static dimension 1 (F)")
+    for axis, dim in enumerate(dims[1:], start=1):
+        if not dim.HasField("dim_value") or dim.dim_value < 1:
+            raise EprunError(f"{path!r}: input {value.name!r} has no static dimension {axis}; "
+                             "every dimension but the batch must be a fixed number")
     if dims[0].HasField("dim_value") and dims[0].dim_value not in (0, rows):
         raise EprunError(f"{path!r}: input {value.name!r} fixes the batch at "
                          f"{dims[0].dim_value}; the contract input has {rows} rows")
-    features = dims[1].dim_value
-    x = np.random.default_rng(seed).standard_normal((rows, features)).astype(np.float32)
+    shape = (rows,) + tuple(dim.dim_value for dim in dims[1:])
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     return value.name, x
 
 
@@ -480,13 +507,14 @@ def _same_file(first: str, second: str) -> bool:
     return os.path.realpath(first) == os.path.realpath(second)
 
 
-def expose(model_path: str, out_path: str) -> dict:
+def expose(model_path: str, out_path: str,
+           boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> dict:
     """Save a copy of the model whose outputs include every boundary; the input is untouched."""
     model = load_model(model_path, load_weights=False)
     if _same_file(model_path, out_path):
         raise EprunError(f"refusing to overwrite the input model {model_path!r}; "
                          "choose another output path", EXIT_USAGE)
-    boundaries = expose_in_place(model)
+    boundaries = expose_in_place(model, boundary_ops)
     write_atomically(model.SerializeToString(), out_path)
     return {"model": model_path, "out": out_path, "boundaries": boundaries,
             "outputs": [value.name for value in model.graph.output]}
@@ -494,15 +522,16 @@ def expose(model_path: str, out_path: str) -> dict:
 
 # -- layers and growth -------------------------------------------------------------------------
 
-def boundary_tensors(model_path: str, seed: int):
+def boundary_tensors(model_path: str, seed: int, rows: int = ROWS,
+                     boundary_ops: tuple[str, ...] = BOUNDARY_OPS):
     """Expose a model in memory and run it once on the contract input.
 
-    Returns ``(boundaries, F, tensors)``. The parsed model and its serialized bytes are dropped
+    Returns ``(boundaries, x, tensors)``. The parsed model and its serialized bytes are dropped
     as soon as the next stage holds the data, so at most two copies of the weights coexist.
     """
     model = load_model(model_path)
-    name, x = contract_input(model, seed, path=model_path)
-    boundaries = expose_in_place(model)
+    name, x = contract_input(model, seed, rows, path=model_path)
+    boundaries = expose_in_place(model, boundary_ops)
     try:
         serialized = model.SerializeToString()
     except ValueError as exc:  # protobuf refuses messages over 2 GB
@@ -512,14 +541,19 @@ def boundary_tensors(model_path: str, seed: int):
     session = cpu_session(serialized, what=repr(model_path))
     del serialized
     tensors = run_session(session, boundaries, {name: x}, what=repr(model_path))
-    return boundaries, x.shape[1], tensors
+    return boundaries, x, tensors
 
 
-def compare_boundary(a, b, rows: int = ROWS) -> dict:
+METRICS = ("sqnr", "mse")
+
+
+def compare_boundary(a, b, rows: int = ROWS, metrics: tuple[str, ...] = ()) -> dict:
     """``max_abs_error``, ``scale``, ``rel_error`` and ``cos_min`` of one boundary pair.
 
     ``a`` is the fp32 tensor, ``b`` the int8 one. Sums run in float64; a row whose cosine has
     a zero denominator counts as 1.0; non-finite values propagate (and become JSON null).
+    ``metrics`` may add ``sqnr_db`` (10·log10 of signal power over error power, the measure
+    onnxruntime's qdq_loss_debug reports; null when there is no error) and ``mse``.
     """
     import numpy as np
 
@@ -534,21 +568,30 @@ def compare_boundary(a, b, rows: int = ROWS) -> dict:
         norms = np.linalg.norm(a_rows, axis=1) * np.linalg.norm(b_rows, axis=1)
         cosines = np.where(norms == 0, 1.0, dots / np.where(norms == 0, 1.0, norms))
         cos_min = float(np.min(np.clip(cosines, -1.0, 1.0)))
-    if math.isnan(scale):
-        rel_error = float("nan")
-    return {"max_abs_error": max_abs_error, "scale": scale, "rel_error": rel_error,
-            "cos_min": cos_min}
+        if math.isnan(scale):
+            rel_error = float("nan")
+        measured = {"max_abs_error": max_abs_error, "scale": scale, "rel_error": rel_error,
+                    "cos_min": cos_min}
+        if "sqnr" in metrics:
+            noise = float(np.sum((a - b) ** 2))
+            measured["sqnr_db"] = (float(10 * np.log10(float(np.sum(a ** 2)) / noise))
+                                   if noise > 0 else None)
+        if "mse" in metrics:
+            measured["mse"] = float(np.mean((a - b) ** 2)) if a.size else 0.0
+    return measured
 
 
-def measure_layers(fp32_path: str, int8_path: str, seed: int):
+def measure_layers(fp32_path: str, int8_path: str, seed: int, rows: int = ROWS,
+                   boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
+                   local: bool = False):
     """The ``layers`` answer plus the boundary tensors it was computed from (for ``report``)."""
     require_file(fp32_path)
     require_file(int8_path)
-    fp32_boundaries, fp32_features, fp32_tensors = boundary_tensors(fp32_path, seed)
-    int8_boundaries, int8_features, int8_tensors = boundary_tensors(int8_path, seed)
-    if fp32_features != int8_features:
-        raise EprunError(f"the models take different input widths ({fp32_features} in "
-                         f"{fp32_path!r}, {int8_features} in {int8_path!r})")
+    fp32_boundaries, fp32_x, fp32_tensors = boundary_tensors(fp32_path, seed, rows, boundary_ops)
+    int8_boundaries, int8_x, int8_tensors = boundary_tensors(int8_path, seed, rows, boundary_ops)
+    if fp32_x.shape != int8_x.shape:
+        raise EprunError(f"the models take different input shapes ({list(fp32_x.shape)} in "
+                         f"{fp32_path!r}, {list(int8_x.shape)} in {int8_path!r})")
     if len(fp32_boundaries) != len(int8_boundaries):
         raise EprunError(f"boundary counts differ: {len(fp32_boundaries)} in {fp32_path!r}, "
                          f"{len(int8_boundaries)} in {int8_path!r}; boundaries are paired by "
@@ -556,19 +599,108 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int):
     entries = []
     for index, (fp32_name, int8_name) in enumerate(zip(fp32_boundaries, int8_boundaries)):
         a, b = fp32_tensors[index], int8_tensors[index]
-        if a.shape != b.shape or a.size % ROWS:
+        if a.shape != b.shape or a.size % rows:
             raise EprunError(f"boundary {index} ({fp32_name!r} vs. {int8_name!r}): shapes "
                              f"{list(a.shape)} and {list(b.shape)} cannot be compared row by "
-                             f"row over {ROWS} rows")
+                             f"row over {rows} rows")
         entries.append({"index": index, "fp32": fp32_name, "int8": int8_name,
-                        **compare_boundary(a, b)})
-    answer = {"seed": seed, "rows": ROWS, "layer_count": len(entries), "layers": entries}
+                        **compare_boundary(a, b, rows, metrics)})
+    answer = {"seed": seed, "rows": rows, "layer_count": len(entries), "layers": entries}
+    if local:
+        locals_, unavailable = local_errors(int8_path, int8_boundaries, fp32_tensors, rows,
+                                           metrics)
+        locals_[0] = {key: value for key, value in entries[0].items()
+                      if key not in ("index", "fp32", "int8")}
+        for entry, measured in zip(entries, locals_):
+            entry["local"] = measured
+        answer["local_unavailable"] = unavailable
     return answer, fp32_tensors, int8_tensors
 
 
-def layers(fp32_path: str, int8_path: str, seed: int) -> dict:
+def _quantized_from(name: str, producers: dict) -> str:
+    """The float tensor that QuantizeLinear -> DequantizeLinear turned into ``name``."""
+    node = producers.get(name)
+    if node is not None and node.op_type == "DequantizeLinear":
+        quantize = producers.get(node.input[0])
+        if quantize is not None and quantize.op_type == "QuantizeLinear":
+            return quantize.input[0]
+    return name
+
+
+def cut_segment(model, start: str, end: str, types: dict):
+    """The nodes that compute ``end`` from ``start``, as a model of their own.
+
+    Walks back from ``end`` through producers in reverse file order, stopping at ``start``.
+    Returns ``(segment, reason)``: ``reason`` is None for a link of a chain, else says why the
+    segment is not one (it needs a skip connection or the model input, or never reads
+    ``start``).
+    """
+    import onnx
+    from onnx import helper
+
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    needed, taken = {end}, []
+    for node in reversed(model.graph.node):
+        if needed.intersection(node.output):
+            taken.append(node)
+            needed.update(name for name in node.input if name and name != start)
+    taken.reverse()
+    produced = {output for node in taken for output in node.output}
+    unfed = sorted(name for name in needed
+                   if name not in produced and name not in initializers and name != end)
+    used = {name for node in taken for name in node.input}
+
+    def value(name: str):
+        if name in types:
+            return helper.make_value_info(name, types[name])
+        return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+
+    graph = helper.make_graph(taken, f"segment_{end}", [value(start)], [value(end)],
+                              [initializers[name] for name in sorted(used & set(initializers))])
+    segment = helper.make_model(graph, opset_imports=list(model.opset_import))
+    segment.ir_version = model.ir_version
+    segment.functions.extend(model.functions)
+    if unfed:
+        return segment, f"{end!r} depends on {', '.join(map(repr, unfed))} besides {start!r}"
+    if start not in used:
+        return segment, f"{end!r} does not depend on {start!r}"
+    return segment, None
+
+
+def local_errors(int8_path: str, int8_boundaries: list[str], fp32_tensors: list, rows: int,
+                 metrics: tuple[str, ...]) -> tuple[list, list]:
+    """Error each int8 segment introduces on its own, given a perfect (fp32) input.
+
+    For boundary k >= 1 the int8 model's nodes between boundary k-1 and k are cut out and fed
+    the fp32 tensor of boundary k-1 where the int8 model quantizes it (the input of the
+    QuantizeLinear in front of that boundary's DequantizeLinear), so the segment's own input
+    quantization counts as its error. Boundary 0 has no earlier boundary: its local error is
+    its error. A segment that needs any other tensor (a skip connection, a second branch) is
+    not a chain link; it gets null and a reason.
+    """
+    model = load_model(int8_path)
+    producers = {output: node for node in model.graph.node for output in node.output}
+    types = tensor_types(model)
+    results: list = [None] * len(int8_boundaries)
+    unavailable = []
+    for k in range(1, len(int8_boundaries)):
+        start, end = _quantized_from(int8_boundaries[k - 1], producers), int8_boundaries[k]
+        segment, reason = cut_segment(model, start, end, types)
+        if reason:
+            unavailable.append({"index": k, "reason": f"not a chain: {reason}"})
+            continue
+        session = cpu_session(segment.SerializeToString(), what=f"segment {k} of {int8_path!r}")
+        (output,) = run_session(session, [end], {start: fp32_tensors[k - 1]},
+                                what=f"segment {k} of {int8_path!r}")
+        results[k] = compare_boundary(fp32_tensors[k], output, rows, metrics)
+    return results, unavailable
+
+
+def layers(fp32_path: str, int8_path: str, seed: int, rows: int = ROWS,
+           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
+           local: bool = False) -> dict:
     """Boundary-by-boundary FP32 vs. INT8 error on the contract input, paired by position."""
-    return measure_layers(fp32_path, int8_path, seed)[0]
+    return measure_layers(fp32_path, int8_path, seed, rows, boundary_ops, metrics, local)[0]
 
 
 def growth_from(rel_errors: list[float]) -> dict:
@@ -599,25 +731,42 @@ def growth_from(rel_errors: list[float]) -> dict:
 
 
 def growth_of(measured: dict) -> dict:
-    """The ``growth`` answer for a ``layers`` answer: one measurement, never a second run."""
-    return {"seed": measured["seed"],
-            **growth_from([entry["rel_error"] for entry in measured["layers"]])}
+    """The ``growth`` answer for a ``layers`` answer: one measurement, never a second run.
+
+    With local errors measured, ``local_rel_error`` lists each segment's own relative error and
+    ``worst_local`` names the segment that introduces the most (earliest on ties): where the
+    accumulated error jumps but the local one does not, the layer only inherits.
+    """
+    answer = {"seed": measured["seed"],
+              **growth_from([entry["rel_error"] for entry in measured["layers"]])}
+    if "local_unavailable" in measured:
+        local_rel = [entry["local"]["rel_error"] if entry["local"] else None
+                     for entry in measured["layers"]]
+        worst = None
+        for index, value in enumerate(local_rel):
+            if value is not None and math.isfinite(value) and (worst is None
+                                                               or value > worst["rel_error"]):
+                worst = {"index": index, "rel_error": value}
+        answer.update(local_rel_error=local_rel, worst_local=worst,
+                      local_unavailable=measured["local_unavailable"])
+    return answer
 
 
-def growth(fp32_path: str, int8_path: str, seed: int) -> dict:
+def growth(fp32_path: str, int8_path: str, seed: int, rows: int = ROWS,
+           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, local: bool = False) -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
-    return growth_of(layers(fp32_path, int8_path, seed))
+    return growth_of(layers(fp32_path, int8_path, seed, rows, boundary_ops, local=local))
 
 
 # -- settings ----------------------------------------------------------------------------------
 
-def settings(model_path: str, seed: int) -> dict:
+def settings(model_path: str, seed: int, rows: int = ROWS) -> dict:
     """The first output under other optimization levels and intra-op thread counts, compared
     with the single-threaded, unoptimized baseline bit for bit."""
     import numpy as np
 
     model = load_model(model_path, load_weights=False)
-    name, x = contract_input(model, seed, path=model_path)
+    name, x = contract_input(model, seed, rows, path=model_path)
     del model
     ort = import_ort()
 
@@ -854,6 +1003,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"eprun: error: {one_line(message)} (see '{self.prog} --help')\n")
 
 
+def rows_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--rows", type=parse_rows, default=ROWS,
+                     help=f"batch size of the input (default {ROWS}, the contract's)")
+
+
+def boundary_ops_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--boundary-ops", type=parse_boundary_ops, default=BOUNDARY_OPS,
+                     help="comma-joined op types whose first input is also a boundary, on top "
+                     "of MatMul and Gemm (e.g. Conv)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="eprun.py", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -886,33 +1046,48 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("expose", "save a copy whose graph outputs include every layer boundary "
                   "(first input of each MatMul/Gemm, then the first output)",
                   '{"model", "out", "boundaries", "outputs"}',
-                  lambda args: expose(args.model, args.out))
+                  lambda args: expose(args.model, args.out, args.boundary_ops))
     sub.add_argument("model", help="ONNX model file (never modified)")
     sub.add_argument("out", help="path of the exposed model to write")
+    boundary_ops_option(sub)
 
     for name, summary, fields, run in (
             ("layers", "FP32 vs. INT8 error at every boundary on the contract input",
              '{"seed", "rows", "layer_count", "layers": [{"index", "fp32", "int8", '
-             '"max_abs_error", "scale", "rel_error", "cos_min"}]}',
-             lambda args: layers(args.fp32, args.int8, args.seed)),
+             '"max_abs_error", "scale", "rel_error", "cos_min"}]}; --metrics adds "sqnr_db" '
+             'and/or "mse" per entry; --local adds "local" per entry and "local_unavailable"',
+             lambda args: layers(args.fp32, args.int8, args.seed, args.rows, args.boundary_ops,
+                                 args.metrics, args.local)),
             ("growth", "how the relative error grows from boundary to boundary",
              '{"seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth", '
-             '"max_ratio": {"index", "ratio"}}',
-             lambda args: growth(args.fp32, args.int8, args.seed))):
+             '"max_ratio": {"index", "ratio"}}; --local adds "local_rel_error", "worst_local" '
+             'and "local_unavailable"',
+             lambda args: growth(args.fp32, args.int8, args.seed, args.rows, args.boundary_ops,
+                                 args.local))):
         sub = command(name, summary, fields, run)
         sub.add_argument("fp32", help="float model")
         sub.add_argument("int8", help="quantized (QDQ) model with the same layer structure")
         sub.add_argument("seed", type=parse_seed,
                          help="non-negative integer; x = default_rng(seed).standard_normal((64, F))")
+        rows_option(sub)
+        boundary_ops_option(sub)
+        sub.add_argument("--local", action="store_true",
+                         help="also feed each int8 segment the fp32 tensor of the boundary before "
+                         "it, to separate the error a layer introduces from the error it inherits")
+        if name == "layers":
+            sub.add_argument("--metrics", type=parse_metrics, default=(),
+                             help=f"comma-joined extra metrics per boundary: {', '.join(METRICS)} "
+                             "(SQNR in dB and mean squared error)")
 
     sub = command("settings", "the first output under other optimization levels and thread "
                   "counts, compared with a single-threaded unoptimized baseline",
                   '{"model", "seed", "baseline": {"level", "intra_op", "max_abs_output", '
                   '"mean_output"}, "cases": [{"level", "intra_op", "max_abs_diff", '
                   '"bitwise_equal"}], "all_equal"}',
-                  lambda args: settings(args.model, args.seed))
+                  lambda args: settings(args.model, args.seed, args.rows))
     sub.add_argument("model", help="ONNX model file")
     sub.add_argument("seed", type=parse_seed, help="non-negative integer seed of the input")
+    rows_option(sub)
 
     sub = command("report", "run every lab measurement and write the deliverables: "
                   + ", ".join(REPORT_FILES),

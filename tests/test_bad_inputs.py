@@ -116,7 +116,7 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["settings", "@fixed_batch", "1"], 4, "64 rows"),
     (["layers", "@fp32", "@short", "1"], 4, "boundary counts differ"),
     (["growth", "@short", "@int8", "1"], 4, "boundary counts differ"),
-    (["layers", "@fp32", "@wide", "1"], 4, "input widths"),
+    (["layers", "@fp32", "@wide", "1"], 4, "input shapes"),
     (["layers", "@fp32", "@int8", "abc"], 2, "'abc'"),
     (["layers", "@fp32", "@int8", "-1"], 2, "'-1'"),
     (["growth", "@fp32", "@int8", "1.5"], 2, "'1.5'"),

@@ -9,12 +9,17 @@ Commands (each prints exactly one compact JSON object on one line to stdout):
     growth    <fp32> <int8> <seed>          how the relative error grows from boundary to boundary
     settings  <model> <seed>                same model and input under other optimization levels
                                             and thread counts
+    placement <model> <providers>           the EP each node was actually assigned to
+    check     <reference> <candidate>       CI gate: outputs within rtol/atol/cosine (exit 1 if not)
+    report    <fp32> <int8>                 every lab measurement, written as the deliverables
 
 Lists are one argument each, comma-joined; items are stripped and empty items dropped.
 
 Exit codes:
 
     0  success: stdout holds the JSON answer and nothing else
+    1  a verdict that failed (``check``, ``providers --fail-on-fallback``); the JSON answer
+       on stdout says why
     2  wrong usage: unknown command, wrong argument count, a seed that is not a non-negative
        integer, ``expose`` onto its own input
     3  an input file that does not exist (or is a directory)
@@ -94,6 +99,22 @@ def parse_rows(text: str) -> int:
     if not _SEED.fullmatch(text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"rows {text!r} is not a positive integer")
     return int(text)
+
+
+def parse_count(text: str) -> int:
+    if not _SEED.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
+def parse_tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number")
+    return value
 
 
 def parse_metrics(text: str) -> tuple[str, ...]:
@@ -483,15 +504,97 @@ def partition_nodes(op_types: list[str], supported: list[str]) -> list[dict]:
             for part in partitions]
 
 
-def partition(model_path: str, supported: list[str]) -> dict:
-    """A simulation in file order, not real placement: needs only onnx, never a session."""
+def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, list[int]]]:
+    """onnxruntime's ``CreateSupportedPartitionNodeGroups``, on node indices.
+
+    A Kahn-style topological walk in waves: every supported node that becomes ready joins the
+    current group; an unsupported node that consumes a member of the group (the group's
+    border) waits for the next wave, and the group closes when a wave runs dry. Independent
+    branches therefore merge into one group whatever their order in the file. Each unsupported
+    node is emitted when it is processed and each group where it closes, which is a valid
+    execution order; the caller merges runs of unsupported nodes into CPU partitions.
+    """
+    from collections import deque
+
+    producer_of = {output: index for index, node in enumerate(nodes)
+                   for output in node.output if output}
+    producers = [sorted({producer_of[name] for name in _node_inputs(node)
+                         if name in producer_of and producer_of[name] != index})
+                 for index, node in enumerate(nodes)]
+    consumers: list[list[int]] = [[] for _ in nodes]
+    for index, sources in enumerate(producers):
+        for source in sources:
+            consumers[source].append(index)
+    in_degree = [len(sources) for sources in producers]
+    supported_set = set(supported)
+    ready = deque(index for index, degree in enumerate(in_degree) if degree == 0)
+    next_wave: deque = deque()
+    units: list[tuple[str, list[int]]] = []
+    group: list[int] = []
+    border: set[int] = set()
+    while ready or next_wave:
+        if not ready:
+            if group:
+                units.append(("ep", group))
+            group, border = [], set()
+            ready, next_wave = next_wave, deque()
+            continue
+        index = ready.popleft()
+        if nodes[index].op_type in supported_set:
+            group.append(index)
+            border.discard(index)
+            border.update(consumers[index])
+        elif index in border:
+            next_wave.append(index)
+            continue
+        else:
+            units.append(("cpu", [index]))
+        for consumer in consumers[index]:
+            in_degree[consumer] -= 1
+            if in_degree[consumer] == 0:
+                ready.append(consumer)
+    if group:
+        units.append(("ep", group))
+    return units
+
+
+def _node_inputs(node) -> list[str]:
+    """A node's inputs, plus the outer-scope names its subgraphs read (implicit inputs)."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+            local = {name for inner in graph.node for name in inner.output}
+            local |= {value.name for value in graph.input}
+            local |= {tensor.name for tensor in graph.initializer}
+            names += [name for inner in graph.node for name in _node_inputs(inner)
+                      if name not in local]
+    return names
+
+
+def partition(model_path: str, supported: list[str], mode: str = "file") -> dict:
+    """Which pieces an EP supporting only ``supported`` would get; needs only onnx.
+
+    ``file`` (the contract): runs of consecutive nodes in file order. ``ort``: the groups
+    onnxruntime's own partitioner forms, with the unsupported nodes between them merged.
+    """
     model = load_model(model_path, load_weights=False)
-    op_types = [node.op_type for node in model.graph.node]
-    partitions = partition_nodes(op_types, supported)
+    nodes = list(model.graph.node)
+    if mode == "ort":
+        units = ort_partition_units(nodes, supported)
+        merged: list[tuple[str, list[int]]] = []
+        for owner, members in units:
+            if owner == "cpu" and merged and merged[-1][0] == "cpu":
+                merged[-1][1].extend(members)
+            else:
+                merged.append((owner, list(members)))
+        partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
+                       "size": len(members)} for owner, members in merged]
+    else:
+        partitions = partition_nodes([node.op_type for node in nodes], supported)
     return {
         "model": model_path,
         "supported": supported,
-        "nodes": len(op_types),
+        "nodes": len(nodes),
         "claimed": sum(part["size"] for part in partitions if part["owner"] == "ep"),
         "partition_count": len(partitions),
         "handoffs": max(len(partitions) - 1, 0),
@@ -797,6 +900,215 @@ def settings(model_path: str, seed: int, rows: int = ROWS) -> dict:
             "all_equal": all(case["bitwise_equal"] for case in cases)}
 
 
+# -- placement ---------------------------------------------------------------------------------
+
+def _feeds(session, rows: int, seed: int) -> dict:
+    """Standard-normal (or zero, for non-float types) inputs for every input of a session;
+    symbolic dimensions take ``rows`` for the first axis and 1 elsewhere."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in session.get_inputs():
+        shape = [dim if isinstance(dim, int) and dim >= 0 else (rows if axis == 0 else 1)
+                 for axis, dim in enumerate(value.shape)]
+        kind = value.type[len("tensor("):-1] if value.type.startswith("tensor(") else "float"
+        dtype = {"float": np.float32, "double": np.float64, "float16": np.float16,
+                 "int64": np.int64, "int32": np.int32, "int8": np.int8, "uint8": np.uint8,
+                 "bool": np.bool_}.get(kind)
+        if dtype is None:
+            raise EprunError(f"input {value.name!r} has type {value.type}, which eprun cannot "
+                             "feed")
+        feeds[value.name] = (rng.standard_normal(shape).astype(dtype)
+                             if np.issubdtype(dtype, np.floating) else np.zeros(shape, dtype))
+    return feeds
+
+
+def placement(model_path: str, requested: list[str], seed: int = 0) -> dict:
+    """Which execution provider each node was actually assigned to, as onnxruntime reports it.
+
+    onnxruntime 1.24+ records the assignment when asked (``session.record_ep_graph_assignment_
+    info``); older releases only show it in a profile, so there eprun runs the model once with
+    profiling on and reads each node event's provider. Both list the nodes onnxruntime
+    executes, after its graph optimizations: a fused node stands for several of the file's.
+    """
+    require_file(model_path)
+    ort = import_ort()
+    options = ort.SessionOptions()
+    source = "profiling"
+    if hasattr(ort.InferenceSession, "get_provider_graph_assignment_info"):
+        options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        source = "graph_assignment_info"
+    with tempfile.TemporaryDirectory(prefix="eprun-profile-") as scratch:
+        if source == "profiling":
+            options.enable_profiling = True
+            options.profile_file_prefix = os.path.join(scratch, "profile")
+        try:
+            session = ort.InferenceSession(model_path, sess_options=options, providers=requested)
+        except Exception as exc:
+            raise EprunError(f"onnxruntime cannot open {model_path!r} with providers "
+                             f"{requested}: {type(exc).__name__}: {one_line(exc)}") from exc
+        actual = list(session.get_providers())
+        if source == "graph_assignment_info":
+            nodes = [{"name": node.name, "op_type": node.op_type, "provider": subgraph.ep_name}
+                     for subgraph in session.get_provider_graph_assignment_info()
+                     for node in subgraph.get_nodes()]
+        else:
+            run_session(session, None, _feeds(session, 1, seed), what=repr(model_path))
+            nodes = _profiled_nodes(session.end_profiling())
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node["provider"]] = counts.get(node["provider"], 0) + 1
+    return {"model": model_path, "requested": requested, "actual": actual,
+            "fell_back": actual != requested, "source": source, "counts": counts,
+            "nodes": nodes}
+
+
+def _profiled_nodes(profile_path: str) -> list[dict]:
+    """The kernel events of an onnxruntime profile: one per executed node, in run order."""
+    import json
+
+    with open(profile_path, encoding="utf-8") as stream:
+        events = json.load(stream)
+    suffix = "_kernel_time"
+    return [{"name": event["name"][:-len(suffix)], "op_type": event["args"].get("op_name", ""),
+             "provider": event["args"].get("provider", "")}
+            for event in events
+            if event.get("cat") == "Node" and event.get("name", "").endswith(suffix)]
+
+
+# -- check -------------------------------------------------------------------------------------
+
+TOLERANCE_PROFILES = {"fp16": {"rtol": 1e-2, "atol": 1e-3, "min_cos": 0.999},
+                      "int8": {"rtol": 1e-1, "atol": 5e-2, "min_cos": 0.990}}
+# Errors worth another try: driver watchdog resets and timeouts while an EP compiles its graph.
+_TRANSIENT = re.compile(r"time ?out|timed out|TDR|DXGI_ERROR|device (was )?(lost|removed)|"
+                        r"temporarily unavailable", re.IGNORECASE)
+
+
+def _with_retries(action: Callable[[], Any], retries: int, pause: float, used: list) -> Any:
+    """Run ``action``, retrying transient provider errors only. ``used[0]`` counts the retries
+    spent so far; ``retries`` bounds them for the whole check."""
+    import time
+
+    while True:
+        try:
+            return action()
+        except EprunError as exc:
+            if used[0] >= retries or not _TRANSIENT.search(str(exc)):
+                raise
+            used[0] += 1
+            print(f"eprun: transient provider error, retrying in {pause:g}s: {exc}",
+                  file=sys.stderr)
+            time.sleep(pause)
+
+
+def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
+    """Element-wise ``|candidate - reference| <= atol + rtol * |reference|`` (numpy's allclose
+    with the reference as the desired value), the global cosine and the worst element."""
+    import numpy as np
+
+    b = np.asarray(reference, dtype=np.float64)
+    a = np.asarray(candidate, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        diff = np.abs(a - b)
+        allowed = atol + rtol * np.abs(b)
+        excess = np.where(np.isnan(diff), np.inf, diff - allowed)
+        violations = int(np.count_nonzero(~(diff <= allowed)))
+        norms = float(np.linalg.norm(a.ravel()) * np.linalg.norm(b.ravel()))
+        both_zero = not np.any(a) and not np.any(b)
+        cosine = 1.0 if both_zero else (float(np.dot(a.ravel(), b.ravel()) / norms)
+                                        if norms else 0.0)
+        worst = None
+        if a.size:
+            position = np.unravel_index(int(np.argmax(excess)), a.shape)
+            worst = {"index": [int(i) for i in position], "reference": float(b[position]),
+                     "candidate": float(a[position]), "abs_diff": float(diff[position]),
+                     "allowed": float(allowed[position]), "excess": float(excess[position])}
+        max_rel = float(np.max(diff / np.abs(b))) if a.size else 0.0
+    return {"max_abs_diff": float(np.max(diff)) if a.size else 0.0, "max_rel_diff": max_rel,
+            "cosine": cosine, "elements": int(a.size), "violations": violations,
+            "worst": worst}
+
+
+def check(reference_path: str, candidate_path: str, providers: list[str],
+          reference_providers: list[str], profile: str | None, rtol: float | None,
+          atol: float | None, min_cos: float | None, rows: int = ROWS, seed: int = 0,
+          warmup: int = 1, retries: int = 2, retry_pause: float = 2.0,
+          require_providers: bool = False) -> dict:
+    """The CI gate: does the candidate (model and providers) match the reference within
+    tolerance on the contract input? Fails on any broken bound, and on a fallback if asked."""
+    require_file(reference_path)
+    require_file(candidate_path)
+    tolerance = dict(TOLERANCE_PROFILES[profile or "fp16"])
+    tolerance.update({key: value for key, value in
+                      (("rtol", rtol), ("atol", atol), ("min_cos", min_cos)) if value is not None})
+    model = load_model(reference_path, load_weights=False)
+    input_name, x = contract_input(model, seed, rows, path=reference_path)
+    del model
+    ort = import_ort()
+    retries_used = [0]
+
+    def open_session(path: str, requested: list[str]):
+        try:
+            return ort.InferenceSession(path, providers=requested)
+        except Exception as exc:
+            raise EprunError(f"onnxruntime cannot open {path!r} with providers {requested}: "
+                             f"{type(exc).__name__}: {one_line(exc)}") from exc
+
+    reference_session = open_session(reference_path, reference_providers)
+    reference_outputs = run_session(reference_session, None, {input_name: x},
+                                    what=repr(reference_path))
+    candidate_session = _with_retries(lambda: open_session(candidate_path, providers),
+                                      retries, retry_pause, retries_used)
+    candidate_inputs = candidate_session.get_inputs()
+    if len(candidate_inputs) != 1:
+        raise EprunError(f"{candidate_path!r} has {len(candidate_inputs)} inputs; the candidate "
+                         "must take the reference's single input")
+    feed = {candidate_inputs[0].name: x}
+    for _ in range(warmup):
+        _with_retries(lambda: run_session(candidate_session, None, feed,
+                                          what=repr(candidate_path)), retries, retry_pause,
+                      retries_used)
+    candidate_outputs = _with_retries(lambda: run_session(candidate_session, None, feed,
+                                                          what=repr(candidate_path)),
+                                      retries, retry_pause, retries_used)
+    if len(candidate_outputs) < len(reference_outputs):
+        raise EprunError(f"{candidate_path!r} has {len(candidate_outputs)} outputs, the "
+                         f"reference {len(reference_outputs)}; outputs are paired by position")
+    actual = list(candidate_session.get_providers())
+    outputs, failures = [], []
+    reference_names = [value.name for value in reference_session.get_outputs()]
+    candidate_names = [value.name for value in candidate_session.get_outputs()]
+    for index, (expected, got) in enumerate(zip(reference_outputs, candidate_outputs)):
+        entry = {"reference": reference_names[index], "candidate": candidate_names[index],
+                 "shape": list(expected.shape)}
+        if expected.shape != got.shape:
+            failures.append({"output": entry["reference"], "bound": "shape",
+                             "reference": list(expected.shape), "candidate": list(got.shape)})
+            outputs.append(entry)
+            continue
+        entry.update(compare_outputs(expected, got, tolerance["rtol"], tolerance["atol"]))
+        outputs.append(entry)
+        if entry["violations"]:
+            failures.append({"output": entry["reference"], "bound": "tolerance",
+                             "violations": entry["violations"], "elements": entry["elements"],
+                             "worst": entry["worst"]})
+        if not entry["cosine"] >= tolerance["min_cos"]:
+            failures.append({"output": entry["reference"], "bound": "min_cos",
+                             "cosine": entry["cosine"], "min_cos": tolerance["min_cos"],
+                             "by": tolerance["min_cos"] - entry["cosine"]})
+    if require_providers and actual != providers:
+        failures.append({"bound": "providers", "requested": providers, "actual": actual})
+    return {"reference": reference_path, "candidate": candidate_path, "seed": seed, "rows": rows,
+            "profile": profile, "tolerance": tolerance,
+            "providers": {"requested": providers, "actual": actual,
+                          "fell_back": actual != providers,
+                          "reference": list(reference_session.get_providers())},
+            "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
+            "failures": failures, "passed": not failures}
+
+
 # -- report ------------------------------------------------------------------------------------
 
 REPORT_REQUESTS = (["CPUExecutionProvider"], ["AzureExecutionProvider"],
@@ -1017,31 +1329,50 @@ def boundary_ops_option(sub: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="eprun.py", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog="Exit codes: 0 ok, 2 usage, 3 missing input file, 4 other failure.")
+                     epilog="Exit codes: 0 ok, 1 failed verdict (check, --fail-on-fallback), 2 usage, "
+                     "3 missing input file, 4 other failure.")
     commands = parser.add_subparsers(dest="command", metavar="<command>")
     commands.required = True
 
-    def command(name: str, summary: str, fields: str, run: Callable[[argparse.Namespace], dict]):
+    def command(name: str, summary: str, fields: str, run: Callable[[argparse.Namespace], dict],
+                verdict: Callable[[argparse.Namespace, dict], int] = lambda args, answer: 0):
         sub = commands.add_parser(name, help=summary, description=f"{summary}\n\nJSON: {fields}",
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, verdict=verdict)
         return sub
 
     sub = command("providers", "requested vs. actual execution providers, one session per list",
                   '{"model", "available", "cases": [{"requested", "actual", "missing", '
                   '"fell_back", "error"}]}',
-                  lambda args: providers(args.model, args.lists))
+                  lambda args: providers(args.model, args.lists),
+                  lambda args, answer: int(args.fail_on_fallback
+                                           and any(case["fell_back"] for case in answer["cases"])))
     sub.add_argument("model", help="ONNX model file")
     sub.add_argument("lists", nargs="+", type=parse_list, metavar="list",
                      help="comma-joined provider names, e.g. CUDAExecutionProvider,CPUExecutionProvider")
+    sub.add_argument("--fail-on-fallback", action="store_true",
+                     help="exit 1 (after printing the answer) when any case fell back")
+
+    sub = command("placement", "which execution provider each node was actually assigned to "
+                  "(onnxruntime's graph assignment info, or a one-run profile on releases "
+                  "before 1.24)",
+                  '{"model", "requested", "actual", "fell_back", "source", "counts", '
+                  '"nodes": [{"name", "op_type", "provider"}]}',
+                  lambda args: placement(args.model, args.providers))
+    sub.add_argument("model", help="ONNX model file")
+    sub.add_argument("providers", type=parse_list, help="comma-joined provider names")
 
     sub = command("partition", "file-order simulation of the partitions an EP supporting only "
                   "the listed ops would form (no session)",
                   '{"model", "supported", "nodes", "claimed", "partition_count", "handoffs", '
                   '"partitions": [{"owner", "nodes", "size"}]}',
-                  lambda args: partition(args.model, args.supported))
+                  lambda args: partition(args.model, args.supported, args.mode))
     sub.add_argument("model", help="ONNX model file")
     sub.add_argument("supported", type=parse_list, help="comma-joined op types, e.g. MatMul,Add")
+    sub.add_argument("--mode", choices=("file", "ort"), default="file",
+                     help="file: runs of consecutive nodes in file order (the contract, default); "
+                     "ort: the groups onnxruntime's partitioner forms (topological, branches "
+                     "merge)")
 
     sub = command("expose", "save a copy whose graph outputs include every layer boundary "
                   "(first input of each MatMul/Gemm, then the first output)",
@@ -1089,6 +1420,45 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("seed", type=parse_seed, help="non-negative integer seed of the input")
     rows_option(sub)
 
+    sub = command("check", "CI gate: candidate model and providers against a reference within "
+                  "rtol/atol/cosine on the contract input; exit 0 pass, 1 fail",
+                  '{"reference", "candidate", "seed", "rows", "profile", "tolerance", '
+                  '"providers": {"requested", "actual", "fell_back", "reference"}, "warmup", '
+                  '"retries_used", "outputs": [{"reference", "candidate", "shape", "max_abs_diff", '
+                  '"max_rel_diff", "cosine", "elements", "violations", "worst"}], "failures", '
+                  '"passed"}',
+                  lambda args: check(args.reference, args.candidate, args.providers,
+                                     args.reference_providers, args.profile, args.rtol,
+                                     args.atol, args.min_cos, args.rows, args.seed, args.warmup,
+                                     args.retries, args.retry_pause, args.require_providers),
+                  lambda args, answer: 0 if answer["passed"] else 1)
+    sub.add_argument("reference", help="reference model (usually the FP32 one), run on "
+                     "--reference-providers")
+    sub.add_argument("candidate", help="candidate model, run on --providers")
+    sub.add_argument("--providers", type=parse_list, default=["CPUExecutionProvider"],
+                     help="candidate's requested providers (default CPUExecutionProvider)")
+    sub.add_argument("--reference-providers", type=parse_list, default=["CPUExecutionProvider"],
+                     help="reference's providers (default CPUExecutionProvider)")
+    sub.add_argument("--profile", choices=sorted(TOLERANCE_PROFILES),
+                     help="fp16: rtol 1e-2, atol 1e-3, cosine >= 0.999 (the default); "
+                     "int8: rtol 1e-1, atol 5e-2, cosine >= 0.990")
+    for option, what in (("--rtol", "relative"), ("--atol", "absolute")):
+        sub.add_argument(option, type=parse_tolerance, help=f"{what} tolerance (overrides the "
+                         "profile)")
+    sub.add_argument("--min-cos", type=parse_tolerance,
+                     help="smallest allowed cosine between the flattened outputs")
+    rows_option(sub)
+    sub.add_argument("--seed", type=parse_seed, default=0, help="input seed (default 0)")
+    sub.add_argument("--warmup", type=parse_count, default=1,
+                     help="candidate runs before the measured one (default 1)")
+    sub.add_argument("--retries", type=parse_count, default=2,
+                     help="extra tries after a transient provider error such as a timeout, "
+                     "never after a numeric failure (default 2)")
+    sub.add_argument("--retry-pause", type=parse_tolerance, default=2.0,
+                     help="seconds between tries (default 2)")
+    sub.add_argument("--require-providers", action="store_true",
+                     help="fail when the candidate's session did not get exactly --providers")
+
     sub = command("report", "run every lab measurement and write the deliverables: "
                   + ", ".join(REPORT_FILES),
                   '{"out_dir", "files"} (the JSON files hold the command answers; providers.json '
@@ -1125,7 +1495,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
-    return 0
+    return args.verdict(args, answer)
 
 
 def _report_failure(exc: BaseException) -> None:

@@ -1,0 +1,407 @@
+"""The features beyond the lab: ORT-mode partitioning, attribution, metrics, check, placement."""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import models
+from conftest import EPRUN, run_eprun
+from test_commands import oracle_layers
+
+
+# -- partition --mode ort ----------------------------------------------------------------------
+
+def dag(seed: int, size: int = 14) -> onnx.ModelProto:
+    """A random DAG of unary and binary ops over 4-wide tensors, in a random topological order."""
+    rng = np.random.default_rng(seed)
+    tensors, specs = ["x"], []
+    for k in range(size):
+        op = str(rng.choice(["MatMul", "Add", "Relu", "Mul", "Sigmoid"]))
+        arity = 1 if op in ("Relu", "Sigmoid") else 2
+        inputs = [tensors[int(i)] for i in rng.integers(0, len(tensors), size=arity)]
+        specs.append((op, inputs, f"t{k}"))
+        tensors.append(f"t{k}")
+    consumed = {name for _, inputs, _ in specs for name in inputs}
+    # a random topological order of the same DAG: file order is not what ORT walks
+    produced, order, pending = {"x"}, [], list(range(size))
+    while pending:
+        ready = [k for k in pending if all(i in produced for i in specs[k][1])]
+        pick = ready[int(rng.integers(0, len(ready)))]
+        order.append(pick)
+        pending.remove(pick)
+        produced.add(specs[pick][2])
+    nodes = [helper.make_node(specs[k][0], specs[k][1], [specs[k][2]], name=f"n{k}")
+             for k in order]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", 4])
+               for _, _, name in specs if name not in consumed]
+    return models.finish(nodes, [models.float_input("x", 4)], outputs)
+
+
+class OpList:
+    """Drives onnxruntime's usability checker with a plain op list instead of its .md file."""
+
+    def __init__(self, ops):
+        self.ops = set(ops)
+
+    def is_op_supported(self, node) -> bool:
+        return node.op_type in self.ops
+
+    def get_caveats(self):
+        return []
+
+
+def ort_groups(model, supported) -> list[list[str]]:
+    from onnxruntime.tools.mobile_helpers.usability_checker import check_partitioning
+
+    parameters = inspect.signature(check_partitioning).parameters
+    kwargs = {"require_fixed_input_sizes": False} if "require_fixed_input_sizes" in parameters \
+        else {}
+    info = check_partitioning(model.graph, OpList(supported), **kwargs)
+    return [sorted(node.name for node in group) for group in info.supported_groups]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("supported", ["MatMul,Add", "Relu,Sigmoid,Mul", "MatMul"])
+def test_ort_mode_matches_onnxruntimes_own_partitioner(tmp_path, eprun, seed, supported):
+    import eprun as tool
+
+    model = dag(seed)
+    path = models.save(model, tmp_path / "dag.onnx")
+    answer = eprun("partition", path, supported, "--mode", "ort")
+    nodes = list(model.graph.node)
+    units = tool.ort_partition_units(nodes, supported.split(","))
+    ours = [sorted(nodes[i].name for i in members) for owner, members in units if owner == "ep"]
+    assert ours == ort_groups(model, supported.split(","))
+    assert [p["nodes"] for p in answer["partitions"] if p["owner"] == "ep"] == [
+        [nodes[i].op_type for i in members] for owner, members in units if owner == "ep"]
+    assert answer["claimed"] == sum(n.op_type in supported.split(",") for n in nodes)
+    assert sum(p["size"] for p in answer["partitions"]) == answer["nodes"] == len(nodes)
+    assert answer["handoffs"] == answer["partition_count"] - 1
+    # the partitions list every node once, in a valid run order
+    order = [i for owner, members in units for i in members]
+    assert sorted(order) == list(range(len(nodes)))
+    produced = {"x"}
+    for i in order:
+        assert all(name in produced for name in nodes[i].input)
+        produced.update(nodes[i].output)
+
+
+def test_ort_mode_merges_branches_that_file_order_splits(eprun, tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["a"], name="A"),
+             helper.make_node("Relu", ["a"], ["c"], name="C"),
+             helper.make_node("MatMul", ["x", "W"], ["b"], name="B"),
+             helper.make_node("Add", ["c", "b"], ["y"], name="D")]
+    model = models.finish(nodes, [models.float_input("x", 4)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+                          [numpy_helper.from_array(np.eye(4, dtype=np.float32), "W")])
+    path = models.save(model, tmp_path / "branches.onnx")
+    by_file = eprun("partition", path, "MatMul,Add")
+    by_ort = eprun("partition", path, "MatMul,Add", "--mode", "ort")
+    parts = lambda answer: [(p["owner"], p["nodes"]) for p in answer["partitions"]]
+    assert parts(by_file) == [("ep", ["MatMul"]), ("cpu", ["Relu"]), ("ep", ["MatMul", "Add"])]
+    assert parts(by_ort) == [("ep", ["MatMul", "MatMul"]), ("cpu", ["Relu"]), ("ep", ["Add"])]
+    assert ort_groups(model, ["MatMul", "Add"]) == [["A", "B"], ["D"]]
+    assert set(by_ort) == set(by_file)
+
+
+# -- layers --local, --metrics, --rows, --boundary-ops -----------------------------------------
+
+def local_oracle(fp32, int8, seed: int, k: int) -> np.ndarray:
+    """Graph surgery instead of extraction: the int8 model with the float tensor in front of
+    boundary k-1's QuantizeLinear replaced by a new input fed fp32's boundary k-1 tensor."""
+    int8_model = onnx.load(str(int8))
+    layers = oracle_layers(fp32, int8, seed)
+    producers = {o: n for n in int8_model.graph.node for o in n.output}
+    dq = producers[layers[k - 1]["int8"]]
+    q = producers[dq.input[0]]
+    q.input[0] = "fed"
+    int8_model.graph.input.append(helper.make_tensor_value_info("fed", TensorProto.FLOAT, None))
+    int8_model.graph.output.append(helper.make_tensor_value_info(layers[k]["int8"],
+                                                                 TensorProto.FLOAT, None))
+    fp32_model = onnx.load(str(fp32))
+    features = fp32_model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = models.contract_input(seed, features)
+    from test_commands import run_with_outputs
+    a_prev = run_with_outputs(fp32, [layers[k - 1]["fp32"]], x)[0]
+    session = ort.InferenceSession(int8_model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return session.run([layers[k]["int8"]], {"x": x, "fed": a_prev})[0]
+
+
+def test_local_errors_match_graph_surgery(eprun, lab_pair):
+    fp32, int8 = lab_pair
+    answer = eprun("layers", fp32, int8, "4", "--local")
+    assert answer["local_unavailable"] == []
+    expected = oracle_layers(fp32, int8, 4)
+    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    from test_commands import run_with_outputs
+    fp32_tensors = run_with_outputs(fp32, [e["fp32"] for e in expected],
+                                    models.contract_input(4, features))
+    assert answer["layers"][0]["local"]["rel_error"] == answer["layers"][0]["rel_error"]
+    for k in range(1, len(expected)):
+        got = answer["layers"][k]["local"]
+        b = local_oracle(fp32, int8, 4, k).astype(np.float64)
+        a = fp32_tensors[k].astype(np.float64)
+        max_abs = float(np.abs(a - b).max())
+        assert got["max_abs_error"] == pytest.approx(max_abs, rel=1e-6, abs=1e-12)
+        assert got["rel_error"] == pytest.approx(max_abs / float(np.abs(a).max()), rel=1e-6)
+
+
+def test_local_attribution_points_at_a_damaged_layer(eprun, tmp_path):
+    fp32 = models.save(models.chain(features=8, widths=(16, 16, 16, 16, 16, 8), seed=21),
+                       tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, seed=22)
+
+    def damaged(factor: float):
+        """Scale layer 3's weight scale: the tensor at boundary 4 (its output) goes wrong."""
+        model = onnx.load(str(int8))
+        for tensor in model.graph.initializer:
+            if tensor.name == "W3_scale":
+                tensor.CopyFrom(numpy_helper.from_array(
+                    (numpy_helper.to_array(tensor) * np.float32(factor)), tensor.name))
+        return models.save(model, tmp_path / f"damaged_{factor}.onnx")
+
+    clean = eprun("growth", fp32, int8, "9", "--local")
+    hurt = eprun("growth", fp32, damaged(1.5), "9", "--local")
+    # Each segment is fed fp32 tensors, so only the damaged segment's own error changes ...
+    for k, (before, after) in enumerate(zip(clean["local_rel_error"], hurt["local_rel_error"])):
+        assert (after > before) if k == 4 else (after == before), k
+    # ... while the accumulated error carries the damage on to the output.
+    assert hurt["rel_error"][6] != clean["rel_error"][6]
+    assert eprun("growth", fp32, damaged(3.0), "9", "--local")["worst_local"]["index"] == 4
+
+
+def test_local_on_a_graph_that_is_not_a_chain(eprun, tmp_path):
+    """A residual connection: the segment into the Add needs a tensor from two layers back."""
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32) * 0.5, "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h0"]),
+             helper.make_node("Relu", ["h0"], ["r0"]),
+             helper.make_node("MatMul", ["r0", "W"], ["h1"]),
+             helper.make_node("Add", ["h1", "x"], ["s"]),
+             helper.make_node("MatMul", ["s", "W"], ["y"])]
+    model = models.finish(nodes, [models.float_input("x", 4)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [w])
+    fp32 = models.save(model, tmp_path / "res.onnx")
+    int8 = tmp_path / "res_q.onnx"
+    models.quantize(fp32, int8, seed=1)
+    answer = eprun("layers", fp32, int8, "1", "--local")
+    reasons = {entry["index"]: entry["reason"] for entry in answer["local_unavailable"]}
+    assert 2 in reasons and reasons[2].startswith("not a chain")
+    assert answer["layers"][2]["local"] is None
+    assert answer["layers"][1]["local"] is not None
+
+
+def test_metrics_sqnr_and_mse(eprun, lab_pair):
+    fp32, int8 = lab_pair
+    answer = eprun("layers", fp32, int8, "6", "--metrics", "sqnr,mse")
+    plain = eprun("layers", fp32, int8, "6")
+    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    from test_commands import run_with_outputs
+    x = models.contract_input(6, features)
+    a_all = run_with_outputs(fp32, [e["fp32"] for e in plain["layers"]], x)
+    b_all = run_with_outputs(int8, [e["int8"] for e in plain["layers"]], x)
+    for entry, base, a, b in zip(answer["layers"], plain["layers"], a_all, b_all):
+        assert {k: v for k, v in entry.items() if k not in ("sqnr_db", "mse")} == base
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        assert entry["mse"] == pytest.approx(float(((a - b) ** 2).mean()), rel=1e-9)
+        noise = float(((a - b) ** 2).sum())
+        expected = 20 * np.log10(np.linalg.norm(a) / np.sqrt(noise)) if noise else None
+        assert entry["sqnr_db"] == (pytest.approx(expected, rel=1e-9) if expected else None)
+
+
+def test_rows_option(eprun, lab_pair):
+    fp32, int8 = lab_pair
+    answer = eprun("layers", fp32, int8, "2", "--rows", "8")
+    assert answer["rows"] == 8
+    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = np.random.default_rng(2).standard_normal((8, features)).astype(np.float32)
+    from test_commands import run_with_outputs
+    (y,) = run_with_outputs(fp32, ["y"], x)
+    (yq,) = run_with_outputs(int8, ["y"], x)
+    last = answer["layers"][-1]
+    assert last["max_abs_error"] == pytest.approx(float(np.abs(y - yq).max()), rel=1e-6)
+    settings = eprun("settings", fp32, "2", "--rows", "8")
+    assert settings["baseline"]["max_abs_output"] == pytest.approx(float(np.abs(y).max()))
+
+
+def conv_model(seed: int = 0) -> onnx.ModelProto:
+    """NCHW input [N, 3, 8, 8] -> Conv -> Relu -> Conv -> Relu -> Flatten -> MatMul -> y."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) / 5).astype(np.float32), "K0"),
+             numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) / 6).astype(np.float32), "K1"),
+             numpy_helper.from_array((rng.standard_normal((256, 5)) / 16).astype(np.float32), "W")]
+    nodes = [helper.make_node("Conv", ["x", "K0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "K1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Flatten", ["r1"], ["f"]),
+             helper.make_node("MatMul", ["f", "W"], ["y"])]
+    return models.finish(
+        nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], inits)
+
+
+def test_conv_model_with_boundary_ops(eprun, tmp_path):
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    fp32 = models.save(conv_model(), tmp_path / "conv.onnx")
+    int8 = tmp_path / "conv_q.onnx"
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(3)
+            self.it = iter([{"x": rng.standard_normal((8, 3, 8, 8)).astype(np.float32)}
+                            for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(fp32), str(int8), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    plain = eprun("layers", fp32, int8, "3")
+    assert [e["fp32"] for e in plain["layers"]] == ["f", "y"]
+    answer = eprun("layers", fp32, int8, "3", "--boundary-ops", "Conv")
+    assert [e["fp32"] for e in answer["layers"]] == ["x", "r0", "f", "y"]
+    x = np.random.default_rng(3).standard_normal((64, 3, 8, 8)).astype(np.float32)
+    from test_commands import run_with_outputs
+    a_all = run_with_outputs(fp32, [e["fp32"] for e in answer["layers"]], x)
+    b_all = run_with_outputs(int8, [e["int8"] for e in answer["layers"]], x)
+    for entry, a, b in zip(answer["layers"], a_all, b_all):
+        a, b = a.astype(np.float64).reshape(64, -1), b.astype(np.float64).reshape(64, -1)
+        assert entry["max_abs_error"] == pytest.approx(float(np.abs(a - b).max()), rel=1e-6)
+        cos = [float(r @ s / (np.linalg.norm(r) * np.linalg.norm(s))) for r, s in zip(a, b)]
+        assert entry["cos_min"] == pytest.approx(min(cos), rel=1e-6)
+    exposed = eprun("expose", fp32, tmp_path / "e.onnx", "--boundary-ops", "Conv")
+    assert exposed["boundaries"] == ["x", "r0", "f", "y"]
+
+
+# -- check -------------------------------------------------------------------------------------
+
+def test_check_passes_identical_models(lab_pair):
+    fp32, _ = lab_pair
+    result = run_eprun("check", fp32, fp32)
+    assert result.code == 0, result.stderr
+    answer = result.answer
+    assert answer["passed"] is True and answer["failures"] == []
+    assert answer["tolerance"] == {"rtol": 1e-2, "atol": 1e-3, "min_cos": 0.999}
+    assert answer["outputs"][0]["violations"] == 0 and answer["outputs"][0]["cosine"] == 1.0
+
+
+def test_check_fails_with_the_worst_element(lab_pair):
+    fp32, int8 = lab_pair
+    result = run_eprun("check", fp32, int8, "--seed", "5", "--rtol", "0", "--atol", "1e-3")
+    assert result.code == 1 and result.stdout
+    answer = result.answer
+    x = models.contract_input(5, 8)
+    ref = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    cand = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    diff = np.abs(cand.astype(np.float64) - ref.astype(np.float64))
+    allowed = 1e-3
+    assert answer["tolerance"] == {"rtol": 0.0, "atol": 1e-3, "min_cos": 0.999}
+    (failure,) = [f for f in answer["failures"] if f["bound"] == "tolerance"]
+    assert failure["violations"] == int((diff > allowed).sum())
+    worst = np.unravel_index(int(np.argmax(diff - allowed)), diff.shape)
+    assert failure["worst"]["index"] == [int(i) for i in worst]
+    assert failure["worst"]["abs_diff"] == pytest.approx(float(diff.max()))
+    a, b = cand.ravel().astype(np.float64), ref.ravel().astype(np.float64)
+    assert answer["outputs"][0]["cosine"] == pytest.approx(
+        float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+    assert answer["retries_used"] == 0  # numeric failures are never retried
+
+
+def test_check_int8_profile_and_min_cos(lab_pair):
+    fp32, int8 = lab_pair
+    result = run_eprun("check", fp32, int8, "--profile", "int8", "--rtol", "10", "--atol", "10",
+                       "--min-cos", "0.9999999")
+    assert result.code == 1
+    answer = result.answer
+    assert [f["bound"] for f in answer["failures"]] == ["min_cos"]
+    failure = answer["failures"][0]
+    assert failure["by"] == pytest.approx(0.9999999 - failure["cosine"])
+
+
+def test_check_require_providers_fails_on_fallback(lab_pair):
+    fp32, _ = lab_pair
+    args = ["check", fp32, fp32, "--providers", "CUDAExecutionProvider,CPUExecutionProvider"]
+    relaxed = run_eprun(*args)
+    assert relaxed.code == 0 and relaxed.answer["providers"]["fell_back"] is True
+    strict = run_eprun(*args, "--require-providers")
+    assert strict.code == 1
+    assert strict.answer["failures"] == [{"bound": "providers",
+                                          "requested": ["CUDAExecutionProvider",
+                                                        "CPUExecutionProvider"],
+                                          "actual": ["CPUExecutionProvider"]}]
+
+
+FLAKY = (
+    "import runpy, sys, onnxruntime\n"
+    "original = onnxruntime.InferenceSession.run\n"
+    "calls = {'n': 0}\n"
+    "def flaky(self, *args, **kwargs):\n"
+    "    if 'q.onnx' in str(self._model_path):\n"
+    "        calls['n'] += 1\n"
+    "        if calls['n'] <= FAILS:\n"
+    "            raise RuntimeError(MESSAGE)\n"
+    "    return original(self, *args, **kwargs)\n"
+    "onnxruntime.InferenceSession.run = flaky\n"
+    "sys.argv = [EPRUN] + sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+@pytest.mark.parametrize("fails, message, code, retries_used", [
+    (2, "EP_FAIL: Timeout while compiling the graph", 0, 2),
+    (9, "device timed out", 4, None),
+    (1, "Invalid argument: bad shape", 4, None),
+])
+def test_check_retries_transient_errors_only(lab_pair, tmp_path, fails, message, code,
+                                             retries_used):
+    fp32, _ = lab_pair
+    candidate = tmp_path / "q.onnx"
+    candidate.write_bytes(fp32.read_bytes())
+    script = (FLAKY.replace("FAILS", str(fails)).replace("MESSAGE", repr(message))
+              .replace("EPRUN", repr(str(EPRUN))))
+    result = run_eprun("check", fp32, candidate, "--retry-pause", "0", "--retries", "2",
+                       prefix=[sys.executable, "-c", script])
+    assert result.code == code, result.stderr
+    if code == 0:
+        # the warm-up fails twice, succeeds on the second retry, then the measured run passes
+        assert result.answer["retries_used"] == retries_used
+    else:
+        assert result.stdout == "" and message.split(":")[0] in result.stderr
+
+
+def test_providers_fail_on_fallback(lab_pair):
+    fp32, _ = lab_pair
+    fine = run_eprun("providers", fp32, "CPUExecutionProvider", "--fail-on-fallback")
+    assert fine.code == 0
+    fell = run_eprun("providers", fp32, "CPUExecutionProvider", "FooExecutionProvider",
+                     "--fail-on-fallback")
+    assert fell.code == 1 and fell.answer["cases"][1]["fell_back"] is True
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+def test_placement_reports_every_node_and_cleans_up(eprun, lab_pair):
+    _, int8 = lab_pair
+    before = set(os.listdir(tempfile.gettempdir()))
+    answer = eprun("placement", int8, "CUDAExecutionProvider,CPUExecutionProvider")
+    assert set(os.listdir(tempfile.gettempdir())) - before == set()
+    assert answer["requested"] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert answer["actual"] == ["CPUExecutionProvider"] and answer["fell_back"] is True
+    has_api = hasattr(ort.InferenceSession, "get_provider_graph_assignment_info")
+    assert answer["source"] == ("graph_assignment_info" if has_api else "profiling")
+    assert sum(answer["counts"].values()) == len(answer["nodes"]) > 0
+    assert {n["provider"] for n in answer["nodes"]} <= set(answer["actual"])
+    names = {n.name for n in onnx.load(str(int8)).graph.node}
+    assert any(node["name"] in names for node in answer["nodes"])

@@ -618,33 +618,178 @@ def expose(model_path: str, out_path: str,
         raise EprunError(f"refusing to overwrite the input model {model_path!r}; "
                          "choose another output path", EXIT_USAGE)
     boundaries = expose_in_place(model, boundary_ops)
+    carry_external_data(model, model_path, out_path)
     write_atomically(model.SerializeToString(), out_path)
     return {"model": model_path, "out": out_path, "boundaries": boundaries,
             "outputs": [value.name for value in model.graph.output]}
+
+
+def carry_external_data(model, model_path: str, out_path: str) -> None:
+    """Make the external data files of ``model`` reachable from ``out_path``'s folder.
+
+    onnxruntime resolves external data only inside the model's own folder, so an exposed copy
+    written elsewhere gets each data file hard-linked next to it (copied, with a note on
+    stderr, where a link is impossible). The original data is never moved or rewritten, and
+    a different file already at the target is never overwritten.
+    """
+    import shutil
+
+    source_folder = os.path.dirname(os.path.abspath(model_path))
+    target_folder = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(target_folder) or os.path.samefile(source_folder, target_folder):
+        return  # a missing folder is reported by the write itself
+    locations = sorted({_external_location(tensor).get("location", "")
+                        for tensor in external_tensors(model)})
+    for location in locations:
+        source = _safe_location(location, model_path)
+        require_file(source, "external data")
+        target = os.path.join(target_folder, location)
+        if os.path.exists(target):
+            if os.path.samefile(source, target) or _same_bytes(source, target):
+                continue
+            raise EprunError(f"cannot write {out_path!r}: its weights must sit at {target!r}, "
+                             "which holds other data; choose another output folder")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            print(f"eprun: copying {source!r} to {target!r} (a hard link is not possible "
+                  "there)", file=sys.stderr)
+            with open(source, "rb") as stream:
+                temporary = target + f".{os.getpid()}.tmp"
+                try:
+                    with open(temporary, "wb") as copy:
+                        shutil.copyfileobj(stream, copy, 16 << 20)
+                    os.replace(temporary, target)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(temporary)
+                    raise
+
+
+def _same_bytes(first: str, second: str) -> bool:
+    if os.path.getsize(first) != os.path.getsize(second):
+        return False
+    with open(first, "rb") as a, open(second, "rb") as b:
+        while True:
+            chunk = a.read(16 << 20)
+            if chunk != b.read(16 << 20):
+                return False
+            if not chunk:
+                return True
 
 
 # -- layers and growth -------------------------------------------------------------------------
 
 def boundary_tensors(model_path: str, seed: int, rows: int = ROWS,
                      boundary_ops: tuple[str, ...] = BOUNDARY_OPS):
-    """Expose a model in memory and run it once on the contract input.
+    """Expose a model in memory and open it.
 
-    Returns ``(boundaries, x, tensors)``. The parsed model and its serialized bytes are dropped
-    as soon as the next stage holds the data, so at most two copies of the weights coexist.
+    Returns ``(boundaries, x, session, input name, estimated bytes per boundary)``. Weights
+    stored as external data stay on disk: only the graph is parsed and re-serialized, and
+    onnxruntime reads the data itself (see ``open_exposed``).
     """
-    model = load_model(model_path)
+    model = load_model(model_path, load_weights=False)
     name, x = contract_input(model, seed, rows, path=model_path)
     boundaries = expose_in_place(model, boundary_ops)
+    declared = {value.name: value.type for value in model.graph.output}
+    sizes = [_estimated_bytes(declared.get(boundary), rows) for boundary in boundaries]
+    session = open_exposed(model, model_path)
+    return boundaries, x, session, name, sizes
+
+
+def _estimated_bytes(value_type, rows: int) -> int | None:
+    """Bytes of a tensor of this type with the batch axis at ``rows``; None when unknown."""
+    from onnx import helper
+
+    if value_type is None or not value_type.HasField("tensor_type"):
+        return None
+    tensor = value_type.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    try:
+        count = helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    for axis, dim in enumerate(tensor.shape.dim):
+        if dim.HasField("dim_value"):
+            count *= dim.dim_value
+        elif axis == 0:
+            count *= rows
+        else:
+            return None
+    return count
+
+
+def external_tensors(model) -> list:
+    from onnx import TensorProto
+
+    return [tensor for tensor in model.graph.initializer
+            if tensor.data_location == TensorProto.EXTERNAL]
+
+
+def _external_location(tensor) -> dict:
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
+def _safe_location(location: str, model_path: str) -> str:
+    """The file an external-data location names, refused (as onnxruntime does) outside the
+    model's folder."""
+    if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
+        raise EprunError(f"{model_path!r} keeps weights at {location!r}, outside its folder; "
+                         "onnxruntime refuses that location")
+    return os.path.join(os.path.dirname(os.path.abspath(model_path)), location)
+
+
+def open_exposed(model, model_path: str):
+    """A CPU session with default options for an in-memory (exposed) copy of ``model_path``.
+
+    A model without external data is serialized and opened from memory. With external data the
+    serialized graph is small and the weights stay in their files: onnxruntime releases that
+    know ``session.model_external_initializers_file_folder_path`` read them from the model's
+    folder; older ones get each tensor as a read-only memory map of its file
+    (``add_external_initializers``), which they copy once.
+    """
     try:
         serialized = model.SerializeToString()
     except ValueError as exc:  # protobuf refuses messages over 2 GB
-        raise EprunError(f"{model_path!r} is too large to expose in memory: {one_line(exc)}") \
-            from exc
-    del model
-    session = cpu_session(serialized, what=repr(model_path))
-    del serialized
-    tensors = run_session(session, boundaries, {name: x}, what=repr(model_path))
-    return boundaries, x, tensors
+        raise EprunError(f"{model_path!r} is too large to expose in memory with its weights "
+                         f"inline ({one_line(exc)}); save it with external data") from exc
+    external = external_tensors(model)
+    if not external:
+        return cpu_session(serialized, what=repr(model_path))
+    ort = import_ort()
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                     os.path.dirname(os.path.abspath(model_path)))
+    try:
+        return ort.InferenceSession(serialized, sess_options=options,
+                                    providers=["CPUExecutionProvider"])
+    except Exception:  # an onnxruntime without that option: hand it the data instead
+        pass
+    import numpy as np
+    from onnx import helper
+
+    names, values, maps = [], [], []
+    for tensor in external:
+        location = _external_location(tensor)
+        path = _safe_location(location.get("location", ""), model_path)
+        require_file(path, "external data")
+        try:
+            data = np.memmap(path, dtype=helper.tensor_dtype_to_np_dtype(tensor.data_type),
+                             mode="r", offset=int(location.get("offset", 0)),
+                             shape=tuple(tensor.dims))
+        except (ValueError, OSError) as exc:
+            raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: "
+                             f"{one_line(exc)}") from exc
+        maps.append(data)
+        names.append(tensor.name)
+        values.append(ort.OrtValue.ortvalue_from_numpy(data))
+    options = ort.SessionOptions()
+    options.add_external_initializers(names, values)
+    session = cpu_session(serialized, options, what=repr(model_path))
+    del values, maps  # onnxruntime copied the data; release the maps
+    return session
 
 
 METRICS = ("sqnr", "mse")
@@ -686,12 +831,20 @@ def compare_boundary(a, b, rows: int = ROWS, metrics: tuple[str, ...] = ()) -> d
 
 def measure_layers(fp32_path: str, int8_path: str, seed: int, rows: int = ROWS,
                    boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-                   local: bool = False):
-    """The ``layers`` answer plus the boundary tensors it was computed from (for ``report``)."""
+                   local: bool = False, max_memory: int | None = None):
+    """The ``layers`` answer, and the int8 model's (exposed) first output for ``report``.
+
+    Each model is opened once. Without ``max_memory`` one run of each fetches every boundary;
+    with it, boundaries are fetched in batches whose estimated fp32 + int8 tensor bytes fit the
+    budget (a boundary of unknown size goes alone), so memory stays bounded however many
+    boundaries there are. The exposed graphs are the same either way, so are the numbers.
+    """
     require_file(fp32_path)
     require_file(int8_path)
-    fp32_boundaries, fp32_x, fp32_tensors = boundary_tensors(fp32_path, seed, rows, boundary_ops)
-    int8_boundaries, int8_x, int8_tensors = boundary_tensors(int8_path, seed, rows, boundary_ops)
+    fp32_boundaries, fp32_x, fp32_session, fp32_input, fp32_sizes = boundary_tensors(
+        fp32_path, seed, rows, boundary_ops)
+    int8_boundaries, int8_x, int8_session, int8_input, int8_sizes = boundary_tensors(
+        int8_path, seed, rows, boundary_ops)
     if fp32_x.shape != int8_x.shape:
         raise EprunError(f"the models take different input shapes ({list(fp32_x.shape)} in "
                          f"{fp32_path!r}, {list(int8_x.shape)} in {int8_path!r})")
@@ -699,25 +852,54 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, rows: int = ROWS,
         raise EprunError(f"boundary counts differ: {len(fp32_boundaries)} in {fp32_path!r}, "
                          f"{len(int8_boundaries)} in {int8_path!r}; boundaries are paired by "
                          "position, so the models must have the same layer structure")
-    entries = []
-    for index, (fp32_name, int8_name) in enumerate(zip(fp32_boundaries, int8_boundaries)):
-        a, b = fp32_tensors[index], int8_tensors[index]
-        if a.shape != b.shape or a.size % rows:
-            raise EprunError(f"boundary {index} ({fp32_name!r} vs. {int8_name!r}): shapes "
-                             f"{list(a.shape)} and {list(b.shape)} cannot be compared row by "
-                             f"row over {rows} rows")
-        entries.append({"index": index, "fp32": fp32_name, "int8": int8_name,
-                        **compare_boundary(a, b, rows, metrics)})
+    sizes = [None if a is None or b is None else a + b for a, b in zip(fp32_sizes, int8_sizes)]
+    budget = None if max_memory is None else max_memory << 20
+    segments = LocalSegments(int8_path, int8_boundaries, rows, metrics) if local else None
+    int8_output = int8_session.get_outputs()[0].name
+    entries, final, previous = [], None, None
+    for batch in plan_batches(sizes, budget):
+        fp32_tensors = run_session(fp32_session, [fp32_boundaries[i] for i in batch],
+                                   {fp32_input: fp32_x}, what=repr(fp32_path))
+        int8_tensors = run_session(int8_session, [int8_boundaries[i] for i in batch],
+                                   {int8_input: int8_x}, what=repr(int8_path))
+        for index, a, b in zip(batch, fp32_tensors, int8_tensors):
+            fp32_name, int8_name = fp32_boundaries[index], int8_boundaries[index]
+            if a.shape != b.shape or a.size % rows:
+                raise EprunError(f"boundary {index} ({fp32_name!r} vs. {int8_name!r}): shapes "
+                                 f"{list(a.shape)} and {list(b.shape)} cannot be compared row "
+                                 f"by row over {rows} rows")
+            entry = {"index": index, "fp32": fp32_name, "int8": int8_name,
+                     **compare_boundary(a, b, rows, metrics)}
+            if segments is not None:
+                entry["local"] = (segments.measure(index, previous, a) if index else
+                                  {key: value for key, value in entry.items()
+                                   if key not in ("index", "fp32", "int8")})
+            entries.append(entry)
+            if int8_name == int8_output:
+                final = b
+            previous = a
+        del fp32_tensors, int8_tensors
     answer = {"seed": seed, "rows": rows, "layer_count": len(entries), "layers": entries}
-    if local:
-        locals_, unavailable = local_errors(int8_path, int8_boundaries, fp32_tensors, rows,
-                                           metrics)
-        locals_[0] = {key: value for key, value in entries[0].items()
-                      if key not in ("index", "fp32", "int8")}
-        for entry, measured in zip(entries, locals_):
-            entry["local"] = measured
-        answer["local_unavailable"] = unavailable
-    return answer, fp32_tensors, int8_tensors
+    if segments is not None:
+        answer["local_unavailable"] = segments.unavailable
+    return answer, final
+
+
+def plan_batches(sizes: list[int | None], budget: int | None) -> list[list[int]]:
+    """Consecutive boundary indices grouped so each group's estimated bytes fit ``budget``."""
+    if budget is None:
+        return [list(range(len(sizes)))] if sizes else []
+    batches: list[list[int]] = []
+    used = 0
+    for index, size in enumerate(sizes):
+        cost = budget + 1 if size is None else size
+        if batches and batches[-1] and used + cost <= budget:
+            batches[-1].append(index)
+            used += cost
+        else:
+            batches.append([index])
+            used = cost
+    return batches
 
 
 def _quantized_from(name: str, producers: dict) -> str:
@@ -770,8 +952,7 @@ def cut_segment(model, start: str, end: str, types: dict):
     return segment, None
 
 
-def local_errors(int8_path: str, int8_boundaries: list[str], fp32_tensors: list, rows: int,
-                 metrics: tuple[str, ...]) -> tuple[list, list]:
+class LocalSegments:
     """Error each int8 segment introduces on its own, given a perfect (fp32) input.
 
     For boundary k >= 1 the int8 model's nodes between boundary k-1 and k are cut out and fed
@@ -779,31 +960,37 @@ def local_errors(int8_path: str, int8_boundaries: list[str], fp32_tensors: list,
     QuantizeLinear in front of that boundary's DequantizeLinear), so the segment's own input
     quantization counts as its error. Boundary 0 has no earlier boundary: its local error is
     its error. A segment that needs any other tensor (a skip connection, a second branch) is
-    not a chain link; it gets null and a reason.
+    not a chain link; it gets null and a reason in ``unavailable``.
     """
-    model = load_model(int8_path)
-    producers = {output: node for node in model.graph.node for output in node.output}
-    types = tensor_types(model)
-    results: list = [None] * len(int8_boundaries)
-    unavailable = []
-    for k in range(1, len(int8_boundaries)):
-        start, end = _quantized_from(int8_boundaries[k - 1], producers), int8_boundaries[k]
-        segment, reason = cut_segment(model, start, end, types)
+
+    def __init__(self, int8_path: str, boundaries: list[str], rows: int,
+                 metrics: tuple[str, ...]) -> None:
+        self.path, self.boundaries, self.rows, self.metrics = int8_path, boundaries, rows, metrics
+        self.model = load_model(int8_path, load_weights=False)
+        self.producers = {output: node for node in self.model.graph.node
+                          for output in node.output}
+        self.types = tensor_types(self.model)
+        self.unavailable: list[dict] = []
+
+    def measure(self, k: int, fp32_before, fp32_here) -> dict | None:
+        start = _quantized_from(self.boundaries[k - 1], self.producers)
+        end = self.boundaries[k]
+        segment, reason = cut_segment(self.model, start, end, self.types)
         if reason:
-            unavailable.append({"index": k, "reason": f"not a chain: {reason}"})
-            continue
-        session = cpu_session(segment.SerializeToString(), what=f"segment {k} of {int8_path!r}")
-        (output,) = run_session(session, [end], {start: fp32_tensors[k - 1]},
-                                what=f"segment {k} of {int8_path!r}")
-        results[k] = compare_boundary(fp32_tensors[k], output, rows, metrics)
-    return results, unavailable
+            self.unavailable.append({"index": k, "reason": f"not a chain: {reason}"})
+            return None
+        session = open_exposed(segment, self.path)
+        (output,) = run_session(session, [end], {start: fp32_before},
+                                what=f"segment {k} of {self.path!r}")
+        return compare_boundary(fp32_here, output, self.rows, self.metrics)
 
 
 def layers(fp32_path: str, int8_path: str, seed: int, rows: int = ROWS,
            boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-           local: bool = False) -> dict:
+           local: bool = False, max_memory: int | None = None) -> dict:
     """Boundary-by-boundary FP32 vs. INT8 error on the contract input, paired by position."""
-    return measure_layers(fp32_path, int8_path, seed, rows, boundary_ops, metrics, local)[0]
+    return measure_layers(fp32_path, int8_path, seed, rows, boundary_ops, metrics, local,
+                          max_memory)[0]
 
 
 def growth_from(rel_errors: list[float]) -> dict:
@@ -856,9 +1043,11 @@ def growth_of(measured: dict) -> dict:
 
 
 def growth(fp32_path: str, int8_path: str, seed: int, rows: int = ROWS,
-           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, local: bool = False) -> dict:
+           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, local: bool = False,
+           max_memory: int | None = None) -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
-    return growth_of(layers(fp32_path, int8_path, seed, rows, boundary_ops, local=local))
+    return growth_of(layers(fp32_path, int8_path, seed, rows, boundary_ops, local=local,
+                            max_memory=max_memory))
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -1143,10 +1332,10 @@ def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None
     provider_answer = {**providers(fp32_path, [list(r) for r in REPORT_REQUESTS]),
                        "note": REPORT_NOTE}
     splits = [partition(models[which], parse_list(ops)) for which, ops in REPORT_SPLITS]
-    measured, _, int8_tensors = measure_layers(fp32_path, int8_path, seed)
+    measured, int8_final = measure_layers(fp32_path, int8_path, seed)
     growth_answer = growth_of(measured)
     settings_answer = settings(int8_path, seed)
-    exposure = _exposure_effect(int8_path, seed, measured, int8_tensors)
+    exposure = _exposure_effect(int8_path, seed, int8_final)
     markdown = report_markdown(provider_answer, splits, measured, growth_answer,
                                settings_answer, exposure)
 
@@ -1160,7 +1349,7 @@ def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None
     return {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES]}
 
 
-def _exposure_effect(int8_path: str, seed: int, measured: dict, int8_tensors: list) -> dict:
+def _exposure_effect(int8_path: str, seed: int, exposed) -> dict:
     """Does exposing the int8 boundaries change the final output? Exposed DQ outputs can stop
     onnxruntime from fusing DequantizeLinear -> MatMul -> QuantizeLinear into one kernel."""
     import numpy as np
@@ -1171,7 +1360,6 @@ def _exposure_effect(int8_path: str, seed: int, measured: dict, int8_tensors: li
     del model
     session = cpu_session(int8_path, what=repr(int8_path))
     plain = run_session(session, [output], {name: x}, what=repr(int8_path))[0]
-    exposed = int8_tensors[[entry["int8"] for entry in measured["layers"]].index(output)]
     with np.errstate(all="ignore"):
         diff = float(np.max(np.abs(plain.astype(np.float64) - exposed.astype(np.float64))))
     return {"output": output, "bitwise_equal": plain.tobytes() == exposed.tobytes(),
@@ -1388,13 +1576,13 @@ def build_parser() -> argparse.ArgumentParser:
              '"max_abs_error", "scale", "rel_error", "cos_min"}]}; --metrics adds "sqnr_db" '
              'and/or "mse" per entry; --local adds "local" per entry and "local_unavailable"',
              lambda args: layers(args.fp32, args.int8, args.seed, args.rows, args.boundary_ops,
-                                 args.metrics, args.local)),
+                                 args.metrics, args.local, args.max_memory)),
             ("growth", "how the relative error grows from boundary to boundary",
              '{"seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth", '
              '"max_ratio": {"index", "ratio"}}; --local adds "local_rel_error", "worst_local" '
              'and "local_unavailable"',
              lambda args: growth(args.fp32, args.int8, args.seed, args.rows, args.boundary_ops,
-                                 args.local))):
+                                 args.local, args.max_memory))):
         sub = command(name, summary, fields, run)
         sub.add_argument("fp32", help="float model")
         sub.add_argument("int8", help="quantized (QDQ) model with the same layer structure")
@@ -1402,6 +1590,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="non-negative integer; x = default_rng(seed).standard_normal((64, F))")
         rows_option(sub)
         boundary_ops_option(sub)
+        sub.add_argument("--max-memory", type=parse_count, metavar="MB",
+                         help="fetch boundaries in batches whose tensors (fp32 + int8) fit in "
+                         "about MB megabytes, instead of all at once; 0 fetches one at a time. "
+                         "The answer is the same")
         sub.add_argument("--local", action="store_true",
                          help="also feed each int8 segment the fp32 tensor of the boundary before "
                          "it, to separate the error a layer introduces from the error it inherits")

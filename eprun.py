@@ -262,7 +262,8 @@ def _skeleton(model):
     for field in ("node", "input", "output", "value_info", "sparse_initializer"):
         getattr(graph, field).extend(getattr(model.graph, field))
     for tensor in model.graph.initializer:
-        if tensor.ByteSize() <= SKELETON_KEEP_BYTES:
+        if (tensor.data_location != TensorProto.EXTERNAL
+                and _initializer_bytes(tensor) <= SKELETON_KEEP_BYTES):
             graph.initializer.append(tensor)
         else:
             graph.initializer.append(TensorProto(name=tensor.name, dims=tensor.dims,
@@ -744,52 +745,108 @@ def _safe_location(location: str, model_path: str) -> str:
 def open_exposed(model, model_path: str):
     """A CPU session with default options for an in-memory (exposed) copy of ``model_path``.
 
-    A model without external data is serialized and opened from memory. With external data the
-    serialized graph is small and the weights stay in their files: onnxruntime releases that
-    know ``session.model_external_initializers_file_folder_path`` read them from the model's
-    folder; older ones get each tensor as a read-only memory map of its file
-    (``add_external_initializers``), which they copy once.
+    The weights never pass through protobuf serialization: large inline initializers are moved
+    out of ``model`` into arrays and handed to onnxruntime with ``add_external_initializers``,
+    which puts them back before any graph optimization, so the graph onnxruntime optimizes is
+    the one in the file. Weights stored as external data stay in their files: onnxruntime
+    releases that know ``session.model_external_initializers_file_folder_path`` read them from
+    the model's folder; older ones get each tensor as a read-only memory map. ``model`` is
+    consumed (its large initializers become placeholders).
     """
-    try:
-        serialized = model.SerializeToString()
-    except ValueError as exc:  # protobuf refuses messages over 2 GB
-        raise EprunError(f"{model_path!r} is too large to expose in memory with its weights "
-                         f"inline ({one_line(exc)}); save it with external data") from exc
-    external = external_tensors(model)
-    if not external:
-        return cpu_session(serialized, what=repr(model_path))
     ort = import_ort()
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                     os.path.dirname(os.path.abspath(model_path)))
-    try:
+    external = external_tensors(model)
+    names, arrays = detach_initializers(model)
+    serialized = model.SerializeToString()
+    values = [ort.OrtValue.ortvalue_from_numpy(array) for array in arrays]
+
+    def session_with(extra_names: list[str], extra_values: list, folder_option: bool):
+        options = ort.SessionOptions()
+        if folder_option:
+            options.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path",
+                os.path.dirname(os.path.abspath(model_path)))
+        if names or extra_names:
+            options.add_external_initializers(names + extra_names, values + extra_values)
         return ort.InferenceSession(serialized, sess_options=options,
                                     providers=["CPUExecutionProvider"])
-    except Exception:  # an onnxruntime without that option: hand it the data instead
-        pass
+
+    if external:
+        try:
+            return session_with([], [], folder_option=True)
+        except Exception:  # an onnxruntime without that option: hand it the data instead
+            pass
+    maps = [_map_external(tensor, model_path) for tensor in external]
+    try:
+        return session_with([tensor.name for tensor in external],
+                            [ort.OrtValue.ortvalue_from_numpy(data) for data in maps],
+                            folder_option=False)
+    except Exception as exc:
+        raise EprunError(f"onnxruntime cannot open {model_path!r}: {type(exc).__name__}: "
+                         f"{one_line(exc)}") from exc
+
+
+# Inline initializers at least this large are handed to onnxruntime as arrays; smaller ones
+# (scales, zero points, shapes) stay in the graph where optimizers expect them.
+DETACH_MIN_BYTES = 1024
+
+
+def detach_initializers(model) -> tuple[list[str], list]:
+    """Move every large numeric inline initializer out of ``model`` into a numpy array.
+
+    Each tensor becomes a placeholder that declares its name, type and dims and points at
+    external data, the form ``add_external_initializers`` replaces. Tensors are converted one
+    at a time, so the weights exist about once, never as proto + bytes + parse.
+    """
+    from onnx import TensorProto, numpy_helper
+
+    names, arrays = [], []
+    for tensor in model.graph.initializer:
+        if (tensor.data_location == TensorProto.EXTERNAL
+                or tensor.data_type not in _DETACHABLE_TYPES
+                or _initializer_bytes(tensor) < DETACH_MIN_BYTES):
+            continue
+        array = numpy_helper.to_array(tensor)
+        placeholder = TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type,
+                                  data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", "eprun-detached"), ("offset", "0"),
+                           ("length", str(array.nbytes))):
+            entry = placeholder.external_data.add()
+            entry.key, entry.value = key, value
+        tensor.CopyFrom(placeholder)
+        names.append(tensor.name)
+        arrays.append(array)
+    return names, arrays
+
+
+# Numeric types whose numpy form onnxruntime takes as is (no float16/bfloat16/4-bit mappings,
+# which vary across onnx releases).
+_DETACHABLE_TYPES = frozenset(range(1, 8)) | {9, 11, 12, 13}
+
+
+def _initializer_bytes(tensor) -> int:
+    """Size of an initializer's data from its dims, without touching the (large) payload."""
+    count = 1
+    for dim in tensor.dims:
+        count *= dim
+    return count * {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 11: 8, 12: 4, 13: 8}.get(
+        tensor.data_type, 0)
+
+
+def _map_external(tensor, model_path: str):
+    """A read-only memory map of one external-data tensor, located as onnxruntime would."""
     import numpy as np
     from onnx import helper
 
-    names, values, maps = [], [], []
-    for tensor in external:
-        location = _external_location(tensor)
-        path = _safe_location(location.get("location", ""), model_path)
-        require_file(path, "external data")
-        try:
-            data = np.memmap(path, dtype=helper.tensor_dtype_to_np_dtype(tensor.data_type),
-                             mode="r", offset=int(location.get("offset", 0)),
-                             shape=tuple(tensor.dims))
-        except (ValueError, OSError) as exc:
-            raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: "
-                             f"{one_line(exc)}") from exc
-        maps.append(data)
-        names.append(tensor.name)
-        values.append(ort.OrtValue.ortvalue_from_numpy(data))
-    options = ort.SessionOptions()
-    options.add_external_initializers(names, values)
-    session = cpu_session(serialized, options, what=repr(model_path))
-    del values, maps  # onnxruntime copied the data; release the maps
-    return session
+    location = _external_location(tensor)
+    path = _safe_location(location.get("location", ""), model_path)
+    require_file(path, "external data")
+    try:
+        return np.memmap(path, dtype=helper.tensor_dtype_to_np_dtype(tensor.data_type),
+                         mode="r", offset=int(location.get("offset", 0)),
+                         shape=tuple(tensor.dims))
+    except (ValueError, OSError) as exc:
+        raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: "
+                         f"{one_line(exc)}") from exc
 
 
 METRICS = ("sqnr", "mse")

@@ -15,7 +15,7 @@ RUN ?= $(VENV)/bin/python
 SEED ?= 2026
 PIP_FLAGS = --quiet --disable-pip-version-check --no-input
 
-.PHONY: lab models deliverables test test-current test-oldest clean
+.PHONY: lab models deliverables test test-current test-oldest bench clean
 
 lab: $(VENV)/.lab-installed
 	$(MAKE) --no-print-directory deliverables RUN=$(VENV)/bin/python
@@ -37,6 +37,16 @@ test-oldest:
 	else \
 	  $(MAKE) --no-print-directory $(OLD_VENV)/.dev-installed && $(OLD_VENV)/bin/python -m pytest; \
 	fi
+
+# Wall time and peak memory against the hand-written floor, qdq_loss_debug and Polygraphy;
+# a few minutes and ~3 GB of scratch disk (BENCH_FLAGS=--skip-large for the lab pair only).
+bench: $(VENV)/.bench-installed
+	$(VENV)/bin/python bench/bench.py $(BENCH_FLAGS)
+
+$(VENV)/.bench-installed: requirements.txt requirements-bench.txt
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements-bench.txt
+	touch $@
 
 $(VENV)/.lab-installed: requirements.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)

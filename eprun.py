@@ -41,7 +41,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 from typing import Any, Callable, Iterator
 
 EXIT_USAGE = 2
@@ -331,6 +330,8 @@ def write_atomically(data: bytes, path: str) -> None:
     try:
         handle = _open_unnamed(folder)
         if handle is None:
+            import tempfile
+
             handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
                                                  suffix=".tmp", dir=folder)
         with os.fdopen(handle, "wb") as stream:
@@ -391,40 +392,60 @@ def _umask() -> int:
 # -- the contract input and sessions -----------------------------------------------------------
 
 def contract_input(model, seed: int, rows: int = ROWS, path: str = "model"):
-    """``(input name, x)`` with x = default_rng(seed).standard_normal((rows, *rest)), float32.
-
-    For the contract's ``[batch, F]`` input that is ``standard_normal((64, F))``. The model must
-    have exactly one input to feed, float32, whose first dimension is the batch (symbolic,
-    unset or equal to ``rows``) and whose other dimensions are static; anything else cannot
-    take the contract input and is refused with the reason.
-    """
-    import numpy as np
+    """``(input name, x)`` for a ``ModelProto``; see ``_contract_x`` for the rules."""
     from onnx import TensorProto
 
     inputs = graph_inputs(model)
     if len(inputs) != 1:
-        names = ", ".join(value.name for value in inputs) or "none"
-        raise EprunError(f"{path!r} has {len(inputs)} inputs ({names}); eprun feeds exactly one "
-                         "float32 [rows, F] input, so give it a single-input model")
+        _refuse_input_count(path, [value.name for value in inputs])
     value = inputs[0]
     tensor = value.type.tensor_type
-    if not value.type.HasField("tensor_type") or tensor.elem_type != TensorProto.FLOAT:
-        raise EprunError(f"{path!r}: input {value.name!r} is not a float32 tensor; the contract "
-                         "input is float32")
+    is_float = value.type.HasField("tensor_type") and tensor.elem_type == TensorProto.FLOAT
     dims = tensor.shape.dim if tensor.HasField("shape") else []
-    if not dims:
-        raise EprunError(f"{path!r}: input {value.name!r} has no batch dimension; the contract "
+    sizes = [dim.dim_value if dim.HasField("dim_value") else None for dim in dims]
+    return value.name, _contract_x(path, value.name, is_float, sizes, seed, rows)
+
+
+def session_contract_input(session, seed: int, rows: int = ROWS, path: str = "model"):
+    """``(input name, x)`` from an onnxruntime session's input metadata (no onnx import)."""
+    inputs = session.get_inputs()
+    if len(inputs) != 1:
+        _refuse_input_count(path, [value.name for value in inputs])
+    value = inputs[0]
+    sizes = [dim if isinstance(dim, int) else None for dim in value.shape]
+    return value.name, _contract_x(path, value.name, value.type == "tensor(float)", sizes,
+                                   seed, rows)
+
+
+def _refuse_input_count(path: str, names: list[str]) -> None:
+    raise EprunError(f"{path!r} has {len(names)} inputs ({', '.join(names) or 'none'}); eprun "
+                     "feeds exactly one float32 [rows, F] input, so give it a single-input model")
+
+
+def _contract_x(path: str, name: str, is_float: bool, sizes: list, seed: int, rows: int):
+    """x = default_rng(seed).standard_normal((rows, *rest)) as float32.
+
+    For the contract's ``[batch, F]`` input that is ``standard_normal((64, F))``. The input must
+    be float32, its first dimension the batch (symbolic, unset or equal to ``rows``) and its
+    other dimensions static; anything else cannot take the contract input and is refused with
+    the reason.
+    """
+    import numpy as np
+
+    if not is_float:
+        raise EprunError(f"{path!r}: input {name!r} is not a float32 tensor; the contract "
+                         "input is float32")
+    if not sizes:
+        raise EprunError(f"{path!r}: input {name!r} has no batch dimension; the contract "
                          "input is [rows, F]")
-    for axis, dim in enumerate(dims[1:], start=1):
-        if not dim.HasField("dim_value") or dim.dim_value < 1:
-            raise EprunError(f"{path!r}: input {value.name!r} has no static dimension {axis}; "
+    for axis, size in enumerate(sizes[1:], start=1):
+        if not size or size < 1:
+            raise EprunError(f"{path!r}: input {name!r} has no static dimension {axis}; "
                              "every dimension but the batch must be a fixed number")
-    if dims[0].HasField("dim_value") and dims[0].dim_value not in (0, rows):
-        raise EprunError(f"{path!r}: input {value.name!r} fixes the batch at "
-                         f"{dims[0].dim_value}; the contract input has {rows} rows")
-    shape = (rows,) + tuple(dim.dim_value for dim in dims[1:])
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    return value.name, x
+    if sizes[0] not in (None, 0, rows):
+        raise EprunError(f"{path!r}: input {name!r} fixes the batch at {sizes[0]}; the "
+                         f"contract input has {rows} rows")
+    return np.random.default_rng(seed).standard_normal((rows, *sizes[1:])).astype(np.float32)
 
 
 def import_ort():
@@ -1114,10 +1135,9 @@ def settings(model_path: str, seed: int, rows: int = ROWS) -> dict:
     with the single-threaded, unoptimized baseline bit for bit."""
     import numpy as np
 
-    model = load_model(model_path, load_weights=False)
-    name, x = contract_input(model, seed, rows, path=model_path)
-    del model
+    require_file(model_path)
     ort = import_ort()
+    feed: dict = {}
 
     def first_output(level: str, intra_op: int):
         options = ort.SessionOptions()
@@ -1125,7 +1145,10 @@ def settings(model_path: str, seed: int, rows: int = ROWS) -> dict:
         options.intra_op_num_threads = intra_op
         options.inter_op_num_threads = 1
         session = cpu_session(model_path, options, what=repr(model_path))
-        return run_session(session, [session.get_outputs()[0].name], {name: x},
+        if not feed:  # the input comes from the first session's metadata: no onnx import
+            name, x = session_contract_input(session, seed, rows, path=model_path)
+            feed[name] = x
+        return run_session(session, [session.get_outputs()[0].name], feed,
                            what=repr(model_path))[0]
 
     base = first_output(*SETTINGS_BASELINE)
@@ -1179,6 +1202,8 @@ def placement(model_path: str, requested: list[str], seed: int = 0) -> dict:
     executes, after its graph optimizations: a fused node stands for several of the file's.
     """
     require_file(model_path)
+    import tempfile
+
     ort = import_ort()
     options = ort.SessionOptions()
     source = "profiling"

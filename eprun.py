@@ -84,26 +84,28 @@ def parse_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-_SEED = re.compile(r"[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"[0-9]+", re.ASCII)
+
+
+def _decimal(text: str, what: str, minimum: int = 0) -> int:
+    """ASCII decimal digits only (no sign, space, underscore or other scripts' digits)."""
+    if not _DECIMAL.fullmatch(text) or int(text) < minimum:
+        kind = "a positive" if minimum else "a non-negative"
+        raise argparse.ArgumentTypeError(f"{what}{text!r} is not {kind} integer")
+    return int(text)
 
 
 def parse_seed(text: str) -> int:
     """A seed is a non-negative decimal integer of any size (``default_rng`` takes big ints)."""
-    if not _SEED.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"seed {text!r} is not a non-negative integer")
-    return int(text)
+    return _decimal(text, "seed ")
 
 
 def parse_rows(text: str) -> int:
-    if not _SEED.fullmatch(text) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"rows {text!r} is not a positive integer")
-    return int(text)
+    return _decimal(text, "rows ", minimum=1)
 
 
 def parse_count(text: str) -> int:
-    if not _SEED.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
-    return int(text)
+    return _decimal(text, "")
 
 
 def parse_tolerance(text: str) -> float:
@@ -465,15 +467,18 @@ def import_ort():
     return onnxruntime
 
 
-def cpu_session(model_or_path, options=None, what: str = "model"):
-    """A CPU-only session from a path or serialized bytes; failures become one clear error."""
+def cpu_session(model_or_path, options=None, what: str = "model",
+                providers: list[str] | None = None):
+    """A session (CPU only unless ``providers`` says otherwise) from a path or serialized
+    bytes; any failure becomes one clear error."""
     ort = import_ort()
+    requested = ["CPUExecutionProvider"] if providers is None else providers
     try:
-        return ort.InferenceSession(model_or_path, sess_options=options,
-                                    providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model_or_path, sess_options=options, providers=requested)
     except Exception as exc:
-        raise EprunError(f"onnxruntime cannot open {what}: {type(exc).__name__}: "
-                         f"{one_line(exc)}") from exc
+        with_providers = "" if providers is None else f" with providers {requested}"
+        raise EprunError(f"onnxruntime cannot open {what}{with_providers}: "
+                         f"{type(exc).__name__}: {one_line(exc)}") from exc
 
 
 def run_session(session, output_names: list[str] | None, feed: dict, what: str = "model") -> list:
@@ -1214,11 +1219,7 @@ def placement(model_path: str, requested: list[str], seed: int = 0) -> dict:
         if source == "profiling":
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(scratch, "profile")
-        try:
-            session = ort.InferenceSession(model_path, sess_options=options, providers=requested)
-        except Exception as exc:
-            raise EprunError(f"onnxruntime cannot open {model_path!r} with providers "
-                             f"{requested}: {type(exc).__name__}: {one_line(exc)}") from exc
+        session = cpu_session(model_path, options, repr(model_path), providers=requested)
         actual = list(session.get_providers())
         if source == "graph_assignment_info":
             nodes = [{"name": node.name, "op_type": node.op_type, "provider": subgraph.ep_name}
@@ -1320,18 +1321,13 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
     ort = import_ort()
     retries_used = [0]
 
-    def open_session(path: str, requested: list[str]):
-        try:
-            return ort.InferenceSession(path, providers=requested)
-        except Exception as exc:
-            raise EprunError(f"onnxruntime cannot open {path!r} with providers {requested}: "
-                             f"{type(exc).__name__}: {one_line(exc)}") from exc
-
-    reference_session = open_session(reference_path, reference_providers)
+    reference_session = cpu_session(reference_path, what=repr(reference_path),
+                                    providers=reference_providers)
     reference_outputs = run_session(reference_session, None, {input_name: x},
                                     what=repr(reference_path))
-    candidate_session = _with_retries(lambda: open_session(candidate_path, providers),
-                                      retries, retry_pause, retries_used)
+    candidate_session = _with_retries(
+        lambda: cpu_session(candidate_path, what=repr(candidate_path), providers=providers),
+        retries, retry_pause, retries_used)
     candidate_inputs = candidate_session.get_inputs()
     if len(candidate_inputs) != 1:
         raise EprunError(f"{candidate_path!r} has {len(candidate_inputs)} inputs; the candidate "
@@ -1436,11 +1432,9 @@ def _exposure_effect(int8_path: str, seed: int, exposed) -> dict:
     onnxruntime from fusing DequantizeLinear -> MatMul -> QuantizeLinear into one kernel."""
     import numpy as np
 
-    model = load_model(int8_path, load_weights=False)
-    name, x = contract_input(model, seed, path=int8_path)
-    output = model.graph.output[0].name
-    del model
     session = cpu_session(int8_path, what=repr(int8_path))
+    name, x = session_contract_input(session, seed, path=int8_path)
+    output = session.get_outputs()[0].name
     plain = run_session(session, [output], {name: x}, what=repr(int8_path))[0]
     with np.errstate(all="ignore"):
         diff = float(np.max(np.abs(plain.astype(np.float64) - exposed.astype(np.float64))))

@@ -38,6 +38,26 @@ import json, sys
 import numpy as np
 '''
 
+# The contract's boundary rule and output exposure, as a script would write them once.
+BOUNDARIES = '''
+import onnx
+def boundaries(model):
+    names = []
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "Gemm") and node.input[0] not in names:
+            names.append(node.input[0])
+    if model.graph.output[0].name not in names:
+        names.append(model.graph.output[0].name)
+    return names
+def expose(model):
+    names = boundaries(model)
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    known = {v.name: v for v in list(inferred.value_info) + list(inferred.input)}
+    present = {o.name for o in model.graph.output}
+    model.graph.output.extend(known[name] for name in names if name not in present)
+    return names
+'''
+
 FLOORS = {
     "providers": FLOOR_COMMON + '''
 import onnxruntime as ort
@@ -64,36 +84,17 @@ for node in model.graph.node:
         parts.append((owner, [node.op_type]))
 print(json.dumps({"partition_count": len(parts), "partitions": parts}))
 ''',
-    "expose": FLOOR_COMMON + '''
-import onnx
+    "expose": FLOOR_COMMON + BOUNDARIES + '''
 model = onnx.load(sys.argv[1], load_external_data=False)
-names = []
-for node in model.graph.node:
-    if node.op_type in ("MatMul", "Gemm") and node.input[0] not in names:
-        names.append(node.input[0])
-if model.graph.output[0].name not in names:
-    names.append(model.graph.output[0].name)
-inferred = onnx.shape_inference.infer_shapes(model).graph
-known = {v.name: v for v in list(inferred.value_info) + list(inferred.input)}
-present = {o.name for o in model.graph.output}
-model.graph.output.extend(known[name] for name in names if name not in present)
+names = expose(model)
 onnx.save(model, sys.argv[2])
 print(json.dumps({"boundaries": names}))
 ''',
-    "layers": FLOOR_COMMON + '''
-import onnx, onnxruntime as ort
+    "layers": FLOOR_COMMON + BOUNDARIES + '''
+import onnxruntime as ort
 def exposed(path):
     model = onnx.load(path)
-    names = []
-    for node in model.graph.node:
-        if node.op_type in ("MatMul", "Gemm") and node.input[0] not in names:
-            names.append(node.input[0])
-    if model.graph.output[0].name not in names:
-        names.append(model.graph.output[0].name)
-    inferred = onnx.shape_inference.infer_shapes(model).graph
-    known = {v.name: v for v in list(inferred.value_info) + list(inferred.input)}
-    present = {o.name for o in model.graph.output}
-    model.graph.output.extend(known[name] for name in names if name not in present)
+    names = expose(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return names, session
 (fa, sa), (fb, sb) = exposed(sys.argv[1]), exposed(sys.argv[2])
@@ -163,26 +164,15 @@ def load_data():
         (64, FEATURES)).astype(np.float32)}
 '''
 
-POLYGRAPHY_COMPARE = '''
-import json, sys
-import numpy as np
-import onnx
+POLYGRAPHY_COMPARE = FLOOR_COMMON + BOUNDARIES + '''
 from polygraphy.comparator import RunResults
-def boundaries(path):
-    model = onnx.load(path, load_external_data=False)
-    names = []
-    for node in model.graph.node:
-        if node.op_type in ("MatMul", "Gemm") and node.input[0] not in names:
-            names.append(node.input[0])
-    if model.graph.output[0].name not in names:
-        names.append(model.graph.output[0].name)
-    return names
 def outputs(path):
     (runner, iterations), = RunResults.load(path).items()
     return iterations[0]
 fa, fb = outputs(sys.argv[3]), outputs(sys.argv[4])
 out = []
-for na, nb in zip(boundaries(sys.argv[1]), boundaries(sys.argv[2])):
+names = [boundaries(onnx.load(path, load_external_data=False)) for path in sys.argv[1:3]]
+for na, nb in zip(*names):
     a, b = fa[na].astype(np.float64).reshape(64, -1), fb[nb].astype(np.float64).reshape(64, -1)
     err, scale = float(np.abs(a - b).max()), float(np.abs(a).max())
     out.append([err, scale])

@@ -35,6 +35,18 @@ def _on_pinned_stack() -> bool:
 PINNED_STACK = _on_pinned_stack()
 
 
+def approx_tree(value):
+    """A JSON value whose floats compare to a relative 1e-5 (for stacks other than the pinned
+    one, whose kernels round differently)."""
+    if isinstance(value, float):
+        return pytest.approx(value, rel=1e-5, abs=1e-9)
+    if isinstance(value, dict):
+        return {key: approx_tree(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [approx_tree(item) for item in value]
+    return value
+
+
 class Result:
     def __init__(self, proc: subprocess.CompletedProcess) -> None:
         self.code = proc.returncode

@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from conftest import EPRUN, PINNED_STACK, ROOT
+from conftest import EPRUN, PINNED_STACK, ROOT, approx_tree
 
 HEADINGS = ["## 무엇을 요청했고 무엇을 쥐었나", "## 그래프가 쪼개지는 자리",
             "## 층을 거듭하며 자란 오차", "## 이 기계에서만 참인 것"]
@@ -27,16 +27,6 @@ def cli(*args: str) -> str:
 
 def load(name: str) -> dict:
     return json.loads((ROOT / name).read_text())
-
-
-def approx_tree(value):
-    if isinstance(value, float):
-        return pytest.approx(value, rel=1e-5, abs=1e-9)
-    if isinstance(value, dict):
-        return {k: approx_tree(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [approx_tree(v) for v in value]
-    return value
 
 
 @pytest.mark.parametrize("name, argv", [

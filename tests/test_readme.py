@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import PINNED_STACK, ROOT
+from conftest import PINNED_STACK, ROOT, approx_tree
 
 
 RELEASE_DEPENDENT = "# depends on the onnxruntime release"
@@ -34,19 +34,6 @@ def examples() -> list[tuple[str, str]]:
     return found
 
 
-def loose(text: str):
-    """JSON with floats compared to 1e-5, for stacks other than the pinned one."""
-    def approx(value):
-        if isinstance(value, float):
-            return pytest.approx(value, rel=1e-5, abs=1e-9)
-        if isinstance(value, dict):
-            return {k: approx(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [approx(v) for v in value]
-        return value
-    return approx(json.loads(text))
-
-
 def test_readme_has_examples_of_every_command():
     commands = {command.split()[2] for command, _ in examples()}
     assert {"providers", "partition", "expose", "layers", "growth", "settings", "placement",
@@ -67,7 +54,7 @@ def test_readme_example_output_is_real(command, shown):
     if PINNED_STACK:
         assert printed == shown
     elif shown.startswith("{"):
-        assert json.loads(shown) == loose(printed)
+        assert json.loads(shown) == approx_tree(json.loads(printed))
     else:  # text with numbers: the text exactly, the numbers to 1e-5
         assert NUMBER.sub("#", printed) == NUMBER.sub("#", shown)
         assert [float(n) for n in NUMBER.findall(printed)] == pytest.approx(

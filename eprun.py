@@ -598,13 +598,15 @@ def _node_inputs(node) -> list[str]:
     return names
 
 
-def partition(model_path: str, supported: list[str], mode: str = "file") -> dict:
+def partition(model_path: str, supported: list[str], mode: str = "file", model=None) -> dict:
     """Which pieces an EP supporting only ``supported`` would get; needs only onnx.
 
     ``file`` (the contract): runs of consecutive nodes in file order. ``ort``: the groups
     onnxruntime's own partitioner forms, with the unsupported nodes between them merged.
+    ``model`` is the already parsed graph of ``model_path``, when the caller has it.
     """
-    model = load_model(model_path, load_weights=False)
+    if model is None:
+        model = load_model(model_path, load_weights=False)
     nodes = list(model.graph.node)
     if mode == "ort":
         units = ort_partition_units(nodes, supported)
@@ -638,9 +640,14 @@ def _same_file(first: str, second: str) -> bool:
 
 
 def expose(model_path: str, out_path: str,
-           boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> dict:
-    """Save a copy of the model whose outputs include every boundary; the input is untouched."""
-    model = load_model(model_path, load_weights=False)
+           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, model=None) -> dict:
+    """Save a copy of the model whose outputs include every boundary; the input is untouched.
+
+    ``model`` is the already parsed graph of ``model_path``, when the caller has it; it gets
+    the new outputs.
+    """
+    if model is None:
+        model = load_model(model_path, load_weights=False)
     if _same_file(model_path, out_path):
         raise EprunError(f"refusing to overwrite the input model {model_path!r}; "
                          "choose another output path", EXIT_USAGE)
@@ -1406,10 +1413,12 @@ def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None
             if _same_file(source, target):
                 raise EprunError(f"refusing to overwrite the input model {source!r} with a "
                                  "deliverable; choose another --out-dir", EXIT_USAGE)
-    models = {"fp32": fp32_path, "int8": int8_path}
+    paths_of = {"fp32": fp32_path, "int8": int8_path}
+    graphs = {which: load_model(path, load_weights=False) for which, path in paths_of.items()}
     provider_answer = {**providers(fp32_path, [list(r) for r in REPORT_REQUESTS]),
                        "note": REPORT_NOTE}
-    splits = [partition(models[which], parse_list(ops)) for which, ops in REPORT_SPLITS]
+    splits = [partition(paths_of[which], parse_list(ops), model=graphs[which])
+              for which, ops in REPORT_SPLITS]
     measured, int8_final = measure_layers(fp32_path, int8_path, seed)
     growth_answer = growth_of(measured)
     settings_answer = settings(int8_path, seed)
@@ -1418,8 +1427,8 @@ def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None
                                settings_answer, exposure)
 
     os.makedirs(out_dir, exist_ok=True)
-    expose(fp32_path, paths["fp32_exposed.onnx"])
-    expose(int8_path, paths["int8_exposed.onnx"])
+    expose(fp32_path, paths["fp32_exposed.onnx"], model=graphs["fp32"])
+    expose(int8_path, paths["int8_exposed.onnx"], model=graphs["int8"])
     for name, answer in (("providers.json", provider_answer), ("growth.json", growth_answer),
                          ("settings.json", settings_answer)):
         write_atomically((to_json(answer) + "\n").encode(), paths[name])

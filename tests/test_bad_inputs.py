@@ -15,8 +15,10 @@ from conftest import run_eprun
 
 COMMANDS_ON_ONE_MODEL = [
     ("partition", ["MatMul"]),
+    ("partition", ["MatMul", "--mode", "ort"]),
     ("expose", ["{tmp}/out.onnx"]),
     ("settings", ["1"]),
+    ("placement", ["CPUExecutionProvider"]),
 ]
 
 
@@ -92,13 +94,18 @@ def test_unreadable_models(files, tmp_path, command, extra, name, code):
     assert not (tmp_path / "out.onnx").exists()
 
 
-@pytest.mark.parametrize("command", ["layers", "growth"])
+@pytest.mark.parametrize("command, extra", [("layers", ["1"]), ("growth", ["1"]),
+                                            ("layers", ["1", "--local"]),
+                                            ("report", ["--out-dir", "{tmp}/report"]),
+                                            ("check", [])])
 @pytest.mark.parametrize("name, code", MODEL_FAILURES)
-def test_unreadable_models_in_pairs(files, command, name, code):
-    expect_failure(code, [command, str(files["fp32"]), str(files[name]), "1"],
+def test_unreadable_models_in_pairs(files, tmp_path, command, extra, name, code):
+    extra = [arg.replace("{tmp}", str(tmp_path)) for arg in extra]
+    expect_failure(code, [command, str(files["fp32"]), str(files[name]), *extra],
                    names=str(files[name]))
-    expect_failure(code, [command, str(files[name]), str(files["int8"]), "1"],
+    expect_failure(code, [command, str(files[name]), str(files["int8"]), *extra],
                    names=str(files[name]))
+    assert not (tmp_path / "report").exists() or not os.listdir(tmp_path / "report")
 
 
 @pytest.mark.parametrize("name", ["missing", "dir"])
@@ -215,9 +222,11 @@ def test_native_writes_to_fd1_during_session_creation_stay_off_stdout(lab_pair):
         "runpy.run_path(sys.argv[0], run_name='__main__')\n")
     fp32, int8 = lab_pair
     for argv in (["providers", fp32, "FooExecutionProvider"], ["layers", fp32, int8, "1"],
-                 ["settings", int8, "1"]):
+                 ["growth", fp32, int8, "1", "--local"], ["settings", int8, "1"],
+                 ["placement", int8, "FooExecutionProvider"], ["check", fp32, int8],
+                 ["report", fp32, int8, "--out-dir", str(fp32.parent / "noisy-report")]):
         result = run_eprun(*argv, prefix=[sys.executable, "-c", code])
-        assert result.code == 0, result.stderr
+        assert result.code in ((0, 1) if argv[0] == "check" else (0,)), result.stderr
         assert len(result.stdout.splitlines()) == 1, result.stdout
         assert result.stdout.startswith("{")
         assert "native write to fd 1" in result.stderr

@@ -1609,7 +1609,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, summary: str, fields: str, run: Callable[[argparse.Namespace], dict],
                 verdict: Callable[[argparse.Namespace, dict], int] = lambda args, answer: 0):
-        sub = commands.add_parser(name, help=summary, description=f"{summary}\n\nJSON: {fields}",
+        import textwrap
+
+        description = (textwrap.fill(summary, 79) + "\n\n"
+                       + textwrap.fill(f"JSON: {fields}", 79, subsequent_indent="  "))
+        sub = commands.add_parser(name, help=summary, description=description,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.set_defaults(run=run, verdict=verdict)
         return sub

@@ -298,11 +298,26 @@ def test_non_finite_values_are_strict_json_null(eprun, tmp_path):
 
 # -- help --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", ["providers", "partition", "expose", "layers", "growth",
-                                     "settings", "report"])
+def subcommands() -> list[str]:
+    import argparse
+
+    import eprun as tool
+
+    (action,) = [a for a in tool.build_parser()._actions
+                 if isinstance(a, argparse._SubParsersAction)]
+    return sorted(action.choices)
+
+
+def test_every_contract_command_exists():
+    assert {"providers", "partition", "expose", "layers", "growth", "settings"} <= set(
+        subcommands())
+
+
+@pytest.mark.parametrize("command", subcommands())
 def test_every_command_has_help_naming_its_fields(command):
     from conftest import run_eprun
 
     result = run_eprun(command, "--help")
-    assert result.code == 0
-    assert "JSON" in result.stdout and "usage:" in result.stdout
+    assert result.code == 0 and result.stderr == ""
+    assert "usage: eprun.py " + command in result.stdout
+    assert "JSON:" in result.stdout

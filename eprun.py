@@ -41,7 +41,8 @@ import os
 import re
 import signal
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 EXIT_USAGE = 2
 EXIT_MISSING = 3
@@ -1322,14 +1323,10 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
     tolerance = dict(TOLERANCE_PROFILES[profile or "fp16"])
     tolerance.update({key: value for key, value in
                       (("rtol", rtol), ("atol", atol), ("min_cos", min_cos)) if value is not None})
-    model = load_model(reference_path, load_weights=False)
-    input_name, x = contract_input(model, seed, rows, path=reference_path)
-    del model
-    ort = import_ort()
     retries_used = [0]
-
     reference_session = cpu_session(reference_path, what=repr(reference_path),
                                     providers=reference_providers)
+    input_name, x = session_contract_input(reference_session, seed, rows, path=reference_path)
     reference_outputs = run_session(reference_session, None, {input_name: x},
                                     what=repr(reference_path))
     candidate_session = _with_retries(

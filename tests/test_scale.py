@@ -1,12 +1,8 @@
 """External data, models beyond memory-friendly sizes, and bounded memory."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest

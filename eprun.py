@@ -314,8 +314,9 @@ def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> list
     return boundaries
 
 
-def write_atomically(data: bytes, path: str) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is either untouched or complete.
+def write_atomically(data: bytes | Callable[[Any], None], path: str) -> None:
+    """Write ``data`` (bytes, or a function that writes into the open file) to ``path`` so
+    that ``path`` is either untouched or complete.
 
     On Linux the bytes go to an unnamed ``O_TMPFILE`` in the target folder that gets a name
     only once it is complete and synced, so even ``kill -9`` mid-write leaves nothing behind.
@@ -338,7 +339,10 @@ def write_atomically(data: bytes, path: str) -> None:
             handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
                                                  suffix=".tmp", dir=folder)
         with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
+            if callable(data):
+                data(stream)
+            else:
+                stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
             if temporary is None:
@@ -518,20 +522,6 @@ def providers(model_path: str, requests: list[list[str]]) -> dict:
 
 # -- partition ---------------------------------------------------------------------------------
 
-def partition_nodes(op_types: list[str], supported: list[str]) -> list[dict]:
-    """Consecutive runs of nodes with the same owner, in the order given."""
-    partitions: list[dict] = []
-    supported_set = set(supported)
-    for op_type in op_types:
-        owner = "ep" if op_type in supported_set else "cpu"
-        if partitions and partitions[-1]["owner"] == owner:
-            partitions[-1]["nodes"].append(op_type)
-        else:
-            partitions.append({"owner": owner, "nodes": [op_type]})
-    return [{"owner": part["owner"], "nodes": part["nodes"], "size": len(part["nodes"])}
-            for part in partitions]
-
-
 def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, list[int]]]:
     """onnxruntime's ``CreateSupportedPartitionNodeGroups``, on node indices.
 
@@ -611,16 +601,21 @@ def partition(model_path: str, supported: list[str], mode: str = "file", model=N
     nodes = list(model.graph.node)
     if mode == "ort":
         units = ort_partition_units(nodes, supported)
-        merged: list[tuple[str, list[int]]] = []
-        for owner, members in units:
-            if owner == "cpu" and merged and merged[-1][0] == "cpu":
-                merged[-1][1].extend(members)
-            else:
-                merged.append((owner, list(members)))
-        partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
-                       "size": len(members)} for owner, members in merged]
     else:
-        partitions = partition_nodes([node.op_type for node in nodes], supported)
+        supported_set = set(supported)
+        units = [("ep" if node.op_type in supported_set else "cpu", [index])
+                 for index, node in enumerate(nodes)]
+    # Runs of units with one owner form one partition. onnxruntime's groups are never
+    # adjacent (a new wave starts with the unsupported nodes the last group held back), so
+    # in ort mode only unsupported nodes merge.
+    merged: list[tuple[str, list[int]]] = []
+    for owner, members in units:
+        if merged and merged[-1][0] == owner:
+            merged[-1][1].extend(members)
+        else:
+            merged.append((owner, list(members)))
+    partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
+                   "size": len(members)} for owner, members in merged]
     return {
         "model": model_path,
         "supported": supported,
@@ -691,15 +686,7 @@ def carry_external_data(model, model_path: str, out_path: str) -> None:
             print(f"eprun: copying {source!r} to {target!r} (a hard link is not possible "
                   "there)", file=sys.stderr)
             with open(source, "rb") as stream:
-                temporary = target + f".{os.getpid()}.tmp"
-                try:
-                    with open(temporary, "wb") as copy:
-                        shutil.copyfileobj(stream, copy, 16 << 20)
-                    os.replace(temporary, target)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(temporary)
-                    raise
+                write_atomically(lambda copy: shutil.copyfileobj(stream, copy, 16 << 20), target)
 
 
 def _same_bytes(first: str, second: str) -> bool:
@@ -735,16 +722,11 @@ def boundary_tensors(model_path: str, seed: int, rows: int = ROWS,
 
 def _estimated_bytes(value_type, rows: int) -> int | None:
     """Bytes of a tensor of this type with the batch axis at ``rows``; None when unknown."""
-    from onnx import helper
-
     if value_type is None or not value_type.HasField("tensor_type"):
         return None
     tensor = value_type.tensor_type
-    if not tensor.HasField("shape"):
-        return None
-    try:
-        count = helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
-    except (KeyError, TypeError, ValueError):
+    count = _ELEMENT_BYTES.get(tensor.elem_type)
+    if count is None or not tensor.HasField("shape"):
         return None
     for axis, dim in enumerate(tensor.shape.dim):
         if dim.HasField("dim_value"):
@@ -852,18 +834,20 @@ def detach_initializers(model) -> tuple[list[str], list]:
     return names, arrays
 
 
-# Numeric types whose numpy form onnxruntime takes as is (no float16/bfloat16/4-bit mappings,
-# which vary across onnx releases).
-_DETACHABLE_TYPES = frozenset(range(1, 8)) | {9, 11, 12, 13}
+# Bytes per element of the numeric ONNX types whose numpy form onnxruntime takes as is (no
+# float16/bfloat16/4-bit mappings, which vary across onnx releases): FLOAT, UINT8, INT8,
+# UINT16, INT16, INT32, INT64, BOOL, DOUBLE, UINT32, UINT64.
+_ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 11: 8, 12: 4, 13: 8}
+_DETACHABLE_TYPES = frozenset(_ELEMENT_BYTES)
 
 
 def _initializer_bytes(tensor) -> int:
-    """Size of an initializer's data from its dims, without touching the (large) payload."""
-    count = 1
+    """Size of an initializer's data from its dims, without touching the (large) payload;
+    0 for a type outside ``_ELEMENT_BYTES``."""
+    count = _ELEMENT_BYTES.get(tensor.data_type, 0)
     for dim in tensor.dims:
         count *= dim
-    return count * {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 11: 8, 12: 4, 13: 8}.get(
-        tensor.data_type, 0)
+    return count
 
 
 def _map_external(tensor, model_path: str):
@@ -907,8 +891,6 @@ def compare_boundary(a, b, rows: int = ROWS, metrics: tuple[str, ...] = ()) -> d
         norms = np.linalg.norm(a_rows, axis=1) * np.linalg.norm(b_rows, axis=1)
         cosines = np.where(norms == 0, 1.0, dots / np.where(norms == 0, 1.0, norms))
         cos_min = float(np.min(np.clip(cosines, -1.0, 1.0)))
-        if math.isnan(scale):
-            rel_error = float("nan")
         measured = {"max_abs_error": max_abs_error, "scale": scale, "rel_error": rel_error,
                     "cos_min": cos_min}
         if "sqnr" in metrics:
@@ -984,7 +966,7 @@ def plan_batches(sizes: list[int | None], budget: int | None) -> list[list[int]]
     used = 0
     for index, size in enumerate(sizes):
         cost = budget + 1 if size is None else size
-        if batches and batches[-1] and used + cost <= budget:
+        if batches and used + cost <= budget:
             batches[-1].append(index)
             used += cost
         else:
@@ -1096,11 +1078,8 @@ def growth_from(rel_errors: list[float]) -> dict:
         return numerator / denominator
 
     ratios = [ratio(rel_errors[k], rel_errors[k - 1]) for k in range(1, len(rel_errors))]
-    max_ratio = None
-    for layer, value in enumerate(ratios, start=1):
-        if value is not None and math.isfinite(value) and (max_ratio is None
-                                                           or value > max_ratio["ratio"]):
-            max_ratio = {"index": layer, "ratio": value}
+    largest = _largest(ratios, start=1)
+    max_ratio = None if largest is None else {"index": largest[0], "ratio": largest[1]}
     return {
         "layer_count": len(rel_errors),
         "rel_error": list(rel_errors),
@@ -1109,6 +1088,15 @@ def growth_from(rel_errors: list[float]) -> dict:
         "total_growth": ratio(rel_errors[-1], rel_errors[0]) if rel_errors else None,
         "max_ratio": max_ratio,
     }
+
+
+def _largest(values: list, start: int = 0) -> tuple[int, float] | None:
+    """``(index, value)`` of the largest finite value, the earliest on ties; None if none."""
+    best = None
+    for index, value in enumerate(values, start=start):
+        if value is not None and math.isfinite(value) and (best is None or value > best[1]):
+            best = (index, value)
+    return best
 
 
 def growth_of(measured: dict) -> dict:
@@ -1123,11 +1111,8 @@ def growth_of(measured: dict) -> dict:
     if "local_unavailable" in measured:
         local_rel = [entry["local"]["rel_error"] if entry["local"] else None
                      for entry in measured["layers"]]
-        worst = None
-        for index, value in enumerate(local_rel):
-            if value is not None and math.isfinite(value) and (worst is None
-                                                               or value > worst["rel_error"]):
-                worst = {"index": index, "rel_error": value}
+        largest = _largest(local_rel)
+        worst = None if largest is None else {"index": largest[0], "rel_error": largest[1]}
         answer.update(local_rel_error=local_rel, worst_local=worst,
                       local_unavailable=measured["local_unavailable"])
     return answer
@@ -1337,13 +1322,15 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
         raise EprunError(f"{candidate_path!r} has {len(candidate_inputs)} inputs; the candidate "
                          "must take the reference's single input")
     feed = {candidate_inputs[0].name: x}
+
+    def run_candidate() -> list:
+        return _with_retries(lambda: run_session(candidate_session, None, feed,
+                                                 what=repr(candidate_path)),
+                             retries, retry_pause, retries_used)
+
     for _ in range(warmup):
-        _with_retries(lambda: run_session(candidate_session, None, feed,
-                                          what=repr(candidate_path)), retries, retry_pause,
-                      retries_used)
-    candidate_outputs = _with_retries(lambda: run_session(candidate_session, None, feed,
-                                                          what=repr(candidate_path)),
-                                      retries, retry_pause, retries_used)
+        run_candidate()
+    candidate_outputs = run_candidate()
     if len(candidate_outputs) < len(reference_outputs):
         raise EprunError(f"{candidate_path!r} has {len(candidate_outputs)} outputs, the "
                          f"reference {len(reference_outputs)}; outputs are paired by position")

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import models
 from conftest import EPRUN, run_eprun
-from test_commands import oracle_layers
+from test_commands import oracle_layers, run_with_outputs
 
 
 # -- partition --mode ort ----------------------------------------------------------------------
@@ -129,7 +129,6 @@ def local_oracle(fp32, int8, seed: int, k: int) -> np.ndarray:
     fp32_model = onnx.load(str(fp32))
     features = fp32_model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
     x = models.contract_input(seed, features)
-    from test_commands import run_with_outputs
     a_prev = run_with_outputs(fp32, [layers[k - 1]["fp32"]], x)[0]
     session = ort.InferenceSession(int8_model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
@@ -142,7 +141,6 @@ def test_local_errors_match_graph_surgery(eprun, lab_pair):
     assert answer["local_unavailable"] == []
     expected = oracle_layers(fp32, int8, 4)
     features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
-    from test_commands import run_with_outputs
     fp32_tensors = run_with_outputs(fp32, [e["fp32"] for e in expected],
                                     models.contract_input(4, features))
     assert answer["layers"][0]["local"]["rel_error"] == answer["layers"][0]["rel_error"]
@@ -205,7 +203,6 @@ def test_metrics_sqnr_and_mse(eprun, lab_pair):
     answer = eprun("layers", fp32, int8, "6", "--metrics", "sqnr,mse")
     plain = eprun("layers", fp32, int8, "6")
     features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
-    from test_commands import run_with_outputs
     x = models.contract_input(6, features)
     a_all = run_with_outputs(fp32, [e["fp32"] for e in plain["layers"]], x)
     b_all = run_with_outputs(int8, [e["int8"] for e in plain["layers"]], x)
@@ -224,7 +221,6 @@ def test_rows_option(eprun, lab_pair):
     assert answer["rows"] == 8
     features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
     x = np.random.default_rng(2).standard_normal((8, features)).astype(np.float32)
-    from test_commands import run_with_outputs
     (y,) = run_with_outputs(fp32, ["y"], x)
     (yq,) = run_with_outputs(int8, ["y"], x)
     last = answer["layers"][-1]
@@ -273,7 +269,6 @@ def test_conv_model_with_boundary_ops(eprun, tmp_path):
     answer = eprun("layers", fp32, int8, "3", "--boundary-ops", "Conv")
     assert [e["fp32"] for e in answer["layers"]] == ["x", "r0", "f", "y"]
     x = np.random.default_rng(3).standard_normal((64, 3, 8, 8)).astype(np.float32)
-    from test_commands import run_with_outputs
     a_all = run_with_outputs(fp32, [e["fp32"] for e in answer["layers"]], x)
     b_all = run_with_outputs(int8, [e["int8"] for e in answer["layers"]], x)
     for entry, a, b in zip(answer["layers"], a_all, b_all):

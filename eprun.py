@@ -44,6 +44,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+__version__ = "0.9.0"
+
 EXIT_USAGE = 2
 EXIT_MISSING = 3
 EXIT_FAILURE = 4
@@ -1583,11 +1585,31 @@ def boundary_ops_option(sub: argparse.ArgumentParser) -> None:
                      "of MatMul and Gemm (e.g. Conv)")
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: eprun's own version and those of the libraries it would run with."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import importlib
+        import platform
+
+        found = []
+        for package in ("onnx", "onnxruntime", "numpy"):  # onnxruntime-gpu etc. import the same
+            try:
+                found.append(f"{package} {importlib.import_module(package).__version__}")
+            except ImportError:
+                found.append(f"{package} not installed")
+        parser.exit(0, f"eprun {__version__} ({', '.join(found)}; Python "
+                    f"{platform.python_version()})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="eprun.py", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog="Exit codes: 0 ok, 1 failed verdict (check, --fail-on-fallback), 2 usage, "
                      "3 missing input file, 4 other failure.")
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="print eprun's version and the onnx, onnxruntime and numpy "
+                        "versions it runs with, then exit")
     commands = parser.add_subparsers(dest="command", metavar="<command>")
     commands.required = True
 

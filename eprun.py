@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import math
 import os
@@ -42,7 +43,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 __version__ = "0.9.0"
 
@@ -119,6 +120,28 @@ def parse_tolerance(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number")
     return value
+
+
+def parse_dim(text: str) -> tuple[str, int]:
+    """``NAME=VALUE``: a symbolic dimension's name (or ``INPUT:AXIS``) and a positive size."""
+    name, _, value = text.rpartition("=")
+    if not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name.strip(), _decimal(value.strip(), f"the value of {name.strip()!r}, ", minimum=1)
+
+
+def parse_input_range(text: str) -> tuple[str, tuple[float, float]]:
+    """``NAME:LO,HI`` with finite ``LO <= HI``."""
+    name, _, bounds = text.rpartition(":")
+    parts = bounds.split(",")
+    try:
+        low, high = (float(part) for part in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        low = high = None
+    if (not name.strip() or low is None or not math.isfinite(low) or not math.isfinite(high)
+            or low > high):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME:LO,HI with finite LO <= HI")
+    return name.strip(), (low, high)
 
 
 def parse_metrics(text: str) -> tuple[str, ...]:
@@ -232,20 +255,199 @@ def graph_inputs(model) -> list:
 
 # -- boundaries --------------------------------------------------------------------------------
 
+# The quantized forms of the boundary ops: their first input is the quantized activation, read
+# back as float with its own scale and zero point (see ``BoundaryReader``).
+QUANTIZED_FORMS = {"MatMul": ("QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul",
+                              "MatMulIntegerToFloat"),
+                   "Gemm": ("QGemm",),
+                   "Conv": ("QLinearConv", "ConvInteger")}
+# onnx element types that hold real numbers: FLOAT, FLOAT16, DOUBLE, BFLOAT16.
+FLOAT_TYPES = frozenset({1, 10, 11, 16})
+# Ops with weights whose input is worth a boundary when MatMul/Gemm give none (a CNN).
+_LINEAR_OPS = ("Conv", "ConvTranspose", "QLinearConv", "ConvInteger", "Einsum")
+
+
+def with_quantized_forms(boundary_ops: tuple[str, ...]) -> tuple[str, ...]:
+    extra = [form for op in boundary_ops for form in QUANTIZED_FORMS.get(op, ())]
+    return tuple(boundary_ops) + tuple(op for op in extra if op not in boundary_ops)
+
+
+def final_output(graph) -> str | None:
+    """The graph's first float output: the one whose error quantization is about (an int64
+    label in front of the probabilities is not); the first output when none is float."""
+    for value in graph.output:
+        if value.type.tensor_type.elem_type in FLOAT_TYPES:
+            return value.name
+    return graph.output[0].name if graph.output else None
+
+
 def find_boundaries(graph, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> list[str]:
-    """The first input of every MatMul/Gemm in file order, then the graph's first output.
+    """The first input of every MatMul/Gemm (or quantized form of one) in file order, then the
+    graph's first float output; each name once.
 
     A MatMul's first input is the activation entering a layer; in a QDQ model it is the float
     output of a DequantizeLinear, so the same rule finds comparable tensors in both models.
     """
-    boundaries: list[str] = []
+    ops = set(with_quantized_forms(boundary_ops))
     candidates = [node.input[0] for node in graph.node
-                  if node.op_type in boundary_ops and node.input and node.input[0]]
-    candidates += [graph.output[0].name] if graph.output else []
-    for name in candidates:
-        if name not in boundaries:
-            boundaries.append(name)
-    return boundaries
+                  if node.op_type in ops and node.input and node.input[0]]
+    final = final_output(graph)
+    return list(dict.fromkeys(candidates + ([final] if final else [])))
+
+
+def boundary_owners(graph, boundaries: list[str], boundary_ops: tuple[str, ...]) -> dict:
+    """Boundary -> name of the first boundary-op node that reads it (its layer's node)."""
+    ops = set(with_quantized_forms(boundary_ops))
+    owners: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type in ops and node.input and node.input[0] in boundaries:
+            owners.setdefault(node.input[0], node.name)
+    return owners
+
+
+# Suffixes onnxruntime's quantizer appends to the float tensor or node it quantizes.
+_TENSOR_SUFFIXES = re.compile(r"(_DequantizeLinear_Output|_QuantizeLinear_Output|_quantized|"
+                              r"_output_quantized|_dequantized)(_\d+)?$")
+_NODE_SUFFIXES = re.compile(r"(_quant|_QuantizeLinear|_DequantizeLinear)$")
+
+
+def float_tensor_name(name: str) -> str:
+    return _TENSOR_SUFFIXES.sub("", name)
+
+
+def pair_by_name(fp32: list[str], int8: list[str], fp32_owners: dict, int8_owners: dict
+                 ) -> dict[int, int]:
+    """fp32 boundary index -> int8 boundary index, where the names say which is which.
+
+    A quantized tensor is named after its float original, and a layer's node keeps its name
+    (``_quant`` appended in the QOperator form); the final outputs pair with each other. Of
+    several int8 boundaries naming one fp32 boundary (one tensor dequantized per consumer),
+    the first is taken.
+    """
+    fp32_index = {name: index for index, name in enumerate(fp32)}
+    owner_index = {owner: fp32_index[name] for name, owner in fp32_owners.items() if owner}
+    pairs: dict[int, int] = {}
+    if fp32 and int8:
+        pairs[len(fp32) - 1] = len(int8) - 1
+    for j, name in enumerate(int8[:-1]):
+        i = fp32_index.get(name, fp32_index.get(float_tensor_name(name)))
+        if i is None and int8_owners.get(name):
+            i = owner_index.get(_NODE_SUFFIXES.sub("", int8_owners[name]))
+        if i is not None and i != len(fp32) - 1 and i not in pairs:
+            pairs[i] = j
+    return pairs
+
+
+# Where a quantized op reads each quantized operand's scale and zero point: op type ->
+# (operand, scale, zero point) input positions. QLinearConcat lists (x, scale, zero point)
+# triples after its output's scale and zero point.
+_QUANTIZED_OPERANDS = {
+    "QLinearMatMul": ((0, 1, 2), (3, 4, 5)), "QLinearConv": ((0, 1, 2), (3, 4, 5)),
+    "QGemm": ((0, 1, 2), (3, 4, 5)), "QLinearAdd": ((0, 1, 2), (3, 4, 5)),
+    "QLinearMul": ((0, 1, 2), (3, 4, 5)), "QLinearSigmoid": ((0, 1, 2),),
+    "QLinearLeakyRelu": ((0, 1, 2),), "QLinearSoftmax": ((0, 1, 2),),
+    "QLinearGlobalAveragePool": ((0, 1, 2),), "QLinearAveragePool": ((0, 1, 2),),
+    "DequantizeLinear": ((0, 1, 2),),
+}
+
+
+class Quantization:
+    """How to read a model's quantized (8/16-bit) tensors back as float, and how to quantize
+    float values into them.
+
+    A tensor's scale and zero point are those of the QuantizeLinear or DynamicQuantizeLinear
+    that made it, else those of a quantized op that reads it (QLinearMatMul, QLinearAdd, ...).
+    Scales held in initializers are read once; scales computed at run time (dynamic
+    quantization) must be fetched with the tensor (``runtime``).
+    """
+
+    def __init__(self, model, model_path: str, types: dict, tensors: list[str]) -> None:
+        self.path, self.types = model_path, types
+        self.params: dict[str, tuple[str, str]] = {}
+        self.constants: dict = {}
+        quantized = [name for name in tensors if _is_integer(types, name)]
+        if not quantized:
+            return
+        graph = model.graph
+        producers = {output: node for node in graph.node for output in node.output}
+        readers: dict[str, tuple[str, str]] = {}
+        for node in graph.node:
+            layout = _QUANTIZED_OPERANDS.get(node.op_type, ())
+            if node.op_type == "QLinearConcat":
+                layout = tuple((k, k + 1, k + 2) for k in range(2, len(node.input) - 2, 3))
+            for operand, scale, zero in layout:
+                if operand < len(node.input) and scale < len(node.input):
+                    readers.setdefault(node.input[operand], (
+                        node.input[scale], node.input[zero] if zero < len(node.input) else ""))
+        initializers = {tensor.name: tensor for tensor in graph.initializer}
+        for name in quantized:
+            producer = producers.get(name)
+            if producer is not None and producer.op_type == "QuantizeLinear":
+                source = (producer.input[1], producer.input[2] if len(producer.input) > 2
+                          else "")
+            elif producer is not None and producer.op_type == "DynamicQuantizeLinear":
+                source = (producer.output[1], producer.output[2])
+            elif name in readers:
+                source = readers[name]
+            else:
+                continue
+            for tensor in source:
+                if tensor in initializers and tensor not in self.constants:
+                    self.constants[tensor] = _initializer_array(initializers[tensor],
+                                                                model_path)
+            self.params[name] = source
+
+    def runtime(self, name: str) -> list[str]:
+        """The run-time scale and zero point of ``name`` (empty when they are constants)."""
+        return [tensor for tensor in self.params.get(name, ())
+                if tensor and tensor not in self.constants]
+
+    def _scale_zero(self, name: str, fetched: dict):
+        import numpy as np
+
+        scale_name, zero_name = self.params[name]
+        scale = np.asarray(self.constants.get(scale_name, fetched.get(scale_name)), np.float64)
+        zero = (np.asarray(self.constants.get(zero_name, fetched.get(zero_name)), np.float64)
+                if zero_name else np.zeros(()))
+        if scale.size != 1 or zero.size != 1:
+            raise EprunError(f"{self.path!r}: {name!r} is quantized per channel; eprun reads "
+                             "back per-tensor quantized activations only")
+        return scale.reshape(()), zero.reshape(())
+
+    def read(self, name: str, fetched: dict):
+        """The float value of ``name`` from the fetched tensors (dequantized if quantized)."""
+        value = fetched[name]
+        if name not in self.params:
+            return value
+        scale, zero = self._scale_zero(name, fetched)
+        return (value.astype("float64") - zero) * scale
+
+    def quantize(self, name: str, value):
+        """``value`` (float) quantized as the model quantizes ``name``: round half to even,
+        saturate, as QuantizeLinear does."""
+        import numpy as np
+
+        scale, zero = self._scale_zero(name, {})
+        dtype = np.dtype(_QUANTIZED_DTYPES[self.types[name].tensor_type.elem_type])
+        info = np.iinfo(dtype)
+        return np.asarray(np.clip(np.rint(np.asarray(value, np.float64) / scale) + zero,
+                                  info.min, info.max), dtype=dtype)
+
+
+_QUANTIZED_DTYPES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16"}
+
+
+def _is_integer(types: dict | None, name: str) -> bool:
+    value = (types or {}).get(name)
+    return value is not None and value.tensor_type.elem_type in (2, 3, 4, 5)  # u/int8, u/int16
+
+
+def _initializer_array(tensor, model_path: str):
+    from onnx import TensorProto, numpy_helper
+
+    if tensor.data_location == TensorProto.EXTERNAL:
+        return _map_external(tensor, model_path)
+    return numpy_helper.to_array(tensor)
 
 
 def _skeleton(model):
@@ -290,27 +492,71 @@ def tensor_types(model) -> dict:
     for tensor in model.graph.initializer:
         if tensor.name not in types:
             types[tensor.name] = onnx.helper.make_tensor_type_proto(tensor.data_type, tensor.dims)
+    _fill_types(model, types)
     return types
 
 
-def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> list[str]:
-    """Add every boundary that is not yet a graph output; return the boundaries.
+def _fill_types(model, types: dict) -> None:
+    """Element types shape inference could not tell, node by node in file order.
 
-    Each new output is declared with its inferred type (float when unknown), so an int8 tensor
-    is never declared float and the session still opens.
+    onnx knows no schema for onnxruntime's own quantized ops (``com.microsoft`` QLinearAdd,
+    QLinearConcat, ...), so inference stops behind the first one, and a quantized tensor
+    declared float would not open. Their output takes the type of their quantized operands
+    (their first 8-bit input); a standard op after them is inferred from its schema.
+    """
+    from onnx import defs, helper, shape_inference
+
+    opset = next((entry.version for entry in model.opset_import
+                  if entry.domain in ("", "ai.onnx")), None)
+    for node in model.graph.node:
+        if all(not name or name in types for name in node.output):
+            continue
+        inferred: dict = {}
+        if node.domain in ("", "ai.onnx") and opset is not None:
+            if all(not name or name in types for name in node.input):
+                with contextlib.suppress(Exception):  # no schema, or it needs input values
+                    schema = defs.get_schema(node.op_type, opset, "")
+                    inferred = shape_inference.infer_node_outputs(
+                        schema, node, {name: types[name] for name in node.input if name})
+        elif node.op_type.startswith("QLinear") or node.op_type == "QGemm":
+            operand = (node.input[8] if node.op_type == "QGemm" and len(node.input) > 8
+                       else next((name for name in node.input
+                                  if _element_type(types, name) in (2, 3)), None))
+            elem = _element_type(types, operand) if operand else 1
+            inferred = {node.output[0]: helper.make_tensor_type_proto(elem or 1, None)}
+        for name, value in inferred.items():
+            if name and name not in types and value.HasField("tensor_type") \
+                    and value.tensor_type.elem_type:
+                types[name] = value
+
+
+def _element_type(types: dict, name: str) -> int:
+    value = types.get(name)
+    return value.tensor_type.elem_type if value is not None else 0
+
+
+def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS, extra: list[str] = (),
+                    types: dict | None = None, unknown_as_float: bool = True) -> list[str]:
+    """Add every boundary (then each name in ``extra``) that is not yet a graph output; return
+    the boundaries.
+
+    Each new output is declared with its inferred type, so an int8 tensor is never declared
+    float and the session still opens. A type nothing can infer is declared float in a saved
+    file (a graph output must have a type) and left to onnxruntime in memory
+    (``unknown_as_float=False``), which infers it when the session opens.
     """
     import onnx
 
     boundaries = find_boundaries(model.graph, boundary_ops)
     existing = {value.name for value in model.graph.output}
-    missing = [name for name in boundaries if name not in existing]
+    missing = [name for name in dict.fromkeys([*boundaries, *extra]) if name not in existing]
     if missing:
-        types = tensor_types(model)
+        types = types if types is not None else tensor_types(model)
         for name in missing:
             value = onnx.ValueInfoProto(name=name)
             if name in types:
                 value.type.CopyFrom(types[name])
-            else:
+            elif unknown_as_float:
                 value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
             model.graph.output.append(value)
     return boundaries
@@ -398,64 +644,300 @@ def _umask() -> int:
     return current
 
 
-# -- the contract input and sessions -----------------------------------------------------------
+# -- inputs ------------------------------------------------------------------------------------
 
-def contract_input(model, seed: int, rows: int = ROWS, path: str = "model"):
-    """``(input name, x)`` for a ``ModelProto``; see ``_contract_x`` for the rules."""
-    from onnx import TensorProto
-
-    inputs = graph_inputs(model)
-    if len(inputs) != 1:
-        _refuse_input_count(path, [value.name for value in inputs])
-    value = inputs[0]
-    tensor = value.type.tensor_type
-    is_float = value.type.HasField("tensor_type") and tensor.elem_type == TensorProto.FLOAT
-    dims = tensor.shape.dim if tensor.HasField("shape") else []
-    sizes = [dim.dim_value if dim.HasField("dim_value") else None for dim in dims]
-    return value.name, _contract_x(path, value.name, is_float, sizes, seed, rows)
+# A symbolic dimension other than the batch takes this value unless --dim sets it: a multiple of
+# 32, so CNNs that downsample by up to 32 and sequence models both accept it.
+DIM_DEFAULT = 32
 
 
-def session_contract_input(session, seed: int, rows: int = ROWS, path: str = "model"):
-    """``(input name, x)`` from an onnxruntime session's input metadata (no onnx import)."""
-    inputs = session.get_inputs()
-    if len(inputs) != 1:
-        _refuse_input_count(path, [value.name for value in inputs])
-    value = inputs[0]
-    sizes = [dim if isinstance(dim, int) else None for dim in value.shape]
-    return value.name, _contract_x(path, value.name, value.type == "tensor(float)", sizes,
-                                   seed, rows)
+class InputSpec(NamedTuple):
+    """What feeding one graph input takes: its numpy dtype, its dims (an int when fixed, a
+    symbol's name, or None when unnamed or unset) and, for integer indices into a Gather table,
+    the table's name and row count."""
+
+    name: str
+    dtype: str
+    dims: tuple
+    table: tuple[str, int] | None = None
 
 
-def _refuse_input_count(path: str, names: list[str]) -> None:
-    raise EprunError(f"{path!r} has {len(names)} inputs ({', '.join(names) or 'none'}); eprun "
-                     "feeds exactly one float32 [rows, F] input, so give it a single-input model")
+@dataclasses.dataclass
+class InputOptions:
+    """How the user shaped the inputs (``--rows``, ``--dim``, ``--input-range``, ``--inputs``).
+
+    ``rows=None`` means "not given": the contract's 64, or the model's own fixed batch.
+    """
+
+    rows: int | None = None
+    dims: dict = dataclasses.field(default_factory=dict)
+    ranges: dict = dataclasses.field(default_factory=dict)
+    file: str | None = None
+
+    @property
+    def shaped(self) -> bool:
+        return bool(self.dims or self.ranges or self.file)
 
 
-def _contract_x(path: str, name: str, is_float: bool, sizes: list, seed: int, rows: int):
-    """x = default_rng(seed).standard_normal((rows, *rest)) as float32.
+class Feed(NamedTuple):
+    """The arrays fed to a model, by input name, and what the answer says about them."""
 
-    For the contract's ``[batch, F]`` input that is ``standard_normal((64, F))``. The input must
-    be float32, its first dimension the batch (symbolic, unset or equal to ``rows``) and its
-    other dimensions static; anything else cannot take the contract input and is refused with
-    the reason.
+    arrays: dict
+    rows: int
+    fed: list           # one {"name", "dtype", "shape", "source"} per input
+    contract_shaped: bool
+    defaulted: list     # "input[axis]" of each dimension eprun chose (for error hints)
+
+
+_INDEX_PATH_OPS = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
+
+
+def specs_from_model(model) -> list[InputSpec]:
+    """The graph inputs to feed, with the Gather table each integer input indexes."""
+    from onnx import helper
+
+    specs, types = [], None
+    for value in graph_inputs(model):
+        tensor = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            raise EprunError(f"input {value.name!r} is not a tensor; eprun feeds tensors only")
+        try:
+            dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+        except (KeyError, TypeError, ValueError):
+            dtype = f"onnx type {tensor.elem_type}"
+        dims = tuple(dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0
+                     else (dim.dim_param or None)
+                     for dim in (tensor.shape.dim if tensor.HasField("shape") else ()))
+        table = None
+        if dtype.startswith(("int", "uint")):
+            types = types if types is not None else tensor_types(model)
+            table = _gather_table(model.graph, value.name, types)
+        specs.append(InputSpec(value.name, dtype, dims, table))
+    return specs
+
+
+def _gather_table(graph, name: str, types: dict) -> tuple[str, int] | None:
+    """``(table, rows)`` of the smallest Gather table ``name`` indexes, directly or through
+    casts and reshapes; None when it indexes none."""
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for position, tensor in enumerate(node.input):
+            consumers.setdefault(tensor, []).append((node, position))
+    best, frontier, seen = None, [name], {name}
+    while frontier:
+        current = frontier.pop()
+        for node, position in consumers.get(current, ()):
+            if node.op_type == "Gather" and position == 1:
+                axis = next((attribute.i for attribute in node.attribute
+                             if attribute.name == "axis"), 0)
+                table_type = types.get(node.input[0])
+                dims = (table_type.tensor_type.shape.dim
+                        if table_type is not None and table_type.tensor_type.HasField("shape")
+                        else [])
+                if -len(dims) <= axis < len(dims) and dims[axis].dim_value > 0:
+                    rows = dims[axis].dim_value
+                    if best is None or rows < best[1]:
+                        best = (node.input[0], rows)
+            elif node.op_type in _INDEX_PATH_OPS and position == 0:
+                for output in node.output:
+                    if output not in seen:
+                        seen.add(output)
+                        frontier.append(output)
+    return best
+
+
+_SESSION_TYPES = {"float": "float32", "double": "float64", "float16": "float16",
+                  "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8",
+                  "uint64": "uint64", "uint32": "uint32", "uint16": "uint16", "uint8": "uint8",
+                  "bool": "bool"}
+
+
+def session_specs(session, model_path: str) -> list[InputSpec]:
+    """Input specs from a session's metadata; only a model with integer inputs has its graph
+    parsed (to find the Gather tables they index), so a float model needs no onnx import."""
+    values = session.get_inputs()
+    kinds = [value.type[len("tensor("):-1] if value.type.startswith("tensor(") else value.type
+             for value in values]
+    if any(kind.startswith(("int", "uint")) for kind in kinds):
+        return specs_from_model(load_model(model_path, load_weights=False))
+    return [InputSpec(value.name, _SESSION_TYPES.get(kind, f"onnx type {value.type}"),
+                      tuple(dim if isinstance(dim, int) and dim > 0 else (dim or None)
+                            if isinstance(dim, str) else None for dim in value.shape))
+            for value, kind in zip(values, kinds)]
+
+
+def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None = None,
+               path: str = "model") -> Feed:
+    """Every input of a model, drawn by one ``default_rng(seed)`` in graph-input order.
+
+    Floats are standard normal, integers that index a Gather table uniform over its rows,
+    other integers and booleans 1 (an attention mask that attends); ``--input-range`` draws
+    one input uniformly instead and ``--inputs`` takes arrays from a file. The batch axis
+    (axis 0 when it is symbolic, unset, 0 or -1, and every dimension named like such an axis)
+    gets ``rows``; other symbols share one value each (``--dim``, else ``DIM_DEFAULT``). For the
+    contract's one float32 ``[batch, F]`` input this is exactly
+    ``default_rng(seed).standard_normal((64, F)).astype(float32)``.
     """
     import numpy as np
 
-    if not is_float:
-        raise EprunError(f"{path!r}: input {name!r} is not a float32 tensor; the contract "
-                         "input is float32")
-    if not sizes:
-        raise EprunError(f"{path!r}: input {name!r} has no batch dimension; the contract "
-                         "input is [rows, F]")
-    for axis, size in enumerate(sizes[1:], start=1):
-        if not size or size < 1:
-            raise EprunError(f"{path!r}: input {name!r} has no static dimension {axis}; "
-                             "every dimension but the batch must be a fixed number")
-    if sizes[0] not in (None, 0, rows):
-        raise EprunError(f"{path!r}: input {name!r} fixes the batch at {sizes[0]}; the "
-                         f"contract input has {rows} rows")
-    return np.random.default_rng(seed).standard_normal((rows, *sizes[1:])).astype(np.float32)
+    options = options or InputOptions()
+    names = [spec.name for spec in specs]
+    for name in options.ranges:
+        if name not in names:
+            raise EprunError(f"--input-range names {name!r}, which is not an input of {path!r} "
+                             f"(inputs: {', '.join(names) or 'none'})", EXIT_USAGE)
+    stored = _load_inputs_file(options.file, names, path) if options.file else {}
+    batch_symbols = {spec.dims[0] for spec in specs
+                     if spec.dims and isinstance(spec.dims[0], str)}
+    batch_symbols -= set(options.dims)
+    symbols = {dim for spec in specs for dim in spec.dims if isinstance(dim, str)}
+    unnamed = {f"{spec.name}:{axis}" for spec in specs for axis, dim in enumerate(spec.dims)
+               if dim is None}
+    for key in options.dims:
+        if key not in symbols and key not in unnamed:
+            known = sorted(symbols | unnamed)
+            raise EprunError(f"--dim names {key!r}, which is not a symbolic dimension of "
+                             f"{path!r} (its symbolic dimensions: {', '.join(known) or 'none'})",
+                             EXIT_USAGE)
+    rows = _feed_rows(specs, options, stored, path)
 
+    rng = np.random.default_rng(seed)
+    arrays, fed, defaulted = {}, [], []
+    for spec in specs:
+        if spec.name in stored:
+            array = stored[spec.name]
+            arrays[spec.name] = array
+            fed.append({"name": spec.name, "dtype": array.dtype.name, "shape": list(array.shape),
+                        "source": "file"})
+            continue
+        shape = []
+        for axis, dim in enumerate(spec.dims):
+            key = dim if isinstance(dim, str) else f"{spec.name}:{axis}"
+            if isinstance(dim, int):
+                shape.append(dim)
+            elif key in options.dims:
+                shape.append(options.dims[key])
+            elif axis == 0 or dim in batch_symbols:
+                shape.append(rows)
+            else:
+                shape.append(DIM_DEFAULT)
+                defaulted.append(f"{spec.name}[{axis}]" + (f" ({dim!r})" if dim else ""))
+        array, source = _draw(rng, spec, tuple(shape), options.ranges.get(spec.name), path)
+        arrays[spec.name] = np.asarray(array)  # a scalar input stays an array
+        fed.append({"name": spec.name, "dtype": spec.dtype, "shape": shape, "source": source})
+    only = specs[0] if len(specs) == 1 else None
+    contract_shaped = bool(only and only.dtype == "float32" and len(only.dims) >= 1
+                           and not isinstance(only.dims[0], int)
+                           and all(isinstance(dim, int) for dim in only.dims[1:])
+                           and not options.shaped)
+    return Feed(arrays, rows, fed, contract_shaped, defaulted)
+
+
+def _feed_rows(specs: list[InputSpec], options: InputOptions, stored: dict, path: str) -> int:
+    """The batch: ``--inputs``' arrays, else ``--rows``, else the model's own fixed batch,
+    else the contract's 64. A batch the model fixes cannot be overridden."""
+    fixed = next((spec.dims[0] for spec in specs
+                  if spec.dims and isinstance(spec.dims[0], int)), None)
+    batched = [spec for spec in specs if spec.dims and not isinstance(spec.dims[0], int)]
+    from_file = {stored[spec.name].shape[0] for spec in batched
+                 if spec.name in stored and stored[spec.name].ndim}
+    if len(from_file) > 1:
+        raise EprunError(f"the arrays in {options.file!r} disagree on the batch size "
+                         f"({', '.join(map(str, sorted(from_file)))})")
+    if from_file:
+        rows = from_file.pop()
+        if options.rows is not None and options.rows != rows:
+            raise EprunError(f"--rows {options.rows} contradicts the batch of {rows} in "
+                             f"{options.file!r}", EXIT_USAGE)
+        return rows
+    if fixed is not None and not batched:
+        if options.rows is not None and options.rows != fixed:
+            raise EprunError(f"{path!r} fixes the batch at {fixed}; --rows {options.rows} "
+                             "cannot change it", EXIT_USAGE)
+        return fixed
+    return options.rows if options.rows is not None else ROWS
+
+
+def _draw(rng, spec: InputSpec, shape: tuple, value_range: tuple | None, path: str):
+    import numpy as np
+
+    kind = spec.dtype
+    if not (kind == "bool" or kind.startswith(("float", "int", "uint"))):
+        raise EprunError(f"{path!r}: input {spec.name!r} has type {kind}, which eprun cannot "
+                         "generate; give it with --inputs FILE.npz")
+    dtype = np.dtype(kind)
+    if value_range is not None:
+        low, high = value_range
+        if dtype.kind == "f":
+            return (rng.uniform(low, high, shape).astype(dtype),
+                    f"uniform[{low:g}, {high:g})")
+        low, high = math.ceil(low), math.floor(high)
+        if dtype.kind == "b":
+            low, high = max(low, 0), min(high, 1)
+        if low > high:
+            raise EprunError(f"--input-range for {spec.name!r} holds no {kind} value",
+                             EXIT_USAGE)
+        return (rng.integers(low, high, shape, endpoint=True).astype(dtype),
+                f"integers[{low}, {high}]")
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype), "standard_normal"
+    if spec.table is not None:
+        table, count = spec.table
+        return (rng.integers(0, count, shape).astype(dtype),
+                f"integers[0, {count - 1}] (rows of {table})")
+    return np.ones(shape, dtype), "ones"
+
+
+def _load_inputs_file(file: str, names: list[str], path: str) -> dict:
+    """The arrays of an ``.npz`` file, one per input name, exactly."""
+    import numpy as np
+
+    require_file(file, "inputs")
+    try:
+        with np.load(file, allow_pickle=False) as archive:
+            stored = {name: archive[name] for name in archive.files}
+    except Exception as exc:  # not a zip, a pickled object array, a damaged member
+        raise EprunError(f"cannot read the inputs file {file!r} ({type(exc).__name__}: "
+                         f"{one_line(exc)}); write it with numpy.savez") from exc
+    missing = [name for name in names if name not in stored]
+    extra = [name for name in stored if name not in names]
+    if missing or extra:
+        raise EprunError(f"{file!r} must hold one array per input of {path!r} "
+                         f"({', '.join(names)}): "
+                         + "; ".join(part for part in (
+                             f"missing {', '.join(missing)}" if missing else "",
+                             f"no input is called {', '.join(extra)}" if extra else "")
+                             if part))
+    return stored
+
+
+def feed_for(specs: list[InputSpec], other_path: str, feed: Feed) -> dict:
+    """``feed``'s arrays for a second model of a comparison: by input name when the names
+    agree, by position otherwise (a converted model may rename its inputs); cast where that
+    model takes another float or integer width (a float16 model)."""
+    names = [spec.name for spec in specs]
+    if set(names) == set(feed.arrays):
+        arrays = [feed.arrays[name] for name in names]
+    elif len(names) == len(feed.arrays):
+        arrays = list(feed.arrays.values())
+    else:
+        raise EprunError(f"{other_path!r} takes {len(names)} inputs ({', '.join(names)}), the "
+                         f"first model {len(feed.arrays)} ({', '.join(feed.arrays)}); both must "
+                         "take the same inputs")
+    fed = {}
+    for spec, array in zip(specs, arrays):
+        fixed = [(axis, dim) for axis, dim in enumerate(spec.dims) if isinstance(dim, int)]
+        if len(spec.dims) != array.ndim or any(array.shape[axis] != dim for axis, dim in fixed):
+            raise EprunError(f"the models take different input shapes: {other_path!r} wants "
+                             f"{spec.name!r} as {[d if d else '?' for d in spec.dims]}, the "
+                             f"first model takes {list(array.shape)}")
+        if spec.dtype != array.dtype.name and spec.dtype in _SESSION_TYPES.values():
+            array = array.astype(spec.dtype)
+        fed[spec.name] = array
+    return fed
+
+
+# -- sessions ------------------------------------------------------------------------------------
 
 def import_ort():
     """onnxruntime, imported on first use, with its warnings and native log quietened.
@@ -488,12 +970,21 @@ def cpu_session(model_or_path, options=None, what: str = "model",
                          f"{type(exc).__name__}: {one_line(exc)}") from exc
 
 
-def run_session(session, output_names: list[str] | None, feed: dict, what: str = "model") -> list:
+def run_session(session, output_names: list[str] | None, feed: dict, what: str = "model",
+                hint: str = "") -> list:
     try:
         return session.run(output_names, feed)
     except Exception as exc:
         raise EprunError(f"onnxruntime failed to run {what}: {type(exc).__name__}: "
-                         f"{one_line(exc)}") from exc
+                         f"{one_line(exc)}{hint}") from exc
+
+
+def dims_hint(feed: Feed) -> str:
+    """What to try when a run fails on dimensions eprun chose itself."""
+    if not feed.defaulted:
+        return ""
+    return (f" (eprun chose {DIM_DEFAULT} for {', '.join(feed.defaulted)}; set other values "
+            "with --dim NAME=VALUE)")
 
 
 # -- providers ---------------------------------------------------------------------------------
@@ -705,23 +1196,6 @@ def _same_bytes(first: str, second: str) -> bool:
 
 # -- layers and growth -------------------------------------------------------------------------
 
-def boundary_tensors(model_path: str, seed: int, rows: int = ROWS,
-                     boundary_ops: tuple[str, ...] = BOUNDARY_OPS):
-    """Expose a model in memory and open it.
-
-    Returns ``(boundaries, x, session, input name, estimated bytes per boundary)``. Weights
-    stored as external data stay on disk: only the graph is parsed and re-serialized, and
-    onnxruntime reads the data itself (see ``open_exposed``).
-    """
-    model = load_model(model_path, load_weights=False)
-    name, x = contract_input(model, seed, rows, path=model_path)
-    boundaries = expose_in_place(model, boundary_ops)
-    declared = {value.name: value.type for value in model.graph.output}
-    sizes = [_estimated_bytes(declared.get(boundary), rows) for boundary in boundaries]
-    session = open_exposed(model, model_path)
-    return boundaries, x, session, name, sizes
-
-
 def _estimated_bytes(value_type, rows: int) -> int | None:
     """Bytes of a tensor of this type with the batch axis at ``rows``; None when unknown."""
     if value_type is None or not value_type.HasField("tensor_type"):
@@ -904,60 +1378,171 @@ def compare_boundary(a, b, rows: int = ROWS, metrics: tuple[str, ...] = ()) -> d
     return measured
 
 
-def measure_layers(fp32_path: str, int8_path: str, seed: int, rows: int = ROWS,
-                   boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-                   local: bool = False, max_memory: int | None = None):
-    """The ``layers`` answer, and the int8 model's (exposed) first output for ``report``.
+class PairedModel:
+    """One side of a ``layers`` comparison: the parsed graph (weights left on disk), its
+    boundaries and how to read a quantized one back as float."""
 
-    Each model is opened once. Without ``max_memory`` one run of each fetches every boundary;
-    with it, boundaries are fetched in batches whose estimated fp32 + int8 tensor bytes fit the
-    budget (a boundary of unknown size goes alone), so memory stays bounded however many
-    boundaries there are. The exposed graphs are the same either way, so are the numbers.
+    def __init__(self, path: str, boundary_ops: tuple[str, ...]) -> None:
+        self.path, self.boundary_ops = path, boundary_ops
+        self.model = load_model(path, load_weights=False)
+        self.boundaries = find_boundaries(self.model.graph, boundary_ops)
+        self.owners = boundary_owners(self.model.graph, self.boundaries, boundary_ops)
+        self.types = tensor_types(self.model)
+        self.quantization = Quantization(self.model, path, self.types, self.boundaries)
+        unread = [name for name in self.boundaries if _is_integer(self.types, name)
+                  and name not in self.quantization.params]
+        if unread:
+            raise EprunError(f"{path!r}: boundary {unread[0]!r} is quantized, but eprun cannot "
+                             "find its scale and zero point")
+        self.runtime = [tensor for name in self.boundaries
+                        for tensor in self.quantization.runtime(name)]
+        final = final_output(self.model.graph)
+        declared = {value.name: value.type.tensor_type.elem_type
+                    for value in self.model.graph.output}
+        inferred = self.types.get(final)
+        if final is None or (declared.get(final) or (inferred.tensor_type.elem_type if inferred
+                                                     else 0)) not in FLOAT_TYPES:
+            outputs = ", ".join(value.name for value in self.model.graph.output)
+            raise EprunError(f"{path!r} has no float output (outputs: {outputs}); eprun "
+                             "measures quantization error on the first float output")
+        self.tensor_names = {name for node in self.model.graph.node for name in node.output}
+
+    def session(self, names: list[str]):
+        """A CPU session of the graph exposing its boundaries and ``names``. The parsed graph
+        is consumed (its weights handed to onnxruntime); a second session parses it again."""
+        model = self.model or load_model(self.path, load_weights=False)
+        self.model = None
+        expose_in_place(model, self.boundary_ops, extra=names, types=self.types,
+                        unknown_as_float=False)
+        return open_exposed(model, self.path)
+
+    def boundary_bytes(self, name: str, rows: int) -> int | None:
+        return _estimated_bytes(self.types.get(name), rows)
+
+
+def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
+                   inputs: InputOptions | None = None,
+                   boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
+                   local: bool = False, max_memory: int | None = None, pair: str = "position"):
+    """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
+
+    Without ``max_memory`` one model is in memory at a time: the fp32 session runs once for
+    every boundary and is released before the int8 one opens. With it, both stay open and
+    boundaries are fetched in batches whose estimated fp32 + int8 tensor bytes fit the budget
+    (a boundary of unknown size goes alone). The numbers are the same either way.
     """
     require_file(fp32_path)
     require_file(int8_path)
-    fp32_boundaries, fp32_x, fp32_session, fp32_input, fp32_sizes = boundary_tensors(
-        fp32_path, seed, rows, boundary_ops)
-    int8_boundaries, int8_x, int8_session, int8_input, int8_sizes = boundary_tensors(
-        int8_path, seed, rows, boundary_ops)
-    if fp32_x.shape != int8_x.shape:
-        raise EprunError(f"the models take different input shapes ({list(fp32_x.shape)} in "
-                         f"{fp32_path!r}, {list(int8_x.shape)} in {int8_path!r})")
-    if len(fp32_boundaries) != len(int8_boundaries):
-        raise EprunError(f"boundary counts differ: {len(fp32_boundaries)} in {fp32_path!r}, "
-                         f"{len(int8_boundaries)} in {int8_path!r}; boundaries are paired by "
-                         "position, so the models must have the same layer structure")
-    sizes = [None if a is None or b is None else a + b for a, b in zip(fp32_sizes, int8_sizes)]
+    fp32 = PairedModel(fp32_path, boundary_ops)
+    int8 = PairedModel(int8_path, boundary_ops)
+    feed = make_feeds(specs_from_model(fp32.model), seed, inputs, fp32_path)
+    int8_feed = feed_for(specs_from_model(int8.model), int8_path, feed)
+    rows = feed.rows
+    pairs = plan_pairs(fp32, int8, pair)
+    _suggest_boundary_ops(fp32, boundary_ops)
+    segments = (LocalSegments(int8, [int8.boundaries[j] for _, j in pairs], fp32.tensor_names,
+                              set(feed.arrays), rows, metrics)
+                if local else None)
+
+    fp32_names = [fp32.boundaries[i] for i, _ in pairs]
+    int8_names = [int8.boundaries[j] for _, j in pairs]
     budget = None if max_memory is None else max_memory << 20
-    segments = LocalSegments(int8_path, int8_boundaries, rows, metrics) if local else None
-    int8_output = int8_session.get_outputs()[0].name
+    sizes = [None if a is None or b is None else a + b
+             for a, b in ((fp32.boundary_bytes(f, rows), int8.boundary_bytes(q, rows))
+                          for f, q in zip(fp32_names, int8_names))]
+    batches = plan_batches(sizes, budget)
+
+    def fetch(side: PairedModel, session, names: list[str], feeds: dict) -> dict:
+        wanted = list(dict.fromkeys(names + side.runtime))
+        values = run_session(session, wanted, feeds, what=repr(side.path))
+        fetched = dict(zip(wanted, values))
+        return {name: side.quantization.read(name, fetched) for name in names}
+
+    fp32_session = fp32.session(fp32.runtime)
+    everything = None
+    if budget is None:  # one model at a time
+        everything = fetch(fp32, fp32_session, fp32_names, feed.arrays)
+        del fp32_session
+    side_values = segments.fp32_values(fp32, feed.arrays) if segments else {}
+    int8_session = int8.session(int8.runtime)
     entries, final, previous = [], None, None
-    for batch in plan_batches(sizes, budget):
-        fp32_tensors = run_session(fp32_session, [fp32_boundaries[i] for i in batch],
-                                   {fp32_input: fp32_x}, what=repr(fp32_path))
-        int8_tensors = run_session(int8_session, [int8_boundaries[i] for i in batch],
-                                   {int8_input: int8_x}, what=repr(int8_path))
-        for index, a, b in zip(batch, fp32_tensors, int8_tensors):
-            fp32_name, int8_name = fp32_boundaries[index], int8_boundaries[index]
+    for batch in batches:
+        a_values = everything if everything is not None else fetch(
+            fp32, fp32_session, [fp32_names[k] for k in batch], feed.arrays)
+        b_values = fetch(int8, int8_session, [int8_names[k] for k in batch], int8_feed)
+        for k in batch:
+            fp32_name, int8_name = fp32_names[k], int8_names[k]
+            a, b = a_values[fp32_name], b_values[int8_name]
             if a.shape != b.shape or a.size % rows:
-                raise EprunError(f"boundary {index} ({fp32_name!r} vs. {int8_name!r}): shapes "
+                raise EprunError(f"boundary {k} ({fp32_name!r} vs. {int8_name!r}): shapes "
                                  f"{list(a.shape)} and {list(b.shape)} cannot be compared row "
                                  f"by row over {rows} rows")
-            entry = {"index": index, "fp32": fp32_name, "int8": int8_name,
+            entry = {"index": k, "fp32": fp32_name, "int8": int8_name,
                      **compare_boundary(a, b, rows, metrics)}
             if segments is not None:
-                entry["local"] = (segments.measure(index, previous, a) if index else
+                entry["local"] = (segments.measure(k, previous, a, side_values) if k else
                                   {key: value for key, value in entry.items()
                                    if key not in ("index", "fp32", "int8")})
             entries.append(entry)
-            if int8_name == int8_output:
+            if k == len(pairs) - 1:
                 final = b
             previous = a
-        del fp32_tensors, int8_tensors
-    answer = {"seed": seed, "rows": rows, "layer_count": len(entries), "layers": entries}
+        del a_values, b_values
+    answer = {"seed": seed, "rows": rows}
+    if not feed.contract_shaped:
+        answer["inputs"] = feed.fed
+    answer.update(layer_count=len(entries), layers=entries)
     if segments is not None:
         answer["local_unavailable"] = segments.unavailable
     return answer, final
+
+
+def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> list[tuple[int, int]]:
+    """(fp32 index, int8 index) of each compared boundary.
+
+    ``position`` (the contract) pairs the k-th with the k-th and warns on stderr where the
+    names prove that wrong; ``name`` pairs by the names quantizers keep.
+    """
+    named = pair_by_name(fp32.boundaries, int8.boundaries, fp32.owners, int8.owners)
+    count_fp32, count_int8 = len(fp32.boundaries), len(int8.boundaries)
+    if pair == "name":
+        unpaired = [fp32.boundaries[i] for i in range(count_fp32) if i not in named]
+        if unpaired:
+            raise EprunError(f"--pair name: no boundary of {int8.path!r} is named after "
+                             f"{', '.join(map(repr, unpaired[:3]))}"
+                             f"{' and more' if len(unpaired) > 3 else ''} of {fp32.path!r}; "
+                             "pair by position (the default) or add --boundary-ops")
+        return sorted(named.items())
+    if count_fp32 != count_int8:
+        hint = ("; the names pair every fp32 boundary, so --pair name would compare them"
+                if len(named) == count_fp32 else "")
+        raise EprunError(f"boundary counts differ: {count_fp32} in {fp32.path!r}, "
+                         f"{count_int8} in {int8.path!r}; boundaries are paired by "
+                         f"position, so the models must have the same layer structure{hint}")
+    wrong = [(i, j) for i, j in sorted(named.items()) if i != j]
+    if wrong:
+        shown = "; ".join(f"{fp32.boundaries[i]!r} (position {i}) goes with "
+                          f"{int8.boundaries[j]!r} (position {j})" for i, j in wrong[:3])
+        note(f"pairing by position contradicts the tensor names: {shown}"
+             f"{' and more' if len(wrong) > 3 else ''}; rerun with --pair name")
+    return [(k, k) for k in range(count_fp32)]
+
+
+def _suggest_boundary_ops(fp32: PairedModel, boundary_ops: tuple[str, ...]) -> None:
+    """A CNN has no MatMul: its only boundary is the output. Say which option helps."""
+    if len(fp32.boundaries) > 1:
+        return
+    present = sorted({node.op_type for node in fp32.model.graph.node
+                      if node.op_type in _LINEAR_OPS and node.op_type not in boundary_ops})
+    if present:
+        note(f"{fp32.path!r} has no boundary before its output (no "
+             f"{'/'.join(boundary_ops)} node), but it has {', '.join(present)}: add "
+             f"--boundary-ops {','.join(present)} to compare the input of each")
+
+
+def note(message: str) -> None:
+    """One line on stderr that explains a result without changing it."""
+    print(f"eprun: note: {one_line(message)}", file=sys.stderr)
 
 
 def plan_batches(sizes: list[int | None], budget: int | None) -> list[list[int]]:
@@ -977,95 +1562,191 @@ def plan_batches(sizes: list[int | None], budget: int | None) -> list[list[int]]
     return batches
 
 
-def _quantized_from(name: str, producers: dict) -> str:
-    """The float tensor that QuantizeLinear -> DequantizeLinear turned into ``name``."""
+def quantizing_chain(name: str, producers: dict) -> tuple[str, list]:
+    """``(float tensor, nodes)``: the QuantizeLinear [-> DequantizeLinear] or
+    DynamicQuantizeLinear that turned a float tensor into ``name``; ``(name, [])`` when none
+    did. ``producers`` maps each tensor to the node that writes it."""
+    chain = []
     node = producers.get(name)
     if node is not None and node.op_type == "DequantizeLinear":
-        quantize = producers.get(node.input[0])
-        if quantize is not None and quantize.op_type == "QuantizeLinear":
-            return quantize.input[0]
-    return name
+        chain.append(node)
+        node = producers.get(node.input[0])
+    if node is not None and node.op_type in ("QuantizeLinear", "DynamicQuantizeLinear"):
+        return node.input[0], [*chain, node]
+    return name, []
 
 
-def cut_segment(model, start: str, end: str, types: dict):
-    """The nodes that compute ``end`` from ``start``, as a model of their own.
+class Segment(NamedTuple):
+    """The int8 nodes between two boundaries, cut out as a model of their own.
 
-    Walks back from ``end`` through producers in reverse file order, stopping at ``start``.
-    Returns ``(segment, reason)``: ``reason`` is None for a link of a chain, else says why the
-    segment is not one (it needs a skip connection or the model input, or never reads
-    ``start``).
+    ``start`` is fed the fp32 value of the previous boundary ("" when the segment does not read
+    it: a parallel branch); each name in ``sides`` (a skip connection, a mask, a second branch)
+    is fed the fp32 tensor it maps to, at the point where the int8 model quantizes it, or
+    quantized with the int8 model's own scale where it is an 8-bit tensor. ``outputs`` are ``end`` and what reads it back as float (a
+    run-time scale). ``reason`` says why a segment could not be cut.
     """
-    import onnx
+
+    model: Any
+    start: str
+    outputs: list
+    sides: dict
+    reason: str | None
+
+
+def cut_segment(model, start: str, end: str, types: dict, fp32_names: set,
+                input_names: set, extra_outputs: list[str] = ()) -> Segment:
+    """The nodes that compute ``end`` from ``start`` and from fp32 values of what else they read.
+
+    Walking back from ``end``, a tensor that does not descend from ``start`` is not the
+    segment's to compute: it is fed its fp32 value, taken in front of the QuantizeLinear ->
+    DequantizeLinear pair that quantizes it (the pair stays in the segment) or where it is
+    (a graph input, a float tensor both models have). Only what has no fp32 counterpart is
+    computed by the segment itself (shape arithmetic, dequantized weights).
+    """
     from onnx import helper
 
+    nodes = list(model.graph.node)
+    producers = {output: index for index, node in enumerate(nodes) for output in node.output}
     initializers = {tensor.name: tensor for tensor in model.graph.initializer}
-    needed, taken = {end}, []
-    for node in reversed(model.graph.node):
-        if needed.intersection(node.output):
-            taken.append(node)
-            needed.update(name for name in node.input if name and name != start)
-    taken.reverse()
-    produced = {output for node in taken for output in node.output}
-    unfed = sorted(name for name in needed
-                   if name not in produced and name not in initializers and name != end)
-    used = {name for node in taken for name in node.input}
+    descendants, frontier = {start}, [start]
+    consumers: dict[str, list[int]] = {}
+    for index, node in enumerate(nodes):
+        for name in _node_inputs(node):
+            consumers.setdefault(name, []).append(index)
+    while frontier:
+        for index in consumers.get(frontier.pop(), ()):
+            for output in nodes[index].output:
+                if output and output not in descendants:
+                    descendants.add(output)
+                    frontier.append(output)
 
-    def value(name: str):
+    taken: set[int] = set()
+    sides: dict[str, str] = {}
+    seen: set[str] = set()
+    stack, reason = [end, *extra_outputs], None
+    writers = {output: nodes[index] for output, index in producers.items()}
+    index_of = {id(node): index for index, node in enumerate(nodes)}
+    while stack:
+        name = stack.pop()
+        if name in seen or name == start or name in initializers:
+            continue
+        seen.add(name)
+        if name != end and name not in descendants and name not in extra_outputs:
+            fed_at, chain = quantizing_chain(name, writers)
+            if chain and (fed_at in fp32_names or fed_at in input_names):
+                taken.update(index_of[id(node)] for node in chain)
+                stack.extend(n for node in chain for n in node.input[1:] if n)
+                sides[fed_at] = fed_at
+                continue
+            if name in input_names or name in fp32_names:
+                sides[name] = name
+                continue
+            if _is_integer(types, name) and float_tensor_name(name) in fp32_names:
+                sides[name] = float_tensor_name(name)  # quantized from fp32 when fed
+                continue
+        if name not in producers:
+            reason = f"{end!r} reads {name!r}, which no node computes"
+            break
+        taken.add(producers[name])
+        stack.extend(n for n in _node_inputs(nodes[producers[name]]) if n)
+    members = [nodes[index] for index in sorted(taken)]
+    used = {name for node in members for name in _node_inputs(node)}
+    if start not in used:  # a parallel branch: its inputs are all sides
+        start = ""
+
+    def value(name: str, fed: bool):
+        """Declared type; an unknown one is float where eprun feeds fp32, onnxruntime's
+        to infer on an output."""
         if name in types:
             return helper.make_value_info(name, types[name])
-        return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+        return helper.make_tensor_value_info(name, 1, None) if fed else ValueInfoProto(name=name)
 
-    graph = helper.make_graph(taken, f"segment_{end}", [value(start)], [value(end)],
+    from onnx import ValueInfoProto
+
+    outputs = [end, *extra_outputs]
+    graph = helper.make_graph(members, f"segment_{end}",
+                              [value(name, True) for name in [start, *sorted(sides)] if name],
+                              [value(name, False) for name in outputs],
                               [initializers[name] for name in sorted(used & set(initializers))])
     segment = helper.make_model(graph, opset_imports=list(model.opset_import))
     segment.ir_version = model.ir_version
     segment.functions.extend(model.functions)
-    if unfed:
-        return segment, f"{end!r} depends on {', '.join(map(repr, unfed))} besides {start!r}"
-    if start not in used:
-        return segment, f"{end!r} does not depend on {start!r}"
-    return segment, None
+    return Segment(segment, start, outputs, sides, reason)
 
 
 class LocalSegments:
-    """Error each int8 segment introduces on its own, given a perfect (fp32) input.
+    """Error each int8 segment introduces on its own, given perfect (fp32) inputs.
 
-    For boundary k >= 1 the int8 model's nodes between boundary k-1 and k are cut out and fed
-    the fp32 tensor of boundary k-1 where the int8 model quantizes it (the input of the
+    For boundary k >= 1 the int8 nodes between boundary k-1 and k are cut out (``cut_segment``)
+    and fed the fp32 tensor of boundary k-1 where the int8 model quantizes it (the input of the
     QuantizeLinear in front of that boundary's DequantizeLinear), so the segment's own input
-    quantization counts as its error. Boundary 0 has no earlier boundary: its local error is
-    its error. A segment that needs any other tensor (a skip connection, a second branch) is
-    not a chain link; it gets null and a reason in ``unavailable``.
+    quantization counts as its error; a skip connection or second branch is fed its fp32 value
+    the same way. Boundary 0 has no earlier boundary: its local error is its error. A segment
+    that cannot be cut gets null and a reason in ``unavailable``.
     """
 
-    def __init__(self, int8_path: str, boundaries: list[str], rows: int,
-                 metrics: tuple[str, ...]) -> None:
-        self.path, self.boundaries, self.rows, self.metrics = int8_path, boundaries, rows, metrics
-        self.model = load_model(int8_path, load_weights=False)
-        self.producers = {output: node for node in self.model.graph.node
-                          for output in node.output}
-        self.types = tensor_types(self.model)
+    def __init__(self, int8: PairedModel, boundaries: list[str], fp32_names: set,
+                 input_names: set, rows: int, metrics: tuple[str, ...]) -> None:
+        self.path, self.rows, self.metrics = int8.path, rows, metrics
         self.unavailable: list[dict] = []
+        model = load_model(int8.path, load_weights=False)
+        producers = {output: node for node in model.graph.node for output in node.output}
+        self.segments: dict[int, Segment] = {}
+        for k in range(1, len(boundaries)):
+            start = quantizing_chain(boundaries[k - 1], producers)[0]
+            segment = cut_segment(model, start, boundaries[k], int8.types, fp32_names,
+                                  input_names, int8.quantization.runtime(boundaries[k]))
+            if segment.reason:
+                self.unavailable.append({"index": k, "reason": f"cannot cut: {segment.reason}"})
+            else:
+                self.segments[k] = segment
+        fed = [name for segment in self.segments.values()
+               for name in [segment.start, *segment.sides] if name]
+        self.quantization = Quantization(model, int8.path, int8.types, [*fed, *boundaries])
+        for k, segment in list(self.segments.items()):
+            unread = [name for name in fed if _is_integer(int8.types, name)
+                      and name in [segment.start, *segment.sides]
+                      and name not in self.quantization.params]
+            if unread:
+                del self.segments[k]
+                self.unavailable.append({"index": k, "reason": f"cannot cut: {unread[0]!r} is "
+                                         "quantized with no scale eprun can find"})
 
-    def measure(self, k: int, fp32_before, fp32_here) -> dict | None:
-        start = _quantized_from(self.boundaries[k - 1], self.producers)
-        end = self.boundaries[k]
-        segment, reason = cut_segment(self.model, start, end, self.types)
-        if reason:
-            self.unavailable.append({"index": k, "reason": f"not a chain: {reason}"})
+    def fp32_values(self, fp32: PairedModel, inputs: dict) -> dict:
+        """The fp32 tensors the segments are fed besides their start, from one extra run of
+        the fp32 model (the boundary run is left as it is)."""
+        wanted = sorted({source for segment in self.segments.values()
+                         for source in segment.sides.values()} - set(inputs))
+        values = dict(inputs)
+        if wanted:
+            session = fp32.session(wanted)
+            values.update(zip(wanted, run_session(session, wanted, inputs,
+                                                  what=repr(fp32.path))))
+        return values
+
+    def _fed(self, name: str, value):
+        """An fp32 value as the int8 model holds ``name``: quantized where it is 8-bit."""
+        return self.quantization.quantize(name, value) if name in self.quantization.params \
+            else value
+
+    def measure(self, k: int, fp32_before, fp32_here, side_values: dict) -> dict | None:
+        segment = self.segments.get(k)
+        if segment is None:
             return None
-        session = open_exposed(segment, self.path)
-        (output,) = run_session(session, [end], {start: fp32_before},
-                                what=f"segment {k} of {self.path!r}")
-        return compare_boundary(fp32_here, output, self.rows, self.metrics)
+        session = open_exposed(segment.model, self.path)
+        feeds = {name: self._fed(name, side_values[source])
+                 for name, source in segment.sides.items()}
+        if segment.start:
+            feeds[segment.start] = self._fed(segment.start, fp32_before)
+        fetched = dict(zip(segment.outputs, run_session(session, segment.outputs, feeds,
+                                                        what=f"segment {k} of {self.path!r}")))
+        return compare_boundary(fp32_here, self.quantization.read(segment.outputs[0], fetched),
+                                self.rows, self.metrics)
 
 
-def layers(fp32_path: str, int8_path: str, seed: int, rows: int = ROWS,
-           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-           local: bool = False, max_memory: int | None = None) -> dict:
-    """Boundary-by-boundary FP32 vs. INT8 error on the contract input, paired by position."""
-    return measure_layers(fp32_path, int8_path, seed, rows, boundary_ops, metrics, local,
-                          max_memory)[0]
+def layers(fp32_path: str, int8_path: str, seed: int, **options: Any) -> dict:
+    """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers`` for the options)."""
+    return measure_layers(fp32_path, int8_path, seed, **options)[0]
 
 
 def growth_from(rel_errors: list[float]) -> dict:
@@ -1108,8 +1789,10 @@ def growth_of(measured: dict) -> dict:
     ``worst_local`` names the segment that introduces the most (earliest on ties): where the
     accumulated error jumps but the local one does not, the layer only inherits.
     """
-    answer = {"seed": measured["seed"],
-              **growth_from([entry["rel_error"] for entry in measured["layers"]])}
+    answer = {"seed": measured["seed"]}
+    if "inputs" in measured:
+        answer["inputs"] = measured["inputs"]
+    answer.update(growth_from([entry["rel_error"] for entry in measured["layers"]]))
     if "local_unavailable" in measured:
         local_rel = [entry["local"]["rel_error"] if entry["local"] else None
                      for entry in measured["layers"]]
@@ -1120,24 +1803,21 @@ def growth_of(measured: dict) -> dict:
     return answer
 
 
-def growth(fp32_path: str, int8_path: str, seed: int, rows: int = ROWS,
-           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, local: bool = False,
-           max_memory: int | None = None) -> dict:
+def growth(fp32_path: str, int8_path: str, seed: int, **options: Any) -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
-    return growth_of(layers(fp32_path, int8_path, seed, rows, boundary_ops, local=local,
-                            max_memory=max_memory))
+    return growth_of(layers(fp32_path, int8_path, seed, **options))
 
 
 # -- settings ----------------------------------------------------------------------------------
 
-def settings(model_path: str, seed: int, rows: int = ROWS) -> dict:
+def settings(model_path: str, seed: int, inputs: InputOptions | None = None) -> dict:
     """The first output under other optimization levels and intra-op thread counts, compared
     with the single-threaded, unoptimized baseline bit for bit."""
     import numpy as np
 
     require_file(model_path)
     ort = import_ort()
-    feed: dict = {}
+    feeds: list[Feed] = []
 
     def first_output(level: str, intra_op: int):
         options = ort.SessionOptions()
@@ -1145,11 +1825,11 @@ def settings(model_path: str, seed: int, rows: int = ROWS) -> dict:
         options.intra_op_num_threads = intra_op
         options.inter_op_num_threads = 1
         session = cpu_session(model_path, options, what=repr(model_path))
-        if not feed:  # the input comes from the first session's metadata: no onnx import
-            name, x = session_contract_input(session, seed, rows, path=model_path)
-            feed[name] = x
-        return run_session(session, [session.get_outputs()[0].name], feed,
-                           what=repr(model_path))[0]
+        if not feeds:  # from the first session's metadata: a float model needs no onnx
+            feeds.append(make_feeds(session_specs(session, model_path), seed, inputs,
+                                    model_path))
+        return run_session(session, [session.get_outputs()[0].name], feeds[0].arrays,
+                           what=repr(model_path), hint=dims_hint(feeds[0]))[0]
 
     base = first_output(*SETTINGS_BASELINE)
     with np.errstate(all="ignore"):
@@ -1165,35 +1845,17 @@ def settings(model_path: str, seed: int, rows: int = ROWS) -> dict:
             cases.append({"level": level, "intra_op": intra_op, "max_abs_diff": float(diff),
                           "bitwise_equal": bool(same_shape and y.dtype == base.dtype
                                                 and y.tobytes() == base.tobytes())})
-    return {"model": model_path, "seed": seed, "baseline": baseline, "cases": cases,
+    answer = {"model": model_path, "seed": seed}
+    if not feeds[0].contract_shaped:
+        answer["inputs"] = feeds[0].fed
+    return {**answer, "baseline": baseline, "cases": cases,
             "all_equal": all(case["bitwise_equal"] for case in cases)}
 
 
 # -- placement ---------------------------------------------------------------------------------
 
-def _feeds(session, rows: int, seed: int) -> dict:
-    """Standard-normal (or zero, for non-float types) inputs for every input of a session;
-    symbolic dimensions take ``rows`` for the first axis and 1 elsewhere."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for value in session.get_inputs():
-        shape = [dim if isinstance(dim, int) and dim >= 0 else (rows if axis == 0 else 1)
-                 for axis, dim in enumerate(value.shape)]
-        kind = value.type[len("tensor("):-1] if value.type.startswith("tensor(") else "float"
-        dtype = {"float": np.float32, "double": np.float64, "float16": np.float16,
-                 "int64": np.int64, "int32": np.int32, "int8": np.int8, "uint8": np.uint8,
-                 "bool": np.bool_}.get(kind)
-        if dtype is None:
-            raise EprunError(f"input {value.name!r} has type {value.type}, which eprun cannot "
-                             "feed")
-        feeds[value.name] = (rng.standard_normal(shape).astype(dtype)
-                             if np.issubdtype(dtype, np.floating) else np.zeros(shape, dtype))
-    return feeds
-
-
-def placement(model_path: str, requested: list[str], seed: int = 0) -> dict:
+def placement(model_path: str, requested: list[str], seed: int = 0,
+              inputs: InputOptions | None = None) -> dict:
     """Which execution provider each node was actually assigned to, as onnxruntime reports it.
 
     onnxruntime 1.24+ records the assignment when asked (``session.record_ep_graph_assignment_
@@ -1221,7 +1883,11 @@ def placement(model_path: str, requested: list[str], seed: int = 0) -> dict:
                      for subgraph in session.get_provider_graph_assignment_info()
                      for node in subgraph.get_nodes()]
         else:
-            run_session(session, None, _feeds(session, 1, seed), what=repr(model_path))
+            shaped = inputs or InputOptions()
+            feed = make_feeds(session_specs(session, model_path), seed,
+                              dataclasses.replace(shaped, rows=shaped.rows or 1), model_path)
+            run_session(session, None, feed.arrays, what=repr(model_path),
+                        hint=dims_hint(feed))
             nodes = _profiled_nodes(session.end_profiling())
     counts: dict[str, int] = {}
     for node in nodes:
@@ -1300,7 +1966,8 @@ def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
 
 def check(reference_path: str, candidate_path: str, providers: list[str],
           reference_providers: list[str], profile: str | None, rtol: float | None,
-          atol: float | None, min_cos: float | None, rows: int = ROWS, seed: int = 0,
+          atol: float | None, min_cos: float | None, inputs: InputOptions | None = None,
+          seed: int = 0,
           warmup: int = 1, retries: int = 2, retry_pause: float = 2.0,
           require_providers: bool = False) -> dict:
     """The CI gate: does the candidate (model and providers) match the reference within
@@ -1313,20 +1980,18 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
     retries_used = [0]
     reference_session = cpu_session(reference_path, what=repr(reference_path),
                                     providers=reference_providers)
-    input_name, x = session_contract_input(reference_session, seed, rows, path=reference_path)
-    reference_outputs = run_session(reference_session, None, {input_name: x},
-                                    what=repr(reference_path))
+    feed = make_feeds(session_specs(reference_session, reference_path), seed, inputs,
+                      reference_path)
+    reference_outputs = run_session(reference_session, None, feed.arrays,
+                                    what=repr(reference_path), hint=dims_hint(feed))
     candidate_session = _with_retries(
         lambda: cpu_session(candidate_path, what=repr(candidate_path), providers=providers),
         retries, retry_pause, retries_used)
-    candidate_inputs = candidate_session.get_inputs()
-    if len(candidate_inputs) != 1:
-        raise EprunError(f"{candidate_path!r} has {len(candidate_inputs)} inputs; the candidate "
-                         "must take the reference's single input")
-    feed = {candidate_inputs[0].name: x}
+    candidate_feed = feed_for(session_specs(candidate_session, candidate_path), candidate_path,
+                              feed)
 
     def run_candidate() -> list:
-        return _with_retries(lambda: run_session(candidate_session, None, feed,
+        return _with_retries(lambda: run_session(candidate_session, None, candidate_feed,
                                                  what=repr(candidate_path)),
                              retries, retry_pause, retries_used)
 
@@ -1360,8 +2025,11 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
                              "by": tolerance["min_cos"] - entry["cosine"]})
     if require_providers and actual != providers:
         failures.append({"bound": "providers", "requested": providers, "actual": actual})
-    return {"reference": reference_path, "candidate": candidate_path, "seed": seed, "rows": rows,
-            "profile": profile, "tolerance": tolerance,
+    answer = {"reference": reference_path, "candidate": candidate_path, "seed": seed,
+              "rows": feed.rows}
+    if not feed.contract_shaped:
+        answer["inputs"] = feed.fed
+    return {**answer, "profile": profile, "tolerance": tolerance,
             "providers": {"requested": providers, "actual": actual,
                           "fell_back": actual != providers,
                           "reference": list(reference_session.get_providers())},
@@ -1408,7 +2076,7 @@ def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None
     measured, int8_final = measure_layers(fp32_path, int8_path, seed)
     growth_answer = growth_of(measured)
     settings_answer = settings(int8_path, seed)
-    exposure = _exposure_effect(int8_path, seed, int8_final)
+    exposure = _exposure_effect(int8_path, seed, measured["layers"][-1]["int8"], int8_final)
     markdown = report_markdown(provider_answer, splits, measured, growth_answer,
                                settings_answer, exposure)
 
@@ -1422,15 +2090,15 @@ def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None
     return {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES]}
 
 
-def _exposure_effect(int8_path: str, seed: int, exposed) -> dict:
+def _exposure_effect(int8_path: str, seed: int, output: str, exposed,
+                     inputs: InputOptions | None = None) -> dict:
     """Does exposing the int8 boundaries change the final output? Exposed DQ outputs can stop
     onnxruntime from fusing DequantizeLinear -> MatMul -> QuantizeLinear into one kernel."""
     import numpy as np
 
     session = cpu_session(int8_path, what=repr(int8_path))
-    name, x = session_contract_input(session, seed, path=int8_path)
-    output = session.get_outputs()[0].name
-    plain = run_session(session, [output], {name: x}, what=repr(int8_path))[0]
+    feed = make_feeds(session_specs(session, int8_path), seed, inputs, int8_path)
+    plain = run_session(session, [output], feed.arrays, what=repr(int8_path))[0]
     with np.errstate(all="ignore"):
         diff = float(np.max(np.abs(plain.astype(np.float64) - exposed.astype(np.float64))))
     return {"output": output, "bitwise_equal": plain.tobytes() == exposed.tobytes(),
@@ -1574,9 +2242,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"eprun: error: {one_line(message)} (see '{self.prog} --help')\n")
 
 
-def rows_option(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--rows", type=parse_rows, default=ROWS,
-                     help=f"batch size of the input (default {ROWS}, the contract's)")
+def input_options(sub: argparse.ArgumentParser, rows_default: str = f"{ROWS}, the contract's"
+                  ) -> None:
+    """``--rows``, ``--dim``, ``--input-range`` and ``--inputs``: what every command that runs a
+    model feeds it (see ``make_feeds``)."""
+    sub.add_argument("--rows", type=parse_rows,
+                     help=f"batch size of the inputs (default {rows_default}; a model that fixes "
+                     "its batch gets that)")
+    sub.add_argument("--dim", type=parse_dim, action="append", default=[],
+                     metavar="NAME=VALUE",
+                     help=f"value of a symbolic dimension (default {DIM_DEFAULT}); an unnamed "
+                     "one is INPUT:AXIS=VALUE; repeatable")
+    sub.add_argument("--input-range", type=parse_input_range, action="append", default=[],
+                     metavar="NAME:LO,HI",
+                     help="draw input NAME uniformly from [LO, HI] instead (integers: LO..HI); "
+                     "repeatable")
+    sub.add_argument("--inputs", metavar="FILE.npz",
+                     help="feed these arrays (numpy.savez, one per input name) instead of "
+                     "generated ones; their batch sets the rows")
+
+
+def inputs_from(args: argparse.Namespace) -> InputOptions:
+    return InputOptions(rows=args.rows, dims=dict(args.dim), ranges=dict(args.input_range),
+                        file=args.inputs)
 
 
 def boundary_ops_option(sub: argparse.ArgumentParser) -> None:
@@ -1641,9 +2329,10 @@ def build_parser() -> argparse.ArgumentParser:
                   "before 1.24)",
                   '{"model", "requested", "actual", "fell_back", "source", "counts", '
                   '"nodes": [{"name", "op_type", "provider"}]}',
-                  lambda args: placement(args.model, args.providers))
+                  lambda args: placement(args.model, args.providers, inputs=inputs_from(args)))
     sub.add_argument("model", help="ONNX model file")
     sub.add_argument("providers", type=parse_list, help="comma-joined provider names")
+    input_options(sub, rows_default="1")
 
     sub = command("partition", "file-order simulation of the partitions an EP supporting only "
                   "the listed ops would form (no session)",
@@ -1670,21 +2359,27 @@ def build_parser() -> argparse.ArgumentParser:
              '{"seed", "rows", "layer_count", "layers": [{"index", "fp32", "int8", '
              '"max_abs_error", "scale", "rel_error", "cos_min"}]}; --metrics adds "sqnr_db" '
              'and/or "mse" per entry; --local adds "local" per entry and "local_unavailable"',
-             lambda args: layers(args.fp32, args.int8, args.seed, args.rows, args.boundary_ops,
-                                 args.metrics, args.local, args.max_memory)),
+             lambda args: layers(args.fp32, args.int8, args.seed, inputs=inputs_from(args),
+                                 boundary_ops=args.boundary_ops, metrics=args.metrics,
+                                 local=args.local, max_memory=args.max_memory, pair=args.pair)),
             ("growth", "how the relative error grows from boundary to boundary",
              '{"seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth", '
              '"max_ratio": {"index", "ratio"}}; --local adds "local_rel_error", "worst_local" '
              'and "local_unavailable"',
-             lambda args: growth(args.fp32, args.int8, args.seed, args.rows, args.boundary_ops,
-                                 args.local, args.max_memory))):
+             lambda args: growth(args.fp32, args.int8, args.seed, inputs=inputs_from(args),
+                                 boundary_ops=args.boundary_ops, local=args.local,
+                                 max_memory=args.max_memory, pair=args.pair))):
         sub = command(name, summary, fields, run)
         sub.add_argument("fp32", help="float model")
         sub.add_argument("int8", help="quantized (QDQ) model with the same layer structure")
         sub.add_argument("seed", type=parse_seed,
                          help="non-negative integer; x = default_rng(seed).standard_normal((64, F))")
-        rows_option(sub)
+        input_options(sub)
         boundary_ops_option(sub)
+        sub.add_argument("--pair", choices=("position", "name"), default="position",
+                         help="position: the k-th boundary of each model (the contract, "
+                         "default; a warning when the names disagree); name: by the names "
+                         "quantizers keep (<t>_DequantizeLinear_Output, <node>_quant)")
         sub.add_argument("--max-memory", type=parse_count, metavar="MB",
                          help="fetch boundaries in batches whose tensors (fp32 + int8) fit in "
                          "about MB megabytes, instead of all at once; 0 fetches one at a time. "
@@ -1702,10 +2397,10 @@ def build_parser() -> argparse.ArgumentParser:
                   '{"model", "seed", "baseline": {"level", "intra_op", "max_abs_output", '
                   '"mean_output"}, "cases": [{"level", "intra_op", "max_abs_diff", '
                   '"bitwise_equal"}], "all_equal"}',
-                  lambda args: settings(args.model, args.seed, args.rows))
+                  lambda args: settings(args.model, args.seed, inputs_from(args)))
     sub.add_argument("model", help="ONNX model file")
     sub.add_argument("seed", type=parse_seed, help="non-negative integer seed of the input")
-    rows_option(sub)
+    input_options(sub)
 
     sub = command("check", "CI gate: candidate model and providers against a reference within "
                   "rtol/atol/cosine on the contract input; exit 0 pass, 1 fail",
@@ -1716,7 +2411,8 @@ def build_parser() -> argparse.ArgumentParser:
                   '"passed"}',
                   lambda args: check(args.reference, args.candidate, args.providers,
                                      args.reference_providers, args.profile, args.rtol,
-                                     args.atol, args.min_cos, args.rows, args.seed, args.warmup,
+                                     args.atol, args.min_cos, inputs_from(args), args.seed,
+                                     args.warmup,
                                      args.retries, args.retry_pause, args.require_providers),
                   lambda args, answer: 0 if answer["passed"] else 1)
     sub.add_argument("reference", help="reference model (usually the FP32 one), run on "
@@ -1734,7 +2430,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "profile)")
     sub.add_argument("--min-cos", type=parse_tolerance,
                      help="smallest allowed cosine between the flattened outputs")
-    rows_option(sub)
+    input_options(sub)
     sub.add_argument("--seed", type=parse_seed, default=0, help="input seed (default 0)")
     sub.add_argument("--warmup", type=parse_count, default=1,
                      help="candidate runs before the measured one (default 1)")

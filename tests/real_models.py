@@ -1,0 +1,469 @@
+"""Real-shaped ONNX models built with onnx.helper, and their quantized twins (nothing downloaded).
+
+Every builder returns an onnx.ModelProto (opset 17, ir_version 8, float32 weights, symbolic
+batch dim "batch") drawn from ``numpy.random.default_rng(seed)``. Node and tensor names follow
+the PyTorch exporter ("/layer0/attn/query/MatMul" writes ".../MatMul_output_0"), except in
+``unnamed_chain``. The quantizers wrap onnxruntime.quantization and keep what they write at
+ir_version 8 / opset 17, so the oldest stack (onnx 1.15, onnxruntime 1.16) opens it.
+``python tests/real_models.py [--names]`` builds, quantizes and runs everything.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
+DIMS = {"seq": 8, "h": 16, "w": 16}  # sizes for symbolic dims in feeds; "batch" takes ``rows``
+
+
+class _Builder:
+    """Collects nodes and initializers; ``op`` names the node and returns its output."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits = [], []
+
+    def weight(self, name, shape, fan_in=None, scale=1.0):
+        value = scale * self.rng.standard_normal(shape) / math.sqrt(fan_in or shape[0])
+        return self.const(name, value)
+
+    def const(self, name, value, dtype=np.float32):
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def op(self, op_type, inputs, name, out=None, **attrs):
+        out = out or f"{name}_output_0"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=name, **attrs))
+        return out
+
+    def linear(self, x, fan_in, fan_out, scope):
+        """MatMul + Add, as the exporter writes nn.Linear."""
+        w = self.weight(f"{scope}.weight", (fan_in, fan_out))
+        b = self.const(f"{scope}.bias", 0.1 * self.rng.standard_normal(fan_out))
+        path = "/" + scope.replace(".", "/")
+        return self.op("Add", [self.op("MatMul", [x, w], f"{path}/MatMul"), b], f"{path}/Add")
+
+    def finish(self, inputs, outputs, name) -> onnx.ModelProto:
+        """``inputs``/``outputs`` are (name, element type, shape) triples."""
+        inputs, outputs = ([helper.make_tensor_value_info(*v) for v in values]
+                           for values in (inputs, outputs))
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+        model.ir_version = 8
+        onnx.checker.check_model(model)
+        return model
+
+
+def transformer_encoder(seed: int, vocab: int = 50, seq="seq", hidden: int = 16,
+                        heads: int = 2) -> onnx.ModelProto:
+    """One BERT-style encoder layer (45 nodes); ``seq`` is a dim name or an int.
+
+    input_ids -Gather(word table)--+-- Add -> LayerNorm = x
+    input_ids -Shape-Gather-Range-Gather(position table, 64 rows when seq is symbolic)
+    x -> query/key/value: MatMul+Add -> Reshape [b,s,H,d] -> Transpose (key: [b,H,d,s])
+    MatMul(q,k) -> Div sqrt(d) -> Add mask bias -> Softmax -> MatMul(.,v) -> Transpose
+      -> Reshape [b,s,hidden] -> output: MatMul+Add -> Add x -> LayerNorm = y
+    y -> fc1: MatMul+Add -> GELU (Div sqrt2, Erf, Add 1, Mul, Mul 0.5) -> fc2: MatMul+Add
+      -> Add y -> LayerNorm = last_hidden_state [batch, seq, hidden]
+    mask bias: attention_mask -> Cast float -> Sub(1, .) -> Mul -10000 -> Unsqueeze [b,1,1,s]
+    """
+    g, d = _Builder(seed), hidden // heads
+    word = g.weight("embeddings.word_embeddings.weight", (vocab, hidden), 1, 0.5)
+    pos = g.weight("embeddings.position_embeddings.weight",
+                   (seq if isinstance(seq, int) else 64, hidden), 1, 0.1)
+    zero, one = g.const("const_zero", 0, np.int64), g.const("const_one", 1, np.int64)
+    emb = g.op("Gather", [word, "input_ids"], "/embeddings/word_embeddings/Gather")
+    length = g.op("Gather", [g.op("Shape", ["input_ids"], "/embeddings/Shape"), one],
+                  "/embeddings/Gather", axis=0)
+    ids = g.op("Range", [zero, length, one], "/embeddings/Range")
+    emb = g.op("Add", [emb, g.op("Gather", [pos, ids], "/embeddings/position_embeddings/Gather")],
+               "/embeddings/Add")
+
+    def layer_norm(x, scope, out=None):
+        gamma = g.const(f"{scope}.weight", 1 + 0.1 * g.rng.standard_normal(hidden))
+        beta = g.const(f"{scope}.bias", 0.1 * g.rng.standard_normal(hidden))
+        return g.op("LayerNormalization", [x, gamma, beta], "/" + scope.replace(".", "/")
+                    + "/LayerNormalization", out=out, axis=-1, epsilon=1e-12)
+
+    x = layer_norm(emb, "embeddings.LayerNorm")
+    split, qkv = g.const("/attn/split_shape", [0, 0, heads, d], np.int64), {}
+    for part, perm in (("query", [0, 2, 1, 3]), ("key", [0, 2, 3, 1]), ("value", [0, 2, 1, 3])):
+        t = g.op("Reshape", [g.linear(x, hidden, hidden, f"layer0.attn.{part}"), split],
+                 f"/layer0/attn/{part}/Reshape")
+        qkv[part] = g.op("Transpose", [t], f"/layer0/attn/{part}/Transpose", perm=perm)
+    scores = g.op("MatMul", [qkv["query"], qkv["key"]], "/layer0/attn/MatMul")
+    scores = g.op("Div", [scores, g.const("/attn/sqrt_d", math.sqrt(d))], "/layer0/attn/Div")
+    mask = g.op("Cast", ["attention_mask"], "/mask/Cast", to=FLOAT)
+    mask = g.op("Sub", [g.const("/mask/one", 1.0), mask], "/mask/Sub")
+    mask = g.op("Mul", [mask, g.const("/mask/big", -10000.0)], "/mask/Mul")
+    mask = g.op("Unsqueeze", [mask, g.const("/mask/axes", [1, 2], np.int64)], "/mask/Unsqueeze")
+    probs = g.op("Softmax", [g.op("Add", [scores, mask], "/layer0/attn/Add")],
+                 "/layer0/attn/Softmax", axis=-1)
+    ctx = g.op("MatMul", [probs, qkv["value"]], "/layer0/attn/MatMul_1")
+    ctx = g.op("Transpose", [ctx], "/layer0/attn/Transpose", perm=[0, 2, 1, 3])
+    ctx = g.op("Reshape", [ctx, g.const("/attn/merge_shape", [0, 0, hidden], np.int64)],
+               "/layer0/attn/Reshape")
+    out = g.linear(ctx, hidden, hidden, "layer0.attn.output")
+    y = layer_norm(g.op("Add", [out, x], "/layer0/attn/output/Add_1"), "layer0.attn.LayerNorm")
+    h = g.linear(y, hidden, 2 * hidden, "layer0.ffn.fc1")
+    erf = g.op("Div", [h, g.const("/gelu/sqrt2", math.sqrt(2))], "/layer0/gelu/Div")
+    erf = g.op("Add", [g.op("Erf", [erf], "/layer0/gelu/Erf"), g.const("/gelu/one", 1.0)],
+               "/layer0/gelu/Add")
+    h = g.op("Mul", [g.op("Mul", [h, erf], "/layer0/gelu/Mul"), g.const("/gelu/half", 0.5)],
+             "/layer0/gelu/Mul_1")
+    h = g.op("Add", [g.linear(h, 2 * hidden, hidden, "layer0.ffn.fc2"), y], "/layer0/ffn/Add_1")
+    layer_norm(h, "layer0.ffn.LayerNorm", out="last_hidden_state")
+    ids = [("input_ids", INT64, ["batch", seq]), ("attention_mask", INT64, ["batch", seq])]
+    return g.finish(ids, [("last_hidden_state", FLOAT, ["batch", seq, hidden])], "encoder")
+
+
+def residual_cnn(seed: int, channels: int = 8, classes: int = 5,
+                 fold_bn: bool = False) -> onnx.ModelProto:
+    """A ResNet-ish classifier (14 nodes, 13 folded); ``fold_bn`` folds bn1 into conv1 with the
+    same random draws, so both variants compute the same function (to ~1e-7).
+
+    image [batch,3,h,w] -> conv1 Conv 3x3 pad 1 -> (bn1 BatchNormalization) -> Relu = a
+    a -> Conv -> Relu -> Conv -> Add a -> Relu -> MaxPool 2x2 -> Conv (2C) -> Relu
+      -> GlobalAveragePool -> Flatten -> fc Gemm(transB=1) = logits [batch, classes]
+    """
+    g, c = _Builder(seed), channels
+
+    def conv(x, c_in, c_out, scope, weight=None, bias=None):
+        if weight is None:
+            weight = g.rng.standard_normal((c_out, c_in, 3, 3)) / math.sqrt(9 * c_in)
+            bias = 0.1 * g.rng.standard_normal(c_out)
+        inputs = [x, g.const(f"{scope}.weight", weight), g.const(f"{scope}.bias", bias)]
+        return g.op("Conv", inputs, "/" + scope.replace(".", "/") + "/Conv",
+                    kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+
+    w1, b1 = g.rng.standard_normal((c, 3, 3, 3)) / math.sqrt(27), 0.1 * g.rng.standard_normal(c)
+    gamma, beta = 1 + 0.1 * g.rng.standard_normal(c), 0.1 * g.rng.standard_normal(c)
+    mean, var = 0.1 * g.rng.standard_normal(c), 0.5 + g.rng.random(c)
+    if fold_bn:
+        k = gamma / np.sqrt(var + 1e-5)
+        a = conv("image", 3, c, "conv1", w1 * k[:, None, None, None], (b1 - mean) * k + beta)
+    else:
+        bn = [g.const(f"bn1.{n}", v) for n, v in (("weight", gamma), ("bias", beta),
+                                                  ("running_mean", mean), ("running_var", var))]
+        a = g.op("BatchNormalization", [conv("image", 3, c, "conv1", w1, b1)] + bn,
+                 "/bn1/BatchNormalization", epsilon=1e-5)
+    a = g.op("Relu", [a], "/relu/Relu")
+    r = g.op("Relu", [conv(a, c, c, "layer1.conv1")], "/layer1/relu/Relu")
+    r = g.op("Relu", [g.op("Add", [conv(r, c, c, "layer1.conv2"), a], "/layer1/Add")],
+             "/layer1/relu_1/Relu")
+    r = g.op("MaxPool", [r], "/maxpool/MaxPool", kernel_shape=[2, 2], strides=[2, 2])
+    r = g.op("Relu", [conv(r, c, 2 * c, "layer2.conv")], "/layer2/relu/Relu")
+    r = g.op("Flatten", [g.op("GlobalAveragePool", [r], "/avgpool/GlobalAveragePool")],
+             "/Flatten", axis=1)
+    fc = [g.weight("fc.weight", (classes, 2 * c), 2 * c),
+          g.const("fc.bias", 0.1 * g.rng.standard_normal(classes))]
+    g.op("Gemm", [r] + fc, "/fc/Gemm", out="logits", transB=1)
+    return g.finish([("image", FLOAT, ["batch", 3, "h", "w"])],
+                    [("logits", FLOAT, ["batch", classes])], "cnn")
+
+
+def label_classifier(seed: int, features: int = 6, classes: int = 3) -> onnx.ModelProto:
+    """x [batch,features] -> fc1 MatMul+Add -> Relu -> fc2 MatMul+Add -> Softmax = probabilities
+    probabilities -> ArgMax(axis=1, keepdims=0) = label int64 [batch].
+    Graph outputs in this order: label, probabilities.
+    """
+    g = _Builder(seed)
+    h = g.op("Relu", [g.linear("x", features, 2 * features, "fc1")], "/relu/Relu")
+    p = g.op("Softmax", [g.linear(h, 2 * features, classes, "fc2")], "/Softmax",
+             out="probabilities", axis=1)
+    g.op("ArgMax", [p], "/ArgMax", out="label", axis=1, keepdims=0)
+    return g.finish([("x", FLOAT, ["batch", features])],
+                    [("label", INT64, ["batch"]), ("probabilities", FLOAT, ["batch", classes])],
+                    "classifier")
+
+
+def stateful_vad(seed: int, samples: int = 32, state: int = 8) -> onnx.ModelProto:
+    """A Silero-VAD-shaped recurrent cell: inputs input, state, sr (int64 scalar, any value).
+
+    input [batch,samples] -> in MatMul -------------------+
+    state [2,batch,S] -Gather 0-> h -> rec MatMul --------Add -> Add bias -> Add sr0 -> Tanh = h'
+    sr -> Cast float -> Mul 0 = sr0           state -Gather 1-> c -> Add h' = c'
+    h' -> head MatMul+Add -> Sigmoid = output [batch, 1]
+    h', c' -> Unsqueeze 0 -> Concat axis 0 = stateN [2, batch, S]
+    """
+    g = _Builder(seed)
+    h = g.op("Gather", ["state", g.const("/state/h_index", 0, np.int64)], "/state/Gather", axis=0)
+    c = g.op("Gather", ["state", g.const("/state/c_index", 1, np.int64)], "/state/Gather_1",
+             axis=0)
+    x = g.op("MatMul", ["input", g.weight("cell.in.weight", (samples, state))], "/cell/in/MatMul")
+    r = g.op("MatMul", [h, g.weight("cell.rec.weight", (state, state))], "/cell/rec/MatMul")
+    t = g.op("Add", [x, r], "/cell/Add")
+    t = g.op("Add", [t, g.const("cell.bias", 0.1 * g.rng.standard_normal(state))], "/cell/Add_1")
+    sr = g.op("Mul", [g.op("Cast", ["sr"], "/sr/Cast", to=FLOAT), g.const("/sr/zero", 0.0)],
+              "/sr/Mul")
+    h = g.op("Tanh", [g.op("Add", [t, sr], "/cell/Add_2")], "/cell/Tanh")
+    c = g.op("Add", [c, h], "/cell/Add_3")
+    g.op("Sigmoid", [g.linear(h, state, 1, "head")], "/head/Sigmoid", out="output")
+    axes = g.const("/state/axes", [0], np.int64)
+    g.op("Concat", [g.op("Unsqueeze", [h, axes], "/state/Unsqueeze"),
+                    g.op("Unsqueeze", [c, axes], "/state/Unsqueeze_1")],
+         "/state/Concat", out="stateN", axis=0)
+    inputs = [("input", FLOAT, ["batch", samples]), ("state", FLOAT, [2, "batch", state]),
+              ("sr", INT64, [])]
+    return g.finish(inputs, [("output", FLOAT, ["batch", 1]),
+                             ("stateN", FLOAT, [2, "batch", state])], "vad")
+
+
+def unnamed_chain(seed: int, features: int = 4, depth: int = 3) -> onnx.ModelProto:
+    """x -> MatMul W0 -> t0 -> MatMul W1 -> t1 ... -> y: ``depth`` MatMuls with NO node names."""
+    g, current = _Builder(seed), "x"
+    for k in range(depth):
+        out = "y" if k == depth - 1 else f"t{k}"
+        weight = g.weight(f"W{k}", (features, features))
+        g.nodes.append(helper.make_node("MatMul", [current, weight], [out]))
+        current = out
+    return g.finish([("x", FLOAT, ["batch", features])], [("y", FLOAT, ["batch", features])],
+                    "unnamed")
+
+
+BUILDERS = {"encoder": transformer_encoder, "cnn": residual_cnn,
+            "cnn_folded": lambda seed: residual_cnn(seed, fold_bn=True),
+            "classifier": label_classifier, "vad": stateful_vad, "unnamed": unnamed_chain}
+
+
+def calibration_feeds(model: onnx.ModelProto, seed: int, batches: int = 4, rows: int = 4,
+                      dims: dict | None = None) -> list:
+    """``batches`` feed dicts for the graph inputs. A symbolic dim takes its size from ``dims``
+    (over DIMS), else ``rows`` (the batch dim). Floats are standard normal; an int input that a
+    Gather reads an initializer table with is uniform over the table's rows (token ids); every
+    other int input is ones (attention masks; sr = 1)."""
+    sizes, inits = {**DIMS, **(dims or {})}, {t.name: t for t in model.graph.initializer}
+    tables = {n.input[1]: inits[n.input[0]].dims[0] for n in model.graph.node
+              if n.op_type == "Gather" and n.input[0] in inits}
+    rng, feeds = np.random.default_rng(seed), []
+    for _ in range(batches):
+        feed = {}
+        for value in (v for v in model.graph.input if v.name not in inits):
+            shape = [d.dim_value if d.HasField("dim_value") else sizes.get(d.dim_param, rows)
+                     for d in value.type.tensor_type.shape.dim]
+            dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+            if np.issubdtype(dtype, np.floating):
+                feed[value.name] = rng.standard_normal(shape).astype(dtype)
+            elif value.name in tables:
+                feed[value.name] = rng.integers(0, tables[value.name], shape).astype(dtype)
+            else:
+                feed[value.name] = np.ones(shape, dtype)
+        feeds.append(feed)
+    return feeds
+
+
+def random_feeds(model: onnx.ModelProto, seed: int, rows: int = 4,
+                 dims: dict | None = None) -> dict:
+    """One feed dict, drawn as ``calibration_feeds`` draws them."""
+    return calibration_feeds(model, seed, 1, rows, dims)[0]
+
+
+def _clamp(path) -> None:
+    """ir_version <= 8 and default-domain opset <= 17, what onnxruntime 1.16 opens (a guard:
+    with opset-17 input neither stack raises them today)."""
+    model = onnx.load(str(path))
+    model.ir_version = min(model.ir_version, 8)
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = min(opset.version, OPSET)
+    onnx.save(model, str(path))
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Root logger at ERROR while quantizing; the quantizer's print()s go to stderr."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def _static(fp32, out, seed, fmt, per_channel, activation_type, weight_type, rows, dims):
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(calibration_feeds(onnx.load(str(fp32)), seed, rows=rows, dims=dims))
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    with _quiet():
+        quantize_static(str(fp32), str(out), Reader(), quant_format=getattr(QuantFormat, fmt),
+                        per_channel=per_channel, weight_type=getattr(QuantType, weight_type),
+                        activation_type=getattr(QuantType, activation_type))
+    _clamp(out)
+
+
+def quantize_qdq(fp32, out, seed: int, per_channel: bool = False, activation_type: str = "QInt8",
+                 weight_type: str = "QInt8", rows: int = 4, dims: dict | None = None) -> None:
+    """Static QDQ, MinMax-calibrated on ``calibration_feeds(model, seed, rows=rows, dims=dims)``.
+
+    Names (onnxruntime 1.16.3 and 1.32.0 alike): float nodes keep their name and op; input t of
+    a quantized node is read as t_DequantizeLinear_Output (one DQ per tensor, shared by all
+    readers) from t_QuantizeLinear -> t_QuantizeLinear_Output -> t_DequantizeLinear, with
+    t_scale / t_zero_point; weight W is W_quantized -> W_DequantizeLinear_Output. A Relu after a
+    quantized producer is removed and the producer writes the Relu's output name. A graph
+    output y is written as y_QuantizeLinear_Input and y itself comes from y_DequantizeLinear.
+    Only 1.32 also quantizes LayerNormalization and BatchNormalization (scale W ->
+    W_DequantizeLinear_Output; the int32 bias's DQ output keeps the bias name), so only 1.32
+    removes the Relu after a BatchNormalization.
+    """
+    _static(fp32, out, seed, "QDQ", per_channel, activation_type, weight_type, rows, dims)
+
+
+def quantize_qoperator(fp32, out, seed: int, activation_type: str = "QUInt8",
+                       weight_type: str = "QInt8", rows: int = 4, dims: dict | None = None) -> None:
+    """Static QOperator: QLinearMatMul, QLinearConv and com.microsoft QGemm, QLinearAdd, QLinearMul,
+    QLinearSoftmax, QLinearConcat, QLinearSigmoid, QLinearGlobalAveragePool. Activations default
+    to uint8 (u8s8, a pair every CPU QLinear kernel has).
+
+    Names (both stacks): node n becomes n_quant, tensor t becomes t_quantized, and most float
+    tensor names disappear. A removed Relu leaves the producer's name (the opposite of QDQ).
+    Past Reshape/Transpose (and Flatten, on 1.32 only) the scale is the upstream tensor's
+    u_scale, not t_scale. A graph output y comes from y_DequantizeLinear(y_quantized); ArgMax
+    reads the uint8 tensor directly.
+    """
+    _static(fp32, out, seed, "QOperator", False, activation_type, weight_type, rows, dims)
+
+
+def quantize_dyn(fp32, out, weight_type: str = "QInt8", op_types=("MatMul",)) -> None:
+    """Dynamic quantization (no calibration). A MatMul n with a constant B, reading x and
+    writing y, becomes x_QuantizeLinear (DynamicQuantizeLinear -> x_quantized, x_scale,
+    x_zero_point), n_quant (MatMulInteger -> y_output_quantized), a Cast, and Mul
+    n_quant_output_scale_mul, which writes y. MatMuls of two activations stay float (1.16 prints
+    "Ignore MatMul ..."; sent to stderr). A Gemm becomes n_MatMul_quant + n_Add (its weight:
+    W_quantized on 1.16, W_Transposed_quantized on 1.32). Conv is skipped by default: with
+    "Conv" in op_types, ConvInteger with int8 weights has no CPU kernel on onnxruntime 1.16.3
+    (session creation fails; weight_type="QUInt8" works on both stacks).
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _quiet():
+        quantize_dynamic(str(fp32), str(out), weight_type=getattr(QuantType, weight_type),
+                         op_types_to_quantize=list(op_types))
+    _clamp(out)
+
+
+def reorder_nodes(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+    """A copy whose graph.node is another valid topological order: a seeded random Kahn order
+    that differs from the file order whenever the graph has more than one order. Only top-level
+    node inputs count as dependencies (a subgraph's outer-scope reads are not followed)."""
+    nodes = list(model.graph.node)
+    producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
+    deps = [{producer[t] for t in n.input if t in producer} for n in nodes]
+    users = [[] for _ in nodes]
+    for i, ds in enumerate(deps):
+        for k in ds:
+            users[k].append(i)
+    rng, waiting, order, deviated = random.Random(seed), [len(ds) for ds in deps], [], False
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    while ready:
+        ready.sort()
+        others = [i for i in ready if i != len(order)]  # anything but the file's next node
+        pick = rng.choice(others if others and not deviated else ready)
+        deviated = deviated or pick != len(order)
+        ready.remove(pick)
+        order.append(pick)
+        for user in users[pick]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                ready.append(user)
+    if len(order) != len(nodes):
+        raise ValueError("the graph has a cycle")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.node[:]
+    copy.graph.node.extend(nodes[i] for i in order)
+    return copy
+
+
+COMPUTE = {"MatMul", "Conv", "Gemm", "QLinearMatMul", "QLinearConv", "QGemm", "MatMulInteger",
+           "ConvInteger"}
+
+
+def pair_compute_nodes(fp32_model, q_model) -> list:
+    """(float node, quantized node or None) for each float MatMul/Conv/Gemm: the quantized
+    compute node named n, n_quant or n_MatMul_quant; an unnamed node pairs with the compute
+    node that reads a tensor named after its second input (W_quantized, W_DequantizeLinear...)."""
+    q_nodes = [q for q in q_model.graph.node if q.op_type in COMPUTE]
+    pairs = []
+    for n in (n for n in fp32_model.graph.node if n.op_type in COMPUTE):
+        names = {n.name, n.name + "_quant", n.name + "_MatMul_quant"}
+        hits = [q for q in q_nodes if q.name in names] if n.name else [
+            q for q in q_nodes if any(t.startswith(n.input[1] + "_") for t in q.input)]
+        pairs.append((n, hits[0] if hits else None))
+    return pairs
+
+
+# The self-check's routes: name -> quantize(fp32_path, out_path, seed); None is the float model.
+ROUTES = {"fp32": None, "qdq": quantize_qdq,
+          "qdq_pc_u8": lambda f, o, s: quantize_qdq(f, o, s, True, activation_type="QUInt8"),
+          "qoperator": quantize_qoperator, "dynamic": lambda f, o, s: quantize_dyn(f, o)}
+
+
+def _self_check(show_names: bool = False) -> int:
+    """Build, quantize and run every model on every route; one table row per (model, route).
+    "kept" counts the float model's node outputs whose names still exist in the routed model."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    def run(source, feeds):
+        source = source.SerializeToString() if isinstance(source, onnx.ModelProto) else str(source)
+        return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    def outputs(model):
+        return {t for n in model.graph.node for t in n.output}
+
+    stack, failures = f"ort {ort.__version__}/onnx {onnx.__version__}", 0
+    print(f"{'model':11} {'route':9} {'stack':24} {'result':14} nodes kept  ops")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, build in BUILDERS.items():
+            fp32, model = Path(tmp, f"{name}.onnx"), build(7)
+            onnx.save(model, str(fp32))
+            feeds, float_names = random_feeds(model, 11), outputs(model)
+            base, shuffled = run(model, feeds), reorder_nodes(model, 5)
+            onnx.checker.check_model(shuffled)
+            same = all(np.array_equal(a, b) for a, b in zip(base, run(shuffled, feeds)))
+            moved = list(shuffled.graph.node) != list(model.graph.node)
+            print(f"{name:11} {'reorder':9} {stack:24} {'ok' if same else 'FAIL':14} moved={moved}")
+            failures += not same
+            for route, quantize in ROUTES.items():
+                path = fp32 if quantize is None else Path(tmp, f"{name}.{route}.onnx")
+                try:
+                    if quantize is not None:
+                        quantize(fp32, path, 3)
+                    q, outs = onnx.load(str(path)), run(path, feeds)
+                    err = max(float(np.abs(a - b).max())
+                              for a, b in zip(base, outs) if a.dtype.kind == "f")
+                except Exception as exc:  # noqa: BLE001 - the table reports every failure
+                    failures += 1
+                    print(f"{name:11} {route:9} {stack:24} FAIL {type(exc).__name__}: {exc}")
+                    continue
+                kept = f"{len(float_names & outputs(q))}/{len(float_names)}"
+                ops = ",".join(sorted({n.op_type for n in q.graph.node}))
+                print(f"{name:11} {route:9} {stack:24} {f'ok err={err:.2g}':14} "
+                      f"{len(q.graph.node):5} {kept:5} {ops}")
+                for n, qn in pair_compute_nodes(model, q) if show_names and quantize else ():
+                    print(f"    {n.name or '<unnamed>'!r} -> " + (f"{qn.op_type} {qn.name!r} in="
+                          f"{list(qn.input)[:4]} out={list(qn.output)}" if qn else "not paired"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_self_check("--names" in sys.argv))

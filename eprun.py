@@ -737,7 +737,7 @@ def _gather_table(graph, name: str, types: dict) -> tuple[str, int] | None:
                 if -len(dims) <= axis < len(dims) and dims[axis].dim_value > 0:
                     rows = dims[axis].dim_value
                     if best is None or rows < best[1]:
-                        best = (node.input[0], rows)
+                        best = (float_tensor_name(node.input[0]), rows)
             elif node.op_type in _INDEX_PATH_OPS and position == 0:
                 for output in node.output:
                     if output not in seen:
@@ -789,7 +789,10 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
     stored = _load_inputs_file(options.file, names, path) if options.file else {}
     batch_symbols = {spec.dims[0] for spec in specs
                      if spec.dims and isinstance(spec.dims[0], str)}
-    batch_symbols -= set(options.dims)
+    for key in options.dims:
+        if key in batch_symbols or key.endswith(":0"):
+            raise EprunError(f"--dim {key}: that is the batch dimension; set it with --rows",
+                             EXIT_USAGE)
     symbols = {dim for spec in specs for dim in spec.dims if isinstance(dim, str)}
     unnamed = {f"{spec.name}:{axis}" for spec in specs for axis, dim in enumerate(spec.dims)
                if dim is None}
@@ -1086,12 +1089,25 @@ def partition(model_path: str, supported: list[str], mode: str = "file", model=N
     """Which pieces an EP supporting only ``supported`` would get; needs only onnx.
 
     ``file`` (the contract): runs of consecutive nodes in file order. ``ort``: the groups
-    onnxruntime's own partitioner forms, with the unsupported nodes between them merged.
-    ``model`` is the already parsed graph of ``model_path``, when the caller has it.
+    onnxruntime's own partitioner forms, with the unsupported nodes between them merged; as
+    onnxruntime partitions each If/Loop/Scan body on its own (a group never crosses into a
+    subgraph), each body is partitioned alone, listed under ``subgraphs`` and added into
+    ``totals``. ``model`` is the already parsed graph of ``model_path``, when the caller has it.
     """
     if model is None:
         model = load_model(model_path, load_weights=False)
-    nodes = list(model.graph.node)
+    answer = {"model": model_path, "supported": supported,
+              **_partition_graph(model.graph, supported, mode)}
+    if mode == "ort":
+        subgraphs = _partition_subgraphs(model.graph, supported)
+        if subgraphs:
+            answer["subgraphs"] = subgraphs
+            answer["totals"] = _partition_totals(answer)
+    return answer
+
+
+def _partition_graph(graph, supported: list[str], mode: str) -> dict:
+    nodes = list(graph.node)
     if mode == "ort":
         units = ort_partition_units(nodes, supported)
     else:
@@ -1110,14 +1126,43 @@ def partition(model_path: str, supported: list[str], mode: str = "file", model=N
     partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
                    "size": len(members)} for owner, members in merged]
     return {
-        "model": model_path,
-        "supported": supported,
         "nodes": len(nodes),
         "claimed": sum(part["size"] for part in partitions if part["owner"] == "ep"),
         "partition_count": len(partitions),
         "handoffs": max(len(partitions) - 1, 0),
         "partitions": partitions,
     }
+
+
+def _partition_subgraphs(graph, supported: list[str]) -> list[dict]:
+    """Each graph attribute of each node (If branches, Loop and Scan bodies), depth first."""
+    found = []
+    for index, node in enumerate(graph.node):
+        for attribute in node.attribute:
+            bodies = ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
+            for body in bodies:
+                entry = {"node": node.name or f"{node.op_type}_{index}", "op_type": node.op_type,
+                         "attribute": attribute.name, **_partition_graph(body, supported, "ort")}
+                inner = _partition_subgraphs(body, supported)
+                if inner:
+                    entry["subgraphs"] = inner
+                found.append(entry)
+    return found
+
+
+def _partition_totals(answer: dict) -> dict:
+    """Nodes, claimed nodes and EP partitions summed over the graph and every subgraph (the
+    counts onnxruntime's own usability checker reports)."""
+    levels, pending = [], [answer]
+    while pending:
+        level = pending.pop()
+        levels.append(level)
+        pending.extend(level.get("subgraphs", ()))
+    return {"graphs": len(levels),
+            "nodes": sum(level["nodes"] for level in levels),
+            "claimed": sum(level["claimed"] for level in levels),
+            "ep_partitions": sum(1 for level in levels for part in level["partitions"]
+                                 if part["owner"] == "ep")}
 
 
 # -- expose ------------------------------------------------------------------------------------
@@ -1621,6 +1666,7 @@ def cut_segment(model, start: str, end: str, types: dict, fp32_names: set,
                     frontier.append(output)
 
     taken: set[int] = set()
+    fed_through: set[int] = set()  # the Q/DQ nodes in front of a fed side tensor
     sides: dict[str, str] = {}
     seen: set[str] = set()
     stack, reason = [end, *extra_outputs], None
@@ -1634,7 +1680,7 @@ def cut_segment(model, start: str, end: str, types: dict, fp32_names: set,
         if name != end and name not in descendants and name not in extra_outputs:
             fed_at, chain = quantizing_chain(name, writers)
             if chain and (fed_at in fp32_names or fed_at in input_names):
-                taken.update(index_of[id(node)] for node in chain)
+                fed_through.update(index_of[id(node)] for node in chain)
                 stack.extend(n for node in chain for n in node.input[1:] if n)
                 sides[fed_at] = fed_at
                 continue
@@ -1647,8 +1693,14 @@ def cut_segment(model, start: str, end: str, types: dict, fp32_names: set,
         if name not in producers:
             reason = f"{end!r} reads {name!r}, which no node computes"
             break
+        node = nodes[producers[name]]
+        if name not in descendants and name != end and _quantizes(node):
+            reason = (f"{end!r} reads {name!r}, which the int8 model computes before the "
+                      "previous boundary and the fp32 model has no tensor of that name for")
+            break
         taken.add(producers[name])
-        stack.extend(n for n in _node_inputs(nodes[producers[name]]) if n)
+        stack.extend(n for n in _node_inputs(node) if n)
+    taken |= fed_through
     members = [nodes[index] for index in sorted(taken)]
     used = {name for node in members for name in _node_inputs(node)}
     if start not in used:  # a parallel branch: its inputs are all sides
@@ -1672,6 +1724,12 @@ def cut_segment(model, start: str, end: str, types: dict, fp32_names: set,
     segment.ir_version = model.ir_version
     segment.functions.extend(model.functions)
     return Segment(segment, start, outputs, sides, reason)
+
+
+def _quantizes(node) -> bool:
+    """Does this node quantize an activation (so recomputing it would bring int8 error in)?"""
+    return (node.op_type in ("QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                             "ConvInteger", "QGemm") or node.op_type.startswith("QLinear"))
 
 
 class LocalSegments:

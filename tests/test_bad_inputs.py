@@ -56,6 +56,21 @@ def files(tmp_path, lab_pair):
     fixed = models.chain(features=4, widths=(4, 4, 4, 4, 4), batch=1)
     made["fixed_batch"] = models.save(fixed, tmp_path / "fixed_batch.onnx")
 
+    np.savez(tmp_path / "inputs.npz", x=np.ones((5, 8), np.float32))
+    made["npz"] = tmp_path / "inputs.npz"
+    np.savez(tmp_path / "wrong.npz", z=np.ones((5, 8), np.float32))
+    made["wrong_npz"] = tmp_path / "wrong.npz"
+    made["string_input"] = models.save(models.finish(
+        [helper.make_node("Identity", ["s"], ["t"]), helper.make_node("Relu", ["x"], ["y"])],
+        [helper.make_tensor_value_info("s", TensorProto.STRING, ["N"]), models.float_input()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8]),
+         helper.make_tensor_value_info("t", TensorProto.STRING, ["N"])]),
+        tmp_path / "string_input.onnx")
+    made["label_only"] = models.save(models.finish(
+        [helper.make_node("ArgMax", ["x"], ["label"], axis=1, keepdims=0)],
+        [models.float_input()], [helper.make_tensor_value_info("label", TensorProto.INT64,
+                                                               ["N"])]),
+        tmp_path / "label_only.onnx")
     made["short"] = models.save(models.chain(features=8, widths=(6, 6, 4)), tmp_path / "short.onnx")
     made["wide"] = models.save(models.chain(features=5, widths=(12, 10, 10, 8, 6)),
                                tmp_path / "wide.onnx")
@@ -114,12 +129,29 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
 
 
 @pytest.mark.parametrize("argv, code, names", [
-    (["layers", "@two_inputs", "@two_inputs", "1"], 4, "2 inputs"),
-    (["settings", "@two_inputs", "1"], 4, "2 inputs"),
-    (["settings", "@int64_input", "1"], 4, "float32"),
-    (["layers", "@int64_input", "@int64_input", "1"], 4, "float32"),
-    (["settings", "@symbolic_f", "1"], 4, "static"),
-    (["settings", "@fixed_batch", "1"], 4, "64 rows"),
+    (["settings", "@symbolic_f", "1"], 4, "eprun chose 32 for x[1] ('F'); set other values "
+     "with --dim"),
+    (["layers", "@symbolic_f", "@symbolic_f", "1", "--dim", "G=4"], 2,
+     "--dim names 'G', which is not a symbolic dimension"),
+    (["settings", "@fp32", "1", "--dim", "N=4"], 2, "the batch dimension; set it with --rows"),
+    (["settings", "@fixed_batch", "1", "--rows", "8"], 2, "fixes the batch at 1"),
+    (["settings", "@fp32", "1", "--dim", "x"], 2, "is not NAME=VALUE"),
+    (["settings", "@fp32", "1", "--dim", "F=0"], 2, "is not a positive integer"),
+    (["settings", "@fp32", "1", "--input-range", "x:3,1"], 2, "finite LO <= HI"),
+    (["settings", "@fp32", "1", "--input-range", "x:1,inf"], 2, "finite LO <= HI"),
+    (["settings", "@fp32", "1", "--input-range", "x1,2"], 2, "NAME:LO,HI"),
+    (["settings", "@fp32", "1", "--input-range", "z:1,2"], 2, "not an input of"),
+    (["settings", "@int64_input", "1", "--input-range", "x:0.2,0.7"], 2, "holds no int64"),
+    (["settings", "@fp32", "1", "--inputs", "{tmp}/none.npz"], 3, "does not exist"),
+    (["settings", "@fp32", "1", "--inputs", "@text"], 4, "cannot read the inputs file"),
+    (["layers", "@fp32", "@int8", "1", "--inputs", "@wrong_npz"], 4, "missing x; no input is "
+     "called z"),
+    (["layers", "@fp32", "@int8", "1", "--inputs", "@npz", "--rows", "3"], 2,
+     "--rows 3 contradicts the batch of 5"),
+    (["layers", "@string_input", "@string_input", "1"], 4, "cannot generate"),
+    (["layers", "@label_only", "@label_only", "1"], 4, "has no float output"),
+    (["layers", "@fp32", "@short", "1", "--pair", "name"], 4, "--pair name: no boundary"),
+    (["layers", "@fp32", "@int8", "1", "--pair", "names"], 2, "invalid choice"),
     (["layers", "@fp32", "@short", "1"], 4, "boundary counts differ"),
     (["growth", "@short", "@int8", "1"], 4, "boundary counts differ"),
     (["layers", "@fp32", "@wide", "1"], 4, "input shapes"),

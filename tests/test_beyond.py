@@ -112,6 +112,84 @@ def test_ort_mode_merges_branches_that_file_order_splits(eprun, tmp_path):
     assert set(by_ort) == set(by_file)
 
 
+def control_flow_model() -> onnx.ModelProto:
+    """x -> Relu (r) -> If(then: MatMul(r), Relu, MatMul; else: Sigmoid(r), MatMul) -> Loop
+    (body: Relu, MatMul, Relu) -> y. The branches read r from the outer scope."""
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32) * 0.5, "W")
+    out = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+    then_branch = helper.make_graph(
+        [helper.make_node("MatMul", ["r", "W"], ["t0"], name="then_mm0"),
+         helper.make_node("Relu", ["t0"], ["t1"], name="then_relu"),
+         helper.make_node("MatMul", ["t1", "W"], ["t2"], name="then_mm1")],
+        "then", [], [out("t2")])
+    else_branch = helper.make_graph(
+        [helper.make_node("Sigmoid", ["r"], ["e0"], name="else_sigmoid"),
+         helper.make_node("MatMul", ["e0", "W"], ["e1"], name="else_mm")],
+        "else", [], [out("e1")])
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"], name="body_cond"),
+         helper.make_node("Relu", ["v"], ["v0"], name="body_relu0"),
+         helper.make_node("MatMul", ["v0", "W"], ["v1"], name="body_mm"),
+         helper.make_node("Relu", ["v1"], ["v_out"], name="body_relu1")],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond", TensorProto.BOOL, []), out("v")],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), out("v_out")])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("ReduceSum", ["r"], ["total"], name="sum", keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["positive"], name="greater"),
+             helper.make_node("If", ["positive"], ["branch"], name="if",
+                              then_branch=then_branch, else_branch=else_branch),
+             helper.make_node("Loop", ["trips", "", "branch"], ["y"], name="loop", body=body)]
+    inits = [w, numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(3, np.int64), "trips")]
+    return models.finish(nodes, [models.float_input("x", 4)],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits)
+
+
+def standalone(graph, outer: list[str]) -> onnx.ModelProto:
+    """A subgraph as a model of its own, the outer-scope values it reads declared as inputs."""
+    inputs = list(graph.input) + [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+                                  for name in outer]
+    return helper.make_model(helper.make_graph(list(graph.node), graph.name, inputs,
+                                               list(graph.output)))
+
+
+def test_ort_mode_partitions_each_subgraph_as_onnxruntime_does(eprun, tmp_path):
+    model = control_flow_model()
+    path = models.save(model, tmp_path / "control.onnx")
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # a valid model
+    supported = ["MatMul", "Relu"]
+    answer = eprun("partition", path, ",".join(supported), "--mode", "ort")
+    by_name = {(sub["node"], sub["attribute"]): sub for sub in answer["subgraphs"]}
+    assert sorted(by_name) == [("if", "else_branch"), ("if", "then_branch"), ("loop", "body")]
+    graphs = {node.name: {a.name: a.g for a in node.attribute if a.HasField("g")}
+              for node in model.graph.node}
+    levels = [(model, answer)]
+    for (node, attribute), sub in by_name.items():
+        levels.append((standalone(graphs[node][attribute], ["r", "W"]), sub))
+        assert sub["op_type"] == {"if": "If", "loop": "Loop"}[node]
+    for level_model, level in levels:
+        own = {node.name for node in level_model.graph.node}  # 1.19+ also walks the bodies
+        groups = [g for g in ort_groups(level_model, supported) if set(g) <= own]
+        assert len(groups) == sum(p["owner"] == "ep" for p in level["partitions"])
+        assert level["claimed"] == sum(len(group) for group in groups)
+        assert level["nodes"] == len(level_model.graph.node)
+    assert answer["totals"] == {
+        "graphs": 4, "nodes": 5 + 3 + 2 + 4, "claimed": 1 + 3 + 1 + 3,
+        "ep_partitions": 1 + 1 + 1 + 1}
+    # onnxruntime 1.19+ walks the subgraphs itself and sums the same way
+    from onnxruntime.tools.mobile_helpers.usability_checker import check_partitioning
+    info = check_partitioning(model.graph, OpList(supported), **(
+        {"require_fixed_input_sizes": False}
+        if "require_fixed_input_sizes" in inspect.signature(check_partitioning).parameters
+        else {}))
+    if getattr(info, "num_subgraphs", None):
+        assert (info.num_nodes, info.num_supported_nodes, info.num_partitions) == (
+            answer["totals"]["nodes"], answer["totals"]["claimed"],
+            answer["totals"]["ep_partitions"])
+    assert "subgraphs" not in eprun("partition", path, "MatMul,Relu")  # the contract's mode
+
+
 # -- layers --local, --metrics, --rows, --boundary-ops -----------------------------------------
 
 def local_oracle(fp32, int8, seed: int, k: int) -> np.ndarray:
@@ -178,24 +256,39 @@ def test_local_attribution_points_at_a_damaged_layer(eprun, tmp_path):
     assert eprun("growth", fp32, damaged(3.0), "9", "--local")["worst_local"]["index"] == 4
 
 
-def test_local_on_a_graph_that_is_not_a_chain(eprun, tmp_path):
-    """A residual connection: the segment into the Add needs a tensor from two layers back."""
+def test_local_refuses_a_segment_whose_skip_has_no_fp32_counterpart(eprun, tmp_path):
+    """A residual whose skip tensor the int8 model renamed: it cannot be fed its fp32 value,
+    and recomputing it would carry the int8 error of the layers before into the segment."""
     w = numpy_helper.from_array(np.eye(4, dtype=np.float32) * 0.5, "W")
     nodes = [helper.make_node("MatMul", ["x", "W"], ["h0"]),
              helper.make_node("Relu", ["h0"], ["r0"]),
              helper.make_node("MatMul", ["r0", "W"], ["h1"]),
-             helper.make_node("Add", ["h1", "x"], ["s"]),
+             helper.make_node("Relu", ["h1"], ["r1"]),
+             helper.make_node("MatMul", ["r1", "W"], ["h2"]),
+             helper.make_node("Add", ["h2", "r0"], ["s"]),
              helper.make_node("MatMul", ["s", "W"], ["y"])]
     model = models.finish(nodes, [models.float_input("x", 4)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [w])
     fp32 = models.save(model, tmp_path / "res.onnx")
     int8 = tmp_path / "res_q.onnx"
     models.quantize(fp32, int8, seed=1)
+    renamed = onnx.load(str(int8))
+    for tensor in renamed.graph.initializer:
+        if tensor.name.startswith("r0"):
+            tensor.name = "skip" + tensor.name[2:]
+    for node in renamed.graph.node:
+        for field in (node.input, node.output):
+            for i, name in enumerate(field):
+                if name.startswith("r0"):  # r0 and the Q/DQ tensors named after it
+                    field[i] = "skip" + name[2:]
+    int8 = models.save(renamed, tmp_path / "renamed.onnx")
     answer = eprun("layers", fp32, int8, "1", "--local")
     reasons = {entry["index"]: entry["reason"] for entry in answer["local_unavailable"]}
-    assert 2 in reasons and reasons[2].startswith("not a chain")
-    assert answer["layers"][2]["local"] is None
-    assert answer["layers"][1]["local"] is not None
+    assert list(reasons) == [3]
+    assert reasons[3].startswith("cannot cut: 's_DequantizeLinear_Output' reads")
+    assert "the fp32 model has no tensor of that name" in reasons[3]
+    assert answer["layers"][3]["local"] is None
+    assert all(answer["layers"][k]["local"] is not None for k in (0, 1, 2, 4))
 
 
 def test_metrics_sqnr_and_mse(eprun, lab_pair):

@@ -1,0 +1,374 @@
+"""Models people actually quantize: several inputs, symbolic dims, reordered graphs, QOperator
+and dynamic quantization, a label before the probabilities, residual connections.
+
+Every number is recomputed here from sessions this file opens itself, with boundaries paired
+by the quantizers' naming rules (``real_models.pair_compute_nodes``) and quantized tensors
+dequantized by hand.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import models
+import real_models
+from conftest import run_eprun
+
+ROUTES = {"qdq": lambda f, o: real_models.quantize_qdq(f, o, 7),
+          "qoperator": lambda f, o: real_models.quantize_qoperator(f, o, 7),
+          "dynamic": lambda f, o: real_models.quantize_dyn(f, o)}
+# model -> (builder, --boundary-ops on top of MatMul/Gemm)
+MODELS = {"encoder": (lambda: real_models.transformer_encoder(1), ()),
+          "cnn": (lambda: real_models.residual_cnn(2), ("Conv",)),
+          "classifier": (lambda: real_models.label_classifier(3), ()),
+          "vad": (lambda: real_models.stateful_vad(4), ())}
+
+
+@pytest.fixture(scope="session")
+def real_pairs(tmp_path_factory):
+    """{(model, route): (fp32 path, quantized path)}, plus a reordered QDQ twin per model."""
+    folder = tmp_path_factory.mktemp("real")
+    pairs = {}
+    for name, (build, _) in MODELS.items():
+        fp32 = models.save(build(), folder / f"{name}.onnx")
+        for route, quantize in ROUTES.items():
+            quantized = folder / f"{name}.{route}.onnx"
+            quantize(fp32, quantized)
+            pairs[name, route] = (fp32, quantized)
+        shuffled = real_models.reorder_nodes(onnx.load(str(folder / f"{name}.qdq.onnx")), 3)
+        pairs[name, "reordered"] = (fp32, models.save(shuffled, folder / f"{name}.re.onnx"))
+    return pairs
+
+
+# -- the oracle --------------------------------------------------------------------------------
+
+def oracle_feeds(model, seed: int, rows: int = 64, seq: int = 32, side: int = 32) -> dict:
+    """The inputs as the README describes them, written out for these models by hand."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        shape = [d.dim_value if d.dim_value > 0 else
+                 rows if d.dim_param == "batch" or axis == 0 else
+                 seq if d.dim_param == "seq" else side for axis, d in enumerate(dims)]
+        if value.type.tensor_type.elem_type == TensorProto.FLOAT:
+            feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+        elif value.name == "input_ids":  # indexes a 50-row embedding table
+            feeds[value.name] = rng.integers(0, 50, shape).astype(np.int64)
+        else:  # the attention mask and the sample rate
+            feeds[value.name] = np.ones(shape, np.int64)
+    return feeds
+
+
+def run_exposing(path, names: list[str], feeds: dict) -> dict:
+    """Run a model with ``names`` added as untyped outputs (onnxruntime infers their types)."""
+    model = onnx.load(str(path))
+    present = {value.name for value in model.graph.output}
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    wanted = list(dict.fromkeys(names))
+    taken = {value.name for value in session.get_inputs()}
+    return dict(zip(wanted, session.run(wanted, {k: v for k, v in feeds.items() if k in taken})))
+
+
+def dequantized(model, node, fetched_names: list[str]):
+    """(tensor, scale, zero point) names that give the float value of ``node``'s first input."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    source = producers.get(node.input[0])
+    if source is not None and source.op_type == "QuantizeLinear":
+        return node.input[0], source.input[1], source.input[2]
+    if source is not None and source.op_type == "DynamicQuantizeLinear":
+        return node.input[0], source.output[1], source.output[2]
+    if node.op_type in ("QLinearMatMul", "QLinearConv", "QGemm"):
+        return node.input[0], node.input[1], node.input[2]
+    return node.input[0], None, None
+
+
+def oracle_layers(fp32, quantized, seed: int, ops=("MatMul", "Gemm"), feeds=None) -> list[dict]:
+    fm, qm = onnx.load(str(fp32)), onnx.load(str(quantized))
+    feeds = feeds if feeds is not None else oracle_feeds(fm, seed)
+    pairs = [(n, q) for n, q in real_models.pair_compute_nodes(fm, qm) if n.op_type in ops]
+    boundaries, seen = [], set()
+    for n, q in pairs:
+        if n.input[0] not in seen:
+            seen.add(n.input[0])
+            boundaries.append((n.input[0], dequantized(qm, q, [])))
+    final = next(o.name for o in fm.graph.output if o.type.tensor_type.elem_type == 1)
+    boundaries.append((final, (final, None, None)))
+    a_values = run_exposing(fp32, [b for b, _ in boundaries], feeds)
+    wanted = [t for _, spec in boundaries for t in spec if t]
+    b_values = run_exposing(quantized, wanted, feeds)
+    constants = {t.name: numpy_helper.to_array(t) for t in qm.graph.initializer}
+    entries = []
+    for k, (name, (q_name, scale, zero)) in enumerate(boundaries):
+        a = a_values[name].astype(np.float64)
+        b = b_values[q_name].astype(np.float64)
+        if scale:
+            s = constants.get(scale, b_values.get(scale))
+            z = constants.get(zero, b_values.get(zero))
+            b = (b - np.float64(z)) * np.float64(s)
+        rows = a.shape[0]
+        cos = []
+        for ra, rb in zip(a.reshape(rows, -1), b.reshape(rows, -1)):
+            d = np.sqrt((ra ** 2).sum()) * np.sqrt((rb ** 2).sum())
+            cos.append(1.0 if d == 0 else float(ra @ rb / d))
+        max_abs, top = float(np.abs(a - b).max()), float(np.abs(a).max())
+        entries.append({"index": k, "fp32": name, "int8": q_name, "max_abs_error": max_abs,
+                        "scale": top, "rel_error": max_abs / top if top else 0.0,
+                        "cos_min": min(cos)})
+    return entries
+
+
+def assert_layers_match(answer: dict, expected: list[dict], rel: float = 1e-5) -> None:
+    """Within float32 rounding: which outputs a graph declares, and with which shapes, lets
+    onnxruntime pick other fused kernels on some releases (seen on 1.16 in LayerNorm paths and
+    in dynamic quantization), so the last bits of a tensor may differ."""
+    assert answer["layer_count"] == len(expected)
+    for got, want in zip(answer["layers"], expected):
+        for key in ("index", "fp32", "int8"):
+            assert got[key] == want[key], (key, got, want)
+        for key in ("max_abs_error", "scale", "rel_error", "cos_min"):
+            assert got[key] == pytest.approx(want[key], rel=rel, abs=1e-9), (key, got, want)
+
+
+def layers(*argv) -> tuple[dict, str]:
+    result = run_eprun("layers", *argv)
+    assert result.code == 0, result.stderr
+    return result.answer, result.stderr
+
+
+# -- every route, every input ------------------------------------------------------------------
+
+@pytest.mark.parametrize("route", [*ROUTES, "reordered"])
+@pytest.mark.parametrize("name", MODELS)
+def test_real_pairs_match_the_oracle(real_pairs, name, route):
+    fp32, quantized = real_pairs[name, route]
+    ops = ("MatMul", "Gemm", *MODELS[name][1])
+    extra = ["--boundary-ops", ",".join(MODELS[name][1])] if MODELS[name][1] else []
+    answer, _ = layers(fp32, quantized, "5", "--pair", "name", *extra)
+    expected = oracle_layers(fp32, quantized, 5, ops)
+    assert_layers_match(answer, expected)
+    assert answer["rows"] == 64
+    if route != "dynamic" or name == "encoder":  # dynamic leaves Conv and Gemm in float
+        assert any(entry["max_abs_error"] > 0 for entry in answer["layers"])
+
+
+def test_the_answer_records_every_input_fed(real_pairs):
+    fp32, quantized = real_pairs["encoder", "qdq"]
+    answer, _ = layers(fp32, quantized, "5")
+    assert answer["inputs"] == [
+        {"name": "input_ids", "dtype": "int64", "shape": [64, 32],
+         "source": "integers[0, 49] (rows of embeddings.word_embeddings.weight)"},
+        {"name": "attention_mask", "dtype": "int64", "shape": [64, 32], "source": "ones"}]
+    assert list(answer)[:3] == ["seed", "rows", "inputs"]
+    vad = layers(*real_pairs["vad", "qdq"], "5")[0]["inputs"]
+    assert [(i["name"], i["shape"], i["source"]) for i in vad] == [
+        ("input", [64, 32], "standard_normal"), ("state", [2, 64, 8], "standard_normal"),
+        ("sr", [], "ones")]
+
+
+def test_dim_rows_range_and_file_shape_the_inputs(real_pairs, tmp_path):
+    fp32, quantized = real_pairs["encoder", "qdq"]
+    answer, _ = layers(fp32, quantized, "5", "--dim", "seq=5", "--rows", "3",
+                       "--input-range", "input_ids:0,3")
+    ids, mask = answer["inputs"]
+    assert ids["shape"] == mask["shape"] == [3, 5] and ids["source"] == "integers[0, 3]"
+    # the same arrays from a file give the same numbers (and the file's batch is the rows)
+    rng = np.random.default_rng(5)
+    feeds = {"input_ids": rng.integers(0, 4, (3, 5), endpoint=False).astype(np.int64),
+             "attention_mask": np.ones((3, 5), np.int64)}
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    from_file, _ = layers(fp32, quantized, "0", "--inputs", tmp_path / "feeds.npz")
+    assert [i["source"] for i in from_file["inputs"]] == ["file", "file"]
+    assert from_file["rows"] == 3
+    assert_layers_match(from_file, oracle_layers(fp32, quantized, 0, feeds=feeds))
+
+
+def test_the_contract_input_is_unchanged():
+    import eprun as tool
+
+    spec = tool.InputSpec("x", "float32", ("N", 7))
+    for seed in (0, 2026, 10 ** 40):
+        feed = tool.make_feeds([spec], seed)
+        expected = np.random.default_rng(seed).standard_normal((64, 7)).astype(np.float32)
+        assert feed.arrays["x"].tobytes() == expected.tobytes() and feed.contract_shaped
+    assert not tool.make_feeds([spec], 0, tool.InputOptions(ranges={"x": (0, 1)})).contract_shaped
+
+
+def test_a_fixed_batch_sets_the_rows(tmp_path):
+    fixed = models.save(models.chain(features=4, widths=(4, 4, 4, 4, 4), batch=2),
+                        tmp_path / "fixed.onnx")
+    answer, _ = layers(fixed, fixed, "1")
+    assert answer["rows"] == 2 and answer["inputs"][0]["shape"] == [2, 4]
+
+
+# -- pairing -----------------------------------------------------------------------------------
+
+def test_position_pairing_warns_where_the_names_disagree(tmp_path):
+    """Two branches whose MatMuls the quantized file lists in the other order."""
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32) * 0.7, "W")
+    v = numpy_helper.from_array(np.eye(4, dtype=np.float32)[::-1] * 1.3, "V")
+    nodes = [helper.make_node("Relu", ["x"], ["ra"], name="relu_a"),
+             helper.make_node("Sigmoid", ["x"], ["sb"], name="sigmoid_b"),
+             helper.make_node("MatMul", ["ra", "W"], ["ma"], name="mm_a"),
+             helper.make_node("MatMul", ["sb", "V"], ["mb"], name="mm_b"),
+             helper.make_node("Add", ["ma", "mb"], ["s"], name="add"),
+             helper.make_node("MatMul", ["s", "W"], ["y"], name="mm_out")]
+    fp32 = models.save(models.finish(nodes, [models.float_input("x", 4)],
+                                     [helper.make_tensor_value_info("y", 1, ["N", 4])], [w, v]),
+                       tmp_path / "branches.onnx")
+    plain = tmp_path / "branches.int8.onnx"
+    models.quantize(fp32, plain, seed=2)
+    quantized = onnx.load(str(plain))
+    order = list(quantized.graph.node)
+    mm_a = next(i for i, n in enumerate(order) if n.name == "mm_a")
+    mm_b = next(i for i, n in enumerate(order) if n.name == "mm_b")
+    order[mm_a], order[mm_b] = order[mm_b], order[mm_a]  # still a valid topological order
+    del quantized.graph.node[:]
+    quantized.graph.node.extend(order)
+    swapped = models.save(quantized, tmp_path / "swapped.onnx")
+
+    by_position, stderr = layers(fp32, swapped, "4")
+    assert "pairing by position contradicts the tensor names: 'ra' (position 0) goes with " \
+           "'ra_DequantizeLinear_Output' (position 1)" in stderr and "--pair name" in stderr
+    assert by_position["layers"][0]["int8"] == "sb_DequantizeLinear_Output"
+    by_name, stderr = layers(fp32, swapped, "4", "--pair", "name")
+    assert "contradicts" not in stderr
+    assert_layers_match(by_name, oracle_layers(fp32, swapped, 4))
+    assert by_name["layers"][0]["rel_error"] != by_position["layers"][0]["rel_error"]
+    assert "contradicts" not in layers(fp32, plain, "4")[1]
+
+
+def test_pair_name_compares_models_with_different_boundary_counts(lab_pair, tmp_path):
+    """An int8 model with an extra MatMul on the raw input: one boundary more, all named."""
+    fp32, int8 = lab_pair
+    extra = onnx.load(str(int8))
+    extra.graph.initializer.append(numpy_helper.from_array(np.eye(8, dtype=np.float32), "E"))
+    extra.graph.node.append(helper.make_node("MatMul", ["x", "E"], ["aux"], name="aux"))
+    extra.graph.output.append(helper.make_tensor_value_info("aux", 1, ["N", 8]))
+    extra = models.save(extra, tmp_path / "extra.onnx")
+    result = run_eprun("layers", fp32, extra, "1")
+    assert result.code == 4
+    assert f"boundary counts differ: 6 in '{fp32}', 7 in '{extra}'" in result.stderr
+    assert "the names pair every fp32 boundary, so --pair name would compare them" in \
+        result.stderr
+    by_name, _ = layers(fp32, extra, "1", "--pair", "name")
+    assert by_name == layers(fp32, int8, "1")[0]
+
+
+# -- outputs that matter -----------------------------------------------------------------------
+
+def test_the_final_boundary_is_the_first_float_output(real_pairs):
+    fp32, quantized = real_pairs["classifier", "qdq"]
+    answer, _ = layers(fp32, quantized, "5")
+    assert answer["layers"][-1]["fp32"] == "probabilities"
+    growth = run_eprun("growth", fp32, quantized, "5").answer
+    assert growth["total_growth"] not in (None, 0.0)
+    assert growth["rel_error"][-1] == answer["layers"][-1]["rel_error"] > 0
+
+
+def test_a_cnn_without_matmul_boundaries_is_told_about_boundary_ops(real_pairs, tmp_path):
+    body = real_models.residual_cnn(2)
+    body.graph.node.remove(next(n for n in body.graph.node if n.op_type == "Gemm"))
+    flat = next(n for n in body.graph.node if n.op_type == "Flatten").output[0]
+    del body.graph.output[:]
+    body.graph.output.append(helper.make_tensor_value_info(flat, 1, None))
+    path = models.save(body, tmp_path / "convs.onnx")
+    answer, stderr = layers(path, path, "1")
+    assert answer["layer_count"] == 1
+    assert "add --boundary-ops Conv to compare the input of each" in stderr
+    answer, stderr = layers(path, path, "1", "--boundary-ops", "Conv")
+    assert answer["layer_count"] > 1 and "boundary-ops" not in stderr
+
+
+# -- --local on residual and multi-branch segments ---------------------------------------------
+
+def residual_chain() -> onnx.ModelProto:
+    """x -> MatMul -> Relu (r) -> MatMul -> Relu (c) -> MatMul -> Add(., r) (s) -> MatMul -> y:
+    the segment into s reads r, a skip tensor from two boundaries back."""
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array((rng.standard_normal((6, 6)) / 2.4).astype(np.float32),
+                                     f"W{k}") for k in range(4)]
+    nodes = [helper.make_node("MatMul", ["x", "W0"], ["a"], name="mm0"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu0"),
+             helper.make_node("MatMul", ["r", "W1"], ["b"], name="mm1"),
+             helper.make_node("Relu", ["b"], ["c"], name="relu1"),
+             helper.make_node("MatMul", ["c", "W2"], ["d"], name="mm2"),
+             helper.make_node("Add", ["d", "r"], ["s"], name="add"),
+             helper.make_node("MatMul", ["s", "W3"], ["y"], name="mm3")]
+    return models.finish(nodes, [models.float_input("x", 6)],
+                         [helper.make_tensor_value_info("y", 1, ["N", 6])], inits)
+
+
+def surgery(int8, fed: dict, output: str, x) -> np.ndarray:
+    """The int8 model with the float input of each QuantizeLinear of ``fed``'s tensors
+    replaced by a new graph input carrying the given fp32 value."""
+    model = onnx.load(str(int8))
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[0] in fed:
+            node.input[0] = f"fed_{node.input[0]}"
+    for name in fed:
+        model.graph.input.append(helper.make_tensor_value_info(f"fed_{name}", 1, None))
+    model.graph.output.append(onnx.ValueInfoProto(name=output))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run([output], {"x": x, **{f"fed_{k}": v for k, v in fed.items()}})[0]
+
+
+def test_local_feeds_skip_connections_their_fp32_values(eprun, tmp_path):
+    fp32 = models.save(residual_chain(), tmp_path / "res.onnx")
+    int8 = tmp_path / "res.int8.onnx"
+    models.quantize(fp32, int8, seed=5)
+    answer = eprun("layers", fp32, int8, "3", "--local")
+    assert answer["local_unavailable"] == []
+    x = models.contract_input(3, 6)
+    a = run_exposing(fp32, ["r", "c", "s", "y"], {"x": x})
+    # boundary k's segment is fed the fp32 tensors it reads from before boundary k-1
+    for k, fed, end in ((1, {"x": x}, "r"), (2, {"r": a["r"]}, "c"),
+                        (3, {"c": a["c"], "r": a["r"]}, "s"), (4, {"s": a["s"]}, "y")):
+        local = surgery(int8, fed, answer["layers"][k]["int8"], x).astype(np.float64)
+        ref = a[end].astype(np.float64)
+        got = answer["layers"][k]["local"]
+        assert got["max_abs_error"] == pytest.approx(float(np.abs(ref - local).max()),
+                                                     rel=1e-6, abs=1e-12), k
+
+
+@pytest.mark.parametrize("name", ["encoder", "vad", "cnn"])
+def test_local_cuts_every_segment_of_real_models(real_pairs, name):
+    extra = ["--boundary-ops", "Conv"] if name == "cnn" else []
+    qdq = run_eprun("growth", *real_pairs[name, "qdq"], "5", "--local", *extra).answer
+    qop = run_eprun("growth", *real_pairs[name, "qoperator"], "5", "--local", "--pair", "name",
+                    *extra).answer
+    assert qdq["local_unavailable"] == [] and None not in qdq["local_rel_error"]
+    assert qop["local_unavailable"] == [] and None not in qop["local_rel_error"]
+    assert qdq["local_rel_error"][0] == qdq["rel_error"][0]
+
+
+# -- other commands on real models -------------------------------------------------------------
+
+def test_settings_check_and_placement_feed_every_input(eprun, real_pairs):
+    fp32, quantized = real_pairs["encoder", "qdq"]
+    settings = eprun("settings", quantized, "5")
+    assert [i["name"] for i in settings["inputs"]] == ["input_ids", "attention_mask"]
+    feeds = oracle_feeds(onnx.load(str(quantized)), 5)
+    session = ort.InferenceSession(str(quantized), providers=["CPUExecutionProvider"])
+    y = session.run(None, feeds)[0]
+    assert settings["baseline"]["max_abs_output"] == pytest.approx(float(np.abs(y).max()),
+                                                                   rel=1e-6)
+    result = run_eprun("check", fp32, quantized, "--profile", "int8", "--seed", "5")
+    assert result.code in (0, 1), result.stderr
+    assert result.answer["inputs"] == settings["inputs"]
+    reference = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"])
+    assert result.answer["outputs"][0]["max_abs_diff"] == pytest.approx(
+        float(np.abs(reference.run(None, feeds)[0] - y).max()), rel=1e-6)
+    assert eprun("placement", quantized, "CPUExecutionProvider")["nodes"]
+
+
+def test_contract_shaped_answers_keep_their_keys(eprun, lab_pair):
+    fp32, int8 = lab_pair
+    assert list(eprun("settings", int8, "1")) == ["model", "seed", "baseline", "cases",
+                                                  "all_equal"]
+    assert list(eprun("layers", fp32, int8, "1")) == ["seed", "rows", "layer_count", "layers"]
+    assert "inputs" not in eprun("growth", fp32, int8, "1")

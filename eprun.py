@@ -530,6 +530,13 @@ def _fill_types(model, types: dict) -> None:
                 types[name] = value
 
 
+def _type_name(elem: int) -> str:
+    from onnx import TensorProto
+
+    return TensorProto.DataType.Name(elem) if elem in TensorProto.DataType.values() \
+        else f"type {elem}"
+
+
 def _element_type(types: dict, name: str) -> int:
     value = types.get(name)
     return value.tensor_type.elem_type if value is not None else 0
@@ -1433,23 +1440,27 @@ class PairedModel:
         self.boundaries = find_boundaries(self.model.graph, boundary_ops)
         self.owners = boundary_owners(self.model.graph, self.boundaries, boundary_ops)
         self.types = tensor_types(self.model)
+        final = final_output(self.model.graph)
+        declared = {value.name: value.type.tensor_type.elem_type
+                    for value in self.model.graph.output}
+        if final is None or (declared.get(final)
+                             or _element_type(self.types, final)) not in FLOAT_TYPES:
+            outputs = ", ".join(value.name for value in self.model.graph.output)
+            raise EprunError(f"{path!r} has no float output (outputs: {outputs}); eprun "
+                             "measures quantization error on the first float output")
         self.quantization = Quantization(self.model, path, self.types, self.boundaries)
         unread = [name for name in self.boundaries if _is_integer(self.types, name)
                   and name not in self.quantization.params]
         if unread:
             raise EprunError(f"{path!r}: boundary {unread[0]!r} is quantized, but eprun cannot "
                              "find its scale and zero point")
+        for name in self.boundaries:
+            elem = _element_type(self.types, name)
+            if elem and elem not in FLOAT_TYPES and not _is_integer(self.types, name):
+                raise EprunError(f"{path!r}: boundary {name!r} holds {_type_name(elem)} values; "
+                                 "eprun compares float, float16 and 8/16-bit quantized tensors")
         self.runtime = [tensor for name in self.boundaries
                         for tensor in self.quantization.runtime(name)]
-        final = final_output(self.model.graph)
-        declared = {value.name: value.type.tensor_type.elem_type
-                    for value in self.model.graph.output}
-        inferred = self.types.get(final)
-        if final is None or (declared.get(final) or (inferred.tensor_type.elem_type if inferred
-                                                     else 0)) not in FLOAT_TYPES:
-            outputs = ", ".join(value.name for value in self.model.graph.output)
-            raise EprunError(f"{path!r} has no float output (outputs: {outputs}); eprun "
-                             "measures quantization error on the first float output")
         self.tensor_names = {name for node in self.model.graph.node for name in node.output}
 
     def session(self, names: list[str]):
@@ -2103,18 +2114,41 @@ REPORT_REQUESTS = (["CPUExecutionProvider"], ["AzureExecutionProvider"],
 REPORT_NOTE = ("A requested provider list is a wish, not a guarantee: onnxruntime drops providers "
                "it does not have without raising and runs on what is left (CPU at the end); "
                "'actual' is session.get_providers(), the only reliable answer.")
-REPORT_SPLITS = (("fp32", "MatMul"), ("fp32", "MatMul,Add,Relu"), ("int8", "MatMul"),
-                 ("int8", "MatMul,Add,Relu"),
-                 ("int8", "MatMul,Add,Relu,QuantizeLinear,DequantizeLinear"))
+# The ops an accelerator is usually built around: the "compute only" op list.
+_COMPUTE_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "LSTM", "GRU", "Attention")
 REPORT_FILES = ("fp32_exposed.onnx", "int8_exposed.onnx", "providers.json", "growth.json",
                 "settings.json", "ep_report.md")
 
 
-def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None) -> dict:
+def report_splits(fp32_model, int8_model) -> list[tuple[str, list[str]]]:
+    """The op lists the report partitions with, chosen from the ops in the models.
+
+    The compute ops alone (on each model, with their quantized forms on the int8 one), every op
+    type of the float model (on each), and those plus the int8 model's own quantization ops
+    (QuantizeLinear and DequantizeLinear first). For the lab's MatMul/Add/Relu chain these are
+    ``MatMul``, ``MatMul,Add,Relu`` and ``MatMul,Add,Relu,QuantizeLinear,DequantizeLinear``.
+    """
+    fp32_ops = list(dict.fromkeys(node.op_type for node in fp32_model.graph.node))
+    int8_ops = list(dict.fromkeys(node.op_type for node in int8_model.graph.node))
+    compute = [op for op in fp32_ops if op in _COMPUTE_OPS] or fp32_ops[:1]
+    quantized_compute = compute + [op for op in with_quantized_forms(tuple(compute))
+                                   if op in int8_ops and op not in compute]
+    extra = [op for op in ("QuantizeLinear", "DequantizeLinear") if op in int8_ops]
+    extra += [op for op in int8_ops if op not in fp32_ops and op not in extra]
+    return [("fp32", compute), ("fp32", fp32_ops), ("int8", quantized_compute),
+            ("int8", fp32_ops), ("int8", fp32_ops + extra)]
+
+
+def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None, *,
+           inputs: InputOptions | None = None, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
+           providers_requested: list[str] | None = None) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     All measurements run before the first file is written, so a failure leaves the previous
-    deliverables as they were; each file is then written atomically.
+    deliverables as they were; each file is then written atomically. Boundaries are paired by
+    name wherever the names pair them all (for the lab's models that is the same as by
+    position). The answer adds the ``check`` verdict of the int8 model against the fp32 one
+    under the int8 profile, on ``providers_requested`` (CPU when not given).
     """
     out_dir = out_dir if out_dir is not None else (os.path.dirname(fp32_path) or ".")
     require_file(fp32_path)
@@ -2127,25 +2161,58 @@ def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None
                                  "deliverable; choose another --out-dir", EXIT_USAGE)
     paths_of = {"fp32": fp32_path, "int8": int8_path}
     graphs = {which: load_model(path, load_weights=False) for which, path in paths_of.items()}
-    provider_answer = {**providers(fp32_path, [list(r) for r in REPORT_REQUESTS]),
-                       "note": REPORT_NOTE}
-    splits = [partition(paths_of[which], parse_list(ops), model=graphs[which])
-              for which, ops in REPORT_SPLITS]
-    measured, int8_final = measure_layers(fp32_path, int8_path, seed)
+    requests = [list(request) for request in REPORT_REQUESTS]
+    if providers_requested is not None and providers_requested not in requests:
+        requests.append(list(providers_requested))
+    provider_answer = {**providers(fp32_path, requests), "note": REPORT_NOTE}
+    splits = [partition(paths_of[which], ops, model=graphs[which])
+              for which, ops in report_splits(graphs["fp32"], graphs["int8"])]
+    named = _name_pairs(fp32_path, int8_path, boundary_ops)
+    pairing = "name" if named is not None else "position"
+    measured, int8_final = measure_layers(fp32_path, int8_path, seed, inputs=inputs,
+                                          boundary_ops=boundary_ops, pair=pairing)
     growth_answer = growth_of(measured)
-    settings_answer = settings(int8_path, seed)
-    exposure = _exposure_effect(int8_path, seed, measured["layers"][-1]["int8"], int8_final)
+    settings_answer = settings(int8_path, seed, inputs)
+    exposure = _exposure_effect(int8_path, seed, measured["layers"][-1]["int8"], int8_final,
+                                inputs)
+    gate = check(fp32_path, int8_path, providers_requested or ["CPUExecutionProvider"],
+                 ["CPUExecutionProvider"], "int8", None, None, None, inputs, seed)
+    facts = {**_report_facts(graphs["int8"], measured),
+             "in_order": named is None or all(i == j for i, j in named.items())}
     markdown = report_markdown(provider_answer, splits, measured, growth_answer,
-                               settings_answer, exposure)
+                               settings_answer, exposure, gate, facts)
 
     os.makedirs(out_dir, exist_ok=True)
-    expose(fp32_path, paths["fp32_exposed.onnx"], model=graphs["fp32"])
-    expose(int8_path, paths["int8_exposed.onnx"], model=graphs["int8"])
+    expose(fp32_path, paths["fp32_exposed.onnx"], boundary_ops, model=graphs["fp32"])
+    expose(int8_path, paths["int8_exposed.onnx"], boundary_ops, model=graphs["int8"])
     for name, answer in (("providers.json", provider_answer), ("growth.json", growth_answer),
                          ("settings.json", settings_answer)):
         write_atomically((to_json(answer) + "\n").encode(), paths[name])
     write_atomically(markdown.encode("utf-8"), paths["ep_report.md"])
-    return {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES]}
+    return {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES],
+            "pairing": pairing,
+            "check": {key: gate[key] for key in ("profile", "tolerance", "providers", "failures",
+                                                 "passed")}}
+
+
+def _name_pairs(fp32_path: str, int8_path: str, boundary_ops: tuple[str, ...]) -> dict | None:
+    """The boundary pairs the tensor and node names give, when they pair every boundary."""
+    fp32_graph = load_model(fp32_path, load_weights=False).graph
+    int8_graph = load_model(int8_path, load_weights=False).graph
+    fp32, int8 = find_boundaries(fp32_graph, boundary_ops), find_boundaries(int8_graph,
+                                                                            boundary_ops)
+    named = pair_by_name(fp32, int8, boundary_owners(fp32_graph, fp32, boundary_ops),
+                         boundary_owners(int8_graph, int8, boundary_ops))
+    return named if len(named) == len(fp32) else None
+
+
+def _report_facts(int8_model, measured: dict) -> dict:
+    """What the graph says about the measured boundaries, for the report's prose: which int8
+    boundaries a QuantizeLinear -> DequantizeLinear pair requantizes."""
+    producers = {output: node for node in int8_model.graph.node for output in node.output}
+    requantized = [entry["index"] for entry in measured["layers"]
+                   if len(quantizing_chain(entry["int8"], producers)[1]) == 2]
+    return {"requantized": requantized}
 
 
 def _exposure_effect(int8_path: str, seed: int, output: str, exposed,
@@ -2163,6 +2230,55 @@ def _exposure_effect(int8_path: str, seed: int, output: str, exposed,
             "max_abs_diff": diff}
 
 
+def _plain(value: float) -> str:
+    """Six significant digits in plain decimal notation (Mermaid's charts take no exponent)."""
+    import numpy as np
+
+    return np.format_float_positional(value, precision=6, unique=False, fractional=False,
+                                      trim="-")
+
+
+def _partition_prose(splits: list[dict], measured: dict, facts: dict) -> str:
+    """What the partition table shows, said only as far as the numbers and the graph show it."""
+    compute, every_op = splits[0], splits[1]
+    int8_compute, int8_float_ops, int8_all = splits[2], splits[3], splits[4]
+    names = ", ".join(f"`{op}`" for op in compute["supported"])
+    text = (f"With only {names} supported the float model splits into "
+            f"{compute['partition_count']} partitions and the int8 model into "
+            f"{int8_compute['partition_count']}")
+    boundaries = len(measured["layers"]) - 1
+    wrapped = boundaries > 0 and all(k in facts["requantized"] for k in range(boundaries))
+    if (wrapped and int8_all["partition_count"] == 1
+            and int8_float_ops["partition_count"] > every_op["partition_count"]):
+        return (text + ": QDQ puts a QuantizeLinear/DequantizeLinear pair between every two "
+                "compute ops, so an EP that does not claim Q/DQ hands the tensor back and forth "
+                "at each of them; claiming Q/DQ as well is what lets the quantized graph stay "
+                "in one piece.")
+    return (text + f". Claiming every op type of the float model leaves the float model in "
+            f"{every_op['partition_count']} and the int8 model in "
+            f"{int8_float_ops['partition_count']} partitions; adding the int8 model's own "
+            f"quantization ops gives {int8_all['partition_count']}.")
+
+
+def _gate_line(gate: dict) -> str:
+    """The ``check`` verdict as one bullet: what was compared, and why it failed if it did."""
+    tolerance = gate["tolerance"]
+    reasons = []
+    for failure in gate["failures"]:
+        if failure["bound"] == "tolerance":
+            reasons.append(f"`{failure['output']}`: {failure['violations']} of "
+                           f"{failure['elements']} elements outside atol + rtol·|ref|")
+        elif failure["bound"] == "min_cos":
+            reasons.append(f"`{failure['output']}`: cosine {_num(failure['cosine'], 6)} below "
+                           f"{failure['min_cos']:g}")
+        else:
+            reasons.append(f"{failure['bound']} ({failure.get('output', 'session')})")
+    return (f"- **Gate**: `check` of the int8 model against the fp32 one under the "
+            f"{gate['profile']} profile (rtol {tolerance['rtol']:g}, atol {tolerance['atol']:g}, "
+            f"cosine ≥ {tolerance['min_cos']:g}) on {_ops(gate['providers']['actual'])}: "
+            + ("**passed**." if gate["passed"] else "**failed**: " + "; ".join(reasons) + "."))
+
+
 def _num(value: float | None, digits: int = 4) -> str:
     return "null" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
 
@@ -2172,7 +2288,8 @@ def _ops(names: list[str]) -> str:
 
 
 def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
-                    growth_answer: dict, settings_answer: dict, exposure: dict) -> str:
+                    growth_answer: dict, settings_answer: dict, exposure: dict, gate: dict,
+                    facts: dict) -> str:
     """``ep_report.md``: the four headings of the contract, every number from a measurement."""
     import platform
 
@@ -2211,20 +2328,19 @@ def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
     for split in splits:
         lines.append(f"| `{split['model']}` | {_ops(split['supported'])} | {split['nodes']} | "
                      f"{split['claimed']} | {split['partition_count']} | {split['handoffs']} |")
-    fp32_split, int8_split = splits[0], splits[2]
-    lines += ["", f"With only `MatMul` supported the float model splits into "
-              f"{fp32_split['partition_count']} partitions and the int8 model into "
-              f"{int8_split['partition_count']}: QDQ puts a QuantizeLinear/DequantizeLinear "
-              "pair between every two compute ops, so an EP that does not claim Q/DQ hands the "
-              "tensor back and forth at each of them; claiming Q/DQ as well is what lets the "
-              "quantized graph stay in one piece.", ""]
+    lines += ["", _partition_prose(splits, measured, facts), ""]
 
     rel_error = growth_answer["rel_error"]
     ratios = [None] + growth_answer["ratios"]
+    fed = (f"`default_rng({measured['seed']}).standard_normal(({measured['rows']}, F))`"
+           if "inputs" not in measured else
+           f"one `default_rng({measured['seed']})` in input order: " + "; ".join(
+               f"`{item['name']}` {item['dtype']} {item['shape']} from {item['source']}"
+               for item in measured["inputs"]))
     lines += ["## 층을 거듭하며 자란 오차", "",
-              f"Input: `default_rng({measured['seed']}).standard_normal(({measured['rows']}, F))`"
-              ", both models exposed in memory and run on the CPU provider with default session "
-              "options; boundary k pairs the k-th tensor of each model (`growth.json`).", "",
+              f"Input: {fed}, both models exposed in memory and run on the CPU provider with "
+              "default session options; boundary k pairs the k-th tensor of each model"
+              f"{'' if facts['in_order'] else ' named after it'} (`growth.json`).", "",
               "| boundary | fp32 tensor | int8 tensor | max abs error | scale | rel error | "
               "cos min | ratio to previous |", "|---|---|---|---|---|---|---|---|"]
     for entry, ratio in zip(measured["layers"], ratios):
@@ -2243,14 +2359,16 @@ def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
                      f"(`{measured['layers'][jump['index']]['fp32']}`), ×{_num(jump['ratio'])}.")
     lines.append("Growth was monotone: the relative error never decreased." if not drops else
                  "Growth was not monotone: the relative error fell at boundar"
-                 f"{'y' if len(drops) == 1 else 'ies'} {', '.join(map(str, drops))} "
-                 "(Relu cuts part of the error and each layer is requantized with its own scale).")
+                 f"{'y' if len(drops) == 1 else 'ies'} {', '.join(map(str, drops))}"
+                 + (" (the int8 model requantizes each of those tensors with its own "
+                    "scale)."
+                    if set(drops) <= set(facts["requantized"]) else "."))
     if all(value is not None and math.isfinite(value) for value in rel_error):
         lines += ["", "```mermaid", "xychart-beta",
                   '    title "Relative error per boundary (int8 vs fp32)"',
                   "    x-axis \"boundary\" [" + ", ".join(f'"{k}"' for k in range(len(rel_error)))
                   + "]", '    y-axis "max abs error / scale"',
-                  "    line [" + ", ".join(f"{value:.6g}" for value in rel_error) + "]", "```"]
+                  "    line [" + ", ".join(map(_plain, rel_error)) + "]", "```"]
     lines.append("")
 
     base = settings_answer["baseline"]
@@ -2286,6 +2404,7 @@ def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
                  f"**not** equal to the plain model's (max abs diff "
                  f"{_num(exposure['max_abs_diff'])}): the error table describes the exposed "
                  "graph, whose kernels differ from the model as deployed."),
+              _gate_line(gate),
               "- **No timing was measured.** Nothing here says anything about speed; latency on "
               "this machine would not carry over to an accelerator anyway.", ""]
     return "\n".join(lines)
@@ -2313,8 +2432,8 @@ def input_options(sub: argparse.ArgumentParser, rows_default: str = f"{ROWS}, th
                      "one is INPUT:AXIS=VALUE; repeatable")
     sub.add_argument("--input-range", type=parse_input_range, action="append", default=[],
                      metavar="NAME:LO,HI",
-                     help="draw input NAME uniformly from [LO, HI] instead (integers: LO..HI); "
-                     "repeatable")
+                     help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI "
+                     "inclusive); repeatable")
     sub.add_argument("--inputs", metavar="FILE.npz",
                      help="feed these arrays (numpy.savez, one per input name) instead of "
                      "generated ones; their batch sets the rows")
@@ -2502,13 +2621,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = command("report", "run every lab measurement and write the deliverables: "
                   + ", ".join(REPORT_FILES),
-                  '{"out_dir", "files"} (the JSON files hold the command answers; providers.json '
-                  'adds "note")',
-                  lambda args: report(args.fp32, args.int8, args.seed, args.out_dir))
+                  '{"out_dir", "files", "pairing", "check": {"profile", "tolerance", '
+                  '"providers", "failures", "passed"}} (the JSON files hold the command answers; '
+                  'providers.json adds "note")',
+                  lambda args: report(args.fp32, args.int8, args.seed, args.out_dir,
+                                      inputs=inputs_from(args), boundary_ops=args.boundary_ops,
+                                      providers_requested=args.providers))
     sub.add_argument("fp32", help="float model")
-    sub.add_argument("int8", help="quantized (QDQ) model")
+    sub.add_argument("int8", help="quantized model (QDQ, QOperator, dynamic or float16)")
     sub.add_argument("--seed", type=parse_seed, default=0, help="input seed (default 0)")
     sub.add_argument("--out-dir", help="folder to write into (default: the fp32 model's folder)")
+    sub.add_argument("--providers", type=parse_list,
+                     help="your target's providers: a row of the providers table, and the "
+                     "ones the check verdict runs the int8 model on (default: CPU)")
+    input_options(sub)
+    boundary_ops_option(sub)
     return parser
 
 

@@ -7,6 +7,8 @@ dequantized by hand.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -372,3 +374,116 @@ def test_contract_shaped_answers_keep_their_keys(eprun, lab_pair):
                                                   "all_equal"]
     assert list(eprun("layers", fp32, int8, "1")) == ["seed", "rows", "layer_count", "layers"]
     assert "inputs" not in eprun("growth", fp32, int8, "1")
+
+
+def float16_twin(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The float model in float16 inside, float32 at its edges (what
+    ``convert_float_to_float16(keep_io_types=True)`` makes): weights cast, a Cast after the
+    input and before the output, every other tensor name kept."""
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    for tensor in twin.graph.initializer:
+        tensor.CopyFrom(numpy_helper.from_array(
+            numpy_helper.to_array(tensor).astype(np.float16), tensor.name))
+    x, y = twin.graph.input[0].name, twin.graph.output[0].name
+    for node in twin.graph.node:
+        node.input[:] = [f"{x}_fp16" if name == x else name for name in node.input]
+        node.output[:] = [f"{y}_fp16" if name == y else name for name in node.output]
+    nodes = [helper.make_node("Cast", [x], [f"{x}_fp16"], to=TensorProto.FLOAT16),
+             *twin.graph.node,
+             helper.make_node("Cast", [f"{y}_fp16"], [y], to=TensorProto.FLOAT)]
+    del twin.graph.node[:]
+    twin.graph.node.extend(nodes)
+    return twin
+
+
+def test_a_float16_twin_is_compared_after_casting(tmp_path):
+    fp32 = models.save(models.chain(features=8, widths=(16, 16, 8), seed=4), tmp_path / "f.onnx")
+    fp16 = models.save(float16_twin(onnx.load(str(fp32))), tmp_path / "h.onnx")
+    answer, stderr = layers(fp32, fp16, "2")
+    assert "contradicts" not in stderr
+    assert [e["int8"] for e in answer["layers"]] == ["x_fp16", "relu0", "relu1", "y"]
+    x = models.contract_input(2, 8)
+    names = ["relu0", "relu1", "y"]
+    a = run_exposing(fp32, names, {"x": x})
+    b = run_exposing(fp16, ["x_fp16", *names], {"x": x})
+    reference = [x, *(a[n] for n in names)]
+    got = [b["x_fp16"], *(b[n] for n in names)]
+    for entry, ref, half in zip(answer["layers"], reference, got):
+        assert half.dtype == (np.float16 if entry["int8"] != "y" else np.float32)
+        error = float(np.abs(ref.astype(np.float64) - half.astype(np.float64)).max())
+        assert entry["max_abs_error"] == pytest.approx(error, rel=1e-9, abs=1e-12)
+        assert 0 < entry["rel_error"] < 1e-2
+
+
+def test_boundaries_of_other_types_are_refused(tmp_path):
+    model = models.finish(
+        [helper.make_node("Cast", ["x"], ["xi"], to=TensorProto.INT32),
+         helper.make_node("MatMul", ["xi", "W"], ["yi"]),
+         helper.make_node("Cast", ["yi"], ["y"], to=TensorProto.FLOAT)],
+        [models.float_input("x", 4)], [helper.make_tensor_value_info("y", 1, ["N", 4])],
+        [numpy_helper.from_array(np.eye(4, dtype=np.int32), "W")])
+    path = models.save(model, tmp_path / "int32.onnx")
+    result = run_eprun("layers", path, path, "1")
+    assert result.code == 4 and result.stdout == ""
+    assert result.stderr.strip().endswith("boundary 'xi' holds INT32 values; eprun compares "
+                                          "float, float16 and 8/16-bit quantized tensors")
+
+
+# -- report on any pair ------------------------------------------------------------------------
+
+def partition_rows(text: str) -> list[list[str]]:
+    """The cells of the partition table's rows (model, ops, nodes, claimed, partitions, ...)."""
+    return [line.split(" | ") for line in text.splitlines()
+            if line.startswith("| `") and line.split(" | ")[0].endswith(".onnx`")]
+
+def test_report_on_a_real_cnn_pair(eprun, real_pairs, tmp_path):
+    fp32, quantized = real_pairs["cnn", "qoperator"]
+    out = tmp_path / "report"
+    answer = eprun("report", fp32, quantized, "--seed", "5", "--out-dir", out, "--providers",
+                   "DmlExecutionProvider,CPUExecutionProvider", "--boundary-ops", "Conv")
+    assert answer["pairing"] == "name"
+    # the op lists come from the models: a Conv net is partitioned by Conv, not MatMul
+    splits = partition_rows((out / "ep_report.md").read_text())
+    assert splits[0][1] == "`Conv`, `Gemm`"
+    assert "`QLinearConv`" in splits[2][1]
+    # the user's request is a row of the providers table, and the check ran on it
+    provided = json.loads((out / "providers.json").read_text())
+    assert provided["cases"][-1]["requested"] == ["DmlExecutionProvider", "CPUExecutionProvider"]
+    gate = run_eprun("check", fp32, quantized, "--profile", "int8", "--seed", "5",
+                     "--providers", "DmlExecutionProvider,CPUExecutionProvider")
+    assert answer["check"]["passed"] == gate.answer["passed"]
+    assert answer["check"]["failures"] == gate.answer["failures"]
+    text = (out / "ep_report.md").read_text()
+    verdict = "**passed**." if gate.answer["passed"] else "**failed**: "
+    assert f"on `CPUExecutionProvider`: {verdict}" in text
+    # growth.json is exactly what growth prints for the same pairing and inputs
+    growth = eprun("growth", fp32, quantized, "5", "--pair", "name", "--boundary-ops", "Conv")
+    assert json.loads((out / "growth.json").read_text()) == growth
+    assert "Relu cuts" not in text
+
+
+@pytest.mark.parametrize("pair", ["lab", "dynamic"])
+def test_report_prose_follows_the_graph_and_the_numbers(eprun, lab_pair, real_pairs, tmp_path,
+                                                        pair):
+    """The Q/DQ sentence only where a QuantizeLinear/DequantizeLinear pair wraps every boundary
+    and claiming the quantization ops joins what the float ops leave split."""
+    fp32, int8 = lab_pair if pair == "lab" else real_pairs["classifier", "dynamic"]
+    eprun("report", fp32, int8, "--out-dir", tmp_path / "r")
+    text = (tmp_path / "r" / "ep_report.md").read_text()
+    rows = partition_rows(text)
+    claim = "claiming Q/DQ as well is what lets the quantized graph stay in one piece"
+    assert (claim in text) == (pair == "lab")
+    if pair == "lab":
+        assert int(rows[3][4]) > int(rows[1][4]) and rows[4][4] == "1"
+    else:
+        assert (f"Claiming every op type of the float model leaves the float model in "
+                f"{rows[1][4]} and the int8 model in {rows[3][4]} partitions; adding the int8 "
+                f"model's own quantization ops gives {rows[4][4]}.") in text
+
+
+def test_chart_values_are_plain_decimals():
+    import eprun as tool
+
+    assert [tool._plain(v) for v in (1.61938e-05, 0.00427523, 0.138014, 43.5316654, 2e-9)] == [
+        "0.0000161938", "0.00427523", "0.138014", "43.5317", "0.000000002"]

@@ -1,8 +1,18 @@
 # eprun: two commands for a newcomer.
-#   make lab    create .venv with the pinned stack, build the lab models, write every deliverable
+#   make lab    create .venv with the stack pinned for your Python, build the lab models, write
+#               every deliverable
 #   make test   run the test suite on the pinned stack, then on the oldest supported stack
 #
-# PYTHON picks the interpreter .venv is built from (make lab PYTHON=python3.12).
+# PYTHON picks the interpreter .venv is built from (make lab PYTHON=python3.12). A name like
+# python3.10 that does not run by itself (a pyenv shim of a version that is not selected) is
+# looked up through pyenv. make lab installs the stack pinned for that Python's version:
+#   3.11 - 3.13   requirements.txt        the pinned current stack, which made the committed files
+#   3.10          requirements-py310.txt  the newest onnxruntime, onnx and numpy for 3.10
+#   3.9           requirements-py39.txt   the newest onnxruntime, onnx and numpy for 3.9
+# (LAB_REQS=file overrides the choice.) make test and make bench need the pinned current stack,
+# so a Python from 3.11 to 3.13.
+# .venv is rebuilt from scratch when another Python version made it, when its Python no longer
+# runs, or when an install into it did not finish; make clean removes every venv.
 # RUN runs gen_ep.py and eprun.py without any venv, e.g. with a lab machine's own interpreter:
 #   make deliverables RUN=/path/to/python
 # OLD_PYTHON is a Python 3.9 for the oldest stack; found on PATH or through pyenv when unset.
@@ -15,7 +25,33 @@ RUN ?= $(VENV)/bin/python
 SEED ?= 2026
 PIP_FLAGS = --quiet --disable-pip-version-check --no-input
 
-.PHONY: lab models deliverables test test-current test-oldest bench clean
+# The interpreter PYTHON names: itself if it runs, else pyenv's for a name python3.X.
+PY := $(shell p='$(PYTHON)'; v=$$(echo "$$p" | sed -n 's/^python\([0-9][0-9.]*\)$$/\1/p'); \
+        for q in "$$p" $${v:+"$$(pyenv prefix "$$v" 2>/dev/null)/bin/python$$v"}; do \
+          "$$q" -c '' >/dev/null 2>&1 && { command -v "$$q"; break; }; done)
+PY_VERSION_OF = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PY_VERSION := $(if $(PY),$(call PY_VERSION_OF,$(PY)))
+
+# The stack make lab installs for each Python version (see the top of this file).
+STACK_3.9 = requirements-py39.txt
+STACK_3.10 = requirements-py310.txt
+STACK_3.11 = requirements.txt
+STACK_3.12 = requirements.txt
+STACK_3.13 = requirements.txt
+LAB_REQS ?= $(STACK_$(PY_VERSION))
+
+PY_IS = PYTHON=$(PYTHON) $(if $(PY_VERSION),is Python $(PY_VERSION),does not run \
+  (not on PATH, nor through pyenv))
+# One line, before anything is installed, when no pinned stack fits PYTHON.
+NEED_LAB_STACK = $(if $(LAB_REQS),,$(error make lab needs Python 3.9 to 3.13: $(PY_IS)))
+NEED_PINNED_STACK = $(if $(filter requirements.txt,$(STACK_$(PY_VERSION))),,$(error \
+  make test and make bench need Python 3.11 to 3.13 (the pinned stack): $(PY_IS)))
+
+# A .venv made by another Python version, or whose Python no longer runs, is out of date
+# whatever its stamps say: FORCE makes its install rules run, and venv_install rebuilds it.
+VENV_STALE := $(if $(filter $(PY_VERSION),$(call PY_VERSION_OF,$(VENV)/bin/python)),,FORCE)
+
+.PHONY: lab models deliverables test test-current test-oldest bench clean FORCE
 
 lab: $(VENV)/.lab-installed
 	$(MAKE) --no-print-directory deliverables RUN=$(VENV)/bin/python
@@ -43,25 +79,47 @@ test-oldest:
 bench: $(VENV)/.bench-installed
 	$(VENV)/bin/python bench/bench.py $(BENCH_FLAGS)
 
-$(VENV)/.bench-installed: requirements.txt requirements-bench.txt
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements-bench.txt
+# $(call venv_install,VENV,PYTHON,REQUIREMENTS): pip-install REQUIREMENTS into VENV, a venv of
+# PYTHON. VENV is first removed when another Python version made it, when its Python no longer
+# runs, or when an earlier install did not finish (it leaves VENV/.installing behind).
+define venv_install
+	@want=$$($(2) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	have=$$($(1)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); \
+	why="it was made with Python $$have, not $$want"; \
+	[ -n "$$have" ] || why="its Python does not run"; \
+	if [ -e $(1) ] && [ ! -f $(1)/pyvenv.cfg ]; then \
+	  echo "make: $(1) is not a venv; move it away or set VENV"; exit 1; \
+	elif [ -e $(1) ] && [ "$$have" != "$$want" ]; then \
+	  echo "make: rebuilding $(1): $$why"; rm -rf $(1); \
+	elif [ -e $(1)/.installing ]; then \
+	  echo "make: rebuilding $(1): an earlier install into it did not finish"; rm -rf $(1); \
+	fi
+	test -d $(1) || $(2) -m venv $(1)
+	@touch $(1)/.installing
+	@echo "$(1)/bin/python -m pip install -r $(3)"
+	@$(1)/bin/python -m pip install $(PIP_FLAGS) -r $(3) || { \
+	  echo "make: installing $(3) into $(1) failed; rerun make to rebuild $(1), or make clean"; \
+	  exit 1; }
+	@rm $(1)/.installing
+endef
+
+$(VENV)/.lab-installed: $(LAB_REQS) $(VENV_STALE)
+	$(NEED_LAB_STACK)$(call venv_install,$(VENV),$(PY),$(LAB_REQS))
 	touch $@
 
-$(VENV)/.lab-installed: requirements.txt
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements.txt
+$(VENV)/.bench-installed: requirements.txt requirements-bench.txt $(VENV_STALE)
+	$(NEED_PINNED_STACK)$(call venv_install,$(VENV),$(PY),requirements-bench.txt)
 	touch $@
 
-$(VENV)/.dev-installed: requirements.txt requirements-dev.txt
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements-dev.txt
+$(VENV)/.dev-installed: requirements.txt requirements-dev.txt $(VENV_STALE)
+	$(NEED_PINNED_STACK)$(call venv_install,$(VENV),$(PY),requirements-dev.txt)
 	touch $@ $(VENV)/.lab-installed
 
 $(OLD_VENV)/.dev-installed: requirements-oldest.txt
-	test -x $(OLD_VENV)/bin/python || $(OLD_PYTHON) -m venv $(OLD_VENV)
-	$(OLD_VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements-oldest.txt
+	$(call venv_install,$(OLD_VENV),$(OLD_PYTHON),requirements-oldest.txt)
 	touch $@
 
+FORCE:
+
 clean:
-	rm -rf $(VENV) $(OLD_VENV) .pytest_cache tests/__pycache__ __pycache__
+	rm -rf $(VENV) $(OLD_VENV) .pytest_cache tests/__pycache__ __pycache__ build dist *.egg-info

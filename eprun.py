@@ -2463,8 +2463,9 @@ class _VersionAction(argparse.Action):
                 found.append(f"{package} {importlib.import_module(package).__version__}")
             except ImportError:
                 found.append(f"{package} not installed")
-        parser.exit(0, f"eprun {__version__} ({', '.join(found)}; Python "
-                    f"{platform.python_version()})\n")
+        sys.stdout.write(f"eprun {__version__} ({', '.join(found)}; Python "
+                         f"{platform.python_version()})\n")
+        parser.exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,21 +15,26 @@ Commands (each prints exactly one compact JSON object on one line to stdout):
 
 Lists are one argument each, comma-joined; items are stripped and empty items dropped.
 
+Flow: parse the arguments -> read each model's graph only (weights stay on disk) -> expose the
+boundaries in memory -> one session per model, one model at a time -> compare with numpy ->
+one JSON line. Everything onnxruntime prints meanwhile is held back; a failure is one line.
+
 Exit codes:
 
-    0  success: stdout holds the JSON answer and nothing else
-    1  a verdict that failed (``check``, ``providers --fail-on-fallback``); the JSON answer
-       on stdout says why
-    2  wrong usage: unknown command, wrong argument count, a seed that is not a non-negative
-       integer, ``expose`` onto its own input
-    3  an input file that does not exist (or is a directory)
-    4  any other failure: a file that is not a loadable ONNX model, fp32/int8 models whose
-       boundary counts differ, a model that cannot take the contract input, an output that
-       cannot be written
+    0    success: stdout holds the JSON answer and nothing else
+    1    a verdict that failed (``check``, ``providers --fail-on-fallback``): the JSON answer
+         on stdout, one line on stderr saying why
+    2    wrong usage: unknown command or option, wrong argument count, a seed that is not a
+         non-negative integer, a provider name onnxruntime does not know (``check``,
+         ``placement``), an output that is one of the inputs (or their external weights)
+    3    a path that is not there: a missing input file (or a directory), an output's folder
+    4    any other failure: a file that is not a loadable ONNX model, boundary counts that
+         differ, a model eprun cannot feed or compare, an output it must not or cannot write
+    130  interrupted (Ctrl-C); 143 and 129: stopped by SIGTERM and SIGHUP
 
 On failure stdout stays empty and stderr gets one line ``eprun: error: <what and why>``;
-``EPRUN_DEBUG=1`` adds the Python traceback. The binding reading of every field is
-CONTRACT.md; README.md explains them for users.
+``EPRUN_DEBUG=1`` adds the Python traceback. README.md is the binding description of every
+command and field.
 """
 from __future__ import annotations
 
@@ -44,6 +49,17 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
+
+
+def _startup_interrupt(signum: int, frame: object) -> None:
+    """Until main() installs its handlers: Ctrl-C while the rest of this file loads is an
+    interruption too, not a traceback."""
+    os.write(2, b"eprun: error: interrupted\n")
+    os._exit(130)
+
+
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _startup_interrupt)
 
 __version__ = "0.9.0"
 
@@ -144,6 +160,17 @@ def parse_input_range(text: str) -> tuple[str, tuple[float, float]]:
     return name.strip(), (low, high)
 
 
+def parse_cosine(text: str) -> float:
+    """A cosine bound: a number from -1 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a cosine (a number from -1 to 1)")
+    return value
+
+
 def parse_metrics(text: str) -> tuple[str, ...]:
     metrics = tuple(parse_list(text))
     unknown = [name for name in metrics if name not in METRICS]
@@ -193,38 +220,125 @@ def _flush_c_stdio() -> None:
 
 
 @contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to stdout, by Python or by native code, to stderr instead.
+def captured_chatter() -> Iterator[Any]:
+    """Hold everything written to stdout or stderr during a command, by Python or by native
+    code, in a temporary file; yield that file.
 
-    onnxruntime prints its provider fallback banner with ``print()`` while a session is created,
-    and native libraries may write to file descriptor 1 directly; either would corrupt the one
-    JSON line that is the answer.
+    onnxruntime prints its provider fallback banner with ``print()`` while a session is
+    created, logs natively to file descriptor 2, and warns through Python; any of it on stdout
+    would corrupt the one JSON line that is the answer, and on stderr it would bury the one
+    error line of a failure. ``main`` shows what was held after a success (or with
+    ``EPRUN_DEBUG=1``) and drops it after a failure. A closed descriptor stays closed.
     """
-    sys.stdout.flush()
+    import tempfile
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
     try:
-        saved = os.dup(1)
-        os.dup2(2, 1)
-    except OSError:  # fd 1 or 2 closed: nothing native can reach a closed stdout anyway
-        saved = None
+        store = tempfile.TemporaryFile()
+    except OSError:  # no writable temporary folder: at least keep stdout clean
+        store = None
+    saved = {}
+    target = store.fileno() if store is not None else None
+    for fd in ((1, 2) if target is not None else (1,)):
+        try:
+            saved[fd] = os.dup(fd)
+        except OSError:
+            saved[fd] = None  # closed
+        with contextlib.suppress(OSError):
+            os.dup2(target if target is not None else 2, fd)
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            yield
+            yield store
     finally:
-        sys.stderr.flush()
-        if saved is not None:
-            _flush_c_stdio()
-            os.dup2(saved, 1)
-            os.close(saved)
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        _flush_c_stdio()
+        for fd, copy in saved.items():
+            if copy is None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            else:
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
+def replay(store) -> None:
+    """Copy what ``captured_chatter`` held to stderr (nothing if stderr is closed)."""
+    if store is None:
+        return
+    store.seek(0)
+    while True:
+        chunk = store.read(1 << 16)
+        if not chunk or not write_fd(2, chunk):
+            return
+
+
+def write_fd(fd: int, data: bytes) -> bool:
+    """Write all of ``data`` to a file descriptor; False when it cannot take it."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
+def say(line: str) -> None:
+    """One line on stderr, written to the descriptor so it works whatever ``sys.stderr`` is;
+    silence where stderr is closed or broken."""
+    write_fd(2, (line + "\n").encode("utf-8", "backslashreplace"))
 
 
 # -- files and models --------------------------------------------------------------------------
 
 def require_file(path: str, what: str = "model") -> None:
-    """Exit 3 for an input that is not there, before any library gets to raise about it."""
+    """Exit 3 for an input that is not there, before any library gets to raise about it; exit
+    4 for one that is not a regular file (a FIFO would block the reader forever, a device
+    would be read without end), without opening it."""
+    import stat
+
     if os.path.isdir(path):
         raise EprunError(f"{what} {path!r} is a directory; give the path of a file", EXIT_MISSING)
-    if not os.path.exists(path):
-        raise EprunError(f"{what} file {path!r} does not exist; check the path", EXIT_MISSING)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        raise EprunError(f"{what} file {path!r} does not exist; check the path",
+                         EXIT_MISSING) from None
+    if not stat.S_ISREG(mode):
+        raise EprunError(f"{what} {path!r} is not a regular file (a device, FIFO or socket); "
+                         "give the path of a file")
+
+
+def check_output(path: str, inputs: list[str]) -> None:
+    """Refuse an output path before anything is written: one that is (or resolves to) an input
+    file, a model's external data included (exit 2); whose folder does not exist (exit 3, the
+    path is not there); or that exists as anything but a regular file (exit 4: a device or
+    FIFO would be replaced by the rename)."""
+    import stat
+
+    for source in inputs:
+        if _same_file(source, path):
+            raise EprunError(f"refusing to overwrite the input file {source!r} with "
+                             f"{path!r}; choose another output path", EXIT_USAGE)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise EprunError(f"cannot write {path!r}: folder {folder!r} does not exist; create it "
+                         "first", EXIT_MISSING)
+    if os.path.isdir(path):
+        raise EprunError(f"cannot write {path!r}: it is a directory; name a file inside it")
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.lstat(path).st_mode) and not os.path.islink(path):
+            raise EprunError(f"cannot write {path!r}: it exists and is not a regular file (a "
+                             "device, FIFO or socket); eprun replaces regular files only")
+        if os.path.islink(path) and os.path.exists(path) and \
+                not stat.S_ISREG(os.stat(path).st_mode):
+            raise EprunError(f"cannot write {path!r}: it links to something that is not a "
+                             "regular file; eprun replaces regular files only")
 
 
 def load_model(path: str, load_weights: bool = True):
@@ -569,49 +683,130 @@ def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS, extra: 
     return boundaries
 
 
-def write_atomically(data: bytes | Callable[[Any], None], path: str) -> None:
-    """Write ``data`` (bytes, or a function that writes into the open file) to ``path`` so
-    that ``path`` is either untouched or complete.
+class Staged(NamedTuple):
+    """A complete, synced file not yet at its path: an unnamed ``O_TMPFILE`` (``handle``) or a
+    hidden temporary file (``temporary``)."""
 
-    On Linux the bytes go to an unnamed ``O_TMPFILE`` in the target folder that gets a name
-    only once it is complete and synced, so even ``kill -9`` mid-write leaves nothing behind.
-    Elsewhere a hidden temporary file is used and removed on any failure or signal eprun can
-    catch. Either way the final step is a rename, atomic within the folder: two writers of the
-    same path leave one complete file.
+    path: str
+    handle: int | None
+    temporary: str | None
+
+
+def stage(data: bytes | Callable[[Any], None], path: str) -> Staged:
+    """Write ``data`` (bytes, or a function that writes into the open file) beside ``path``
+    without giving it a name there yet.
+
+    On Linux the bytes go to an unnamed ``O_TMPFILE`` in the target folder, which vanishes by
+    itself if eprun dies, even by ``kill -9``. Elsewhere a hidden temporary file is used and
+    removed on any failure or signal eprun can catch.
     """
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise EprunError(f"cannot write {path!r}: folder {folder!r} does not exist; create it "
-                         "first")
-    if os.path.isdir(path):
-        raise EprunError(f"cannot write {path!r}: it is a directory; name a file inside it")
-    temporary = None
+    handle, temporary = None, None
     try:
         handle = _open_unnamed(folder)
         if handle is None:
             import tempfile
 
-            handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
-                                                 suffix=".tmp", dir=folder)
-        with os.fdopen(handle, "wb") as stream:
+            descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
+                                                     suffix=".tmp", dir=folder)
+            os.chmod(temporary, 0o666 & ~_umask())
+        else:
+            descriptor = os.dup(handle)
+        with os.fdopen(descriptor, "wb") as stream:
             if callable(data):
                 data(stream)
             else:
                 stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
-            if temporary is None:
-                temporary = _link_unnamed(stream.fileno(), path)
-            else:
-                os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, path)
+        return Staged(path, handle, temporary)
     except BaseException as exc:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+        discard([Staged(path, handle, temporary)])
         if isinstance(exc, OSError):
             raise EprunError(f"cannot write {path!r}: {exc.strerror or one_line(exc)}") from exc
         raise
+
+
+def discard(staged: list[Staged]) -> None:
+    """Drop staged files that will not be committed."""
+    for item in staged:
+        if item.handle is not None:
+            with contextlib.suppress(OSError):
+                os.close(item.handle)
+        if item.temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(item.temporary)
+
+
+# Signals that arrived while a set of renames was being committed, delivered right after it.
+_HELD: list[list[int]] = []
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, so that an interrupt lands before
+    or after a set of renames, never between two of them.
+
+    onnxruntime's worker threads do not block signals, so the kernel may hand a signal to one
+    of them; eprun's handlers (see ``main``) therefore defer on their own while a block is
+    open, and the signal takes effect when it closes.
+    """
+    _HELD.append([])
+    try:
+        yield
+    finally:
+        pending = _HELD.pop()
+        if pending and not _HELD:
+            _act_on_signal(pending[0])
+
+
+def commit(staged: list[Staged], links: list[tuple[str, str]] = ()) -> None:
+    """Give every staged file its name, and make every ``(source, target)`` hard link, all
+    with signals held, so an interrupt lands before or after the whole set. An error before
+    the renames undoes the links (and the folders made for them); each rename is atomic within
+    its folder, so a reader sees an old or a new file, never a partial one."""
+    made: list[str] = []
+    names: list[str] = []
+    try:
+        with signals_held():
+            for source, target in links:
+                missing = []
+                folder = os.path.dirname(target)
+                while not os.path.isdir(folder):
+                    missing.insert(0, folder)
+                    folder = os.path.dirname(folder)
+                for folder in missing:
+                    os.mkdir(folder)
+                    made.append(folder)
+                os.link(source, target)
+                made.append(target)
+            names += [item.temporary or _link_unnamed(item.handle, item.path)
+                      for item in staged]
+            for item, name in zip(staged, names):
+                os.replace(name, item.path)
+    except BaseException as exc:
+        for path in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
+        if isinstance(exc, OSError):
+            raise EprunError(f"cannot write {exc.filename or staged[0].path!r}: "
+                             f"{exc.strerror or one_line(exc)}") from exc
+        raise
+    finally:
+        for item in staged:
+            if item.handle is not None:
+                with contextlib.suppress(OSError):
+                    os.close(item.handle)
+        for name in {*names, *(item.temporary for item in staged)}:  # what was not renamed
+            if name and os.path.exists(name):
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+
+
+def write_atomically(data: bytes | Callable[[Any], None], path: str) -> None:
+    """Write ``data`` to ``path`` so that ``path`` is either untouched or complete (see
+    ``stage`` and ``commit``); two writers of the same path leave one complete file."""
+    commit([stage(data, path)])
 
 
 def _open_unnamed(folder: str) -> int | None:
@@ -1006,6 +1201,9 @@ def providers(model_path: str, requests: list[list[str]]) -> dict:
     ort = import_ort()
     available = list(ort.get_available_providers())
     cases = []
+    for message in dict.fromkeys(m for requested in requests
+                                 for m in provider_warnings(requested)):
+        note(message)
     for requested in requests:
         try:
             session = ort.InferenceSession(model_path, providers=requested)
@@ -1076,6 +1274,11 @@ def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, li
                 ready.append(consumer)
     if group:
         units.append(("ep", group))
+    placed = sum(len(members) for _, members in units)
+    if placed != len(nodes):
+        stuck = next(node for index, node in enumerate(nodes) if in_degree[index] > 0)
+        raise EprunError(f"the graph has a cycle (node {stuck.name or stuck.op_type!r} waits on "
+                         "its own output): it is not a valid ONNX graph")
     return units
 
 
@@ -1187,51 +1390,90 @@ def expose(model_path: str, out_path: str,
     ``model`` is the already parsed graph of ``model_path``, when the caller has it; it gets
     the new outputs.
     """
+    answer, staged, links = prepare_expose(model_path, out_path, boundary_ops, model)
+    commit(staged, links)
+    return answer
+
+
+def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
+                   model=None) -> tuple[dict, list[Staged], list[tuple[str, str]]]:
+    """Everything ``expose`` writes, checked and staged but not yet visible: the answer, the
+    staged files and the hard links to make (see ``commit``)."""
     if model is None:
         model = load_model(model_path, load_weights=False)
-    if _same_file(model_path, out_path):
-        raise EprunError(f"refusing to overwrite the input model {model_path!r}; "
-                         "choose another output path", EXIT_USAGE)
+    check_output(out_path, [model_path, *external_data_files(model, model_path)])
     boundaries = expose_in_place(model, boundary_ops)
-    carry_external_data(model, model_path, out_path)
-    write_atomically(model.SerializeToString(), out_path)
-    return {"model": model_path, "out": out_path, "boundaries": boundaries,
-            "outputs": [value.name for value in model.graph.output]}
+    links, copies = plan_external_data(model, model_path, out_path)
+    staged: list[Staged] = []
+    try:
+        for source, target in copies:
+            note(f"copying {source!r} to {target!r} (a hard link is not possible there)")
+            staged.append(stage(_copier(source), target))
+        staged.append(stage(model.SerializeToString(), out_path))
+    except BaseException:
+        discard(staged)
+        raise
+    answer = {"model": model_path, "out": out_path, "boundaries": boundaries,
+              "outputs": [value.name for value in model.graph.output]}
+    return answer, staged, links
 
 
-def carry_external_data(model, model_path: str, out_path: str) -> None:
-    """Make the external data files of ``model`` reachable from ``out_path``'s folder.
-
-    onnxruntime resolves external data only inside the model's own folder, so an exposed copy
-    written elsewhere gets each data file hard-linked next to it (copied, with a note on
-    stderr, where a link is impossible). The original data is never moved or rewritten, and
-    a different file already at the target is never overwritten.
-    """
+def _copier(source: str) -> Callable[[Any], None]:
     import shutil
 
+    def copy(stream) -> None:
+        with open(source, "rb") as original:
+            shutil.copyfileobj(original, stream, 16 << 20)
+    return copy
+
+
+def external_data_files(model, model_path: str) -> list[str]:
+    """The files a model's external weights live in (inputs to protect, as the model is)."""
+    locations = {_external_location(tensor).get("location", "")
+                 for tensor in external_tensors(model)}
+    return [_safe_location(location, model_path) for location in sorted(locations)]
+
+
+def plan_external_data(model, model_path: str, out_path: str
+                       ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(links, copies)`` that make the external data files of ``model`` reachable from
+    ``out_path``'s folder.
+
+    onnxruntime resolves external data only inside the model's own folder, so an exposed copy
+    written elsewhere gets each data file hard-linked next to it (copied, with a note, where
+    the folders are on different file systems). The original data is never moved or
+    rewritten, and a different file already at the target is refused before anything is
+    written.
+    """
     source_folder = os.path.dirname(os.path.abspath(model_path))
     target_folder = os.path.dirname(os.path.abspath(out_path))
-    if not os.path.isdir(target_folder) or os.path.samefile(source_folder, target_folder):
-        return  # a missing folder is reported by the write itself
-    locations = sorted({_external_location(tensor).get("location", "")
-                        for tensor in external_tensors(model)})
-    for location in locations:
-        source = _safe_location(location, model_path)
+    links, copies = [], []
+    if os.path.isdir(target_folder) and os.path.samefile(source_folder, target_folder):
+        return links, copies
+    for source in external_data_files(model, model_path):
         require_file(source, "external data")
-        target = os.path.join(target_folder, location)
-        if os.path.exists(target):
-            if os.path.samefile(source, target) or _same_bytes(source, target):
+        target = os.path.join(target_folder, os.path.relpath(source, source_folder))
+        if _same_file(target, out_path):
+            raise EprunError(f"cannot write {out_path!r}: the model's weights must sit at that "
+                             "same path; choose another output name", EXIT_USAGE)
+        if os.path.lexists(target):
+            if os.path.exists(target) and (os.path.samefile(source, target)
+                                           or _same_bytes(source, target)):
                 continue
             raise EprunError(f"cannot write {out_path!r}: its weights must sit at {target!r}, "
                              "which holds other data; choose another output folder")
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        try:
-            os.link(source, target)
-        except OSError:
-            print(f"eprun: copying {source!r} to {target!r} (a hard link is not possible "
-                  "there)", file=sys.stderr)
-            with open(source, "rb") as stream:
-                write_atomically(lambda copy: shutil.copyfileobj(stream, copy, 16 << 20), target)
+        if os.stat(source).st_dev == os.stat(_existing_parent(target)).st_dev:
+            links.append((source, target))
+        else:
+            copies.append((source, target))
+    return links, copies
+
+
+def _existing_parent(path: str) -> str:
+    folder = os.path.dirname(path)
+    while not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    return folder
 
 
 def _same_bytes(first: str, second: str) -> bool:
@@ -1597,8 +1839,10 @@ def _suggest_boundary_ops(fp32: PairedModel, boundary_ops: tuple[str, ...]) -> N
 
 
 def note(message: str) -> None:
-    """One line on stderr that explains a result without changing it."""
-    print(f"eprun: note: {one_line(message)}", file=sys.stderr)
+    """One line on stderr that explains a result without changing it (held with the rest of
+    a command's chatter: shown after a success only)."""
+    with contextlib.suppress(Exception):
+        print(f"eprun: note: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def plan_batches(sizes: list[int | None], budget: int | None) -> list[list[int]]:
@@ -1897,8 +2141,11 @@ def settings(model_path: str, seed: int, inputs: InputOptions | None = None) -> 
         if not feeds:  # from the first session's metadata: a float model needs no onnx
             feeds.append(make_feeds(session_specs(session, model_path), seed, inputs,
                                     model_path))
-        return run_session(session, [session.get_outputs()[0].name], feeds[0].arrays,
-                           what=repr(model_path), hint=dims_hint(feeds[0]))[0]
+        output = session.get_outputs()[0].name
+        value = run_session(session, [output], feeds[0].arrays, what=repr(model_path),
+                            hint=dims_hint(feeds[0]))[0]
+        _require_numeric(value, output, model_path, "settings")
+        return value
 
     base = first_output(*SETTINGS_BASELINE)
     with np.errstate(all="ignore"):
@@ -1933,6 +2180,7 @@ def placement(model_path: str, requested: list[str], seed: int = 0,
     executes, after its graph optimizations: a fused node stands for several of the file's.
     """
     require_file(model_path)
+    require_known_providers(requested)
     import tempfile
 
     ort = import_ort()
@@ -1988,7 +2236,8 @@ _TRANSIENT = re.compile(r"time ?out|timed out|TDR|DXGI_ERROR|device (was )?(lost
                         r"temporarily unavailable", re.IGNORECASE)
 
 
-def _with_retries(action: Callable[[], Any], retries: int, pause: float, used: list) -> Any:
+def _with_retries(action: Callable[[], Any], retries: int, pause: float, used: list,
+                  path: str) -> Any:
     """Run ``action``, retrying transient provider errors only. ``used[0]`` counts the retries
     spent so far; ``retries`` bounds them for the whole check."""
     import time
@@ -1997,12 +2246,107 @@ def _with_retries(action: Callable[[], Any], retries: int, pause: float, used: l
         try:
             return action()
         except EprunError as exc:
-            if used[0] >= retries or not _TRANSIENT.search(str(exc)):
+            if used[0] >= retries or not is_transient(exc, path):
                 raise
             used[0] += 1
             print(f"eprun: transient provider error, retrying in {pause:g}s: {exc}",
                   file=sys.stderr)
             time.sleep(pause)
+
+
+def _require_numeric(value, name: str, path: str, command: str = "check") -> None:
+    """``check`` and ``settings`` compare numeric tensors; a sequence, map or string output
+    is refused."""
+    import numpy as np
+
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc":
+        kind = (f"a {value.dtype} tensor" if isinstance(value, np.ndarray)
+                else f"a {type(value).__name__} (not a tensor)")
+        raise EprunError(f"{path!r}: output {name!r} is {kind}; {command} compares numeric "
+                         "tensors only")
+
+
+def is_transient(exc: EprunError, path: str) -> bool:
+    """Is the onnxruntime error behind ``exc`` one worth another try? Only onnxruntime's own
+    exception is read, with the model's path taken out: a model called ``timeout.onnx`` that
+    is corrupt is not a timeout."""
+    cause = exc.__cause__
+    if cause is None:
+        return False
+    text = f"{type(cause).__name__}: {cause}"
+    for spelling in sorted({path, os.path.abspath(path), os.path.basename(path)}, key=len,
+                           reverse=True):
+        if spelling:
+            text = text.replace(spelling, "<model>")
+    return bool(_TRANSIENT.search(text))
+
+
+def fallback_of(requested: list[str], actual: list[str]) -> list[str]:
+    """The requested providers a session did not get. onnxruntime appending the CPU provider
+    to what was asked is not a fallback; a requested provider missing from the session is."""
+    return [name for name in requested if name not in actual]
+
+
+def provider_warnings(requested: list[str]) -> list[str]:
+    """One message per requested name onnxruntime does not know (in any build), with the
+    closest known name; onnxruntime itself would only drop it silently."""
+    import difflib
+
+    ort = import_ort()
+    known = list(ort.get_all_providers())
+    messages = []
+    for name in requested:
+        if name in known:
+            continue
+        suffix = "executionprovider"
+        stems = {known_name.lower().removesuffix(suffix): known_name for known_name in known}
+        stem = name.lower().removesuffix(suffix)
+        close = difflib.get_close_matches(stem, list(stems), n=1, cutoff=0.75)
+        hint = (f"did you mean {stems[close[0]]}?" if close
+                else f"onnxruntime knows {', '.join(known)}")
+        messages.append(f"{name!r} is not a provider onnxruntime knows; {hint}")
+    return messages
+
+
+def require_known_providers(requested: list[str]) -> None:
+    """A usage error (exit 2) for a provider name onnxruntime does not know."""
+    messages = provider_warnings(requested)
+    if messages:
+        raise EprunError(messages[0], EXIT_USAGE)
+
+
+def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
+    """``--fail-on-fallback``: which cases did not get a provider they asked for."""
+    fell = [(index, case) for index, case in enumerate(answer["cases"])
+            if fallback_of(case["requested"], case["actual"])]
+    if not args.fail_on_fallback or not fell:
+        return None
+    return "fallback: " + "; ".join(
+        f"case {index} asked for {','.join(case['requested'])} and got "
+        f"{','.join(case['actual']) or 'no session'}" for index, case in fell)
+
+
+def check_verdict(args: argparse.Namespace, answer: dict) -> str | None:
+    """Why the gate failed, in one line for the CI log (the JSON answer has the details)."""
+    if answer["passed"]:
+        return None
+    reasons = []
+    for failure in answer["failures"]:
+        bound = failure["bound"]
+        if bound == "tolerance":
+            reasons.append(f"{failure['output']}: {failure['violations']} of "
+                           f"{failure['elements']} elements outside atol + rtol*|ref|, worst at "
+                           f"{failure['worst']['index']}")
+        elif bound == "min_cos":
+            reasons.append(f"{failure['output']}: cosine {failure['cosine']:.6g} below "
+                           f"{failure['min_cos']:g}")
+        elif bound == "shape":
+            reasons.append(f"{failure['output']}: shape {failure['candidate']} instead of "
+                           f"{failure['reference']}")
+        else:
+            reasons.append(f"providers: asked for {','.join(failure['requested'])}, got "
+                           f"{','.join(failure['actual'])}")
+    return "check failed: " + "; ".join(reasons)
 
 
 def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
@@ -2038,12 +2382,17 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
           atol: float | None, min_cos: float | None, inputs: InputOptions | None = None,
           seed: int = 0,
           warmup: int = 1, retries: int = 2, retry_pause: float = 2.0,
-          require_providers: bool = False) -> dict:
+          require_providers: bool = False, allow_fallback: bool = False) -> dict:
     """The CI gate: does the candidate (model and providers) match the reference within
-    tolerance on the contract input? Fails on any broken bound, and on a fallback if asked."""
+    tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
+    provider the candidate's session did not get) unless ``allow_fallback``;
+    ``require_providers`` asks for exactly the requested list."""
     require_file(reference_path)
     require_file(candidate_path)
-    tolerance = dict(TOLERANCE_PROFILES[profile or "fp16"])
+    require_known_providers(providers)
+    require_known_providers(reference_providers)
+    profile = profile or "fp16"
+    tolerance = dict(TOLERANCE_PROFILES[profile])
     tolerance.update({key: value for key, value in
                       (("rtol", rtol), ("atol", atol), ("min_cos", min_cos)) if value is not None})
     retries_used = [0]
@@ -2055,14 +2404,14 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
                                     what=repr(reference_path), hint=dims_hint(feed))
     candidate_session = _with_retries(
         lambda: cpu_session(candidate_path, what=repr(candidate_path), providers=providers),
-        retries, retry_pause, retries_used)
+        retries, retry_pause, retries_used, candidate_path)
     candidate_feed = feed_for(session_specs(candidate_session, candidate_path), candidate_path,
                               feed)
 
     def run_candidate() -> list:
         return _with_retries(lambda: run_session(candidate_session, None, candidate_feed,
                                                  what=repr(candidate_path)),
-                             retries, retry_pause, retries_used)
+                             retries, retry_pause, retries_used, candidate_path)
 
     for _ in range(warmup):
         run_candidate()
@@ -2075,6 +2424,9 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
     reference_names = [value.name for value in reference_session.get_outputs()]
     candidate_names = [value.name for value in candidate_session.get_outputs()]
     for index, (expected, got) in enumerate(zip(reference_outputs, candidate_outputs)):
+        for value, name, path in ((expected, reference_names[index], reference_path),
+                                  (got, candidate_names[index], candidate_path)):
+            _require_numeric(value, name, path)
         entry = {"reference": reference_names[index], "candidate": candidate_names[index],
                  "shape": list(expected.shape)}
         if expected.shape != got.shape:
@@ -2092,8 +2444,10 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
             failures.append({"output": entry["reference"], "bound": "min_cos",
                              "cosine": entry["cosine"], "min_cos": tolerance["min_cos"],
                              "by": tolerance["min_cos"] - entry["cosine"]})
-    if require_providers and actual != providers:
-        failures.append({"bound": "providers", "requested": providers, "actual": actual})
+    missing = fallback_of(providers, actual)
+    if (require_providers and actual != providers) or (missing and not allow_fallback):
+        failures.append({"bound": "providers", "requested": providers, "actual": actual,
+                         "missing": missing})
     answer = {"reference": reference_path, "candidate": candidate_path, "seed": seed,
               "rows": feed.rows}
     if not feed.contract_shaped:
@@ -2141,11 +2495,13 @@ def report_splits(fp32_model, int8_model) -> list[tuple[str, list[str]]]:
 
 def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None, *,
            inputs: InputOptions | None = None, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-           providers_requested: list[str] | None = None) -> dict:
+           providers_requested: list[str] | None = None, force: bool = False) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
-    All measurements run before the first file is written, so a failure leaves the previous
-    deliverables as they were; each file is then written atomically. Boundaries are paired by
+    Every output is checked before anything is measured (an input's path, a device, a file
+    eprun did not write unless ``force``), every measurement runs before anything is written,
+    and the files are then committed as one set: an error or an interrupt leaves the previous
+    deliverables as they were, all of them. Boundaries are paired by
     name wherever the names pair them all (for the lab's models that is the same as by
     position). The answer adds the ``check`` verdict of the int8 model against the fp32 one
     under the int8 profile, on ``providers_requested`` (CPU when not given).
@@ -2154,17 +2510,14 @@ def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None
     require_file(fp32_path)
     require_file(int8_path)
     paths = {name: os.path.join(out_dir, name) for name in REPORT_FILES}
-    for source in (fp32_path, int8_path):
-        for target in paths.values():
-            if _same_file(source, target):
-                raise EprunError(f"refusing to overwrite the input model {source!r} with a "
-                                 "deliverable; choose another --out-dir", EXIT_USAGE)
     paths_of = {"fp32": fp32_path, "int8": int8_path}
     graphs = {which: load_model(path, load_weights=False) for which, path in paths_of.items()}
+    _check_report_targets(paths, graphs, paths_of, force)
     requests = [list(request) for request in REPORT_REQUESTS]
     if providers_requested is not None and providers_requested not in requests:
         requests.append(list(providers_requested))
-    provider_answer = {**providers(fp32_path, requests), "note": REPORT_NOTE}
+    with captured_chatter():  # the made-up provider's banner and note: the table records it
+        provider_answer = {**providers(fp32_path, requests), "note": REPORT_NOTE}
     splits = [partition(paths_of[which], ops, model=graphs[which])
               for which, ops in report_splits(graphs["fp32"], graphs["int8"])]
     named = _name_pairs(fp32_path, int8_path, boundary_ops)
@@ -2182,17 +2535,83 @@ def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None
     markdown = report_markdown(provider_answer, splits, measured, growth_answer,
                                settings_answer, exposure, gate, facts)
 
+    created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    expose(fp32_path, paths["fp32_exposed.onnx"], boundary_ops, model=graphs["fp32"])
-    expose(int8_path, paths["int8_exposed.onnx"], boundary_ops, model=graphs["int8"])
-    for name, answer in (("providers.json", provider_answer), ("growth.json", growth_answer),
-                         ("settings.json", settings_answer)):
-        write_atomically((to_json(answer) + "\n").encode(), paths[name])
-    write_atomically(markdown.encode("utf-8"), paths["ep_report.md"])
+    staged: list[Staged] = []
+    links: list[tuple[str, str]] = []
+    try:
+        for which in ("fp32", "int8"):
+            _, files, needed = prepare_expose(paths_of[which], paths[f"{which}_exposed.onnx"],
+                                              boundary_ops, model=graphs[which])
+            staged += files
+            links += [link for link in needed if link not in links]
+        for name, answer in (("providers.json", provider_answer),
+                             ("growth.json", growth_answer), ("settings.json", settings_answer)):
+            staged.append(stage((to_json(answer) + "\n").encode(), paths[name]))
+        staged.append(stage(markdown.encode("utf-8"), paths["ep_report.md"]))
+        commit(staged, links)
+    except BaseException:
+        discard(staged)
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(out_dir)
+        raise
     return {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES],
             "pairing": pairing,
             "check": {key: gate[key] for key in ("profile", "tolerance", "providers", "failures",
                                                  "passed")}}
+
+
+# What each deliverable starts with when eprun wrote it: JSON keys, or the report's first words.
+_REPORT_SIGNATURES = {"providers.json": {"model", "available", "cases", "note"},
+                      "growth.json": {"seed", "layer_count", "rel_error", "ratios"},
+                      "settings.json": {"model", "seed", "baseline", "cases", "all_equal"},
+                      "ep_report.md": "eprun report, generated by"}
+
+
+def _check_report_targets(paths: dict, graphs: dict, paths_of: dict, force: bool) -> None:
+    """Refuse, before anything is measured, every deliverable path ``report`` must not
+    replace: an input or its weights (exit 2), a device or folder (exit 4), a file eprun did
+    not write (exit 4, unless ``force``), and a place where the two models' external weights
+    would need different files."""
+    protected = [path for which, model_path in paths_of.items()
+                 for path in (model_path, *external_data_files(graphs[which], model_path))]
+    for name, path in paths.items():
+        if os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            check_output(path, protected)
+        if not force and os.path.isfile(path) and not _written_by_eprun(name, path):
+            raise EprunError(f"refusing to replace {path!r}, which eprun did not write; move "
+                             "it away, choose another --out-dir, or add --force")
+    targets: dict[str, str] = {}
+    for which, model_path in paths_of.items():
+        out = paths[f"{which}_exposed.onnx"]
+        links, copies = plan_external_data(graphs[which], model_path, out)
+        for source, target in links + copies:
+            if target in targets and not _same_bytes(targets[target], source):
+                raise EprunError(f"both models keep their weights in a file named "
+                                 f"{os.path.basename(target)!r}, and their exposed copies "
+                                 f"would need both at {target!r}; choose an --out-dir beside "
+                                 "one of them")
+            targets[target] = source
+
+
+def _written_by_eprun(name: str, path: str) -> bool:
+    """Does the file at a deliverable's path look like eprun's own (so replacing it loses
+    nothing eprun cannot write again)?"""
+    import json
+
+    signature = _REPORT_SIGNATURES.get(name)
+    try:
+        if signature is None:  # an exposed model: any ONNX model eprun can parse
+            load_model(path, load_weights=False)
+            return True
+        with open(path, encoding="utf-8") as stream:
+            if isinstance(signature, str):
+                return stream.read(len(signature)) == signature
+            answer = json.load(stream)
+        return isinstance(answer, dict) and signature <= set(answer)
+    except (EprunError, OSError, ValueError):
+        return False
 
 
 def _name_pairs(fp32_path: str, int8_path: str, boundary_ops: tuple[str, ...]) -> dict | None:
@@ -2480,7 +2899,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.required = True
 
     def command(name: str, summary: str, fields: str, run: Callable[[argparse.Namespace], dict],
-                verdict: Callable[[argparse.Namespace, dict], int] = lambda args, answer: 0):
+                verdict: Callable[[argparse.Namespace, dict], str | None] = (
+                    lambda args, answer: None)):
         import textwrap
 
         description = (textwrap.fill(summary, 79) + "\n\n"
@@ -2493,14 +2913,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("providers", "requested vs. actual execution providers, one session per list",
                   '{"model", "available", "cases": [{"requested", "actual", "missing", '
                   '"fell_back", "error"}]}',
-                  lambda args: providers(args.model, args.lists),
-                  lambda args, answer: int(args.fail_on_fallback
-                                           and any(case["fell_back"] for case in answer["cases"])))
+                  lambda args: providers(args.model, args.lists), providers_verdict)
     sub.add_argument("model", help="ONNX model file")
     sub.add_argument("lists", nargs="+", type=parse_list, metavar="list",
                      help="comma-joined provider names, e.g. CUDAExecutionProvider,CPUExecutionProvider")
     sub.add_argument("--fail-on-fallback", action="store_true",
-                     help="exit 1 (after printing the answer) when any case fell back")
+                     help="exit 1 (after printing the answer) when a case did not get a provider "
+                     "it asked for (onnxruntime adding the CPU provider is not a fallback)")
 
     sub = command("placement", "which execution provider each node was actually assigned to "
                   "(onnxruntime's graph assignment info, or a one-run profile on releases "
@@ -2591,8 +3010,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      args.reference_providers, args.profile, args.rtol,
                                      args.atol, args.min_cos, inputs_from(args), args.seed,
                                      args.warmup,
-                                     args.retries, args.retry_pause, args.require_providers),
-                  lambda args, answer: 0 if answer["passed"] else 1)
+                                     args.retries, args.retry_pause, args.require_providers,
+                                     args.allow_fallback),
+                  check_verdict)
     sub.add_argument("reference", help="reference model (usually the FP32 one), run on "
                      "--reference-providers")
     sub.add_argument("candidate", help="candidate model, run on --providers")
@@ -2606,7 +3026,7 @@ def build_parser() -> argparse.ArgumentParser:
     for option, what in (("--rtol", "relative"), ("--atol", "absolute")):
         sub.add_argument(option, type=parse_tolerance, help=f"{what} tolerance (overrides the "
                          "profile)")
-    sub.add_argument("--min-cos", type=parse_tolerance,
+    sub.add_argument("--min-cos", type=parse_cosine,
                      help="smallest allowed cosine between the flattened outputs")
     input_options(sub)
     sub.add_argument("--seed", type=parse_seed, default=0, help="input seed (default 0)")
@@ -2617,6 +3037,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "never after a numeric failure (default 2)")
     sub.add_argument("--retry-pause", type=parse_tolerance, default=2.0,
                      help="seconds between tries (default 2)")
+    sub.add_argument("--allow-fallback", action="store_true",
+                     help="pass even when the candidate's session did not get a provider it "
+                     "asked for (by default that fails the check)")
     sub.add_argument("--require-providers", action="store_true",
                      help="fail when the candidate's session did not get exactly --providers")
 
@@ -2627,11 +3050,13 @@ def build_parser() -> argparse.ArgumentParser:
                   'providers.json adds "note")',
                   lambda args: report(args.fp32, args.int8, args.seed, args.out_dir,
                                       inputs=inputs_from(args), boundary_ops=args.boundary_ops,
-                                      providers_requested=args.providers))
+                                      providers_requested=args.providers, force=args.force))
     sub.add_argument("fp32", help="float model")
     sub.add_argument("int8", help="quantized model (QDQ, QOperator, dynamic or float16)")
     sub.add_argument("--seed", type=parse_seed, default=0, help="input seed (default 0)")
     sub.add_argument("--out-dir", help="folder to write into (default: the fp32 model's folder)")
+    sub.add_argument("--force", action="store_true",
+                     help="replace files at the deliverables' paths that eprun did not write")
     sub.add_argument("--providers", type=parse_list,
                      help="your target's providers: a row of the providers table, and the "
                      "ones the check verdict runs the int8 model on (default: CPU)")
@@ -2640,41 +3065,165 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
+_INTERRUPTED: list[int] = []
+_ANSWERED: list[bool] = []
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """SIGTERM/SIGHUP unwind through the cleanup code (temporary files) instead of vanishing;
+    SIGINT is remembered, so that a library that turns the KeyboardInterrupt into another
+    error (numpy's import does) is still reported as an interruption. Inside
+    ``signals_held`` the signal waits for the block to end."""
+    _INTERRUPTED.append(signum)
+    if _HELD:
+        _HELD[-1].append(signum)
+        return
+    if _ANSWERED:  # the answer is out: finish as it says, not as an interruption
+        return
+    _act_on_signal(signum)
+
+
+def _act_on_signal(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise SystemExit(128 + signum)
 
 
+def _install_signal_handlers() -> dict:
+    """eprun's handlers for SIGTERM, SIGHUP and SIGINT where they have their defaults; returns
+    the handlers they replaced. Only the main thread may set handlers; from any other thread
+    eprun runs without them."""
+    import threading
+
+    replaced: dict = {}
+    if threading.current_thread() is not threading.main_thread():
+        return replaced
+    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) in (
+                signal.SIG_DFL, signal.default_int_handler, _startup_interrupt):
+            replaced[number] = signal.signal(number, _on_signal)
+    return replaced
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    for name in ("SIGTERM", "SIGHUP"):  # unwind through the cleanup code instead of vanishing
-        if hasattr(signal, name) and signal.getsignal(getattr(signal, name)) == signal.SIG_DFL:
-            signal.signal(getattr(signal, name), _exit_on_signal)
+    """Run one command: parse, compute with every stream held, print one JSON line or one
+    error line; return the exit code (see the module docstring). Safe to call from any thread
+    and from other Python code: signal handlers are set only in the main thread, and the
+    caller's come back before it returns."""
+    return _main(argv, restore_handlers=True)
+
+
+def _main(argv: list[str] | None, restore_handlers: bool) -> int:
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)  # seeds of any length, in and out
+    closed = _hold_closed_streams()
+    _ANSWERED.clear()
+    _INTERRUPTED.clear()
+    replaced: dict = {}
     try:
-        with stdout_to_stderr():
+        replaced = _install_signal_handlers()
+        args = build_parser().parse_args(argv)
+        if 1 in closed:
+            say("eprun: error: stdout is closed, so there is nowhere to write the answer")
+            return EXIT_FAILURE
+        return _run(args)
+    except KeyboardInterrupt:
+        say("eprun: error: interrupted")
+        return 130
+    finally:
+        for number, previous in replaced.items() if restore_handlers else ():
+            signal.signal(number, previous)
+
+
+def cli() -> None:
+    """The ``eprun`` command and ``python eprun.py``: ``main``, then exit with its code. A
+    signal that arrives while Python shuts down (the answer already out) is ignored rather
+    than turning a finished run into a killed one."""
+    code = _main(None, restore_handlers=False)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            with contextlib.suppress(ValueError, OSError):  # not the main thread
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+    sys.exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
+    store = None
+    try:
+        with captured_chatter() as store:
             answer = args.run(args)
         text = to_json(answer)
     except EprunError as exc:
-        _report_failure(exc)
+        _report_failure(exc, store)
         return exc.code
     except KeyboardInterrupt:
-        print("eprun: error: interrupted", file=sys.stderr)
+        _report_failure(EprunError("interrupted"), store)
         return 130
-    except Exception as exc:  # a bug or an unforeseen library failure: still one line
-        _report_failure(exc)
+    except Exception as exc:  # noqa: BLE001 - the one place every other failure is reported
+        if _INTERRUPTED and _INTERRUPTED[-1] == signal.SIGINT:
+            _report_failure(EprunError("interrupted"), store)
+            return 130
+        _report_failure(exc, store)
         return EXIT_FAILURE
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-    return args.verdict(args, answer)
+    replay(store)
+    reason = args.verdict(args, answer)
+    written = write_fd(1, (text + "\n").encode())
+    _ANSWERED.append(True)
+    if not written:
+        say("eprun: error: cannot write the answer to stdout (closed, full or a closed pipe)")
+        _silence_stdout()
+        return EXIT_FAILURE
+    if reason:
+        say(f"eprun: {one_line(reason)}")
+        return 1
+    return 0
 
 
-def _report_failure(exc: BaseException) -> None:
+def _hold_closed_streams() -> set[int]:
+    """Point a closed stdin, stdout or stderr at /dev/null (so that no file eprun opens takes
+    its number and receives the answer or an error line by mistake); return which were
+    closed."""
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):
+        with contextlib.suppress(OSError):
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    return closed
+
+
+def _silence_stdout() -> None:
+    """After a failed write of the answer, point fd 1 at /dev/null so that the interpreter's
+    own flush at exit neither fails nor prints about it."""
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+
+
+def _report_failure(exc: BaseException, store=None) -> None:
+    """The one stderr line of a failure. What the command printed meanwhile (onnxruntime's
+    banners and warnings, eprun's notes) is dropped, or shown first with ``EPRUN_DEBUG=1``,
+    which also adds the traceback. An exception eprun did not expect is an internal error."""
     if os.environ.get("EPRUN_DEBUG"):
         import traceback
 
-        traceback.print_exception(type(exc), exc, exc.__traceback__)
-    message = str(exc) if isinstance(exc, EprunError) else f"{type(exc).__name__}: {exc}"
-    print(f"eprun: error: {one_line(message)}", file=sys.stderr)
+        replay(store)
+        say("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
+    if isinstance(exc, EprunError):
+        message = str(exc)
+    else:
+        message = (f"internal error: {type(exc).__name__}: {exc} (rerun with EPRUN_DEBUG=1 "
+                   "and report it)")
+    say(f"eprun: error: {one_line(message)}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

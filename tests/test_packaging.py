@@ -90,7 +90,7 @@ def test_the_wheel_holds_eprun_py_and_nothing_else(wheel):
     assert "Requires-Python: >=3.9\n" in metadata
     for requirement in ("onnx>=1.15", "onnxruntime>=1.16", "numpy>=1.24"):
         assert f"Requires-Dist: {requirement}\n" in metadata
-    assert re.search(r"\[console_scripts\]\neprun ?= ?eprun:main\n", entry_points)
+    assert re.search(r"\[console_scripts\]\neprun ?= ?eprun:cli\n", entry_points)
 
 
 def test_the_installed_command_runs_the_installed_module(installed, tmp_path):

@@ -53,9 +53,12 @@ def test_readme_example_output_is_real(command, shown):
             return
     if PINNED_STACK:
         assert printed == shown
-    elif shown.startswith("{"):
-        assert json.loads(shown) == approx_tree(json.loads(printed))
-    else:  # text with numbers: the text exactly, the numbers to 1e-5
-        assert NUMBER.sub("#", printed) == NUMBER.sub("#", shown)
-        assert [float(n) for n in NUMBER.findall(printed)] == pytest.approx(
-            [float(n) for n in NUMBER.findall(shown)], rel=1e-5)
+        return
+    assert printed.count("\n") == shown.count("\n"), printed
+    for got, want in zip(printed.splitlines(), shown.splitlines()):
+        if want.startswith("{"):
+            assert json.loads(want) == approx_tree(json.loads(got))
+        else:  # text with numbers: the text exactly, the numbers to 1e-5
+            assert NUMBER.sub("#", got) == NUMBER.sub("#", want)
+            assert [float(n) for n in NUMBER.findall(got)] == pytest.approx(
+                [float(n) for n in NUMBER.findall(want)], rel=1e-5)

@@ -51,7 +51,7 @@ NEED_PINNED_STACK = $(if $(filter requirements.txt,$(STACK_$(PY_VERSION))),,$(er
 # whatever its stamps say: FORCE makes its install rules run, and venv_install rebuilds it.
 VENV_STALE := $(if $(filter $(PY_VERSION),$(call PY_VERSION_OF,$(VENV)/bin/python)),,FORCE)
 
-.PHONY: lab models deliverables test test-current test-oldest bench clean FORCE
+.PHONY: lab models deliverables test lint test-current test-oldest bench clean FORCE
 
 lab: $(VENV)/.lab-installed
 	$(MAKE) --no-print-directory deliverables RUN=$(VENV)/bin/python
@@ -62,7 +62,11 @@ models:
 deliverables: models
 	$(RUN) eprun.py report fp32.onnx int8.onnx --seed $(SEED) > /dev/null
 
-test: test-current test-oldest
+test: lint test-current test-oldest
+
+# ruff with the rules and reasons in pyproject.toml (line length 100, B, PL, PT, SIM, ISC, ...).
+lint: $(VENV)/.dev-installed
+	$(VENV)/bin/ruff check .
 
 test-current: $(VENV)/.dev-installed
 	$(VENV)/bin/python -m pytest

@@ -30,7 +30,8 @@ Exit codes:
     3    a path that is not there: a missing input file (or a directory), an output's folder
     4    any other failure: a file that is not a loadable ONNX model, boundary counts that
          differ, a model eprun cannot feed or compare, an output it must not or cannot write
-    130  interrupted (Ctrl-C); 143 and 129: stopped by SIGTERM and SIGHUP
+    130  interrupted (Ctrl-C)
+    143  stopped by SIGTERM (129: SIGHUP)
 
 On failure stdout stays empty and stderr gets one line ``eprun: error: <what and why>``;
 ``EPRUN_DEBUG=1`` adds the Python traceback. README.md is the binding description of every
@@ -185,6 +186,70 @@ def parse_boundary_ops(text: str) -> tuple[str, ...]:
     return BOUNDARY_OPS + tuple(op for op in parse_list(text) if op not in BOUNDARY_OPS)
 
 
+# -- command declarations ----------------------------------------------------------------------
+
+class Arg(NamedTuple):
+    """One command-line argument: its names and ``ArgumentParser.add_argument`` options."""
+
+    names: tuple
+    options: dict
+
+
+def arg(*names: str, **options: Any) -> Arg:
+    return Arg(names, options)
+
+
+class Command(NamedTuple):
+    """Everything about one command, declared next to its function: the parser is built from
+    these, the help shows them, and the tests check ``fields`` against real answers.
+
+    ``run`` takes keyword arguments named like the parsed arguments (``inputs`` is built from
+    the input options); ``fields`` are the top-level keys of its answer for a contract-shaped
+    model and default options, in order; ``detail`` says what is inside them and what options
+    add; ``verdict`` turns an answer into a failure reason (exit 1) or None.
+    """
+
+    name: str
+    summary: str
+    run: Callable[..., dict]
+    arguments: tuple
+    fields: tuple
+    detail: str = ""
+    example: str = ""
+    verdict: Callable[[argparse.Namespace, dict], str | None] | None = None
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def declare(command: Command) -> Command:
+    COMMANDS[command.name] = command
+    return command
+
+
+# The exit codes (code, name, meaning), for the help, the module docstring and the README;
+# the tests check that all three list every one.
+EXIT_CODES = (
+    (0, "success", "stdout holds the JSON answer and nothing else"),
+    (1, "failed verdict", ("check or providers --fail-on-fallback: the answer on stdout, the "
+        "reason on stderr")),
+    (2, "usage", ("unknown command or option, wrong argument count, a bad seed or number, an "
+        "unknown provider name (check, placement), an output that is an input")),
+    (3, "missing path", "a missing input file (or a directory), an output's folder"),
+    (4, "other failure", ("an unreadable model, boundary counts that differ, a model eprun "
+        "cannot feed or compare, an output it must not or cannot write")),
+    (130, "interrupted", "Ctrl-C"),
+    (143, "terminated", "SIGTERM (129: SIGHUP)"),
+)
+
+# Argument groups several commands share.
+MODEL = arg("model", help="ONNX model file")
+SEED = arg("seed", type=parse_seed,
+           help="non-negative integer; the inputs are drawn by numpy.random.default_rng(seed)")
+FP32_INT8 = (arg("fp32", help="float model"),
+             arg("int8", help="quantized model (QDQ, QOperator, dynamic or float16) of it"))
+
+
 # -- strict JSON -------------------------------------------------------------------------------
 
 def _strict(value: Any) -> Any:
@@ -236,7 +301,7 @@ def captured_chatter() -> Iterator[Any]:
         with contextlib.suppress(Exception):
             stream.flush()
     try:
-        store = tempfile.TemporaryFile()
+        store = tempfile.TemporaryFile()  # noqa: SIM115 - held open across the yield
     except OSError:  # no writable temporary folder: at least keep stdout clean
         store = None
     saved = {}
@@ -379,6 +444,12 @@ QUANTIZED_FORMS = {"MatMul": ("QLinearMatMul", "MatMulInteger", "DynamicQuantize
 FLOAT_TYPES = frozenset({1, 10, 11, 16})
 # Ops with weights whose input is worth a boundary when MatMul/Gemm give none (a CNN).
 _LINEAR_OPS = ("Conv", "ConvTranspose", "QLinearConv", "ConvInteger", "Einsum")
+
+
+BOUNDARY_OPS_ARG = arg(
+    "--boundary-ops", type=parse_boundary_ops, default=BOUNDARY_OPS,
+    help="comma-joined op types whose first input is also a boundary, on top of MatMul and "
+         "Gemm (e.g. Conv); their quantized forms (QLinearConv, ...) count too")
 
 
 def with_quantized_forms(boundary_ops: tuple[str, ...]) -> tuple[str, ...]:
@@ -1130,7 +1201,8 @@ def feed_for(specs: list[InputSpec], other_path: str, feed: Feed) -> dict:
                          f"first model {len(feed.arrays)} ({', '.join(feed.arrays)}); both must "
                          "take the same inputs")
     fed = {}
-    for spec, array in zip(specs, arrays):
+    for spec, given in zip(specs, arrays):
+        array = given
         fixed = [(axis, dim) for axis, dim in enumerate(spec.dims) if isinstance(dim, int)]
         if len(spec.dims) != array.ndim or any(array.shape[axis] != dim for axis, dim in fixed):
             raise EprunError(f"the models take different input shapes: {other_path!r} wants "
@@ -1140,6 +1212,35 @@ def feed_for(specs: list[InputSpec], other_path: str, feed: Feed) -> dict:
             array = array.astype(spec.dtype)
         fed[spec.name] = array
     return fed
+
+
+def input_args(rows_default: str = str(ROWS)) -> tuple:
+    """What every command that runs a model takes to shape its inputs (see ``make_feeds``)."""
+    return (arg("--rows", type=parse_rows,
+                help=f"batch size of the inputs (default {rows_default}; a model that fixes "
+                     "its batch gets that)"), *INPUT_ARGS[1:])
+
+
+INPUT_ARGS = (
+    arg("--rows", type=parse_rows,
+        help=f"batch size of the inputs (default {ROWS}; a model that fixes its batch gets "
+             "that)"),
+    arg("--dim", type=parse_dim, action="append", default=[], metavar="NAME=VALUE",
+        help=f"value of a symbolic dimension (default {DIM_DEFAULT}); an unnamed one is "
+             "INPUT:AXIS=VALUE; repeatable"),
+    arg("--input-range", type=parse_input_range, action="append", default=[],
+        metavar="NAME:LO,HI",
+        help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI inclusive); "
+             "repeatable"),
+    arg("--inputs", dest="inputs_file", metavar="FILE.npz",
+        help="feed these arrays (numpy.savez, one per input name) instead of generated ones; "
+             "their batch sets the rows"),
+)
+
+
+def inputs_from(args: argparse.Namespace) -> InputOptions:
+    return InputOptions(rows=args.rows, dims=dict(args.dim), ranges=dict(args.input_range),
+                        file=args.inputs_file)
 
 
 # -- sessions ------------------------------------------------------------------------------------
@@ -1161,14 +1262,15 @@ def import_ort():
     return onnxruntime
 
 
-def cpu_session(model_or_path, options=None, what: str = "model",
-                providers: list[str] | None = None):
-    """A session (CPU only unless ``providers`` says otherwise) from a path or serialized
-    bytes; any failure becomes one clear error."""
+def open_session(source, options=None, what: str = "model",
+                 providers: list[str] | None = None):
+    """The one way eprun opens a session: from a path or serialized bytes, on the CPU unless
+    ``providers`` says otherwise; any failure becomes one clear error whose cause is
+    onnxruntime's own exception."""
     ort = import_ort()
     requested = ["CPUExecutionProvider"] if providers is None else providers
     try:
-        return ort.InferenceSession(model_or_path, sess_options=options, providers=requested)
+        return ort.InferenceSession(source, sess_options=options, providers=requested)
     except Exception as exc:
         with_providers = "" if providers is None else f" with providers {requested}"
         raise EprunError(f"onnxruntime cannot open {what}{with_providers}: "
@@ -1194,23 +1296,23 @@ def dims_hint(feed: Feed) -> str:
 
 # -- providers ---------------------------------------------------------------------------------
 
-def providers(model_path: str, requests: list[list[str]]) -> dict:
+def providers(model: str, lists: list[list[str]]) -> dict:
     """One session per requested list; what it actually holds, what was missing, and whether
     it fell back. A model onnxruntime cannot open is reported per case, not as a failure."""
-    require_file(model_path)
+    require_file(model)
     ort = import_ort()
     available = list(ort.get_available_providers())
     cases = []
-    for message in dict.fromkeys(m for requested in requests
+    for message in dict.fromkeys(m for requested in lists
                                  for m in provider_warnings(requested)):
         note(message)
-    for requested in requests:
+    for requested in lists:
         try:
-            session = ort.InferenceSession(model_path, providers=requested)
+            session = open_session(model, providers=requested)
             actual, error = list(session.get_providers()), None
             del session
-        except Exception as exc:
-            actual, error = [], type(exc).__name__
+        except EprunError as exc:  # the contract's error: onnxruntime's exception class
+            actual, error = [], type(exc.__cause__).__name__
         cases.append({
             "requested": requested,
             "actual": actual,
@@ -1218,7 +1320,36 @@ def providers(model_path: str, requests: list[list[str]]) -> dict:
             "fell_back": actual != requested,
             "error": error,
         })
-    return {"model": model_path, "available": available, "cases": cases}
+    return {"model": model, "available": available, "cases": cases}
+
+
+def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
+    """``--fail-on-fallback``: which cases did not get a provider they asked for."""
+    fell = [(index, case) for index, case in enumerate(answer["cases"])
+            if fallback_of(case["requested"], case["actual"])]
+    if not args.fail_on_fallback or not fell:
+        return None
+    return "fallback: " + "; ".join(
+        f"case {index} asked for {','.join(case['requested'])} and got "
+        f"{','.join(case['actual']) or 'no session'}" for index, case in fell)
+
+
+PROVIDERS = declare(Command(
+    name="providers",
+    summary="requested vs. actual execution providers, one session per list",
+    run=providers,
+    arguments=(MODEL,
+               arg("lists", nargs="+", type=parse_list, metavar="list",
+                   help="comma-joined provider names, e.g. "
+                        "CUDAExecutionProvider,CPUExecutionProvider"),
+               arg("--fail-on-fallback", action="store_true",
+                   help="exit 1 (after printing the answer) when a case did not get a provider "
+                        "it asked for (onnxruntime adding the CPU provider is not a fallback)")),
+    fields=("model", "available", "cases"),
+    detail='cases: [{"requested", "actual", "missing", "fell_back", "error"}]',
+    example="eprun.py providers model.onnx CUDAExecutionProvider,CPUExecutionProvider "
+            "CPUExecutionProvider",
+    verdict=providers_verdict))
 
 
 # -- partition ---------------------------------------------------------------------------------
@@ -1295,25 +1426,43 @@ def _node_inputs(node) -> list[str]:
     return names
 
 
-def partition(model_path: str, supported: list[str], mode: str = "file", model=None) -> dict:
+def partition(model: str, supported: list[str], mode: str = "file", parsed=None) -> dict:
     """Which pieces an EP supporting only ``supported`` would get; needs only onnx.
 
     ``file`` (the contract): runs of consecutive nodes in file order. ``ort``: the groups
     onnxruntime's own partitioner forms, with the unsupported nodes between them merged; as
     onnxruntime partitions each If/Loop/Scan body on its own (a group never crosses into a
     subgraph), each body is partitioned alone, listed under ``subgraphs`` and added into
-    ``totals``. ``model`` is the already parsed graph of ``model_path``, when the caller has it.
+    ``totals``. ``parsed`` is the already parsed graph of ``model``, when the caller has it.
     """
-    if model is None:
-        model = load_model(model_path, load_weights=False)
-    answer = {"model": model_path, "supported": supported,
-              **_partition_graph(model.graph, supported, mode)}
+    if parsed is None:
+        parsed = load_model(model, load_weights=False)
+    _check_op_list(parsed, supported, model)
+    answer = {"model": model, "supported": supported,
+              **_partition_graph(parsed.graph, supported, mode)}
     if mode == "ort":
-        subgraphs = _partition_subgraphs(model.graph, supported)
+        subgraphs = _partition_subgraphs(parsed.graph, supported)
         if subgraphs:
             answer["subgraphs"] = subgraphs
             answer["totals"] = _partition_totals(answer)
     return answer
+
+
+def _check_op_list(parsed, supported: list[str], model: str) -> None:
+    """A note when no listed op type occurs in the model (op types are case-sensitive), with
+    the near misses and the model's own op types."""
+    import difflib
+
+    present = list(dict.fromkeys(node.op_type for node in parsed.graph.node))
+    if not supported or set(supported) & set(present):
+        return
+    lower = {op.lower(): op for op in present}
+    near = [lower.get(op.lower()) or next(iter(difflib.get_close_matches(op, present, 1, 0.7)),
+                                          None) for op in supported]
+    misses = [f"{op} -> {guess}" for op, guess in zip(supported, near) if guess]
+    note(f"no op type in {','.join(supported)!r} occurs in {model!r} (op types are "
+         f"case-sensitive){'; did you mean ' + ', '.join(misses) + '?' if misses else ''} Its "
+         f"op types: {', '.join(present) or 'none'}")
 
 
 def _partition_graph(graph, supported: list[str], mode: str) -> dict:
@@ -1327,12 +1476,10 @@ def _partition_graph(graph, supported: list[str], mode: str) -> dict:
     # Runs of units with one owner form one partition. onnxruntime's groups are never
     # adjacent (a new wave starts with the unsupported nodes the last group held back), so
     # in ort mode only unsupported nodes merge.
-    merged: list[tuple[str, list[int]]] = []
-    for owner, members in units:
-        if merged and merged[-1][0] == owner:
-            merged[-1][1].extend(members)
-        else:
-            merged.append((owner, list(members)))
+    from itertools import groupby
+
+    merged = [(owner, [index for _, members in run for index in members])
+              for owner, run in groupby(units, key=lambda unit: unit[0])]
     partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
                    "size": len(members)} for owner, members in merged]
     return {
@@ -1375,6 +1522,24 @@ def _partition_totals(answer: dict) -> dict:
                                  if part["owner"] == "ep")}
 
 
+PARTITION = declare(Command(
+    name="partition",
+    summary="file-order simulation of the partitions an EP supporting only the listed ops "
+            "would form (no session)",
+    run=partition,
+    arguments=(MODEL,
+               arg("supported", type=parse_list, help="comma-joined op types, e.g. MatMul,Add"),
+               arg("--mode", choices=("file", "ort"), default="file",
+                   help="file: runs of consecutive nodes in file order (the lab's rule, "
+                        "default); ort: the groups onnxruntime's partitioner forms "
+                        "(topological, branches merge, each If/Loop/Scan body on its own)")),
+    fields=("model", "supported", "nodes", "claimed", "partition_count", "handoffs",
+            "partitions"),
+    detail='partitions: [{"owner", "nodes", "size"}]; --mode ort adds "subgraphs" and '
+           '"totals" when the model has If/Loop/Scan bodies',
+    example="eprun.py partition model.onnx MatMul,Add,Relu --mode ort"))
+
+
 # -- expose ------------------------------------------------------------------------------------
 
 def _same_file(first: str, second: str) -> bool:
@@ -1383,14 +1548,14 @@ def _same_file(first: str, second: str) -> bool:
     return os.path.realpath(first) == os.path.realpath(second)
 
 
-def expose(model_path: str, out_path: str,
-           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, model=None) -> dict:
+def expose(model: str, out: str,
+           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, parsed=None) -> dict:
     """Save a copy of the model whose outputs include every boundary; the input is untouched.
 
-    ``model`` is the already parsed graph of ``model_path``, when the caller has it; it gets
+    ``parsed`` is the already parsed graph of ``model``, when the caller has it; it gets
     the new outputs.
     """
-    answer, staged, links = prepare_expose(model_path, out_path, boundary_ops, model)
+    answer, staged, links = prepare_expose(model, out, boundary_ops, parsed)
     commit(staged, links)
     return answer
 
@@ -1429,8 +1594,7 @@ def _copier(source: str) -> Callable[[Any], None]:
 
 def external_data_files(model, model_path: str) -> list[str]:
     """The files a model's external weights live in (inputs to protect, as the model is)."""
-    locations = {_external_location(tensor).get("location", "")
-                 for tensor in external_tensors(model)}
+    locations = {_external_location(tensor).location for tensor in external_tensors(model)}
     return [_safe_location(location, model_path) for location in sorted(locations)]
 
 
@@ -1477,15 +1641,20 @@ def _existing_parent(path: str) -> str:
 
 
 def _same_bytes(first: str, second: str) -> bool:
-    if os.path.getsize(first) != os.path.getsize(second):
-        return False
-    with open(first, "rb") as a, open(second, "rb") as b:
-        while True:
-            chunk = a.read(16 << 20)
-            if chunk != b.read(16 << 20):
-                return False
-            if not chunk:
-                return True
+    import filecmp
+
+    return filecmp.cmp(first, second, shallow=False)
+
+
+EXPOSE = declare(Command(
+    name="expose",
+    summary="save a copy whose graph outputs include every layer boundary (first input of each "
+            "MatMul/Gemm, then the first float output)",
+    run=expose,
+    arguments=(arg("model", help="ONNX model file (never modified)"),
+               arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG),
+    fields=("model", "out", "boundaries", "outputs"),
+    example="eprun.py expose int8.onnx int8_exposed.onnx"))
 
 
 # -- layers and growth -------------------------------------------------------------------------
@@ -1509,14 +1678,16 @@ def _estimated_bytes(value_type, rows: int) -> int | None:
 
 
 def external_tensors(model) -> list:
-    from onnx import TensorProto
+    from onnx.external_data_helper import uses_external_data
 
-    return [tensor for tensor in model.graph.initializer
-            if tensor.data_location == TensorProto.EXTERNAL]
+    return [tensor for tensor in model.graph.initializer if uses_external_data(tensor)]
 
 
-def _external_location(tensor) -> dict:
-    return {entry.key: entry.value for entry in tensor.external_data}
+def _external_location(tensor):
+    """Where an external tensor's bytes are (``location``, ``offset``, ``length``)."""
+    from onnx.external_data_helper import ExternalDataInfo
+
+    return ExternalDataInfo(tensor)
 
 
 def _safe_location(location: str, model_path: str) -> str:
@@ -1553,22 +1724,17 @@ def open_exposed(model, model_path: str):
                 os.path.dirname(os.path.abspath(model_path)))
         if names or extra_names:
             options.add_external_initializers(names + extra_names, values + extra_values)
-        return ort.InferenceSession(serialized, sess_options=options,
-                                    providers=["CPUExecutionProvider"])
+        return open_session(serialized, options, what=repr(model_path))
 
     if external:
         try:
             return session_with([], [], folder_option=True)
-        except Exception:  # an onnxruntime without that option: hand it the data instead
+        except EprunError:  # an onnxruntime without that option: hand it the data instead
             pass
     maps = [_map_external(tensor, model_path) for tensor in external]
-    try:
-        return session_with([tensor.name for tensor in external],
-                            [ort.OrtValue.ortvalue_from_numpy(data) for data in maps],
-                            folder_option=False)
-    except Exception as exc:
-        raise EprunError(f"onnxruntime cannot open {model_path!r}: {type(exc).__name__}: "
-                         f"{one_line(exc)}") from exc
+    return session_with([tensor.name for tensor in external],
+                        [ort.OrtValue.ortvalue_from_numpy(data) for data in maps],
+                        folder_option=False)
 
 
 # Inline initializers at least this large are handed to onnxruntime as arrays; smaller ones
@@ -1626,35 +1792,48 @@ def _map_external(tensor, model_path: str):
     from onnx import helper
 
     location = _external_location(tensor)
-    path = _safe_location(location.get("location", ""), model_path)
+    path = _safe_location(location.location, model_path)
     require_file(path, "external data")
     try:
         return np.memmap(path, dtype=helper.tensor_dtype_to_np_dtype(tensor.data_type),
-                         mode="r", offset=int(location.get("offset", 0)),
-                         shape=tuple(tensor.dims))
+                         mode="r", offset=int(location.offset or 0), shape=tuple(tensor.dims))
     except (ValueError, OSError) as exc:
         raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: "
                          f"{one_line(exc)}") from exc
 
 
-METRICS = ("sqnr", "mse")
+def differences(reference, candidate):
+    """The one comparison core: ``(reference, candidate, |candidate - reference|)`` in
+    float64, the reference always first. Non-finite values propagate."""
+    import numpy as np
+
+    reference = np.asarray(reference, dtype=np.float64)
+    candidate = np.asarray(candidate, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        return reference, candidate, np.abs(candidate - reference)
 
 
-def compare_boundary(a, b, rows: int = ROWS, metrics: tuple[str, ...] = ()) -> dict:
+def largest_of(values) -> float:
+    """``max`` of an array as a float, 0.0 for an empty one."""
+    import numpy as np
+
+    return float(np.max(values)) if np.size(values) else 0.0
+
+
+def compare_boundary(reference, candidate, rows: int = ROWS,
+                     metrics: tuple[str, ...] = ()) -> dict:
     """``max_abs_error``, ``scale``, ``rel_error`` and ``cos_min`` of one boundary pair.
 
-    ``a`` is the fp32 tensor, ``b`` the int8 one. Sums run in float64; a row whose cosine has
-    a zero denominator counts as 1.0; non-finite values propagate (and become JSON null).
-    ``metrics`` may add ``sqnr_db`` (10·log10 of signal power over error power, the measure
-    onnxruntime's qdq_loss_debug reports; null when there is no error) and ``mse``.
+    ``reference`` is the fp32 tensor, ``candidate`` the int8 one. Sums run in float64; a row
+    whose cosine has a zero denominator counts as 1.0; non-finite values propagate (and become
+    JSON null). ``metrics`` adds any of ``METRICS``: ``sqnr_db`` and ``mse``.
     """
     import numpy as np
 
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    a, b, diff = differences(reference, candidate)
     with np.errstate(all="ignore"):
-        max_abs_error = float(np.max(np.abs(a - b))) if a.size else 0.0
-        scale = float(np.max(np.abs(a))) if a.size else 0.0
+        max_abs_error = largest_of(diff)
+        scale = largest_of(np.abs(a))
         rel_error = max_abs_error / scale if scale != 0 else 0.0
         a_rows, b_rows = a.reshape(rows, -1), b.reshape(rows, -1)
         dots = np.einsum("ij,ij->i", a_rows, b_rows)
@@ -1663,13 +1842,30 @@ def compare_boundary(a, b, rows: int = ROWS, metrics: tuple[str, ...] = ()) -> d
         cos_min = float(np.min(np.clip(cosines, -1.0, 1.0)))
         measured = {"max_abs_error": max_abs_error, "scale": scale, "rel_error": rel_error,
                     "cos_min": cos_min}
-        if "sqnr" in metrics:
-            noise = float(np.sum((a - b) ** 2))
-            measured["sqnr_db"] = (float(10 * np.log10(float(np.sum(a ** 2)) / noise))
-                                   if noise > 0 else None)
-        if "mse" in metrics:
-            measured["mse"] = float(np.mean((a - b) ** 2)) if a.size else 0.0
+        for name in metrics:
+            measured.update(METRICS[name](a, diff))
     return measured
+
+
+def _sqnr(reference, diff) -> dict:
+    """10·log10 of signal power over error power, the measure onnxruntime's qdq_loss_debug
+    reports; null when there is no error."""
+    import numpy as np
+
+    noise = float(np.sum(diff ** 2))
+    return {"sqnr_db": float(10 * np.log10(float(np.sum(reference ** 2)) / noise))
+            if noise > 0 else None}
+
+
+def _mse(reference, diff) -> dict:
+    """Mean squared error."""
+    import numpy as np
+
+    return {"mse": float(np.mean(diff ** 2)) if diff.size else 0.0}
+
+
+# --metrics NAME -> the function adding its field(s) to a boundary's entry.
+METRICS: dict[str, Callable[[Any, Any], dict]] = {"sqnr": _sqnr, "mse": _mse}
 
 
 class PairedModel:
@@ -1738,8 +1934,10 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     rows = feed.rows
     pairs = plan_pairs(fp32, int8, pair)
     _suggest_boundary_ops(fp32, boundary_ops)
-    segments = (LocalSegments(int8, [int8.boundaries[j] for _, j in pairs], fp32.tensor_names,
-                              set(feed.arrays), rows, metrics)
+    _warn_if_swapped(fp32, int8)
+    segments = (LocalSegments(int8, [int8.boundaries[j] for _, j in pairs],
+                              fp32_names=fp32.tensor_names, input_names=set(feed.arrays),
+                              rows=rows, metrics=metrics)
                 if local else None)
 
     fp32_names = [fp32.boundaries[i] for i, _ in pairs]
@@ -1826,6 +2024,21 @@ def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> list[tuple[in
     return [(k, k) for k in range(count_fp32)]
 
 
+def _quantization_ops(model) -> int:
+    """How many nodes quantize or compute in the integer domain (Q/DQ, QLinear*, ...)."""
+    integer_ops = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+                   "MatMulInteger", "ConvInteger")
+    return sum(node.op_type in integer_ops or node.op_type.startswith("QLinear")
+               for node in model.graph.node)
+
+
+def _warn_if_swapped(fp32: PairedModel, int8: PairedModel) -> None:
+    """The float model goes first: say so when the "fp32" one is quantized and the other not."""
+    if _quantization_ops(fp32.model) and not _quantization_ops(int8.model):
+        note(f"the models look swapped: {fp32.path!r} has quantization nodes and "
+             f"{int8.path!r} has none; the float model goes first (fp32 int8 seed)")
+
+
 def _suggest_boundary_ops(fp32: PairedModel, boundary_ops: tuple[str, ...]) -> None:
     """A CNN has no MatMul: its only boundary is the output. Say which option helps."""
     if len(fp32.boundaries) > 1:
@@ -1882,8 +2095,9 @@ class Segment(NamedTuple):
     ``start`` is fed the fp32 value of the previous boundary ("" when the segment does not read
     it: a parallel branch); each name in ``sides`` (a skip connection, a mask, a second branch)
     is fed the fp32 tensor it maps to, at the point where the int8 model quantizes it, or
-    quantized with the int8 model's own scale where it is an 8-bit tensor. ``outputs`` are ``end`` and what reads it back as float (a
-    run-time scale). ``reason`` says why a segment could not be cut.
+    quantized with the int8 model's own scale where it is an 8-bit tensor. ``outputs`` are
+    ``end`` and what reads it back as float (a run-time scale). ``reason`` says why a segment
+    could not be cut.
     """
 
     model: Any
@@ -1893,7 +2107,7 @@ class Segment(NamedTuple):
     reason: str | None
 
 
-def cut_segment(model, start: str, end: str, types: dict, fp32_names: set,
+def cut_segment(model, start: str, end: str, *, types: dict, fp32_names: set,
                 input_names: set, extra_outputs: list[str] = ()) -> Segment:
     """The nodes that compute ``end`` from ``start`` and from fp32 values of what else they read.
 
@@ -1998,7 +2212,7 @@ class LocalSegments:
     that cannot be cut gets null and a reason in ``unavailable``.
     """
 
-    def __init__(self, int8: PairedModel, boundaries: list[str], fp32_names: set,
+    def __init__(self, int8: PairedModel, boundaries: list[str], *, fp32_names: set,
                  input_names: set, rows: int, metrics: tuple[str, ...]) -> None:
         self.path, self.rows, self.metrics = int8.path, rows, metrics
         self.unavailable: list[dict] = []
@@ -2007,8 +2221,9 @@ class LocalSegments:
         self.segments: dict[int, Segment] = {}
         for k in range(1, len(boundaries)):
             start = quantizing_chain(boundaries[k - 1], producers)[0]
-            segment = cut_segment(model, start, boundaries[k], int8.types, fp32_names,
-                                  input_names, int8.quantization.runtime(boundaries[k]))
+            segment = cut_segment(model, start, boundaries[k], types=int8.types,
+                                  fp32_names=fp32_names, input_names=input_names,
+                                  extra_outputs=int8.quantization.runtime(boundaries[k]))
             if segment.reason:
                 self.unavailable.append({"index": k, "reason": f"cannot cut: {segment.reason}"})
             else:
@@ -2057,9 +2272,12 @@ class LocalSegments:
                                 self.rows, self.metrics)
 
 
-def layers(fp32_path: str, int8_path: str, seed: int, **options: Any) -> dict:
-    """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers`` for the options)."""
-    return measure_layers(fp32_path, int8_path, seed, **options)[0]
+def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
+           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
+           local: bool = False, max_memory: int | None = None, pair: str = "position") -> dict:
+    """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``)."""
+    return measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
+                          metrics=metrics, local=local, max_memory=max_memory, pair=pair)[0]
 
 
 def growth_from(rel_errors: list[float]) -> dict:
@@ -2087,12 +2305,11 @@ def growth_from(rel_errors: list[float]) -> dict:
 
 
 def _largest(values: list, start: int = 0) -> tuple[int, float] | None:
-    """``(index, value)`` of the largest finite value, the earliest on ties; None if none."""
-    best = None
-    for index, value in enumerate(values, start=start):
-        if value is not None and math.isfinite(value) and (best is None or value > best[1]):
-            best = (index, value)
-    return best
+    """``(index, value)`` of the largest finite value, the earliest on ties (``max`` keeps the
+    first of equal keys); None if there is none."""
+    finite = [(index, value) for index, value in enumerate(values, start=start)
+              if value is not None and math.isfinite(value)]
+    return max(finite, key=lambda pair: pair[1], default=None)
 
 
 def growth_of(measured: dict) -> dict:
@@ -2116,19 +2333,65 @@ def growth_of(measured: dict) -> dict:
     return answer
 
 
-def growth(fp32_path: str, int8_path: str, seed: int, **options: Any) -> dict:
+def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
+           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, local: bool = False,
+           max_memory: int | None = None, pair: str = "position") -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
-    return growth_of(layers(fp32_path, int8_path, seed, **options))
+    return growth_of(layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
+                            local=local, max_memory=max_memory, pair=pair))
+
+
+# What layers and growth both take.
+PAIR_ARGS = (
+    *FP32_INT8, SEED, *INPUT_ARGS, BOUNDARY_OPS_ARG,
+    arg("--pair", choices=("position", "name"), default="position",
+        help="position: the k-th boundary of each model (the lab's rule, default; a warning "
+             "when the names disagree); name: by the names quantizers keep "
+             "(<t>_DequantizeLinear_Output, <node>_quant)"),
+    arg("--max-memory", type=parse_count, metavar="MB",
+        help="fetch boundaries in batches whose tensors (fp32 + int8) fit in about MB "
+             "megabytes, instead of all at once; 0 fetches one at a time. The answer is the "
+             "same"),
+    arg("--local", action="store_true",
+        help="also feed each int8 segment the fp32 tensors before it, to separate the error a "
+             "layer introduces from the error it inherits"),
+)
+
+LAYERS = declare(Command(
+    name="layers",
+    summary="FP32 vs. INT8 error at every boundary",
+    run=layers,
+    arguments=(*PAIR_ARGS,
+               arg("--metrics", type=parse_metrics, default=(),
+                   help=f"comma-joined extra metrics per boundary: {', '.join(METRICS)} "
+                        "(SQNR in dB and mean squared error)")),
+    fields=("seed", "rows", "layer_count", "layers"),
+    detail='layers: [{"index", "fp32", "int8", "max_abs_error", "scale", "rel_error", '
+           '"cos_min"}]; a model that is not one float32 [batch, F] input adds "inputs"; '
+           '--metrics adds "sqnr_db"/"mse" per entry; --local adds "local" per entry and '
+           '"local_unavailable"',
+    example="eprun.py layers fp32.onnx int8.onnx 2026 --local --metrics sqnr"))
+
+GROWTH = declare(Command(
+    name="growth",
+    summary="how the relative error grows from boundary to boundary",
+    run=growth,
+    arguments=PAIR_ARGS,
+    fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
+            "max_ratio"),
+    detail='max_ratio: {"index", "ratio"}; "inputs" as in layers; --local adds '
+           '"local_rel_error", "worst_local" and "local_unavailable"',
+    example="eprun.py growth fp32.onnx int8.onnx 2026"))
 
 
 # -- settings ----------------------------------------------------------------------------------
 
-def settings(model_path: str, seed: int, inputs: InputOptions | None = None) -> dict:
+def settings(model: str, seed: int, inputs: InputOptions | None = None) -> dict:
     """The first output under other optimization levels and intra-op thread counts, compared
     with the single-threaded, unoptimized baseline bit for bit."""
     import numpy as np
 
-    require_file(model_path)
+    require_file(model)
     ort = import_ort()
     feeds: list[Feed] = []
 
@@ -2137,14 +2400,14 @@ def settings(model_path: str, seed: int, inputs: InputOptions | None = None) -> 
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         options.intra_op_num_threads = intra_op
         options.inter_op_num_threads = 1
-        session = cpu_session(model_path, options, what=repr(model_path))
+        session = open_session(model, options, what=repr(model))
         if not feeds:  # from the first session's metadata: a float model needs no onnx
-            feeds.append(make_feeds(session_specs(session, model_path), seed, inputs,
-                                    model_path))
+            feeds.append(make_feeds(session_specs(session, model), seed, inputs,
+                                    model))
         output = session.get_outputs()[0].name
-        value = run_session(session, [output], feeds[0].arrays, what=repr(model_path),
+        value = run_session(session, [output], feeds[0].arrays, what=repr(model),
                             hint=dims_hint(feeds[0]))[0]
-        _require_numeric(value, output, model_path, "settings")
+        _require_numeric(value, output, model, "settings")
         return value
 
     base = first_output(*SETTINGS_BASELINE)
@@ -2156,21 +2419,32 @@ def settings(model_path: str, seed: int, inputs: InputOptions | None = None) -> 
         for level, intra_op in SETTINGS_CASES:
             y = first_output(level, intra_op)
             same_shape = y.shape == base.shape
-            diff = (np.max(np.abs(y.astype(np.float64) - base.astype(np.float64)))
-                    if same_shape and y.size else (0.0 if same_shape else float("nan")))
+            diff = largest_of(differences(base, y)[2]) if same_shape else float("nan")
             cases.append({"level": level, "intra_op": intra_op, "max_abs_diff": float(diff),
                           "bitwise_equal": bool(same_shape and y.dtype == base.dtype
                                                 and y.tobytes() == base.tobytes())})
-    answer = {"model": model_path, "seed": seed}
+    answer = {"model": model, "seed": seed}
     if not feeds[0].contract_shaped:
         answer["inputs"] = feeds[0].fed
     return {**answer, "baseline": baseline, "cases": cases,
             "all_equal": all(case["bitwise_equal"] for case in cases)}
 
 
+SETTINGS = declare(Command(
+    name="settings",
+    summary="the first output under other optimization levels and thread counts, compared "
+            "with a single-threaded unoptimized baseline",
+    run=settings,
+    arguments=(MODEL, SEED, *INPUT_ARGS),
+    fields=("model", "seed", "baseline", "cases", "all_equal"),
+    detail='baseline: {"level", "intra_op", "max_abs_output", "mean_output"}; cases: '
+           '[{"level", "intra_op", "max_abs_diff", "bitwise_equal"}]; "inputs" as in layers',
+    example="eprun.py settings int8.onnx 2026"))
+
+
 # -- placement ---------------------------------------------------------------------------------
 
-def placement(model_path: str, requested: list[str], seed: int = 0,
+def placement(model: str, providers: list[str], seed: int = 0,
               inputs: InputOptions | None = None) -> dict:
     """Which execution provider each node was actually assigned to, as onnxruntime reports it.
 
@@ -2179,8 +2453,8 @@ def placement(model_path: str, requested: list[str], seed: int = 0,
     profiling on and reads each node event's provider. Both list the nodes onnxruntime
     executes, after its graph optimizations: a fused node stands for several of the file's.
     """
-    require_file(model_path)
-    require_known_providers(requested)
+    require_file(model)
+    require_known_providers(providers)
     import tempfile
 
     ort = import_ort()
@@ -2193,7 +2467,7 @@ def placement(model_path: str, requested: list[str], seed: int = 0,
         if source == "profiling":
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(scratch, "profile")
-        session = cpu_session(model_path, options, repr(model_path), providers=requested)
+        session = open_session(model, options, repr(model), providers=providers)
         actual = list(session.get_providers())
         if source == "graph_assignment_info":
             nodes = [{"name": node.name, "op_type": node.op_type, "provider": subgraph.ep_name}
@@ -2201,16 +2475,16 @@ def placement(model_path: str, requested: list[str], seed: int = 0,
                      for node in subgraph.get_nodes()]
         else:
             shaped = inputs or InputOptions()
-            feed = make_feeds(session_specs(session, model_path), seed,
-                              dataclasses.replace(shaped, rows=shaped.rows or 1), model_path)
-            run_session(session, None, feed.arrays, what=repr(model_path),
+            feed = make_feeds(session_specs(session, model), seed,
+                              dataclasses.replace(shaped, rows=shaped.rows or 1), model)
+            run_session(session, None, feed.arrays, what=repr(model),
                         hint=dims_hint(feed))
             nodes = _profiled_nodes(session.end_profiling())
     counts: dict[str, int] = {}
     for node in nodes:
         counts[node["provider"]] = counts.get(node["provider"], 0) + 1
-    return {"model": model_path, "requested": requested, "actual": actual,
-            "fell_back": actual != requested, "source": source, "counts": counts,
+    return {"model": model, "requested": providers, "actual": actual,
+            "fell_back": actual != providers, "source": source, "counts": counts,
             "nodes": nodes}
 
 
@@ -2225,6 +2499,18 @@ def _profiled_nodes(profile_path: str) -> list[dict]:
              "provider": event["args"].get("provider", "")}
             for event in events
             if event.get("cat") == "Node" and event.get("name", "").endswith(suffix)]
+
+
+PLACEMENT = declare(Command(
+    name="placement",
+    summary="which execution provider each node was actually assigned to (onnxruntime's "
+            "graph assignment info, or a one-run profile on releases before 1.24)",
+    run=placement,
+    arguments=(MODEL, arg("providers", type=parse_list, help="comma-joined provider names"),
+               *input_args(rows_default="1")),
+    fields=("model", "requested", "actual", "fell_back", "source", "counts", "nodes"),
+    detail='nodes: [{"name", "op_type", "provider"}]',
+    example="eprun.py placement int8.onnx CUDAExecutionProvider,CPUExecutionProvider"))
 
 
 # -- check -------------------------------------------------------------------------------------
@@ -2315,17 +2601,6 @@ def require_known_providers(requested: list[str]) -> None:
         raise EprunError(messages[0], EXIT_USAGE)
 
 
-def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
-    """``--fail-on-fallback``: which cases did not get a provider they asked for."""
-    fell = [(index, case) for index, case in enumerate(answer["cases"])
-            if fallback_of(case["requested"], case["actual"])]
-    if not args.fail_on_fallback or not fell:
-        return None
-    return "fallback: " + "; ".join(
-        f"case {index} asked for {','.join(case['requested'])} and got "
-        f"{','.join(case['actual']) or 'no session'}" for index, case in fell)
-
-
 def check_verdict(args: argparse.Namespace, answer: dict) -> str | None:
     """Why the gate failed, in one line for the CI log (the JSON answer has the details)."""
     if answer["passed"]:
@@ -2354,13 +2629,11 @@ def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
     with the reference as the desired value), the global cosine and the worst element."""
     import numpy as np
 
-    b = np.asarray(reference, dtype=np.float64)
-    a = np.asarray(candidate, dtype=np.float64)
+    b, a, diff = differences(reference, candidate)
     with np.errstate(all="ignore"):
-        diff = np.abs(a - b)
         allowed = atol + rtol * np.abs(b)
         excess = np.where(np.isnan(diff), np.inf, diff - allowed)
-        violations = int(np.count_nonzero(~(diff <= allowed)))
+        violations = int(np.count_nonzero(~np.isclose(a, b, rtol=rtol, atol=atol)))
         norms = float(np.linalg.norm(a.ravel()) * np.linalg.norm(b.ravel()))
         both_zero = not np.any(a) and not np.any(b)
         cosine = 1.0 if both_zero else (float(np.dot(a.ravel(), b.ravel()) / norms)
@@ -2372,23 +2645,26 @@ def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
                      "candidate": float(a[position]), "abs_diff": float(diff[position]),
                      "allowed": float(allowed[position]), "excess": float(excess[position])}
         max_rel = float(np.max(diff / np.abs(b))) if a.size else 0.0
-    return {"max_abs_diff": float(np.max(diff)) if a.size else 0.0, "max_rel_diff": max_rel,
+    return {"max_abs_diff": largest_of(diff), "max_rel_diff": max_rel,
             "cosine": cosine, "elements": int(a.size), "violations": violations,
             "worst": worst}
 
 
-def check(reference_path: str, candidate_path: str, providers: list[str],
-          reference_providers: list[str], profile: str | None, rtol: float | None,
-          atol: float | None, min_cos: float | None, inputs: InputOptions | None = None,
-          seed: int = 0,
-          warmup: int = 1, retries: int = 2, retry_pause: float = 2.0,
-          require_providers: bool = False, allow_fallback: bool = False) -> dict:
+def check(reference: str, candidate: str, *, providers: list[str] | None = None,
+          reference_providers: list[str] | None = None, profile: str | None = None,
+          rtol: float | None = None, atol: float | None = None, min_cos: float | None = None,
+          inputs: InputOptions | None = None, seed: int = 0, warmup: int = 1,
+          retries: int = 2, retry_pause: float = 2.0, require_providers: bool = False,
+          allow_fallback: bool = False) -> dict:
     """The CI gate: does the candidate (model and providers) match the reference within
     tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
     provider the candidate's session did not get) unless ``allow_fallback``;
     ``require_providers`` asks for exactly the requested list."""
-    require_file(reference_path)
-    require_file(candidate_path)
+    require_file(reference)
+    require_file(candidate)
+    providers = ["CPUExecutionProvider"] if providers is None else providers
+    reference_providers = (["CPUExecutionProvider"] if reference_providers is None
+                           else reference_providers)
     require_known_providers(providers)
     require_known_providers(reference_providers)
     profile = profile or "fp16"
@@ -2396,36 +2672,36 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
     tolerance.update({key: value for key, value in
                       (("rtol", rtol), ("atol", atol), ("min_cos", min_cos)) if value is not None})
     retries_used = [0]
-    reference_session = cpu_session(reference_path, what=repr(reference_path),
+    reference_session = open_session(reference, what=repr(reference),
                                     providers=reference_providers)
-    feed = make_feeds(session_specs(reference_session, reference_path), seed, inputs,
-                      reference_path)
+    feed = make_feeds(session_specs(reference_session, reference), seed, inputs,
+                      reference)
     reference_outputs = run_session(reference_session, None, feed.arrays,
-                                    what=repr(reference_path), hint=dims_hint(feed))
+                                    what=repr(reference), hint=dims_hint(feed))
     candidate_session = _with_retries(
-        lambda: cpu_session(candidate_path, what=repr(candidate_path), providers=providers),
-        retries, retry_pause, retries_used, candidate_path)
-    candidate_feed = feed_for(session_specs(candidate_session, candidate_path), candidate_path,
+        lambda: open_session(candidate, what=repr(candidate), providers=providers),
+        retries, retry_pause, retries_used, candidate)
+    candidate_feed = feed_for(session_specs(candidate_session, candidate), candidate,
                               feed)
 
     def run_candidate() -> list:
         return _with_retries(lambda: run_session(candidate_session, None, candidate_feed,
-                                                 what=repr(candidate_path)),
-                             retries, retry_pause, retries_used, candidate_path)
+                                                 what=repr(candidate)),
+                             retries, retry_pause, retries_used, candidate)
 
     for _ in range(warmup):
         run_candidate()
     candidate_outputs = run_candidate()
     if len(candidate_outputs) < len(reference_outputs):
-        raise EprunError(f"{candidate_path!r} has {len(candidate_outputs)} outputs, the "
+        raise EprunError(f"{candidate!r} has {len(candidate_outputs)} outputs, the "
                          f"reference {len(reference_outputs)}; outputs are paired by position")
     actual = list(candidate_session.get_providers())
     outputs, failures = [], []
     reference_names = [value.name for value in reference_session.get_outputs()]
     candidate_names = [value.name for value in candidate_session.get_outputs()]
     for index, (expected, got) in enumerate(zip(reference_outputs, candidate_outputs)):
-        for value, name, path in ((expected, reference_names[index], reference_path),
-                                  (got, candidate_names[index], candidate_path)):
+        for value, name, path in ((expected, reference_names[index], reference),
+                                  (got, candidate_names[index], candidate)):
             _require_numeric(value, name, path)
         entry = {"reference": reference_names[index], "candidate": candidate_names[index],
                  "shape": list(expected.shape)}
@@ -2448,7 +2724,7 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
     if (require_providers and actual != providers) or (missing and not allow_fallback):
         failures.append({"bound": "providers", "requested": providers, "actual": actual,
                          "missing": missing})
-    answer = {"reference": reference_path, "candidate": candidate_path, "seed": seed,
+    answer = {"reference": reference, "candidate": candidate, "seed": seed,
               "rows": feed.rows}
     if not feed.contract_shaped:
         answer["inputs"] = feed.fed
@@ -2458,6 +2734,50 @@ def check(reference_path: str, candidate_path: str, providers: list[str],
                           "reference": list(reference_session.get_providers())},
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
             "failures": failures, "passed": not failures}
+
+
+CHECK = declare(Command(
+    name="check",
+    summary="CI gate: candidate model and providers against a reference within "
+            "rtol/atol/cosine on the same inputs; exit 0 pass, 1 fail",
+    run=check,
+    arguments=(
+        arg("reference", help="reference model (usually the FP32 one), run on "
+                              "--reference-providers"),
+        arg("candidate", help="candidate model, run on --providers"),
+        arg("--providers", type=parse_list, default=["CPUExecutionProvider"],
+            help="candidate's requested providers (default CPUExecutionProvider)"),
+        arg("--reference-providers", type=parse_list, default=["CPUExecutionProvider"],
+            help="reference's providers (default CPUExecutionProvider)"),
+        arg("--profile", choices=sorted(TOLERANCE_PROFILES),
+            help="fp16: rtol 1e-2, atol 1e-3, cosine >= 0.999 (the default); int8: rtol 1e-1, "
+                 "atol 5e-2, cosine >= 0.990"),
+        arg("--rtol", type=parse_tolerance, help="relative tolerance (overrides the profile)"),
+        arg("--atol", type=parse_tolerance, help="absolute tolerance (overrides the profile)"),
+        arg("--min-cos", type=parse_cosine,
+            help="smallest allowed cosine between the flattened outputs"),
+        *INPUT_ARGS,
+        arg("--seed", type=parse_seed, default=0, help="input seed (default 0)"),
+        arg("--warmup", type=parse_count, default=1,
+            help="candidate runs before the measured one (default 1)"),
+        arg("--retries", type=parse_count, default=2,
+            help="extra tries after a transient provider error such as a timeout, never after "
+                 "a numeric failure (default 2)"),
+        arg("--retry-pause", type=parse_tolerance, default=2.0,
+            help="seconds between tries (default 2)"),
+        arg("--allow-fallback", action="store_true",
+            help="pass even when the candidate's session did not get a provider it asked for "
+                 "(by default that fails the check)"),
+        arg("--require-providers", action="store_true",
+            help="fail unless the candidate's session got exactly --providers")),
+    fields=("reference", "candidate", "seed", "rows", "profile", "tolerance", "providers",
+            "warmup", "retries_used", "outputs", "failures", "passed"),
+    detail='providers: {"requested", "actual", "fell_back", "reference"}; outputs: '
+           '[{"reference", "candidate", "shape", "max_abs_diff", "max_rel_diff", "cosine", '
+           '"elements", "violations", "worst"}]; "inputs" as in layers',
+    example="eprun.py check fp32.onnx int8.onnx --profile int8 "
+            "--providers CUDAExecutionProvider,CPUExecutionProvider",
+    verdict=check_verdict))
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -2493,9 +2813,9 @@ def report_splits(fp32_model, int8_model) -> list[tuple[str, list[str]]]:
             ("int8", fp32_ops), ("int8", fp32_ops + extra)]
 
 
-def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None, *,
+def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            inputs: InputOptions | None = None, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-           providers_requested: list[str] | None = None, force: bool = False) -> dict:
+           target_providers: list[str] | None = None, force: bool = False) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -2504,36 +2824,38 @@ def report(fp32_path: str, int8_path: str, seed: int, out_dir: str | None = None
     deliverables as they were, all of them. Boundaries are paired by
     name wherever the names pair them all (for the lab's models that is the same as by
     position). The answer adds the ``check`` verdict of the int8 model against the fp32 one
-    under the int8 profile, on ``providers_requested`` (CPU when not given).
+    under the int8 profile, on ``target_providers`` (CPU when not given).
     """
-    out_dir = out_dir if out_dir is not None else (os.path.dirname(fp32_path) or ".")
-    require_file(fp32_path)
-    require_file(int8_path)
+    out_dir = out_dir if out_dir is not None else (os.path.dirname(fp32) or ".")
+    require_file(fp32)
+    require_file(int8)
     paths = {name: os.path.join(out_dir, name) for name in REPORT_FILES}
-    paths_of = {"fp32": fp32_path, "int8": int8_path}
+    paths_of = {"fp32": fp32, "int8": int8}
     graphs = {which: load_model(path, load_weights=False) for which, path in paths_of.items()}
     _check_report_targets(paths, graphs, paths_of, force)
     requests = [list(request) for request in REPORT_REQUESTS]
-    if providers_requested is not None and providers_requested not in requests:
-        requests.append(list(providers_requested))
+    if target_providers is not None and target_providers not in requests:
+        requests.append(list(target_providers))
     with captured_chatter():  # the made-up provider's banner and note: the table records it
-        provider_answer = {**providers(fp32_path, requests), "note": REPORT_NOTE}
-    splits = [partition(paths_of[which], ops, model=graphs[which])
+        provider_answer = {**providers(fp32, requests), "note": REPORT_NOTE}
+    splits = [partition(paths_of[which], ops, parsed=graphs[which])
               for which, ops in report_splits(graphs["fp32"], graphs["int8"])]
-    named = _name_pairs(fp32_path, int8_path, boundary_ops)
+    named = _name_pairs(fp32, int8, boundary_ops)
     pairing = "name" if named is not None else "position"
-    measured, int8_final = measure_layers(fp32_path, int8_path, seed, inputs=inputs,
+    measured, int8_final = measure_layers(fp32, int8, seed, inputs=inputs,
                                           boundary_ops=boundary_ops, pair=pairing)
     growth_answer = growth_of(measured)
-    settings_answer = settings(int8_path, seed, inputs)
-    exposure = _exposure_effect(int8_path, seed, measured["layers"][-1]["int8"], int8_final,
+    settings_answer = settings(int8, seed, inputs)
+    exposure = _exposure_effect(int8, seed, measured["layers"][-1]["int8"], int8_final,
                                 inputs)
-    gate = check(fp32_path, int8_path, providers_requested or ["CPUExecutionProvider"],
-                 ["CPUExecutionProvider"], "int8", None, None, None, inputs, seed)
+    gate = check(fp32, int8, providers=target_providers, profile="int8", inputs=inputs,
+                 seed=seed)
     facts = {**_report_facts(graphs["int8"], measured),
              "in_order": named is None or all(i == j for i, j in named.items())}
-    markdown = report_markdown(provider_answer, splits, measured, growth_answer,
-                               settings_answer, exposure, gate, facts)
+    markdown = report_markdown(provider_answer=provider_answer, splits=splits,
+                               measured=measured, growth_answer=growth_answer,
+                               settings_answer=settings_answer, exposure=exposure, gate=gate,
+                               facts=facts)
 
     created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -2567,6 +2889,26 @@ _REPORT_SIGNATURES = {"providers.json": {"model", "available", "cases", "note"},
                       "growth.json": {"seed", "layer_count", "rel_error", "ratios"},
                       "settings.json": {"model", "seed", "baseline", "cases", "all_equal"},
                       "ep_report.md": "eprun report, generated by"}
+
+
+REPORT = declare(Command(
+    name="report",
+    summary="run every lab measurement and write the deliverables: " + ", ".join(REPORT_FILES),
+    run=report,
+    arguments=(
+        *FP32_INT8,
+        arg("--seed", type=parse_seed, default=0, help="input seed (default 0)"),
+        arg("--out-dir", help="folder to write into (default: the fp32 model's folder)"),
+        arg("--force", action="store_true",
+            help="replace files at the deliverables' paths that eprun did not write"),
+        arg("--providers", type=parse_list, dest="target_providers",
+            help="your target's providers: a row of the providers table, and the ones the "
+                 "check verdict runs the int8 model on (default: CPU)"),
+        *INPUT_ARGS, BOUNDARY_OPS_ARG),
+    fields=("out_dir", "files", "pairing", "check"),
+    detail='check: {"profile", "tolerance", "providers", "failures", "passed"}; the JSON files '
+           'hold the command answers, providers.json adds "note"',
+    example="eprun.py report fp32.onnx int8.onnx --seed 2026 --out-dir report"))
 
 
 def _check_report_targets(paths: dict, graphs: dict, paths_of: dict, force: bool) -> None:
@@ -2638,15 +2980,11 @@ def _exposure_effect(int8_path: str, seed: int, output: str, exposed,
                      inputs: InputOptions | None = None) -> dict:
     """Does exposing the int8 boundaries change the final output? Exposed DQ outputs can stop
     onnxruntime from fusing DequantizeLinear -> MatMul -> QuantizeLinear into one kernel."""
-    import numpy as np
-
-    session = cpu_session(int8_path, what=repr(int8_path))
+    session = open_session(int8_path, what=repr(int8_path))
     feed = make_feeds(session_specs(session, int8_path), seed, inputs, int8_path)
     plain = run_session(session, [output], feed.arrays, what=repr(int8_path))[0]
-    with np.errstate(all="ignore"):
-        diff = float(np.max(np.abs(plain.astype(np.float64) - exposed.astype(np.float64))))
     return {"output": output, "bitwise_equal": plain.tobytes() == exposed.tobytes(),
-            "max_abs_diff": diff}
+            "max_abs_diff": largest_of(differences(plain, exposed)[2])}
 
 
 def _plain(value: float) -> str:
@@ -2706,7 +3044,7 @@ def _ops(names: list[str]) -> str:
     return ", ".join(f"`{name}`" for name in names) if names else "(none)"
 
 
-def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
+def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict,
                     growth_answer: dict, settings_answer: dict, exposure: dict, gate: dict,
                     facts: dict) -> str:
     """``ep_report.md``: the four headings of the contract, every number from a measurement."""
@@ -2718,13 +3056,13 @@ def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
     available = provider_answer["available"]
     fell_back = [case for case in provider_answer["cases"] if case["fell_back"]]
     errors = [case for case in provider_answer["cases"] if case["error"]]
-    lines = [f"eprun report, generated by `python eprun.py report {provider_answer['model']} "
+    lines = [(f"eprun report, generated by `python eprun.py report {provider_answer['model']} "
              f"{settings_answer['model']} --seed {settings_answer['seed']}`; the JSON files "
-             "beside this report hold every number in full precision.", "",
+             "beside this report hold every number in full precision."), "",
              "## 무엇을 요청했고 무엇을 쥐었나", "",
-             f"This onnxruntime ({onnxruntime.__version__}) offers **{len(available)}** "
+             (f"This onnxruntime ({onnxruntime.__version__}) offers **{len(available)}** "
              f"execution providers: {_ops(available)}. Each requested list below got its own "
-             f"session on `{provider_answer['model']}` (`providers.json`).", "",
+             f"session on `{provider_answer['model']}` (`providers.json`)."), "",
              "| requested | actual (`get_providers()`) | missing | fell back | error |",
              "|---|---|---|---|---|"]
     for case in provider_answer["cases"]:
@@ -2739,9 +3077,9 @@ def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
               ""]
 
     lines += ["## 그래프가 쪼개지는 자리", "",
-              "A simulation in file order, not real placement: a node is the EP's when its op "
+              ("A simulation in file order, not real placement: a node is the EP's when its op "
               "type is in the supported list, and each run of consecutive nodes with one owner "
-              "is one partition (`eprun.py partition`).", "",
+              "is one partition (`eprun.py partition`)."), "",
               "| model | supported ops | nodes | claimed by EP | partitions | hand-offs |",
               "|---|---|---|---|---|---|"]
     for split in splits:
@@ -2757,11 +3095,11 @@ def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
                f"`{item['name']}` {item['dtype']} {item['shape']} from {item['source']}"
                for item in measured["inputs"]))
     lines += ["## 층을 거듭하며 자란 오차", "",
-              f"Input: {fed}, both models exposed in memory and run on the CPU provider with "
+              (f"Input: {fed}, both models exposed in memory and run on the CPU provider with "
               "default session options; boundary k pairs the k-th tensor of each model"
-              f"{'' if facts['in_order'] else ' named after it'} (`growth.json`).", "",
-              "| boundary | fp32 tensor | int8 tensor | max abs error | scale | rel error | "
-              "cos min | ratio to previous |", "|---|---|---|---|---|---|---|---|"]
+              f"{'' if facts['in_order'] else ' named after it'} (`growth.json`)."), "",
+              ("| boundary | fp32 tensor | int8 tensor | max abs error | scale | rel error | "
+              "cos min | ratio to previous |"), "|---|---|---|---|---|---|---|---|"]
     for entry, ratio in zip(measured["layers"], ratios):
         lines.append(f"| {entry['index']} | `{entry['fp32']}` | `{entry['int8']}` | "
                      f"{_num(entry['max_abs_error'])} | {_num(entry['scale'])} | "
@@ -2793,16 +3131,16 @@ def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
     base = settings_answer["baseline"]
     differing = [case for case in settings_answer["cases"] if not case["bitwise_equal"]]
     lines += ["## 이 기계에서만 참인 것", "",
-              "These results hold for this machine's provider set and settings, and may differ "
-              "elsewhere:", "",
-              f"- **Providers**: {len(available)} available ({_ops(available)}). Which lists fell "
+              ("These results hold for this machine's provider set and settings, and may differ "
+              "elsewhere:"), "",
+              (f"- **Providers**: {len(available)} available ({_ops(available)}). Which lists fell "
               "back, and to what, is a property of this onnxruntime build: on a machine with "
-              "CUDA the CUDA request would hold.",
-              f"- **Software**: onnxruntime {onnxruntime.__version__}, numpy {numpy.__version__}, "
+              "CUDA the CUDA request would hold."),
+              (f"- **Software**: onnxruntime {onnxruntime.__version__}, numpy {numpy.__version__}, "
               f"Python {platform.python_version()} on {platform.machine() or 'unknown'} with "
               f"{os.cpu_count()} logical CPUs. The error table used onnxruntime's default "
               "session options (all graph optimizations, default thread count); other kernels "
-              "round differently, so the error values in the last digits are this stack's.",
+              "round differently, so the error values in the last digits are this stack's."),
               f"- **Settings** (`settings.json`, int8 model, seed {settings_answer['seed']}): "
               + ("all three cases (ORT_ENABLE_ALL with 1 thread, ORT_DISABLE_ALL with 2, "
                  "ORT_ENABLE_ALL with 2) were bitwise equal to the single-threaded unoptimized "
@@ -2811,8 +3149,8 @@ def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
                  "these cases differed from the single-threaded unoptimized baseline: "
                  + "; ".join(f"{case['level']} with {case['intra_op']} threads (max abs diff "
                              f"{_num(case['max_abs_diff'])})" for case in differing) + "."),
-              f"  Baseline output: max |y| = {_num(base['max_abs_output'])}, "
-              f"mean = {_num(base['mean_output'])}.",
+              (f"  Baseline output: max |y| = {_num(base['max_abs_output'])}, "
+              f"mean = {_num(base['mean_output'])}."),
               "- **Exposure**: exposing the int8 boundary tensors as outputs can change which "
               "fused kernels onnxruntime picks (a DequantizeLinear whose output is a graph "
               "output cannot be folded into a QLinearMatMul). Here the exposed int8 model's "
@@ -2824,8 +3162,8 @@ def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
                  f"{_num(exposure['max_abs_diff'])}): the error table describes the exposed "
                  "graph, whose kernels differ from the model as deployed."),
               _gate_line(gate),
-              "- **No timing was measured.** Nothing here says anything about speed; latency on "
-              "this machine would not carry over to an accelerator anyway.", ""]
+              ("- **No timing was measured.** Nothing here says anything about speed; latency on "
+              "this machine would not carry over to an accelerator anyway."), ""]
     return "\n".join(lines)
 
 
@@ -2834,39 +3172,19 @@ def report_markdown(provider_answer: dict, splits: list[dict], measured: dict,
 class _Parser(argparse.ArgumentParser):
     """argparse with eprun's one-line usage errors (exit 2, nothing on stdout)."""
 
+    argv: tuple[str, ...] = ()  # what main() parses, for hints
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"eprun: error: {one_line(message)} (see '{self.prog} --help')\n")
-
-
-def input_options(sub: argparse.ArgumentParser, rows_default: str = f"{ROWS}, the contract's"
-                  ) -> None:
-    """``--rows``, ``--dim``, ``--input-range`` and ``--inputs``: what every command that runs a
-    model feeds it (see ``make_feeds``)."""
-    sub.add_argument("--rows", type=parse_rows,
-                     help=f"batch size of the inputs (default {rows_default}; a model that fixes "
-                     "its batch gets that)")
-    sub.add_argument("--dim", type=parse_dim, action="append", default=[],
-                     metavar="NAME=VALUE",
-                     help=f"value of a symbolic dimension (default {DIM_DEFAULT}); an unnamed "
-                     "one is INPUT:AXIS=VALUE; repeatable")
-    sub.add_argument("--input-range", type=parse_input_range, action="append", default=[],
-                     metavar="NAME:LO,HI",
-                     help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI "
-                     "inclusive); repeatable")
-    sub.add_argument("--inputs", metavar="FILE.npz",
-                     help="feed these arrays (numpy.savez, one per input name) instead of "
-                     "generated ones; their batch sets the rows")
-
-
-def inputs_from(args: argparse.Namespace) -> InputOptions:
-    return InputOptions(rows=args.rows, dims=dict(args.dim), ranges=dict(args.input_range),
-                        file=args.inputs)
-
-
-def boundary_ops_option(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--boundary-ops", type=parse_boundary_ops, default=BOUNDARY_OPS,
-                     help="comma-joined op types whose first input is also a boundary, on top "
-                     "of MatMul and Gemm (e.g. Conv)")
+        hint = ""
+        command = next((COMMANDS[word] for word in _Parser.argv if word in COMMANDS), None)
+        if command is not None and SEED in command.arguments and any(
+                word == "--seed" or word.startswith("--seed=") for word in _Parser.argv):
+            positionals = [argument.names[0].upper() for argument in command.arguments
+                           if not argument.names[0].startswith("-")]
+            hint = (f"; the seed is positional in {command.name}: eprun.py {command.name} "
+                    f"{' '.join(positionals)}, without --seed")
+        self.exit(EXIT_USAGE, f"eprun: error: {one_line(message)}{hint} (see '{self.prog} "
+                  "--help')\n")
 
 
 class _VersionAction(argparse.Action):
@@ -2888,181 +3206,42 @@ class _VersionAction(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line, built from the ``COMMANDS`` declarations."""
+    import textwrap
+
+    codes = ", ".join(f"{code} {name}" for code, name, _ in EXIT_CODES)
     parser = _Parser(prog="eprun.py", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog="Exit codes: 0 ok, 1 failed verdict (check, --fail-on-fallback), 2 usage, "
-                     "3 missing input file, 4 other failure.")
+                     epilog=textwrap.fill(f"Exit codes: {codes}.", 79))
     parser.add_argument("--version", action=_VersionAction, nargs=0,
                         help="print eprun's version and the onnx, onnxruntime and numpy "
                         "versions it runs with, then exit")
-    commands = parser.add_subparsers(dest="command", metavar="<command>")
-    commands.required = True
-
-    def command(name: str, summary: str, fields: str, run: Callable[[argparse.Namespace], dict],
-                verdict: Callable[[argparse.Namespace, dict], str | None] = (
-                    lambda args, answer: None)):
-        import textwrap
-
-        description = (textwrap.fill(summary, 79) + "\n\n"
-                       + textwrap.fill(f"JSON: {fields}", 79, subsequent_indent="  "))
-        sub = commands.add_parser(name, help=summary, description=description,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-        sub.set_defaults(run=run, verdict=verdict)
-        return sub
-
-    sub = command("providers", "requested vs. actual execution providers, one session per list",
-                  '{"model", "available", "cases": [{"requested", "actual", "missing", '
-                  '"fell_back", "error"}]}',
-                  lambda args: providers(args.model, args.lists), providers_verdict)
-    sub.add_argument("model", help="ONNX model file")
-    sub.add_argument("lists", nargs="+", type=parse_list, metavar="list",
-                     help="comma-joined provider names, e.g. CUDAExecutionProvider,CPUExecutionProvider")
-    sub.add_argument("--fail-on-fallback", action="store_true",
-                     help="exit 1 (after printing the answer) when a case did not get a provider "
-                     "it asked for (onnxruntime adding the CPU provider is not a fallback)")
-
-    sub = command("placement", "which execution provider each node was actually assigned to "
-                  "(onnxruntime's graph assignment info, or a one-run profile on releases "
-                  "before 1.24)",
-                  '{"model", "requested", "actual", "fell_back", "source", "counts", '
-                  '"nodes": [{"name", "op_type", "provider"}]}',
-                  lambda args: placement(args.model, args.providers, inputs=inputs_from(args)))
-    sub.add_argument("model", help="ONNX model file")
-    sub.add_argument("providers", type=parse_list, help="comma-joined provider names")
-    input_options(sub, rows_default="1")
-
-    sub = command("partition", "file-order simulation of the partitions an EP supporting only "
-                  "the listed ops would form (no session)",
-                  '{"model", "supported", "nodes", "claimed", "partition_count", "handoffs", '
-                  '"partitions": [{"owner", "nodes", "size"}]}',
-                  lambda args: partition(args.model, args.supported, args.mode))
-    sub.add_argument("model", help="ONNX model file")
-    sub.add_argument("supported", type=parse_list, help="comma-joined op types, e.g. MatMul,Add")
-    sub.add_argument("--mode", choices=("file", "ort"), default="file",
-                     help="file: runs of consecutive nodes in file order (the contract, default); "
-                     "ort: the groups onnxruntime's partitioner forms (topological, branches "
-                     "merge)")
-
-    sub = command("expose", "save a copy whose graph outputs include every layer boundary "
-                  "(first input of each MatMul/Gemm, then the first output)",
-                  '{"model", "out", "boundaries", "outputs"}',
-                  lambda args: expose(args.model, args.out, args.boundary_ops))
-    sub.add_argument("model", help="ONNX model file (never modified)")
-    sub.add_argument("out", help="path of the exposed model to write")
-    boundary_ops_option(sub)
-
-    for name, summary, fields, run in (
-            ("layers", "FP32 vs. INT8 error at every boundary on the contract input",
-             '{"seed", "rows", "layer_count", "layers": [{"index", "fp32", "int8", '
-             '"max_abs_error", "scale", "rel_error", "cos_min"}]}; --metrics adds "sqnr_db" '
-             'and/or "mse" per entry; --local adds "local" per entry and "local_unavailable"',
-             lambda args: layers(args.fp32, args.int8, args.seed, inputs=inputs_from(args),
-                                 boundary_ops=args.boundary_ops, metrics=args.metrics,
-                                 local=args.local, max_memory=args.max_memory, pair=args.pair)),
-            ("growth", "how the relative error grows from boundary to boundary",
-             '{"seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth", '
-             '"max_ratio": {"index", "ratio"}}; --local adds "local_rel_error", "worst_local" '
-             'and "local_unavailable"',
-             lambda args: growth(args.fp32, args.int8, args.seed, inputs=inputs_from(args),
-                                 boundary_ops=args.boundary_ops, local=args.local,
-                                 max_memory=args.max_memory, pair=args.pair))):
-        sub = command(name, summary, fields, run)
-        sub.add_argument("fp32", help="float model")
-        sub.add_argument("int8", help="quantized (QDQ) model with the same layer structure")
-        sub.add_argument("seed", type=parse_seed,
-                         help="non-negative integer; x = default_rng(seed).standard_normal((64, F))")
-        input_options(sub)
-        boundary_ops_option(sub)
-        sub.add_argument("--pair", choices=("position", "name"), default="position",
-                         help="position: the k-th boundary of each model (the contract, "
-                         "default; a warning when the names disagree); name: by the names "
-                         "quantizers keep (<t>_DequantizeLinear_Output, <node>_quant)")
-        sub.add_argument("--max-memory", type=parse_count, metavar="MB",
-                         help="fetch boundaries in batches whose tensors (fp32 + int8) fit in "
-                         "about MB megabytes, instead of all at once; 0 fetches one at a time. "
-                         "The answer is the same")
-        sub.add_argument("--local", action="store_true",
-                         help="also feed each int8 segment the fp32 tensor of the boundary before "
-                         "it, to separate the error a layer introduces from the error it inherits")
-        if name == "layers":
-            sub.add_argument("--metrics", type=parse_metrics, default=(),
-                             help=f"comma-joined extra metrics per boundary: {', '.join(METRICS)} "
-                             "(SQNR in dB and mean squared error)")
-
-    sub = command("settings", "the first output under other optimization levels and thread "
-                  "counts, compared with a single-threaded unoptimized baseline",
-                  '{"model", "seed", "baseline": {"level", "intra_op", "max_abs_output", '
-                  '"mean_output"}, "cases": [{"level", "intra_op", "max_abs_diff", '
-                  '"bitwise_equal"}], "all_equal"}',
-                  lambda args: settings(args.model, args.seed, inputs_from(args)))
-    sub.add_argument("model", help="ONNX model file")
-    sub.add_argument("seed", type=parse_seed, help="non-negative integer seed of the input")
-    input_options(sub)
-
-    sub = command("check", "CI gate: candidate model and providers against a reference within "
-                  "rtol/atol/cosine on the contract input; exit 0 pass, 1 fail",
-                  '{"reference", "candidate", "seed", "rows", "profile", "tolerance", '
-                  '"providers": {"requested", "actual", "fell_back", "reference"}, "warmup", '
-                  '"retries_used", "outputs": [{"reference", "candidate", "shape", "max_abs_diff", '
-                  '"max_rel_diff", "cosine", "elements", "violations", "worst"}], "failures", '
-                  '"passed"}',
-                  lambda args: check(args.reference, args.candidate, args.providers,
-                                     args.reference_providers, args.profile, args.rtol,
-                                     args.atol, args.min_cos, inputs_from(args), args.seed,
-                                     args.warmup,
-                                     args.retries, args.retry_pause, args.require_providers,
-                                     args.allow_fallback),
-                  check_verdict)
-    sub.add_argument("reference", help="reference model (usually the FP32 one), run on "
-                     "--reference-providers")
-    sub.add_argument("candidate", help="candidate model, run on --providers")
-    sub.add_argument("--providers", type=parse_list, default=["CPUExecutionProvider"],
-                     help="candidate's requested providers (default CPUExecutionProvider)")
-    sub.add_argument("--reference-providers", type=parse_list, default=["CPUExecutionProvider"],
-                     help="reference's providers (default CPUExecutionProvider)")
-    sub.add_argument("--profile", choices=sorted(TOLERANCE_PROFILES),
-                     help="fp16: rtol 1e-2, atol 1e-3, cosine >= 0.999 (the default); "
-                     "int8: rtol 1e-1, atol 5e-2, cosine >= 0.990")
-    for option, what in (("--rtol", "relative"), ("--atol", "absolute")):
-        sub.add_argument(option, type=parse_tolerance, help=f"{what} tolerance (overrides the "
-                         "profile)")
-    sub.add_argument("--min-cos", type=parse_cosine,
-                     help="smallest allowed cosine between the flattened outputs")
-    input_options(sub)
-    sub.add_argument("--seed", type=parse_seed, default=0, help="input seed (default 0)")
-    sub.add_argument("--warmup", type=parse_count, default=1,
-                     help="candidate runs before the measured one (default 1)")
-    sub.add_argument("--retries", type=parse_count, default=2,
-                     help="extra tries after a transient provider error such as a timeout, "
-                     "never after a numeric failure (default 2)")
-    sub.add_argument("--retry-pause", type=parse_tolerance, default=2.0,
-                     help="seconds between tries (default 2)")
-    sub.add_argument("--allow-fallback", action="store_true",
-                     help="pass even when the candidate's session did not get a provider it "
-                     "asked for (by default that fails the check)")
-    sub.add_argument("--require-providers", action="store_true",
-                     help="fail when the candidate's session did not get exactly --providers")
-
-    sub = command("report", "run every lab measurement and write the deliverables: "
-                  + ", ".join(REPORT_FILES),
-                  '{"out_dir", "files", "pairing", "check": {"profile", "tolerance", '
-                  '"providers", "failures", "passed"}} (the JSON files hold the command answers; '
-                  'providers.json adds "note")',
-                  lambda args: report(args.fp32, args.int8, args.seed, args.out_dir,
-                                      inputs=inputs_from(args), boundary_ops=args.boundary_ops,
-                                      providers_requested=args.providers, force=args.force))
-    sub.add_argument("fp32", help="float model")
-    sub.add_argument("int8", help="quantized model (QDQ, QOperator, dynamic or float16)")
-    sub.add_argument("--seed", type=parse_seed, default=0, help="input seed (default 0)")
-    sub.add_argument("--out-dir", help="folder to write into (default: the fp32 model's folder)")
-    sub.add_argument("--force", action="store_true",
-                     help="replace files at the deliverables' paths that eprun did not write")
-    sub.add_argument("--providers", type=parse_list,
-                     help="your target's providers: a row of the providers table, and the "
-                     "ones the check verdict runs the int8 model on (default: CPU)")
-    input_options(sub)
-    boundary_ops_option(sub)
+    subparsers = parser.add_subparsers(dest="command", metavar="<command>")
+    subparsers.required = True
+    for command in COMMANDS.values():
+        description = "\n\n".join(part for part in (
+            textwrap.fill(command.summary, 79),
+            textwrap.fill("JSON: {" + ", ".join(f'"{field}"' for field in command.fields)
+                          + "}" + (f"; {command.detail}" if command.detail else ""), 79,
+                          subsequent_indent="  ")) if part)
+        sub = subparsers.add_parser(command.name, help=command.summary, description=description,
+                                    epilog=f"example:\n  {command.example}",
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        for argument in command.arguments:
+            sub.add_argument(*argument.names, **argument.options)
+        sub.set_defaults(declared=command)
     return parser
+
+
+def invoke(command: Command, args: argparse.Namespace) -> dict:
+    """Call a command's function with the parsed arguments its signature names."""
+    import inspect
+
+    values = vars(args)
+    if "rows" in values:
+        values = {**values, "inputs": inputs_from(args)}
+    wanted = inspect.signature(command.run).parameters
+    return command.run(**{name: values[name] for name in wanted if name in values})
 
 
 _INTERRUPTED: list[int] = []
@@ -3123,6 +3302,7 @@ def _main(argv: list[str] | None, restore_handlers: bool) -> int:
     replaced: dict = {}
     try:
         replaced = _install_signal_handlers()
+        _Parser.argv = tuple(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
         if 1 in closed:
             say("eprun: error: stdout is closed, so there is nowhere to write the answer")
@@ -3152,7 +3332,7 @@ def _run(args: argparse.Namespace) -> int:
     store = None
     try:
         with captured_chatter() as store:
-            answer = args.run(args)
+            answer = invoke(args.declared, args)
         text = to_json(answer)
     except EprunError as exc:
         _report_failure(exc, store)
@@ -3160,14 +3340,21 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _report_failure(EprunError("interrupted"), store)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the one place every other failure is reported
+    except Exception as exc:  # the one place every other failure is reported
         if _INTERRUPTED and _INTERRUPTED[-1] == signal.SIGINT:
             _report_failure(EprunError("interrupted"), store)
             return 130
+        if isinstance(exc, ModuleNotFoundError) and exc.name in ("onnx", "onnxruntime",
+                                                                 "numpy"):
+            exc = EprunError(
+                f"eprun needs the Python package {exc.name!r}, which {sys.executable} does not "
+                "have: run eprun with the Python that make lab set up (.venv/bin/python "
+                "eprun.py ...), or install it with: python -m pip install onnx onnxruntime "
+                "numpy")
         _report_failure(exc, store)
         return EXIT_FAILURE
     replay(store)
-    reason = args.verdict(args, answer)
+    reason = args.declared.verdict(args, answer) if args.declared.verdict else None
     written = write_fd(1, (text + "\n").encode())
     _ANSWERED.append(True)
     if not written:

@@ -279,7 +279,7 @@ def layers_rows(work: Path, fp32: str, int8: str, features: int, label: str,
     rows = [row(f"layers, {label}", ours,
                 measure([[PY, script(work, "floor_layers", FLOORS["layers"]), fp32, int8,
                           str(SEED)]], repeat), "hand-written floor")]
-    scratch = work / f"qdq_{label.split()[0]}"
+    scratch = work / f"qdq_{label.split(maxsplit=1)[0]}"
     scratch.mkdir(exist_ok=True)
     rows.append(row(f"layers, {label}", ours,
                     measure([[PY, script(work, "qdq_loss_debug", QDQ_LOSS_DEBUG), fp32, int8,

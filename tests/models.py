@@ -79,8 +79,12 @@ def quantize(fp32_path, int8_path, seed: int = 0, per_channel: bool = False) -> 
     """Static QDQ quantization calibrated on standard-normal rows from its own seed."""
     import logging
 
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     model = onnx.load(str(fp32_path))
     features = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value

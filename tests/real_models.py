@@ -154,7 +154,7 @@ def residual_cnn(seed: int, channels: int = 8, classes: int = 5,
     else:
         bn = [g.const(f"bn1.{n}", v) for n, v in (("weight", gamma), ("bias", beta),
                                                   ("running_mean", mean), ("running_var", var))]
-        a = g.op("BatchNormalization", [conv("image", 3, c, "conv1", w1, b1)] + bn,
+        a = g.op("BatchNormalization", [conv("image", 3, c, "conv1", w1, b1), *bn],
                  "/bn1/BatchNormalization", epsilon=1e-5)
     a = g.op("Relu", [a], "/relu/Relu")
     r = g.op("Relu", [conv(a, c, c, "layer1.conv1")], "/layer1/relu/Relu")
@@ -166,7 +166,7 @@ def residual_cnn(seed: int, channels: int = 8, classes: int = 5,
              "/Flatten", axis=1)
     fc = [g.weight("fc.weight", (classes, 2 * c), 2 * c),
           g.const("fc.bias", 0.1 * g.rng.standard_normal(classes))]
-    g.op("Gemm", [r] + fc, "/fc/Gemm", out="logits", transB=1)
+    g.op("Gemm", [r, *fc], "/fc/Gemm", out="logits", transB=1)
     return g.finish([("image", FLOAT, ["batch", 3, "h", "w"])],
                     [("logits", FLOAT, ["batch", classes])], "cnn")
 
@@ -292,8 +292,12 @@ def _quiet():
 
 
 def _static(fp32, out, seed, fmt, per_channel, activation_type, weight_type, rows, dims):
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -451,7 +455,7 @@ def _self_check(show_names: bool = False) -> int:
                     q, outs = onnx.load(str(path)), run(path, feeds)
                     err = max(float(np.abs(a - b).max())
                               for a, b in zip(base, outs) if a.dtype.kind == "f")
-                except Exception as exc:  # noqa: BLE001 - the table reports every failure
+                except Exception as exc:
                     failures += 1
                     print(f"{name:11} {route:9} {stack:24} FAIL {type(exc).__name__}: {exc}")
                     continue

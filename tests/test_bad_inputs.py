@@ -5,12 +5,11 @@ import hashlib
 import os
 import sys
 
+import models
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
-import models
 from conftest import run_eprun
+from onnx import TensorProto, helper, numpy_helper
 
 COMMANDS_ON_ONE_MODEL = [
     ("partition", ["MatMul"]),
@@ -129,8 +128,8 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
 
 
 @pytest.mark.parametrize("argv, code, names", [
-    (["settings", "@symbolic_f", "1"], 4, "eprun chose 32 for x[1] ('F'); set other values "
-     "with --dim"),
+    (["settings", "@symbolic_f", "1"], 4, ("eprun chose 32 for x[1] ('F'); set other values "
+     "with --dim")),
     (["layers", "@symbolic_f", "@symbolic_f", "1", "--dim", "G=4"], 2,
      "--dim names 'G', which is not a symbolic dimension"),
     (["settings", "@fp32", "1", "--dim", "N=4"], 2, "the batch dimension; set it with --rows"),
@@ -144,8 +143,8 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["settings", "@int64_input", "1", "--input-range", "x:0.2,0.7"], 2, "holds no int64"),
     (["settings", "@fp32", "1", "--inputs", "{tmp}/none.npz"], 3, "does not exist"),
     (["settings", "@fp32", "1", "--inputs", "@text"], 4, "cannot read the inputs file"),
-    (["layers", "@fp32", "@int8", "1", "--inputs", "@wrong_npz"], 4, "missing x; no input is "
-     "called z"),
+    (["layers", "@fp32", "@int8", "1", "--inputs", "@wrong_npz"], 4, ("missing x; no input is "
+     "called z")),
     (["layers", "@fp32", "@int8", "1", "--inputs", "@npz", "--rows", "3"], 2,
      "--rows 3 contradicts the batch of 5"),
     (["layers", "@string_input", "@string_input", "1"], 4, "cannot generate"),

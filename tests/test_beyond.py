@@ -4,18 +4,15 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-import tempfile
 
+import models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
-import models
 from conftest import EPRUN, run_eprun
+from onnx import TensorProto, helper, numpy_helper
 from test_commands import oracle_layers, run_with_outputs
-
 
 # -- partition --mode ort ----------------------------------------------------------------------
 
@@ -340,8 +337,12 @@ def conv_model(seed: int = 0) -> onnx.ModelProto:
 
 
 def test_conv_model_with_boundary_ops(eprun, tmp_path):
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     fp32 = models.save(conv_model(), tmp_path / "conv.onnx")
     int8 = tmp_path / "conv_q.onnx"
@@ -486,8 +487,8 @@ def test_placement_reports_every_node_and_cleans_up(eprun, lab_pair, tmp_path):
     scratch.mkdir()
     # what onnxruntime itself leaves there (1.32 keeps a telemetry session id) is not eprun's
     import subprocess
-    subprocess.run([sys.executable, "-c", "import onnxruntime as o; o.InferenceSession("
-                    f"{str(int8)!r}, providers=['CPUExecutionProvider'])"],
+    subprocess.run([sys.executable, "-c", ("import onnxruntime as o; o.InferenceSession("
+                    f"{str(int8)!r}, providers=['CPUExecutionProvider'])")],
                    env={**os.environ, "TMPDIR": str(scratch)}, check=True)
     runtime_own = set(os.listdir(scratch))
     answer = eprun("placement", int8, "CUDAExecutionProvider,CPUExecutionProvider",

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import hashlib
 
+import models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
-import models
 
 
 def sha(path) -> str:
@@ -139,7 +138,7 @@ def test_expose_fp32_with_gemm_opens_runs_and_is_idempotent(eprun, tmp_path):
     expected = oracle_boundaries(onnx.load(str(fp32)))
     assert expected == ["x", "relu0", "relu1", "relu2", "relu3", "y"]
     assert answer == {"model": str(fp32), "out": str(out), "boundaries": expected,
-                      "outputs": ["y"] + expected[:-1]}
+                      "outputs": ["y", *expected[:-1]]}
     assert sha(fp32) == before
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == answer["outputs"]

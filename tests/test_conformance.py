@@ -2,13 +2,12 @@
 per-channel, unnamed nodes, symbolic batch names), every field recomputed independently."""
 from __future__ import annotations
 
+import models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-
-import models
 from test_commands import oracle_layers
 
 

@@ -11,7 +11,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
 from conftest import EPRUN, PINNED_STACK, ROOT, approx_tree
 
 HEADINGS = ["## 무엇을 요청했고 무엇을 쥐었나", "## 그래프가 쪼개지는 자리",

@@ -7,7 +7,6 @@ import sys
 import onnx
 import onnxruntime as ort
 import pytest
-
 from conftest import PINNED_STACK, ROOT
 
 

@@ -8,16 +8,17 @@ import subprocess
 import sys
 import time
 
+import models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conftest import EPRUN, run_eprun
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import eprun as tool
-import models
-from conftest import EPRUN, run_eprun
 
 
 @pytest.fixture(scope="module")

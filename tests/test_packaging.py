@@ -19,11 +19,11 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+import models
 import pytest
+from conftest import ROOT
 
 import eprun
-import models
-from conftest import ROOT
 
 # No pip configuration file (a machine's index or constraints), no prompt, no version check.
 PIP_ENV = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1",

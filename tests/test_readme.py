@@ -8,9 +8,7 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import PINNED_STACK, ROOT, approx_tree
-
 
 RELEASE_DEPENDENT = "# depends on the onnxruntime release"
 NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import json
 
+import models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
-import models
 import real_models
 from conftest import run_eprun
+from onnx import TensorProto, helper, numpy_helper
 
 ROUTES = {"qdq": lambda f, o: real_models.quantize_qdq(f, o, 7),
           "qoperator": lambda f, o: real_models.quantize_qoperator(f, o, 7),
-          "dynamic": lambda f, o: real_models.quantize_dyn(f, o)}
+          "dynamic": real_models.quantize_dyn}
 # model -> (builder, --boundary-ops on top of MatMul/Gemm)
 MODELS = {"encoder": (lambda: real_models.transformer_encoder(1), ()),
           "cnn": (lambda: real_models.residual_cnn(2), ("Conv",)),
@@ -234,8 +233,9 @@ def test_position_pairing_warns_where_the_names_disagree(tmp_path):
     swapped = models.save(quantized, tmp_path / "swapped.onnx")
 
     by_position, stderr = layers(fp32, swapped, "4")
-    assert "pairing by position contradicts the tensor names: 'ra' (position 0) goes with " \
-           "'ra_DequantizeLinear_Output' (position 1)" in stderr and "--pair name" in stderr
+    assert ("pairing by position contradicts the tensor names: 'ra' (position 0) goes with "
+            "'ra_DequantizeLinear_Output' (position 1)") in stderr
+    assert "--pair name" in stderr
     assert by_position["layers"][0]["int8"] == "sb_DequantizeLinear_Output"
     by_name, stderr = layers(fp32, swapped, "4", "--pair", "name")
     assert "contradicts" not in stderr

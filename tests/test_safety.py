@@ -12,14 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+import models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
-import models
 from conftest import EPRUN, run_eprun
+from onnx import TensorProto, helper
 
 AVAILABLE = ort.get_available_providers()
 
@@ -107,8 +106,8 @@ def test_a_failed_verdict_says_why_on_stderr(lab_pair):
     worst = [int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape)]
     assert failure["violations"] == int(np.count_nonzero(diff > 0))
     assert result.stderr.splitlines() == [
-        f"eprun: check failed: y: {failure['violations']} of {a.size} elements outside "
-        f"atol + rtol*|ref|, worst at {worst}"]
+        (f"eprun: check failed: y: {failure['violations']} of {a.size} elements outside "
+        f"atol + rtol*|ref|, worst at {worst}")]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -308,7 +307,7 @@ def test_an_interrupt_lands_before_or_after_the_whole_report(lab_pair, tmp_path)
                            "2"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM and proc.stdout == ""
     got = report_files(out)
-    assert got == new or got == old, "a mixed set of deliverables"
+    assert got in (new, old), "a mixed set of deliverables"
     assert got == new  # the signal was held until the set was complete
 
 
@@ -370,7 +369,7 @@ def test_a_closed_pipe_is_exit_4(lab_pair):
 
 def test_a_closed_stderr_changes_no_exit_code(lab_pair, tmp_path):
     fp32, int8 = lab_pair
-    close_stderr = lambda: os.close(2)  # noqa: E731
+    close_stderr = lambda: os.close(2)
     ok = run_raw(["growth", fp32, int8, "1"], capture_output=True, text=True,
                  preexec_fn=close_stderr)
     assert ok.returncode == 0 and json.loads(ok.stdout)["layer_count"] == 6

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import sys
 
+import models
 import onnx
 import onnxruntime as ort
 import pytest
-
-import models
 from conftest import EPRUN, run_eprun
 from test_commands import oracle_layers
 

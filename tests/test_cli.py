@@ -1,0 +1,147 @@
+"""The command line as declared: every command's fields, help, example and exit codes, and the
+messages that say what to do when a user gets something wrong."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import EPRUN, ROOT, run_eprun
+
+import eprun as tool
+
+
+def default_argv(name: str, fp32, int8, tmp_path) -> list:
+    """A default invocation of each command on the lab pair. A new command must add one."""
+    return {
+        "providers": ["providers", fp32, "CPUExecutionProvider"],
+        "partition": ["partition", int8, "MatMul"],
+        "expose": ["expose", fp32, tmp_path / "exposed.onnx"],
+        "layers": ["layers", fp32, int8, "1"],
+        "growth": ["growth", fp32, int8, "1"],
+        "settings": ["settings", int8, "1"],
+        "placement": ["placement", int8, "CPUExecutionProvider"],
+        "check": ["check", fp32, fp32],
+        "report": ["report", fp32, int8, "--out-dir", tmp_path / "report"],
+    }[name]
+
+
+@pytest.mark.parametrize("name", list(tool.COMMANDS))
+def test_every_declared_field_is_in_a_real_answer(eprun, lab_pair, tmp_path, name):
+    command = tool.COMMANDS[name]
+    answer = eprun(*default_argv(name, *lab_pair, tmp_path))
+    assert tuple(answer) == command.fields
+
+
+@pytest.mark.parametrize("name", list(tool.COMMANDS))
+def test_every_command_has_help_with_its_fields_and_an_example(name):
+    result = subprocess.run([sys.executable, str(EPRUN), name, "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == ""
+    flat = " ".join(result.stdout.split())
+    command = tool.COMMANDS[name]
+    for field in command.fields:
+        assert f'"{field}"' in flat
+    assert f"example: eprun.py {name} " in flat
+    assert command.example.startswith(f"eprun.py {name} ")
+
+
+def test_the_parser_offers_exactly_the_declared_commands():
+    parser = tool.build_parser()
+    (subparsers,) = [action for action in parser._actions if action.dest == "command"]
+    assert list(subparsers.choices) == list(tool.COMMANDS)
+    top = subprocess.run([sys.executable, str(EPRUN), "--help"], capture_output=True,
+                         text=True, timeout=60).stdout
+    for name in tool.COMMANDS:
+        assert re.search(rf"^\s+{name}\s", top, re.MULTILINE), name
+
+
+def test_every_exit_code_is_documented_in_help_docstring_and_readme():
+    top = " ".join(subprocess.run([sys.executable, str(EPRUN), "--help"], capture_output=True,
+                                  text=True, timeout=60).stdout.split())
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Exit codes"):]
+    for code, name, _ in tool.EXIT_CODES:
+        assert f"{code} {name}" in top
+        assert re.search(rf"^\s+{code}\s", tool.__doc__, re.MULTILINE), code
+        assert re.search(rf"^\| {code}\b", table, re.MULTILINE), code
+
+
+def test_a_misplaced_seed_option_says_where_the_seed_goes(lab_pair):
+    fp32, int8 = lab_pair
+    result = run_eprun("layers", fp32, int8, "--seed", "2026")
+    assert result.code == 2 and result.stdout == ""
+    assert ("the seed is positional in layers: eprun.py layers FP32 INT8 SEED, without --seed"
+            in result.stderr)
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_an_op_list_that_matches_nothing_gets_near_misses(lab_pair):
+    fp32, _ = lab_pair
+    result = run_eprun("partition", fp32, "matmul,Addd")
+    assert result.code == 0 and result.answer["claimed"] == 0
+    assert ("eprun: note: no op type in 'matmul,Addd' occurs in" in result.stderr)
+    assert "did you mean matmul -> MatMul, Addd -> Add?" in result.stderr
+    assert "Its op types: MatMul, Add, Relu" in result.stderr
+    assert "note" not in run_eprun("partition", fp32, "MatMul,Conv").stderr
+
+
+def test_a_swapped_pair_is_pointed_out(lab_pair):
+    fp32, int8 = lab_pair
+    result = run_eprun("layers", int8, fp32, "1")
+    assert result.code == 0
+    assert (f"eprun: note: the models look swapped: {str(int8)!r} has quantization nodes and "
+            f"{str(fp32)!r} has none" in result.stderr)
+    assert "swapped" not in run_eprun("layers", fp32, int8, "1").stderr
+
+
+BLOCK_ONNX = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "onnx" or name.startswith("onnx."):
+            raise ModuleNotFoundError("No module named 'onnx'", name="onnx")
+sys.meta_path.insert(0, Block())
+sys.argv = sys.argv[1:]
+import runpy
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_missing_package_names_itself_and_the_fix(lab_pair):
+    fp32, int8 = lab_pair
+    result = run_eprun("layers", fp32, int8, "1", prefix=[sys.executable, "-c", BLOCK_ONNX,
+                                                           str(EPRUN)])
+    assert result.code == 4 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        (f"eprun: error: eprun needs the Python package 'onnx', which {sys.executable} does not "
+        "have: run eprun with the Python that make lab set up (.venv/bin/python eprun.py ...), "
+        "or install it with: python -m pip install onnx onnxruntime numpy")]
+
+
+def test_version_names_the_libraries():
+    result = subprocess.run([sys.executable, str(EPRUN), "--version"], capture_output=True,
+                            text=True, timeout=60)
+    import numpy
+    import onnx
+    import onnxruntime
+
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout == (f"eprun {tool.__version__} (onnx {onnx.__version__}, onnxruntime "
+                             f"{onnxruntime.__version__}, numpy {numpy.__version__}; Python "
+                             f"{sys.version.split()[0]})\n")
+
+
+def test_command_functions_take_keyword_arguments():
+    """What the parser passes is what the function names: no positional plumbing."""
+    import inspect
+
+    for command in tool.COMMANDS.values():
+        parameters = inspect.signature(command.run).parameters
+        dests = {argument.options.get("dest") or argument.names[-1].lstrip("-").replace("-", "_")
+                 for argument in command.arguments}
+        dests |= {"inputs"} if "rows" in dests else set()
+        missing = [name for name in parameters if name not in dests and
+                   parameters[name].default is inspect.Parameter.empty]
+        assert missing == [], (command.name, missing)

@@ -1263,14 +1263,15 @@ def import_ort():
 
 
 def open_session(source, options=None, what: str = "model",
-                 providers: list[str] | None = None):
+                 providers: list[str] | None = None, disabled: list[str] = ()):
     """The one way eprun opens a session: from a path or serialized bytes, on the CPU unless
-    ``providers`` says otherwise; any failure becomes one clear error whose cause is
-    onnxruntime's own exception."""
+    ``providers`` says otherwise, with the graph transformers named in ``disabled`` turned off;
+    any failure becomes one clear error whose cause is onnxruntime's own exception."""
     ort = import_ort()
     requested = ["CPUExecutionProvider"] if providers is None else providers
+    extra = {"disabled_optimizers": list(disabled)} if disabled else {}
     try:
-        return ort.InferenceSession(source, sess_options=options, providers=requested)
+        return ort.InferenceSession(source, sess_options=options, providers=requested, **extra)
     except Exception as exc:
         with_providers = "" if providers is None else f" with providers {requested}"
         raise EprunError(f"onnxruntime cannot open {what}{with_providers}: "
@@ -1699,7 +1700,7 @@ def _safe_location(location: str, model_path: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(model_path)), location)
 
 
-def open_exposed(model, model_path: str):
+def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None = None):
     """A CPU session with default options for an in-memory (exposed) copy of ``model_path``.
 
     The weights never pass through protobuf serialization: large inline initializers are moved
@@ -1708,7 +1709,8 @@ def open_exposed(model, model_path: str):
     the one in the file. Weights stored as external data stay in their files: onnxruntime
     releases that know ``session.model_external_initializers_file_folder_path`` read them from
     the model's folder; older ones get each tensor as a read-only memory map. ``model`` is
-    consumed (its large initializers become placeholders).
+    consumed (its large initializers become placeholders). ``configure`` may set other
+    session options (an optimization level, thread counts).
     """
     ort = import_ort()
     external = external_tensors(model)
@@ -1718,6 +1720,8 @@ def open_exposed(model, model_path: str):
 
     def session_with(extra_names: list[str], extra_values: list, folder_option: bool):
         options = ort.SessionOptions()
+        if configure is not None:
+            configure(options)
         if folder_option:
             options.add_session_config_entry(
                 "session.model_external_initializers_file_folder_path",
@@ -2386,48 +2390,330 @@ GROWTH = declare(Command(
 
 # -- settings ----------------------------------------------------------------------------------
 
-def settings(model: str, seed: int, inputs: InputOptions | None = None) -> dict:
-    """The first output under other optimization levels and intra-op thread counts, compared
-    with the single-threaded, unoptimized baseline bit for bit."""
-    import numpy as np
+class SettingsRunner:
+    """One model's first output under given session settings, always on the same inputs."""
 
-    require_file(model)
-    ort = import_ort()
-    feeds: list[Feed] = []
+    def __init__(self, model: str, seed: int, inputs: InputOptions | None) -> None:
+        self.model, self.seed, self.inputs = model, seed, inputs
+        self.feed: Feed | None = None
 
-    def first_output(level: str, intra_op: int):
+    def options(self, level: str, intra_op: int, optimized_path: str | None = None):
+        ort = import_ort()
         options = ort.SessionOptions()
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         options.intra_op_num_threads = intra_op
         options.inter_op_num_threads = 1
-        session = open_session(model, options, what=repr(model))
-        if not feeds:  # from the first session's metadata: a float model needs no onnx
-            feeds.append(make_feeds(session_specs(session, model), seed, inputs,
-                                    model))
+        if optimized_path:
+            options.optimized_model_filepath = optimized_path
+        return options
+
+    def session(self, level: str, intra_op: int, disabled: list[str] = (),
+                optimized_path: str | None = None):
+        session = open_session(self.model, self.options(level, intra_op, optimized_path),
+                               what=repr(self.model), disabled=disabled)
+        if self.feed is None:  # from the first session's metadata: a float model needs no onnx
+            self.feed = make_feeds(session_specs(session, self.model), self.seed, self.inputs,
+                                   self.model)
+        return session
+
+    def run(self, session):
         output = session.get_outputs()[0].name
-        value = run_session(session, [output], feeds[0].arrays, what=repr(model),
-                            hint=dims_hint(feeds[0]))[0]
-        _require_numeric(value, output, model, "settings")
+        value = run_session(session, [output], self.feed.arrays, what=repr(self.model),
+                            hint=dims_hint(self.feed))[0]
+        _require_numeric(value, output, self.model, "settings")
         return value
 
-    base = first_output(*SETTINGS_BASELINE)
+    def output(self, level: str, intra_op: int, disabled: list[str] = ()):
+        return self.run(self.session(level, intra_op, disabled))
+
+
+def bitwise_equal(reference, candidate) -> bool:
+    return (reference.shape == candidate.shape and reference.dtype == candidate.dtype
+            and reference.tobytes() == candidate.tobytes())
+
+
+def settings(model: str, seed: int, inputs: InputOptions | None = None,
+             explain: bool = False) -> dict:
+    """The first output under other optimization levels and intra-op thread counts, compared
+    with the single-threaded, unoptimized baseline bit for bit.
+
+    The baseline runs twice; one that does not reproduce itself is reported (``repeatable``
+    false). With ``explain``, each case that differs is explained (``explain_case``).
+    """
+    import numpy as np
+
+    require_file(model)
+    runner = SettingsRunner(model, seed, inputs)
+    base_session = runner.session(*SETTINGS_BASELINE)
+    base = runner.run(base_session)
+    repeatable = bitwise_equal(base, runner.run(base_session))
+    del base_session
     with np.errstate(all="ignore"):
         baseline = {"level": SETTINGS_BASELINE[0], "intra_op": SETTINGS_BASELINE[1],
                     "max_abs_output": float(np.max(np.abs(base))) if base.size else 0.0,
                     "mean_output": float(base.mean()) if base.size else float("nan")}
-        cases = []
-        for level, intra_op in SETTINGS_CASES:
-            y = first_output(level, intra_op)
-            same_shape = y.shape == base.shape
-            diff = largest_of(differences(base, y)[2]) if same_shape else float("nan")
-            cases.append({"level": level, "intra_op": intra_op, "max_abs_diff": float(diff),
-                          "bitwise_equal": bool(same_shape and y.dtype == base.dtype
-                                                and y.tobytes() == base.tobytes())})
+    cases = []
+    for level, intra_op in SETTINGS_CASES:
+        y = runner.output(level, intra_op)
+        same_shape = y.shape == base.shape
+        diff = largest_of(differences(base, y)[2]) if same_shape else float("nan")
+        cases.append({"level": level, "intra_op": intra_op, "max_abs_diff": float(diff),
+                      "bitwise_equal": bitwise_equal(base, y)})
     answer = {"model": model, "seed": seed}
-    if not feeds[0].contract_shaped:
-        answer["inputs"] = feeds[0].fed
-    return {**answer, "baseline": baseline, "cases": cases,
-            "all_equal": all(case["bitwise_equal"] for case in cases)}
+    if not runner.feed.contract_shaped:
+        answer["inputs"] = runner.feed.fed
+    answer.update(baseline=baseline, cases=cases,
+                  all_equal=all(case["bitwise_equal"] for case in cases))
+    if explain or not repeatable:
+        answer["repeatable"] = repeatable
+    if explain:
+        answer["explanations"] = [explain_case(runner, base, case) for case in cases
+                                  if not case["bitwise_equal"]]
+    return answer
+
+
+# -- settings --explain ------------------------------------------------------------------------
+
+# onnxruntime's graph transformers and rewrite rules, by the name ``disabled_optimizers``
+# matches: (name, level, first release, last release or None for "still there"). The level is
+# the lowest at which the name runs (1 BASIC, 2 EXTENDED, 3 LAYOUT, 4 ALL only). Where the
+# names are defined: onnxruntime/core/optimizer/graph_transformer_utils.cc (GenerateTransformers
+# and GenerateRewriteRules) of each release; each name is the string its class passes to
+# GraphTransformer(...) or RewriteRule(...). The README says how this list is kept up to date.
+TRANSFORMERS = (
+    ("Level1_RuleBasedTransformer", 1, (1, 16), None),
+    ("DoubleQDQPairsRemover", 1, (1, 16), None),
+    ("ConstantSharing", 1, (1, 16), None),
+    ("ShapeInputMerge", 1, (1, 18), (1, 18)),
+    ("CommonSubexpressionElimination", 1, (1, 16), None),
+    ("ConstantFolding", 1, (1, 16), None),
+    ("MatMulAddFusion", 1, (1, 16), None),
+    ("ReshapeFusion", 1, (1, 16), None),
+    ("FreeDimensionOverrideTransformer", 1, (1, 16), None),
+    ("SliceConcatToSpaceToDepthFusion", 1, (1, 25), None),
+    ("GeluFusionL1", 1, (1, 20), None),
+    ("LayerNormFusionL1", 1, (1, 20), None),
+    ("QDQPropagationTransformer", 1, (1, 16), None),
+    ("WeightBiasQuantization", 1, (1, 21), None),
+    ("EnsureUniqueDQForNodeUnit", 1, (1, 16), None),
+    ("WhereDummyDq", 1, (1, 24), None),
+    ("TransposeOptimizer", 1, (1, 16), None),
+    ("DQMatMulNBitsFusion", 1, (1, 24), None),
+    ("Level2_RuleBasedTransformer", 2, (1, 19), None),
+    ("TransposeOptimizer_CPUExecutionProvider", 2, (1, 17), None),
+    ("QDQS8ToU8Transformer", 2, (1, 16), None),
+    ("QDQSelectorActionTransformer", 2, (1, 16), None),
+    ("GemmActivationFusion", 2, (1, 16), None),
+    ("MatMulIntegerToFloatFusion", 2, (1, 16), None),
+    ("DynamicQuantizeMatMulFusion", 2, (1, 16), None),
+    ("ConvActivationFusion", 2, (1, 16), None),
+    ("GeluFusion", 2, (1, 16), (1, 19)),
+    ("LayerNormFusion", 2, (1, 16), (1, 19)),
+    ("GeluFusionL2", 2, (1, 20), None),
+    ("LayerNormFusionL2", 2, (1, 20), None),
+    ("SimplifiedLayerNormFusion", 2, (1, 16), None),
+    ("AttentionFusion", 2, (1, 16), None),
+    ("EmbedLayerNormFusion", 2, (1, 16), None),
+    ("GatherToSplitFusion", 2, (1, 16), (1, 17)),
+    ("GatherSliceToSplitFusion", 2, (1, 18), None),
+    ("GatherToSliceFusion", 2, (1, 16), None),
+    ("MatmulTransposeFusion", 2, (1, 16), None),
+    ("BiasGeluFusion", 2, (1, 16), None),
+    ("GroupQueryAttentionFusion", 2, (1, 22), None),
+    ("SkipLayerNormFusion", 2, (1, 16), None),
+    ("BiasSkipLayerNormFusion", 2, (1, 25), None),
+    ("FastGeluFusion", 2, (1, 16), None),
+    ("QuickGeluFusion", 2, (1, 16), None),
+    ("SwiGluFusion", 2, (1, 32), None),
+    ("BiasSoftmaxFusion", 2, (1, 16), None),
+    ("BiasDropoutFusion", 2, (1, 16), None),
+    ("MatMulScaleFusion", 2, (1, 16), None),
+    ("MatMulActivationFusion", 2, (1, 16), None),
+    ("MatMulNBitsFusion", 2, (1, 19), None),
+    ("GroupQueryAttentionPreNormFusion", 2, (1, 28), None),
+    ("QDQFinalCleanupTransformer", 2, (1, 16), None),
+    ("GeluApproximation", 2, (1, 16), None),
+    ("Avx2WeightS8ToU8Transformer", 2, (1, 16), None),
+    ("NchwcTransformer", 3, (1, 16), None),
+    ("NhwcTransformer", 3, (1, 16), None),
+    ("ConvAddActivationFusion", 3, (1, 16), None),
+    ("FuseFp16InitializerToFp32NodeTransformer", 4, (1, 23), None),
+)
+# The rewrite rules inside Level1_RuleBasedTransformer and Level2_RuleBasedTransformer.
+REWRITE_RULES = (
+    ("EliminateIdentity", 1, (1, 16), None), ("EliminateSlice", 1, (1, 16), None),
+    ("UnsqueezeElimination", 1, (1, 16), None), ("EliminateDropout", 1, (1, 16), None),
+    ("ExpandElimination", 1, (1, 16), None), ("CastElimination", 1, (1, 16), None),
+    ("CastChainElimination", 1, (1, 23), None), ("PreShapeNodeElimination", 1, (1, 16), None),
+    ("NoopElimination", 1, (1, 16), None), ("DivMulFusion", 1, (1, 16), None),
+    ("FuseReluClip", 1, (1, 16), None), ("GemmSumFusion", 1, (1, 16), None),
+    ("GemmTransposeFusion", 1, (1, 16), None), ("NotWhereFusion", 1, (1, 16), None),
+    ("ConvAddFusion", 1, (1, 16), None), ("ConvMulFusion", 1, (1, 16), None),
+    ("ConvBNFusion", 1, (1, 16), None), ("Pad_Fusion", 1, (1, 17), None),
+    ("MatMul_BatchNormalization_Fusion", 1, (1, 17), None),
+    ("LabelEncoderFusion", 1, (1, 18), None), ("ClipQuantRewrite", 1, (1, 16), None),
+    ("ReluQuantRewrite", 1, (1, 16), None),
+)
+# The levels a case is bisected over, in order, with the transformer level each one adds.
+OPTIMIZATION_LEVELS = (("ORT_ENABLE_BASIC", 1), ("ORT_ENABLE_EXTENDED", 2),
+                       ("ORT_ENABLE_LAYOUT", 3), ("ORT_ENABLE_ALL", 4))
+
+
+def ort_release() -> tuple[int, int]:
+    major, minor = (int(part) for part in re.findall(r"\d+", import_ort().__version__)[:2])
+    return major, minor
+
+
+def known_names(table: tuple, up_to_level: int) -> list[str]:
+    """The names of ``table`` this onnxruntime release has, at or below ``up_to_level``."""
+    release = ort_release()
+    return [name for name, level, first, last in table
+            if level <= up_to_level and first <= release and (last is None or release <= last)]
+
+
+def ddmin(items: list[str], passes: Callable[[list[str]], bool]) -> list[str]:
+    """Zeller's delta debugging: a minimal subset of ``items`` for which ``passes`` holds,
+    given that it holds for all of them (minimal: dropping any one item makes it fail)."""
+    parts = 2
+    while len(items) >= 2:
+        size = math.ceil(len(items) / parts)
+        chunks = [items[k:k + size] for k in range(0, len(items), size)]
+        for chunk in chunks:
+            if passes(chunk):
+                items, parts = chunk, 2
+                break
+        else:
+            for chunk in chunks:
+                rest = [item for item in items if item not in chunk]
+                if len(chunks) > 2 and passes(rest):
+                    items, parts = rest, max(parts - 1, 2)
+                    break
+            else:
+                if parts >= len(items):
+                    break
+                parts = min(len(items), parts * 2)
+    return items
+
+
+def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
+    """Why one settings case differs from the baseline, and what undoes it.
+
+    A case at ORT_DISABLE_ALL, or one whose single-threaded twin equals the baseline, differs
+    by its thread count: onnxruntime splits the work and sums in another order, no optimizer
+    involved. Otherwise the levels are bisected (BASIC, EXTENDED, LAYOUT, ALL, one thread) to
+    the one that introduces the difference; a delta-debugging search over this release's
+    transformer names at that level finds a minimal set whose disabling restores the baseline
+    bit for bit (rule containers are refined to their rules); each name is checked to change
+    the optimized graph, since onnxruntime ignores names it does not know; and the first
+    boundary that differs, with the optimized nodes that compute it, says where it starts.
+    """
+    level, intra_op = case["level"], case["intra_op"]
+    explanation = {"level": level, "intra_op": intra_op}
+    threads_reason = (f"no graph optimizer: with {intra_op} intra-op threads onnxruntime splits "
+                      "the work of a kernel (a reduction, a matrix product) and sums the parts "
+                      "in another order")
+    if level == SETTINGS_BASELINE[0] or (
+            intra_op > 1 and bitwise_equal(base, runner.output(level, 1))):
+        return {**explanation, "cause": "threads", "why": threads_reason}
+    levels = [(name, rank) for name, rank in OPTIMIZATION_LEVELS
+              if hasattr(import_ort().GraphOptimizationLevel, name)]
+    introducing, rank = next(((name, rank) for name, rank in levels
+                              if not bitwise_equal(base, runner.output(name, 1))), levels[-1])
+    explanation["introduced_by"] = introducing
+
+    def restores(names: list[str]) -> bool:
+        return bitwise_equal(base, runner.output(introducing, 1, names))
+
+    candidates = known_names(TRANSFORMERS, rank)
+    if not restores(candidates):
+        return {**explanation, "cause": "not an optimizer",
+                "why": "disabling every graph transformer this onnxruntime release has up to "
+                       f"{introducing} does not restore the baseline: the difference comes "
+                       "from a transformer that cannot be disabled or from kernel choice"}
+    found = ddmin(candidates, restores)
+    for container, rule_level in (("Level1_RuleBasedTransformer", 1),
+                                  ("Level2_RuleBasedTransformer", 2)):
+        if container in found:  # which rules inside it
+            others = [name for name in found if name != container]
+            rules = known_names(REWRITE_RULES, rule_level)
+            if restores(others + rules):
+                found = others + ddmin(rules, lambda subset, o=others: restores(o + subset))
+    changed = {name: _changes_the_graph(runner, introducing, name) for name in found}
+    explanation.update(cause="optimizer", transformers=found,
+                       verified=[name for name in found if changed[name]])
+    if intra_op > 1 and not bitwise_equal(base, runner.output(level, intra_op, found)):
+        explanation["threads_too"] = threads_reason
+    explanation["first_difference"] = _first_difference(runner, base, level, intra_op)
+    explanation["workaround"] = {
+        "disabled_optimizers": found,
+        "session_config": {"optimization.disable_specified_optimizers": ";".join(found)}
+        if ort_release() >= (1, 18) else None,
+        "graph_optimization_level": next(
+            (name for name, _ in reversed(levels[:levels.index((introducing, rank))])),
+            SETTINGS_BASELINE[0])}
+    return explanation
+
+
+def _optimized_nodes(runner: SettingsRunner, level: str, disabled: list[str] = ()) -> list:
+    """The nodes of the graph onnxruntime optimized at ``level`` (one thread)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="eprun-optimized-") as scratch:
+        path = os.path.join(scratch, "optimized.onnx")
+        runner.session(level, 1, disabled, optimized_path=path)
+        return list(load_model(path, load_weights=False).graph.node)
+
+
+def _changes_the_graph(runner: SettingsRunner, level: str, name: str) -> bool:
+    """Does disabling ``name`` change the optimized graph (is it a name onnxruntime uses)?"""
+    def shape(nodes: list) -> list:
+        return [(node.op_type, list(node.input), list(node.output)) for node in nodes]
+
+    return shape(_optimized_nodes(runner, level)) != shape(
+        _optimized_nodes(runner, level, [name]))
+
+
+def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -> dict:
+    """The first boundary (as in ``layers``) whose value differs between the baseline and the
+    case, both exposed, and the optimized nodes that compute it that the file does not have."""
+    def boundary_values(settings_level: str, threads: int) -> tuple[list[str], list]:
+        model = load_model(runner.model, load_weights=False)
+        boundaries = expose_in_place(model, BOUNDARY_OPS, unknown_as_float=False)
+
+        def configure(options) -> None:
+            options.graph_optimization_level = getattr(import_ort().GraphOptimizationLevel,
+                                                       settings_level)
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+
+        session = open_exposed(model, runner.model, configure)
+        return boundaries, run_session(session, boundaries, runner.feed.arrays,
+                                       what=repr(runner.model))
+
+    boundaries, reference = boundary_values(*SETTINGS_BASELINE)
+    _, candidate = boundary_values(level, intra_op)
+    index = next((k for k, (a, b) in enumerate(zip(reference, candidate))
+                  if not bitwise_equal(a, b)), None)
+    if index is None:
+        return {"index": None, "why": "with every boundary exposed as an output the two "
+                "settings agree: exposing them stops the fusion that makes the difference"}
+    original = {(node.name, node.op_type) for node in
+                load_model(runner.model, load_weights=False).graph.node}
+    optimized = _optimized_nodes(runner, level)
+    producers = {output: node for node in optimized for output in node.output}
+    stop = set(boundaries[:index]) | set(runner.feed.arrays)
+    fused, pending, seen = [], [boundaries[index]], set()
+    while pending:
+        node = producers.get(pending.pop())
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if (node.name, node.op_type) not in original:
+            fused.append({"name": node.name, "op_type": node.op_type})
+        pending += [name for name in node.input if name and name not in stop]
+    return {"index": index, "tensor": boundaries[index],
+            "max_abs_diff": largest_of(differences(reference[index], candidate[index])[2]),
+            "optimized_nodes": fused}
 
 
 SETTINGS = declare(Command(
@@ -2435,10 +2721,17 @@ SETTINGS = declare(Command(
     summary="the first output under other optimization levels and thread counts, compared "
             "with a single-threaded unoptimized baseline",
     run=settings,
-    arguments=(MODEL, SEED, *INPUT_ARGS),
+    arguments=(MODEL, SEED, *INPUT_ARGS,
+               arg("--explain", action="store_true",
+                   help="for each case that differs: the optimization level that introduces "
+                        "it, a minimal set of graph transformers whose disabling restores the "
+                        "baseline bit for bit, the first boundary that differs, and the "
+                        "workaround; or that the thread count (no optimizer) is the cause")),
     fields=("model", "seed", "baseline", "cases", "all_equal"),
     detail='baseline: {"level", "intra_op", "max_abs_output", "mean_output"}; cases: '
-           '[{"level", "intra_op", "max_abs_diff", "bitwise_equal"}]; "inputs" as in layers',
+           '[{"level", "intra_op", "max_abs_diff", "bitwise_equal"}]; "inputs" as in layers; '
+           '"repeatable" when the baseline does not reproduce itself or with --explain, which '
+           'adds "explanations"',
     example="eprun.py settings int8.onnx 2026"))
 
 

@@ -1,0 +1,194 @@
+"""settings --explain: which optimizer changes the numbers, where, and whether a run repeats.
+
+The cases are real on every supported stack: onnxruntime's MatMulAddFusion turns MatMul + Add
+into one Gemm that adds the bias inside the product's accumulation, so a wide layer with a
+large bias rounds differently. Every claim is checked against sessions opened here."""
+from __future__ import annotations
+
+import models
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import run_eprun
+from onnx import helper, numpy_helper
+
+import eprun as tool
+
+LEVELS = ort.GraphOptimizationLevel
+
+
+def wide_layers(seed: int = 0, width: int = 1000) -> onnx.ModelProto:
+    """x -> Relu -> MatMul + Add (wide, large bias) -> Relu -> MatMul + Add -> y: boundaries
+    x, the second Relu's output and y; the first fused layer is the one that rounds."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal((width, 64)).astype(np.float32), "W0"),
+             numpy_helper.from_array((100 * rng.standard_normal(64)).astype(np.float32), "b0"),
+             numpy_helper.from_array((rng.standard_normal((64, 8)) / 8).astype(np.float32),
+                                     "W1"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "b1")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu_in"),
+             helper.make_node("MatMul", ["r", "W0"], ["m0"], name="mm0"),
+             helper.make_node("Add", ["m0", "b0"], ["a0"], name="add0"),
+             helper.make_node("Relu", ["a0"], ["h"], name="relu0"),
+             helper.make_node("MatMul", ["h", "W1"], ["m1"], name="mm1"),
+             helper.make_node("Add", ["m1", "b1"], ["y"], name="add1")]
+    return models.finish(nodes, [models.float_input("x", width)],
+                         [helper.make_tensor_value_info("y", 1, ["N", 8])], inits)
+
+
+def run(path, x, level, threads=1, disabled=None, outputs=None):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    model = onnx.load(str(path))
+    for name in outputs or ():
+        model.graph.output.append(onnx.ValueInfoProto(name=name))
+    extra = {"disabled_optimizers": disabled} if disabled else {}
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"], **extra)
+    return session.run(outputs or None, {"x": x})
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    return models.save(wide_layers(), tmp_path_factory.mktemp("explain") / "wide.onnx")
+
+
+def test_explain_names_the_transformer_and_where_it_starts(eprun, wide):
+    answer = eprun("settings", wide, "3", "--explain")
+    x = models.contract_input(3, 1000)
+    base = run(wide, x, LEVELS.ORT_DISABLE_ALL)[0]
+    optimized = run(wide, x, LEVELS.ORT_ENABLE_ALL)[0]
+    assert optimized.tobytes() != base.tobytes()  # the case is real on this stack
+    assert answer["all_equal"] is False and answer["repeatable"] is True
+    explained = {(e["level"], e["intra_op"]): e for e in answer["explanations"]}
+    assert set(explained) == {(case["level"], case["intra_op"]) for case in answer["cases"]
+                              if not case["bitwise_equal"]}
+    first = explained["ORT_ENABLE_ALL", 1]
+    assert first["cause"] == "optimizer"
+    # the level: BASIC already differs (MatMulAddFusion is a Level 1 transformer)
+    assert first["introduced_by"] == "ORT_ENABLE_BASIC"
+    assert run(wide, x, LEVELS.ORT_ENABLE_BASIC)[0].tobytes() != base.tobytes()
+    # the named transformers, disabled (and nothing else), restore the baseline bit for bit
+    names = first["transformers"]
+    assert names == ["MatMulAddFusion"] and first["verified"] == names
+    restored = run(wide, x, LEVELS.ORT_ENABLE_ALL, disabled=names)[0]
+    assert restored.tobytes() == base.tobytes()
+    assert first["workaround"]["disabled_optimizers"] == names
+    assert first["workaround"]["graph_optimization_level"] == "ORT_DISABLE_ALL"
+    # the first boundary that differs, recomputed with every boundary exposed
+    boundaries = ["x", "h", "y"]
+    reference = run(wide, x, LEVELS.ORT_DISABLE_ALL, outputs=boundaries)
+    candidate = run(wide, x, LEVELS.ORT_ENABLE_ALL, outputs=boundaries)
+    differs = [k for k, (a, b) in enumerate(zip(reference, candidate))
+               if a.tobytes() != b.tobytes()]
+    where = first["first_difference"]
+    assert where["index"] == differs[0] == 1 and where["tensor"] == "h"
+    assert where["max_abs_diff"] == pytest.approx(
+        float(np.abs(reference[1].astype(np.float64) - candidate[1]).max()), rel=1e-12)
+    # the node the optimized session computes h with, from its own optimized model
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.optimized_model_filepath = str(wide.parent / "optimized.onnx")
+    ort.InferenceSession(str(wide), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(options.optimized_model_filepath)
+    producer = next(node for node in optimized.graph.node if "h" in node.output)
+    assert where["optimized_nodes"] == [{"name": producer.name, "op_type": producer.op_type}]
+    assert producer.op_type in ("Gemm", "FusedGemm")
+
+
+def test_a_model_that_does_not_differ_is_not_searched(eprun, lab_pair, monkeypatch, capfd):
+    _, int8 = lab_pair
+    answer = eprun("settings", int8, "3", "--explain")
+    if answer["all_equal"]:
+        assert answer["explanations"] == []
+
+        def searched(*args, **kwargs):
+            raise AssertionError("a search for a case that does not differ")
+
+        monkeypatch.setattr(tool, "explain_case", searched)
+        assert tool.main(["settings", str(int8), "3", "--explain"]) == 0
+    else:  # an onnxruntime whose QDQ kernels round differently: every difference explained
+        assert len(answer["explanations"]) == sum(not c["bitwise_equal"]
+                                                  for c in answer["cases"])
+
+
+def test_repeatable_appears_only_when_false_or_asked(eprun, wide, monkeypatch, capfd):
+    plain = eprun("settings", wide, "3")
+    assert "repeatable" not in plain and "explanations" not in plain
+    calls = []
+    real = tool.SettingsRunner.run
+
+    def flaky(self, session):
+        value = real(self, session)
+        calls.append(1)
+        return value + np.float32(len(calls) == 2)  # the baseline's second run differs
+
+    monkeypatch.setattr(tool.SettingsRunner, "run", flaky)
+    assert tool.main(["settings", str(wide), "3"]) == 0
+    import json
+
+    answer = json.loads(capfd.readouterr().out)
+    assert answer["repeatable"] is False
+
+
+class FakeRunner:
+    """A runner whose outputs are given: the same as the baseline unless listed."""
+
+    def __init__(self, base, differing):
+        self.base, self.differing = base, differing
+
+    def output(self, level, intra_op, disabled=()):
+        if (level, intra_op) in self.differing and not disabled:
+            return self.base + 1
+        return self.base
+
+
+@pytest.mark.parametrize("case, differing", [
+    ({"level": "ORT_DISABLE_ALL", "intra_op": 2}, {("ORT_DISABLE_ALL", 2)}),
+    ({"level": "ORT_ENABLE_ALL", "intra_op": 2}, {("ORT_ENABLE_ALL", 2)}),
+])
+def test_thread_count_differences_are_not_blamed_on_an_optimizer(case, differing):
+    base = np.zeros(4, np.float32)
+    explanation = tool.explain_case(FakeRunner(base, differing), base, case)
+    assert explanation["cause"] == "threads"
+    assert explanation["why"].startswith("no graph optimizer: with 2 intra-op threads")
+    assert "transformers" not in explanation
+
+
+@pytest.mark.parametrize("culprits", [["c"], ["a", "h"], ["b", "c", "g"], [], ["a", "b", "c", "d",
+                                                                           "e", "f", "g", "h"]])
+def test_delta_debugging_finds_a_minimal_set(culprits):
+    items = list("abcdefgh")
+    calls = []
+
+    def restores(subset):
+        calls.append(subset)
+        return set(culprits) <= set(subset)
+
+    found = tool.ddmin(items, restores)
+    assert set(culprits) <= set(found)
+    for name in found:  # minimal: every name is needed
+        assert not restores([item for item in found if item != name]) or not culprits
+    if culprits:
+        assert sorted(found) == sorted(culprits)
+
+
+def test_the_transformer_list_follows_the_installed_release(monkeypatch):
+    monkeypatch.setattr(tool, "ort_release", lambda: (1, 18))
+    names = tool.known_names(tool.TRANSFORMERS, 2)
+    assert "GatherSliceToSplitFusion" in names and "GatherToSplitFusion" not in names
+    assert "GeluFusion" in names and "GeluFusionL1" not in names
+    assert "NchwcTransformer" not in names  # level 3
+    monkeypatch.setattr(tool, "ort_release", lambda: (1, 32))
+    names = tool.known_names(tool.TRANSFORMERS, 4)
+    assert {"SwiGluFusion", "GeluFusionL2", "FuseFp16InitializerToFp32NodeTransformer"} <= set(
+        names)
+    assert "ShapeInputMerge" not in names
+
+
+def test_explain_is_a_usage_of_settings_only(lab_pair):
+    fp32, int8 = lab_pair
+    assert run_eprun("layers", fp32, int8, "1", "--explain").code == 2

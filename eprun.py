@@ -10,6 +10,7 @@ Commands (each prints exactly one compact JSON object on one line to stdout):
     settings  <model> <seed>                same model and input under other optimization levels
                                             and thread counts
     placement <model> <providers>           the EP each node was actually assigned to
+    sensitivity <fp32> <int8> <seed>        which quantized units to keep in float
     check     <reference> <candidate>       CI gate: outputs within rtol/atol/cosine (exit 1 if not)
     report    <fp32> <int8>                 every lab measurement, written as the deliverables
 
@@ -63,6 +64,8 @@ if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_
     signal.signal(signal.SIGINT, _startup_interrupt)
 
 __version__ = "0.9.0"
+__all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",
+           "layers", "main", "partition", "placement", "providers", "report", "settings"]
 
 EXIT_USAGE = 2
 EXIT_MISSING = 3
@@ -313,10 +316,17 @@ def captured_chatter() -> Iterator[Any]:
             saved[fd] = None  # closed
         with contextlib.suppress(OSError):
             os.dup2(target if target is not None else 2, fd)
+    terminal = saved.get(2)
+    _TERMINAL.append(terminal if terminal is not None and os.isatty(terminal) else None)
+    if not _STDERR and terminal is not None:
+        _STDERR.append(terminal)
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield store
     finally:
+        _TERMINAL.pop()
+        if _STDERR and _STDERR[0] == terminal and not _TERMINAL:
+            _STDERR.clear()
         with contextlib.suppress(Exception):
             sys.stderr.flush()
         _flush_c_stdio()
@@ -327,6 +337,42 @@ def captured_chatter() -> Iterator[Any]:
             else:
                 os.dup2(copy, fd)
                 os.close(copy)
+
+
+# The terminal stderr was on before captured_chatter took the stream over (None if it is not a
+# terminal), innermost capture last: where progress goes.
+_TERMINAL: list[int | None] = []
+# The real stderr while the outermost capture holds fd 2: where a signal's last word goes.
+_STDERR: list[int] = []
+# Named temporary files that exist right now (where O_TMPFILE is missing): removed on a signal.
+_TEMPORARIES: set[str] = set()
+
+
+class Progress:
+    """One updating stderr line ("eprun: what: step i of n") for long work, shown only when
+    stderr is a terminal and the work has run for more than a couple of seconds; never on
+    stdout, never into a log. ``EPRUN_PROGRESS_AFTER`` sets the seconds (tests use 0)."""
+
+    def __init__(self, what: str, total: int | None = None) -> None:
+        import time
+
+        self.what, self.total, self.shown = what, total, False
+        self.start = time.monotonic()
+        self.after = float(os.environ.get("EPRUN_PROGRESS_AFTER", "2"))
+
+    def step(self, done: int) -> None:
+        import time
+
+        terminal = _TERMINAL[-1] if _TERMINAL else None
+        if terminal is not None and time.monotonic() - self.start >= self.after:
+            of = f" of {self.total}" if self.total else ""
+            line = f"\reprun: {self.what}: step {done}{of}\x1b[K"
+            self.shown = write_fd(terminal, line.encode()) or self.shown
+
+    def close(self) -> None:
+        terminal = _TERMINAL[-1] if _TERMINAL else None
+        if self.shown and terminal is not None:
+            write_fd(terminal, b"\r\x1b[K")
 
 
 def replay(store) -> None:
@@ -780,6 +826,7 @@ def stage(data: bytes | Callable[[Any], None], path: str) -> Staged:
 
             descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
                                                      suffix=".tmp", dir=folder)
+            _TEMPORARIES.add(temporary)
             os.chmod(temporary, 0o666 & ~_umask())
         else:
             descriptor = os.dup(handle)
@@ -807,6 +854,7 @@ def discard(staged: list[Staged]) -> None:
         if item.temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(item.temporary)
+            _TEMPORARIES.discard(item.temporary)
 
 
 # Signals that arrived while a set of renames was being committed, delivered right after it.
@@ -872,6 +920,7 @@ def commit(staged: list[Staged], links: list[tuple[str, str]] = ()) -> None:
             if name and os.path.exists(name):
                 with contextlib.suppress(OSError):
                     os.unlink(name)
+            _TEMPORARIES.discard(name)
 
 
 def write_atomically(data: bytes | Callable[[Any], None], path: str) -> None:
@@ -1700,7 +1749,8 @@ def _safe_location(location: str, model_path: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(model_path)), location)
 
 
-def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None = None):
+def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None = None,
+                 extra_arrays: dict | None = None):
     """A CPU session with default options for an in-memory (exposed) copy of ``model_path``.
 
     The weights never pass through protobuf serialization: large inline initializers are moved
@@ -1710,11 +1760,16 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     releases that know ``session.model_external_initializers_file_folder_path`` read them from
     the model's folder; older ones get each tensor as a read-only memory map. ``model`` is
     consumed (its large initializers become placeholders). ``configure`` may set other
-    session options (an optimization level, thread counts).
+    session options (an optimization level, thread counts); ``extra_arrays`` adds initializers
+    by name, handed over as arrays (weights taken from another model).
     """
     ort = import_ort()
     external = external_tensors(model)
     names, arrays = detach_initializers(model)
+    for name, array in (extra_arrays or {}).items():
+        model.graph.initializer.append(_placeholder(name, array))
+        names.append(name)
+        arrays.append(array)
     serialized = model.SerializeToString()
     values = [ort.OrtValue.ortvalue_from_numpy(array) for array in arrays]
 
@@ -1762,16 +1817,25 @@ def detach_initializers(model) -> tuple[list[str], list]:
                 or _initializer_bytes(tensor) < DETACH_MIN_BYTES):
             continue
         array = numpy_helper.to_array(tensor)
-        placeholder = TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type,
-                                  data_location=TensorProto.EXTERNAL)
-        for key, value in (("location", "eprun-detached"), ("offset", "0"),
-                           ("length", str(array.nbytes))):
-            entry = placeholder.external_data.add()
-            entry.key, entry.value = key, value
-        tensor.CopyFrom(placeholder)
+        tensor.CopyFrom(_placeholder(tensor.name, array))
         names.append(tensor.name)
         arrays.append(array)
     return names, arrays
+
+
+def _placeholder(name: str, array):
+    """An initializer that only declares ``array``'s name, type and dims, pointing at external
+    data: the form ``add_external_initializers`` fills in."""
+    from onnx import TensorProto, helper
+
+    placeholder = TensorProto(name=name, dims=array.shape,
+                              data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                              data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "eprun-detached"), ("offset", "0"),
+                       ("length", str(array.nbytes))):
+        entry = placeholder.external_data.add()
+        entry.key, entry.value = key, value
+    return placeholder
 
 
 # Bytes per element of the numeric ONNX types whose numpy form onnxruntime takes as is (no
@@ -1966,6 +2030,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     side_values = segments.fp32_values(fp32, feed.arrays) if segments else {}
     int8_session = int8.session(int8.runtime)
     entries, final, previous = [], None, None
+    progress = Progress("comparing boundaries", len(pairs))
     for batch in batches:
         a_values = everything if everything is not None else fetch(
             fp32, fp32_session, [fp32_names[k] for k in batch], feed.arrays)
@@ -1984,10 +2049,12 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
                                   {key: value for key, value in entry.items()
                                    if key not in ("index", "fp32", "int8")})
             entries.append(entry)
+            progress.step(k + 1)
             if k == len(pairs) - 1:
                 final = b
             previous = a
         del a_values, b_values
+    progress.close()
     answer = {"seed": seed, "rows": rows}
     if not feed.contract_shaped:
         answer["inputs"] = feed.fed
@@ -2621,11 +2688,17 @@ def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
                               if not bitwise_equal(base, runner.output(name, 1))), levels[-1])
     explanation["introduced_by"] = introducing
 
+    progress = Progress(f"searching the transformers behind {level} x{intra_op}")
+    tries = [0]
+
     def restores(names: list[str]) -> bool:
+        tries[0] += 1
+        progress.step(tries[0])
         return bitwise_equal(base, runner.output(introducing, 1, names))
 
     candidates = known_names(TRANSFORMERS, rank)
     if not restores(candidates):
+        progress.close()
         return {**explanation, "cause": "not an optimizer",
                 "why": "disabling every graph transformer this onnxruntime release has up to "
                        f"{introducing} does not restore the baseline: the difference comes "
@@ -2638,6 +2711,7 @@ def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
             rules = known_names(REWRITE_RULES, rule_level)
             if restores(others + rules):
                 found = others + ddmin(rules, lambda subset, o=others: restores(o + subset))
+    progress.close()
     changed = {name: _changes_the_graph(runner, introducing, name) for name in found}
     explanation.update(cause="optimizer", transformers=found,
                        verified=[name for name in found if changed[name]])
@@ -3073,6 +3147,345 @@ CHECK = declare(Command(
     verdict=check_verdict))
 
 
+# -- sensitivity -------------------------------------------------------------------------------
+
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+class Unit(NamedTuple):
+    """A node the quantizer wrapped, by the float model's node name (what
+    ``quantize_static(nodes_to_exclude=...)`` takes); ``named`` is False when the float node
+    has no name and eprun derived one from its op type and position."""
+
+    name: str
+    op_type: str
+    named: bool
+    int8_index: int
+    fp32_index: int
+
+
+def quantized_units(fp32_model, int8_model) -> list[Unit]:
+    """The compute nodes of a QDQ model that read a DequantizeLinear output or feed a
+    QuantizeLinear, paired with their float nodes: by name, else (unnamed nodes) the k-th
+    unnamed node of the same op type in each model."""
+    int8_nodes, fp32_nodes = list(int8_model.graph.node), list(fp32_model.graph.node)
+    producers = {output: node for node in int8_nodes for output in node.output}
+    feeds_quantize = {node.input[0] for node in int8_nodes if node.op_type == "QuantizeLinear"}
+    by_name = {node.name: index for index, node in enumerate(fp32_nodes) if node.name}
+    unnamed: dict[str, list[int]] = {}
+    for index, node in enumerate(fp32_nodes):
+        if not node.name:
+            unnamed.setdefault(node.op_type, []).append(index)
+    seen: dict[str, int] = {}
+    units = []
+    quantizable = _quantizer_op_types()
+    for index, node in enumerate(int8_nodes):
+        if node.op_type in _QDQ_OPS or (quantizable and node.op_type not in quantizable):
+            continue
+        wrapped = any(producers.get(name) is not None
+                      and producers[name].op_type == "DequantizeLinear" for name in node.input)
+        if not wrapped and not feeds_quantize.intersection(node.output):
+            continue
+        if node.name:
+            if node.name in by_name:
+                units.append(Unit(node.name, node.op_type, True, index, by_name[node.name]))
+            continue
+        k = seen.get(node.op_type, 0)
+        seen[node.op_type] = k + 1
+        if k < len(unnamed.get(node.op_type, ())):
+            units.append(Unit(f"{node.op_type}#{k}", node.op_type, False, index,
+                              unnamed[node.op_type][k]))
+    return units
+
+
+def _quantizer_op_types() -> set[str]:
+    """The op types onnxruntime's quantizer quantizes by default (its QLinear and QDQ
+    registries, the list ``quantize_static`` starts from); empty if it cannot be read."""
+    try:
+        from onnxruntime.quantization import registry
+    except Exception:  # an onnxruntime without its quantization tools
+        return set()
+    return set(getattr(registry, "QLinearOpsRegistry", {})) | set(
+        getattr(registry, "QDQRegistry", {}))
+
+
+def restore_to_float(int8_model, fp32_model, units: list[Unit], fp32_path: str):
+    """The int8 graph with ``units`` back in float, as ``quantize_static(...,
+    nodes_to_exclude=[...])`` writes it (checked against it in the tests): each unit reads its
+    float weights and biases instead of their DequantizeLinear; an input the quantizer only
+    quantized for the unit (a graph input read by nothing else) loses its Q/DQ pair; and an
+    activation the quantizer folded into the unit's output (a Relu after a MatMul + Add) comes
+    back as the float node it was. An input quantized only for the unit (a graph input, the
+    output of an op left in float) and an output quantized only for the unit (a graph output)
+    lose their QuantizeLinear/DequantizeLinear pair. Returns ``(model, float weights by
+    name)``; ``int8_model`` is not changed. The weights are read as arrays, never copied
+    through protobuf."""
+    from onnx import ModelProto
+
+    model = ModelProto()
+    model.CopyFrom(int8_model)  # graph only: weights stay on disk or in placeholders later
+    nodes = list(model.graph.node)
+    fp32_nodes = list(fp32_model.graph.node)
+    fp32_weights = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
+    int8_weights = {tensor.name for tensor in model.graph.initializer}
+    excluded = {unit.int8_index for unit in units}
+    # Units register their outputs for quantization; any other producer (a graph input, an
+    # op the quantizer leaves in float) had its output quantized only for its consumers.
+    wrapped = {unit.int8_index for unit in quantized_units(fp32_model, int8_model)}
+    removed: set[int] = set()
+    arrays: dict = {}
+    inserted: dict[int, list] = {}
+
+    def consumers(name: str) -> list[int]:
+        return [i for i, node in enumerate(nodes) if i not in removed and name in node.input]
+
+    producer_index = {output: i for i, node in enumerate(nodes) for output in node.output}
+    for unit in units:
+        node, original = nodes[unit.int8_index], fp32_nodes[unit.fp32_index]
+        for position, name in enumerate(list(node.input)):
+            source = producer_index.get(name)
+            if source is None or nodes[source].op_type != "DequantizeLinear" or \
+                    position >= len(original.input):
+                continue
+            dequantize = nodes[source]
+            if dequantize.input[0] in int8_weights:  # a quantized weight or bias
+                float_name = original.input[position]
+                if float_name not in fp32_weights:
+                    continue
+                alone = set(consumers(name)) <= excluded
+                if alone:
+                    removed.add(source)
+                target = float_name if alone or float_name != name else f"{float_name}_float"
+                arrays[target] = _initializer_array(fp32_weights[float_name], fp32_path)
+                node.input[position] = target
+                continue
+            quantize_at = producer_index.get(dequantize.input[0])
+            quantize = nodes[quantize_at] if quantize_at is not None else None
+            upstream = (producer_index.get(quantize.input[0]) if quantize is not None
+                        else None)
+            if (quantize is not None and quantize.op_type == "QuantizeLinear"
+                    and (upstream is None or upstream not in wrapped)
+                    and set(consumers(name)) & wrapped <= excluded
+                    and set(consumers(quantize.output[0])) <= {source}):
+                for other in nodes:  # every reader now reads the float tensor
+                    other.input[:] = [quantize.input[0] if item == name else item
+                                      for item in other.input]
+                removed.update((source, quantize_at))
+        output_pair = _output_pair(nodes, node.output[0], removed)
+        if output_pair is not None and set(consumers(nodes[output_pair[1]].output[0])) & \
+                wrapped <= excluded:
+            # the pair quantized the unit's own output for nobody else (a graph output)
+            quantize_at, dequantize_at = output_pair
+            if nodes[dequantize_at].output[0] == original.output[0]:
+                node.output[0] = original.output[0]
+            else:
+                for other in nodes:
+                    other.input[:] = [node.output[0] if name == nodes[dequantize_at].output[0]
+                                      else name for name in other.input]
+            removed.update(output_pair)
+        if node.output[0] != original.output[0]:  # a folded activation comes back
+            chain, current = [], original.output[0]
+            by_input = {}
+            for candidate in fp32_nodes:
+                for name in candidate.input:
+                    by_input.setdefault(name, []).append(candidate)
+            while current != node.output[0] and len(by_input.get(current, ())) == 1:
+                follower = by_input[current][0]
+                chain.append(follower)
+                current = follower.output[0]
+            if current == node.output[0]:
+                node.output[0] = original.output[0]
+                inserted[unit.int8_index] = chain
+    ordered = []
+    for index, node in enumerate(nodes):
+        if index not in removed:
+            ordered.append(node)
+            ordered += inserted.get(index, [])
+    del model.graph.node[:]
+    model.graph.node.extend(ordered)
+    used = {name for node in ordered for name in _node_inputs(node)}
+    kept = [tensor for tensor in model.graph.initializer if tensor.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)  # onnxruntime drops unused ones before they arrive
+    return model, arrays
+
+
+def _output_pair(nodes: list, name: str, removed: set) -> tuple[int, int] | None:
+    """``(QuantizeLinear, DequantizeLinear)`` indices of the one pair that reads ``name``."""
+    for index, node in enumerate(nodes):
+        if index not in removed and node.op_type == "QuantizeLinear" and node.input[0] == name:
+            follower = next((k for k, other in enumerate(nodes) if k not in removed
+                             and other.op_type == "DequantizeLinear"
+                             and other.input[0] == node.output[0]), None)
+            return None if follower is None else (index, follower)
+    return None
+
+
+def _data_dependent(int8_model, unit: Unit) -> str | None:
+    """Why restoring ``unit`` cannot match quantize_static exactly, if it cannot: the quantizer
+    then quantizes the unit's output from calibration data eprun does not have."""
+    node = int8_model.graph.node[unit.int8_index]
+    if node.op_type == "Softmax":
+        return ("a quantized Softmax's output range is fixed to [0, 1]; left in float, its "
+                "output is calibrated from data, so its scale is not known here")
+    nodes = list(int8_model.graph.node)
+    producers = {output: item for item in nodes for output in item.output}
+    pair = _output_pair(nodes, node.output[0], set())
+    weights = {tensor.name for tensor in int8_model.graph.initializer}
+    table_scales = {producers[name].input[1] for name in node.input
+                    if name in producers and producers[name].op_type == "DequantizeLinear"
+                    and producers[name].input[0] in weights}
+    if pair is not None and nodes[pair[0]].input[1] in table_scales:
+        return (f"a quantized {node.op_type} passes its table's scale on to its output; left "
+                "in float, its output is calibrated from data, so its scale is not known here")
+    return None
+
+
+def _final(model) -> str:
+    name = final_output(model.graph)
+    if name is None:
+        raise EprunError("the model has no output")
+    return name
+
+
+class SensitivityRun:
+    """The fp32 model's final output, and the int8 model's with any set of units restored."""
+
+    def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None) -> None:
+        require_file(fp32)
+        require_file(int8)
+        self.fp32, self.int8 = fp32, int8
+        self.fp32_model = load_model(fp32, load_weights=False)
+        self.int8_model = load_model(int8, load_weights=False)
+        if not any(node.op_type in _QDQ_OPS for node in self.int8_model.graph.node):
+            raise EprunError(f"{int8!r} has no QuantizeLinear/DequantizeLinear nodes; "
+                             "sensitivity restores units of a QDQ model (quantize_static with "
+                             "QuantFormat.QDQ)")
+        self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
+        self.int8_feed = feed_for(specs_from_model(self.int8_model), int8, self.feed)
+        self.units = quantized_units(self.fp32_model, self.int8_model)
+        fp32_output = _final(self.fp32_model)
+        self.output = _final(self.int8_model)
+        model = load_model(fp32, load_weights=False)
+        self.reference = run_session(open_exposed(model, fp32), [fp32_output],
+                                     self.feed.arrays, what=repr(fp32))[0]
+        self.sessions = 0
+
+    def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
+        model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored, self.fp32)
+        session = open_exposed(model, self.int8, extra_arrays=arrays)
+        self.sessions += 1
+        (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8))
+        self.last = value
+        return compare_boundary(self.reference, value, self.feed.rows, metrics)
+
+
+def _meets(target: dict, measured: dict, reference, candidate) -> bool:
+    if "sqnr_db" in target:
+        return measured["sqnr_db"] is None or measured["sqnr_db"] >= target["sqnr_db"]
+    if "rel_error" in target:
+        return measured["rel_error"] <= target["rel_error"]
+    verdict = compare_outputs(reference, candidate, target["rtol"], target["atol"])
+    return verdict["violations"] == 0 and verdict["cosine"] >= target["min_cos"]
+
+
+def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
+                target_sqnr: float | None = None, target_rel_error: float | None = None,
+                profile: str | None = None, max_units: int | None = None,
+                units: list[str] | None = None) -> dict:
+    """Which quantized units to keep in float: each restored alone (``restore_to_float``) and
+    measured on the final float output against the fp32 model, ranked by the SQNR it gains,
+    then a verified recommendation: the best-ranked units added one at a time, the combined
+    graph rebuilt and re-measured each time, until the target is met."""
+    run = SensitivityRun(fp32, int8, seed, inputs)
+    chosen = run.units
+    if units is not None:
+        known = {unit.name for unit in run.units}
+        unknown = [name for name in units if name not in known]
+        if unknown:
+            raise EprunError(f"--units names {', '.join(map(repr, unknown))}, which "
+                             f"{int8!r} does not quantize (its units: "
+                             f"{', '.join(sorted(known)) or 'none'})", EXIT_USAGE)
+        chosen = [unit for unit in run.units if unit.name in units]
+    quantized = run.measure([])
+    base = run.last
+    if target_sqnr is not None:
+        target = {"sqnr_db": target_sqnr}
+    elif target_rel_error is not None:
+        target = {"rel_error": target_rel_error}
+    else:
+        target = {"profile": profile or "int8", **TOLERANCE_PROFILES[profile or "int8"]}
+    progress = Progress("restoring units one at a time", len(chosen))
+    ranked = []
+    for step, unit in enumerate(chosen, start=1):
+        measured = run.measure([unit])
+        gain = (None if measured["sqnr_db"] is None or quantized["sqnr_db"] is None
+                else measured["sqnr_db"] - quantized["sqnr_db"])
+        entry = {"name": unit.name, "op_type": unit.op_type, "named": unit.named,
+                 "rel_error": measured["rel_error"], "cos_min": measured["cos_min"],
+                 "sqnr_db": measured["sqnr_db"], "gain_db": gain}
+        inexact = _data_dependent(run.int8_model, unit)
+        if inexact:
+            entry["inexact"] = inexact
+        ranked.append(entry)
+        progress.step(step)
+    progress.close()
+    ranked.sort(key=lambda entry: (-math.inf if entry["gain_db"] is None and
+                                   entry["sqnr_db"] is not None else
+                                   -(entry["gain_db"] if entry["gain_db"] is not None
+                                     else math.inf)))
+    by_name = {unit.name: unit for unit in run.units}
+    met = _meets(target, quantized, run.reference, base)
+    excluded: list[str] = []
+    steps = []
+    limit = len(ranked) if max_units is None else max_units
+    for entry in ranked:
+        if met or len(excluded) >= limit:
+            break
+        excluded.append(entry["name"])
+        measured = run.measure([by_name[name] for name in excluded])
+        met = _meets(target, measured, run.reference, run.last)
+        steps.append({"added": entry["name"], "rel_error": measured["rel_error"],
+                      "cos_min": measured["cos_min"], "sqnr_db": measured["sqnr_db"],
+                      "met": met})
+    answer = {"seed": seed, "rows": run.feed.rows}
+    if not run.feed.contract_shaped:
+        answer["inputs"] = run.feed.fed
+    unnamed = [entry["name"] for entry in ranked if not entry["named"]]
+    if unnamed:
+        note(f"{', '.join(unnamed)}: the float model's node has no name, so eprun names it by op "
+             "type and position; quantize_static can only exclude named nodes")
+    return {**answer, "output": run.output, "quantized": {
+                key: quantized[key] for key in ("rel_error", "cos_min", "sqnr_db")},
+            "units": ranked, "target": target,
+            "recommendation": {"nodes_to_exclude": excluded, "steps": steps, "met": met},
+            "sessions": run.sessions}
+
+
+SENSITIVITY = declare(Command(
+    name="sensitivity",
+    summary="which quantized units to keep in float: each restored alone and measured on the "
+            "final output, ranked, and a verified nodes_to_exclude list",
+    run=sensitivity,
+    arguments=(
+        *FP32_INT8, SEED, *INPUT_ARGS,
+        arg("--target-sqnr", type=parse_tolerance, metavar="DB",
+            help="stop adding units once the final output's SQNR reaches DB"),
+        arg("--target-rel-error", type=parse_tolerance, metavar="X",
+            help="stop once the final output's rel_error is at most X"),
+        arg("--profile", choices=sorted(TOLERANCE_PROFILES),
+            help="stop once the final output passes check's profile (default int8)"),
+        arg("--max-units", type=parse_count, metavar="N",
+            help="recommend at most N units"),
+        arg("--units", type=parse_list, metavar="NAME,...",
+            help="restore only these units (float node names) one at a time")),
+    fields=("seed", "rows", "output", "quantized", "units", "target", "recommendation",
+            "sessions"),
+    detail='units: [{"name", "op_type", "named", "rel_error", "cos_min", "sqnr_db", '
+           '"gain_db"}] ranked by gain; recommendation: {"nodes_to_exclude", "steps", "met"}',
+    example="eprun.py sensitivity fp32.onnx int8.onnx 2026 --target-sqnr 30"))
+
+
 # -- report ------------------------------------------------------------------------------------
 
 REPORT_REQUESTS = (["CPUExecutionProvider"], ["AzureExecutionProvider"],
@@ -3108,7 +3521,8 @@ def report_splits(fp32_model, int8_model) -> list[tuple[str, list[str]]]:
 
 def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            inputs: InputOptions | None = None, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-           target_providers: list[str] | None = None, force: bool = False) -> dict:
+           target_providers: list[str] | None = None, force: bool = False,
+           sensitivity_section: bool = False) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -3129,26 +3543,37 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     requests = [list(request) for request in REPORT_REQUESTS]
     if target_providers is not None and target_providers not in requests:
         requests.append(list(target_providers))
+    progress = Progress("report", 6)
     with captured_chatter():  # the made-up provider's banner and note: the table records it
         provider_answer = {**providers(fp32, requests), "note": REPORT_NOTE}
+    progress.step(1)
     splits = [partition(paths_of[which], ops, parsed=graphs[which])
               for which, ops in report_splits(graphs["fp32"], graphs["int8"])]
     named = _name_pairs(fp32, int8, boundary_ops)
     pairing = "name" if named is not None else "position"
+    progress.step(2)
     measured, int8_final = measure_layers(fp32, int8, seed, inputs=inputs,
                                           boundary_ops=boundary_ops, pair=pairing)
     growth_answer = growth_of(measured)
+    progress.step(3)
     settings_answer = settings(int8, seed, inputs)
+    progress.step(4)
     exposure = _exposure_effect(int8, seed, measured["layers"][-1]["int8"], int8_final,
                                 inputs)
+    progress.step(5)
     gate = check(fp32, int8, providers=target_providers, profile="int8", inputs=inputs,
                  seed=seed)
+    progress.step(6)
+    progress.close()
+    ranked = sensitivity(fp32, int8, seed, inputs=inputs) if sensitivity_section else None
     facts = {**_report_facts(graphs["int8"], measured),
              "in_order": named is None or all(i == j for i, j in named.items())}
     markdown = report_markdown(provider_answer=provider_answer, splits=splits,
                                measured=measured, growth_answer=growth_answer,
                                settings_answer=settings_answer, exposure=exposure, gate=gate,
                                facts=facts)
+    if ranked is not None:
+        markdown += _sensitivity_section(ranked)
 
     created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -3171,10 +3596,13 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
             with contextlib.suppress(OSError):
                 os.rmdir(out_dir)
         raise
-    return {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES],
-            "pairing": pairing,
-            "check": {key: gate[key] for key in ("profile", "tolerance", "providers", "failures",
-                                                 "passed")}}
+    answer = {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES],
+              "pairing": pairing,
+              "check": {key: gate[key] for key in ("profile", "tolerance", "providers",
+                                                   "failures", "passed")}}
+    if ranked is not None:
+        answer["sensitivity"] = ranked["recommendation"]
+    return answer
 
 
 # What each deliverable starts with when eprun wrote it: JSON keys, or the report's first words.
@@ -3194,6 +3622,9 @@ REPORT = declare(Command(
         arg("--out-dir", help="folder to write into (default: the fp32 model's folder)"),
         arg("--force", action="store_true",
             help="replace files at the deliverables' paths that eprun did not write"),
+        arg("--sensitivity", action="store_true", dest="sensitivity_section",
+            help="add an optional fifth section to ep_report.md: sensitivity's ranking and "
+                 "recommendation"),
         arg("--providers", type=parse_list, dest="target_providers",
             help="your target's providers: a row of the providers table, and the ones the "
                  "check verdict runs the int8 model on (default: CPU)"),
@@ -3308,6 +3739,30 @@ def _partition_prose(splits: list[dict], measured: dict, facts: dict) -> str:
             f"{every_op['partition_count']} and the int8 model in "
             f"{int8_float_ops['partition_count']} partitions; adding the int8 model's own "
             f"quantization ops gives {int8_all['partition_count']}.")
+
+
+def _sensitivity_section(ranked: dict) -> str:
+    """The optional fifth section of ``ep_report.md`` (``report --sensitivity``)."""
+    quantized = ranked["quantized"]
+    lines = ["", "## Sensitivity (optional: report --sensitivity)", "",
+             "Each quantized unit restored to float alone (as quantize_static's "
+             "nodes_to_exclude would leave it), measured on the final output "
+             f"`{ranked['output']}` against the fp32 model; the fully quantized model has "
+             f"SQNR {_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}.",
+             "", "| rank | unit | op | SQNR (dB) | gain (dB) | rel error |",
+             "|---|---|---|---|---|---|"]
+    for rank, unit in enumerate(ranked["units"][:10], start=1):
+        lines.append(f"| {rank} | `{unit['name']}` | {unit['op_type']} | "
+                     f"{_num(unit['sqnr_db'])} | {_num(unit['gain_db'])} | "
+                     f"{_num(unit['rel_error'])} |")
+    recommendation = ranked["recommendation"]
+    reached = recommendation["steps"][-1] if recommendation["steps"] else quantized
+    lines += ["", f"Recommended `nodes_to_exclude` ({len(recommendation['nodes_to_exclude'])}): "
+              f"{_ops(recommendation['nodes_to_exclude'])}; the combined graph reaches "
+              + (f"SQNR {_num(reached['sqnr_db'])} dB" if reached["sqnr_db"] is not None
+                 else "the fp32 output exactly") + ", and the target "
+              f"{'is' if recommendation['met'] else 'is **not**'} met.", ""]
+    return "\n".join(lines)
 
 
 def _gate_line(gate: dict) -> str:
@@ -3539,13 +3994,19 @@ def invoke(command: Command, args: argparse.Namespace) -> dict:
 
 _INTERRUPTED: list[int] = []
 _ANSWERED: list[bool] = []
+# True when eprun runs as the program (cli), not inside someone else's Python.
+_PROGRAM: list[bool] = []
 
 
 def _on_signal(signum: int, frame: object) -> None:
-    """SIGTERM/SIGHUP unwind through the cleanup code (temporary files) instead of vanishing;
-    SIGINT is remembered, so that a library that turns the KeyboardInterrupt into another
-    error (numpy's import does) is still reported as an interruption. Inside
-    ``signals_held`` the signal waits for the block to end."""
+    """SIGINT, SIGTERM and SIGHUP. Inside ``signals_held`` the signal waits for the block to
+    end; once the answer is out it is ignored. Otherwise, as a program, eprun removes its
+    named temporary files, says "interrupted" for Ctrl-C on the real stderr and exits at once
+    (130, 143, 129): unwinding a Python exception through a C extension in the middle of its
+    import or of a protobuf call could crash the interpreter (SIGSEGV) or turn into another
+    error. Called from other Python code it raises KeyboardInterrupt or SystemExit instead,
+    and SIGINT is remembered, so that a library that turns the KeyboardInterrupt into another
+    error (numpy's import does) is still reported as an interruption."""
     _INTERRUPTED.append(signum)
     if _HELD:
         _HELD[-1].append(signum)
@@ -3556,9 +4017,17 @@ def _on_signal(signum: int, frame: object) -> None:
 
 
 def _act_on_signal(signum: int) -> None:
+    code = 130 if signum == signal.SIGINT else 128 + signum
+    if _PROGRAM:
+        for name in list(_TEMPORARIES):
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        if signum == signal.SIGINT:
+            write_fd(_STDERR[0] if _STDERR else 2, b"eprun: error: interrupted\n")
+        os._exit(code)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise SystemExit(128 + signum)
+    raise SystemExit(code)
 
 
 def _install_signal_handlers() -> dict:
@@ -3613,6 +4082,7 @@ def cli() -> None:
     """The ``eprun`` command and ``python eprun.py``: ``main``, then exit with its code. A
     signal that arrives while Python shuts down (the answer already out) is ignored rather
     than turning a finished run into a killed one."""
+    _PROGRAM.append(True)
     code = _main(None, restore_handlers=False)
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         if hasattr(signal, name):

@@ -2,6 +2,8 @@
 messages that say what to do when a user gets something wrong."""
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -24,6 +26,7 @@ def default_argv(name: str, fp32, int8, tmp_path) -> list:
         "placement": ["placement", int8, "CPUExecutionProvider"],
         "check": ["check", fp32, fp32],
         "report": ["report", fp32, int8, "--out-dir", tmp_path / "report"],
+        "sensitivity": ["sensitivity", fp32, int8, "1"],
     }[name]
 
 
@@ -145,3 +148,36 @@ def test_command_functions_take_keyword_arguments():
         missing = [name for name in parameters if name not in dests and
                    parameters[name].default is inspect.Parameter.empty]
         assert missing == [], (command.name, missing)
+
+
+def read_all(fd: int) -> bytes:
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # the terminal's other end closed
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def test_progress_goes_to_a_terminal_only(lab_pair):
+    import pty
+
+    fp32, int8 = lab_pair
+    argv = [sys.executable, str(EPRUN), "layers", str(fp32), str(int8), "1"]
+    env = {**os.environ, "EPRUN_PROGRESS_AFTER": "0"}
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=follower, env=env)
+    os.close(follower)
+    answer = json.loads(proc.stdout.read())
+    proc.wait(timeout=60)
+    shown = read_all(leader).decode()
+    os.close(leader)
+    assert proc.returncode == 0 and answer["layer_count"] == 6
+    steps = [f"\reprun: comparing boundaries: step {k} of 6\x1b[K" for k in range(1, 7)]
+    assert shown == "".join(steps) + "\r\x1b[K"  # each step overwrites the last, then cleared
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert piped.returncode == 0 and piped.stderr == ""
+    assert json.loads(piped.stdout) == answer

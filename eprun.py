@@ -3745,10 +3745,10 @@ def _sensitivity_section(ranked: dict) -> str:
     """The optional fifth section of ``ep_report.md`` (``report --sensitivity``)."""
     quantized = ranked["quantized"]
     lines = ["", "## Sensitivity (optional: report --sensitivity)", "",
-             "Each quantized unit restored to float alone (as quantize_static's "
+             ("Each quantized unit restored to float alone (as quantize_static's "
              "nodes_to_exclude would leave it), measured on the final output "
              f"`{ranked['output']}` against the fp32 model; the fully quantized model has "
-             f"SQNR {_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}.",
+             f"SQNR {_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}."),
              "", "| rank | unit | op | SQNR (dB) | gain (dB) | rel error |",
              "|---|---|---|---|---|---|"]
     for rank, unit in enumerate(ranked["units"][:10], start=1):

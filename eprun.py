@@ -3022,11 +3022,12 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
           rtol: float | None = None, atol: float | None = None, min_cos: float | None = None,
           inputs: InputOptions | None = None, seed: int = 0, warmup: int = 1,
           retries: int = 2, retry_pause: float = 2.0, require_providers: bool = False,
-          allow_fallback: bool = False) -> dict:
+          allow_fallback: bool = False, outputs_into: dict | None = None) -> dict:
     """The CI gate: does the candidate (model and providers) match the reference within
     tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
     provider the candidate's session did not get) unless ``allow_fallback``;
-    ``require_providers`` asks for exactly the requested list."""
+    ``require_providers`` asks for exactly the requested list. ``outputs_into`` (for
+    ``report``) receives the candidate's outputs by name, so they need not be computed again."""
     require_file(reference)
     require_file(candidate)
     providers = ["CPUExecutionProvider"] if providers is None else providers
@@ -3063,6 +3064,9 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         raise EprunError(f"{candidate!r} has {len(candidate_outputs)} outputs, the "
                          f"reference {len(reference_outputs)}; outputs are paired by position")
     actual = list(candidate_session.get_providers())
+    if outputs_into is not None:
+        outputs_into.update(zip((value.name for value in candidate_session.get_outputs()),
+                                candidate_outputs))
     outputs, failures = [], []
     reference_names = [value.name for value in reference_session.get_outputs()]
     candidate_names = [value.name for value in candidate_session.get_outputs()]
@@ -3198,15 +3202,28 @@ def quantized_units(fp32_model, int8_model) -> list[Unit]:
     return units
 
 
+# The op types onnxruntime's quantizer quantizes by default (its QLinearOpsRegistry and
+# QDQRegistry, the list quantize_static starts from), with the release that added each one,
+# read from every release from 1.16 to 1.32 (onnxruntime/quantization/registry.py). eprun does
+# not import the quantizer: it needs packages (sympy, on some releases) that a runtime lacks.
+QUANTIZER_OP_TYPES = (
+    *((name, (1, 16)) for name in (
+        "Add", "ArgMax", "AveragePool", "Clip", "Concat", "Conv", "ConvTranspose",
+        "EmbedLayerNormalization", "Gather", "Gemm", "GlobalAveragePool",
+        "InstanceNormalization", "LeakyRelu", "MatMul", "MaxPool", "Mul", "Pad", "Relu",
+        "Reshape", "Resize", "Sigmoid", "Softmax", "Split", "Squeeze", "Transpose",
+        "Unsqueeze", "Where")),
+    ("LayerNormalization", (1, 17)), ("BatchNormalization", (1, 19)),
+    ("GatherElements", (1, 20)), ("Slice", (1, 20)), ("TopK", (1, 23)), ("CumSum", (1, 24)),
+    ("Flatten", (1, 28)),
+)
+
+
 def _quantizer_op_types() -> set[str]:
-    """The op types onnxruntime's quantizer quantizes by default (its QLinear and QDQ
-    registries, the list ``quantize_static`` starts from); empty if it cannot be read."""
-    try:
-        from onnxruntime.quantization import registry
-    except Exception:  # an onnxruntime without its quantization tools
-        return set()
-    return set(getattr(registry, "QLinearOpsRegistry", {})) | set(
-        getattr(registry, "QDQRegistry", {}))
+    """The op types the quantizer of the installed onnxruntime release quantizes (the int8
+    model is taken to come from that release's quantize_static)."""
+    release = ort_release()
+    return {name for name, first in QUANTIZER_OP_TYPES if first <= release}
 
 
 def restore_to_float(int8_model, fp32_model, units: list[Unit], fp32_path: str):
@@ -3558,11 +3575,14 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     progress.step(3)
     settings_answer = settings(int8, seed, inputs)
     progress.step(4)
-    exposure = _exposure_effect(int8, seed, measured["layers"][-1]["int8"], int8_final,
-                                inputs)
-    progress.step(5)
+    candidate: dict = {}
     gate = check(fp32, int8, providers=target_providers, profile="int8", inputs=inputs,
-                 seed=seed)
+                 seed=seed, outputs_into=candidate)
+    progress.step(5)
+    final = measured["layers"][-1]["int8"]
+    plain = (candidate.get(final) if gate["providers"]["actual"] == ["CPUExecutionProvider"]
+             else None)  # the check's run is the plain model as deployed on the CPU
+    exposure = _exposure_effect(int8, seed, final, int8_final, inputs=inputs, plain=plain)
     progress.step(6)
     progress.close()
     ranked = sensitivity(fp32, int8, seed, inputs=inputs) if sensitivity_section else None
@@ -3700,13 +3720,15 @@ def _report_facts(int8_model, measured: dict) -> dict:
     return {"requantized": requantized}
 
 
-def _exposure_effect(int8_path: str, seed: int, output: str, exposed,
-                     inputs: InputOptions | None = None) -> dict:
+def _exposure_effect(int8_path: str, seed: int, output: str, exposed, *,
+                     inputs: InputOptions | None = None, plain=None) -> dict:
     """Does exposing the int8 boundaries change the final output? Exposed DQ outputs can stop
-    onnxruntime from fusing DequantizeLinear -> MatMul -> QuantizeLinear into one kernel."""
-    session = open_session(int8_path, what=repr(int8_path))
-    feed = make_feeds(session_specs(session, int8_path), seed, inputs, int8_path)
-    plain = run_session(session, [output], feed.arrays, what=repr(int8_path))[0]
+    onnxruntime from fusing DequantizeLinear -> MatMul -> QuantizeLinear into one kernel.
+    ``plain`` is the plain model's output when a run already has it."""
+    if plain is None:
+        session = open_session(int8_path, what=repr(int8_path))
+        feed = make_feeds(session_specs(session, int8_path), seed, inputs, int8_path)
+        plain = run_session(session, [output], feed.arrays, what=repr(int8_path))[0]
     return {"output": output, "bitwise_equal": plain.tobytes() == exposed.tobytes(),
             "max_abs_diff": largest_of(differences(plain, exposed)[2])}
 

@@ -4,7 +4,9 @@ Not a test. Builds its own models in a scratch folder, runs every route as separ
 (so start-up counts, as it does for a user) and reports medians as a Markdown table:
 
 * each contract command on a lab-shaped pair against a minimal hand-written script doing the
-  same onnxruntime work (the floor);
+  same onnxruntime work (the floor), and ``layers`` against a floor that holds one model at a
+  time (each exposed model opened, run once and freed in turn: the least any tool can do);
+* ``report`` against ``layers`` on the same pair;
 * ``layers`` against onnxruntime's ``qdq_loss_debug`` route and the Polygraphy route
   (``polygraphy run --onnxrt --onnx-outputs mark all`` for both models, then a comparison),
   on the lab-shaped pair and on 16 layers of 2048x2048;
@@ -110,6 +112,32 @@ for a, b in zip(sa.run(fa, {"x": x}), sb.run(fb, {"x": x})):
 if len(sys.argv) > 4:
     rel = [entry[2] for entry in out]
     out = [rel[k] / rel[k - 1] if rel[k - 1] else None for k in range(1, len(rel))]
+print(json.dumps(out))
+''',
+    # The least any tool can do: each model exposed, opened, run once and freed in turn.
+    "layers_sequential": FLOOR_COMMON + BOUNDARIES + '''
+import gc
+import onnxruntime as ort
+def run(path, x):
+    model = onnx.load(path)
+    names = expose(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    del model
+    values = session.run(names, {session.get_inputs()[0].name: x})
+    del session
+    gc.collect()
+    return values
+model = onnx.load(sys.argv[1], load_external_data=False)
+features = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+del model
+x = np.random.default_rng(int(sys.argv[3])).standard_normal((64, features)).astype(np.float32)
+fp32 = run(sys.argv[1], x)
+int8 = run(sys.argv[2], x)
+out = []
+for a, b in zip(fp32, int8):
+    a, b = a.astype(np.float64).reshape(64, -1), b.astype(np.float64).reshape(64, -1)
+    err, scale = float(np.abs(a - b).max()), float(np.abs(a).max())
+    out.append([err, scale, err / scale if scale else 0.0])
 print(json.dumps(out))
 ''',
     "settings": FLOOR_COMMON + '''
@@ -278,7 +306,14 @@ def layers_rows(work: Path, fp32: str, int8: str, features: int, label: str,
     ours = measure([[PY, EPRUN, "layers", fp32, int8, str(SEED)]], repeat)
     rows = [row(f"layers, {label}", ours,
                 measure([[PY, script(work, "floor_layers", FLOORS["layers"]), fp32, int8,
-                          str(SEED)]], repeat), "hand-written floor")]
+                          str(SEED)]], repeat), "hand-written floor"),
+            row(f"layers, {label}", ours,
+                measure([[PY, script(work, "floor_sequential", FLOORS["layers_sequential"]),
+                          fp32, int8, str(SEED)]], repeat), "one-model-at-a-time floor")]
+    out = work / f"report_{label.split(maxsplit=1)[0]}"
+    report = measure([[PY, EPRUN, "report", fp32, int8, "--seed", str(SEED), "--out-dir",
+                       str(out), "--force"]], repeat)
+    rows.append(row(f"report, {label}", report, ours, "layers on the same pair"))
     scratch = work / f"qdq_{label.split(maxsplit=1)[0]}"
     scratch.mkdir(exist_ok=True)
     rows.append(row(f"layers, {label}", ours,

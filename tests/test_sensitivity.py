@@ -176,3 +176,10 @@ def test_a_model_without_qdq_is_refused(lab_pair, tmp_path):
     result = run_eprun("sensitivity", fp32, fp32, "1")
     assert result.code == 4 and result.stdout == ""
     assert "has no QuantizeLinear/DequantizeLinear nodes" in result.stderr
+
+
+def test_the_quantizer_op_table_matches_the_installed_quantizer():
+    from onnxruntime.quantization import registry
+
+    installed = set(registry.QLinearOpsRegistry) | set(registry.QDQRegistry)
+    assert tool._quantizer_op_types() == installed

@@ -113,3 +113,20 @@ def quantize(fp32_path, int8_path, seed: int = 0, per_channel: bool = False) -> 
 def contract_input(seed: int, features: int) -> np.ndarray:
     """The contract input, written out again here from CONTRACT.md."""
     return np.random.default_rng(seed).standard_normal((64, features)).astype(np.float32)
+
+
+def residual_chain() -> onnx.ModelProto:
+    """x -> MatMul -> Relu (r) -> MatMul -> Relu (c) -> MatMul -> Add(., r) (s) -> MatMul -> y:
+    the segment into s reads r, a skip tensor from two boundaries back."""
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array((rng.standard_normal((6, 6)) / 2.4).astype(np.float32),
+                                     f"W{k}") for k in range(4)]
+    nodes = [helper.make_node("MatMul", ["x", "W0"], ["a"], name="mm0"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu0"),
+             helper.make_node("MatMul", ["r", "W1"], ["b"], name="mm1"),
+             helper.make_node("Relu", ["b"], ["c"], name="relu1"),
+             helper.make_node("MatMul", ["c", "W2"], ["d"], name="mm2"),
+             helper.make_node("Add", ["d", "r"], ["s"], name="add"),
+             helper.make_node("MatMul", ["s", "W3"], ["y"], name="mm3")]
+    return finish(nodes, [float_input("x", 6)],
+                         [helper.make_tensor_value_info("y", 1, ["N", 6])], inits)

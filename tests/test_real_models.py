@@ -288,23 +288,6 @@ def test_a_cnn_without_matmul_boundaries_is_told_about_boundary_ops(real_pairs, 
 
 # -- --local on residual and multi-branch segments ---------------------------------------------
 
-def residual_chain() -> onnx.ModelProto:
-    """x -> MatMul -> Relu (r) -> MatMul -> Relu (c) -> MatMul -> Add(., r) (s) -> MatMul -> y:
-    the segment into s reads r, a skip tensor from two boundaries back."""
-    rng = np.random.default_rng(8)
-    inits = [numpy_helper.from_array((rng.standard_normal((6, 6)) / 2.4).astype(np.float32),
-                                     f"W{k}") for k in range(4)]
-    nodes = [helper.make_node("MatMul", ["x", "W0"], ["a"], name="mm0"),
-             helper.make_node("Relu", ["a"], ["r"], name="relu0"),
-             helper.make_node("MatMul", ["r", "W1"], ["b"], name="mm1"),
-             helper.make_node("Relu", ["b"], ["c"], name="relu1"),
-             helper.make_node("MatMul", ["c", "W2"], ["d"], name="mm2"),
-             helper.make_node("Add", ["d", "r"], ["s"], name="add"),
-             helper.make_node("MatMul", ["s", "W3"], ["y"], name="mm3")]
-    return models.finish(nodes, [models.float_input("x", 6)],
-                         [helper.make_tensor_value_info("y", 1, ["N", 6])], inits)
-
-
 def surgery(int8, fed: dict, output: str, x) -> np.ndarray:
     """The int8 model with the float input of each QuantizeLinear of ``fed``'s tensors
     replaced by a new graph input carrying the given fp32 value."""
@@ -320,7 +303,7 @@ def surgery(int8, fed: dict, output: str, x) -> np.ndarray:
 
 
 def test_local_feeds_skip_connections_their_fp32_values(eprun, tmp_path):
-    fp32 = models.save(residual_chain(), tmp_path / "res.onnx")
+    fp32 = models.save(models.residual_chain(), tmp_path / "res.onnx")
     int8 = tmp_path / "res.int8.onnx"
     models.quantize(fp32, int8, seed=5)
     answer = eprun("layers", fp32, int8, "3", "--local")

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 import real_models
 from conftest import run_eprun
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 import eprun as tool
 
@@ -52,22 +52,9 @@ def named_chain() -> onnx.ModelProto:
     return model
 
 
-def residual_block() -> onnx.ModelProto:
-    rng = np.random.default_rng(2)
-    inits = [numpy_helper.from_array((rng.standard_normal((6, 6)) / 2.4).astype(np.float32),
-                                     f"W{k}") for k in range(3)]
-    nodes = [helper.make_node("MatMul", ["x", "W0"], ["a"], name="mm0"),
-             helper.make_node("Relu", ["a"], ["r"], name="relu0"),
-             helper.make_node("MatMul", ["r", "W1"], ["b"], name="mm1"),
-             helper.make_node("Add", ["b", "r"], ["s"], name="skip"),
-             helper.make_node("MatMul", ["s", "W2"], ["y"], name="mm2")]
-    return models.finish(nodes, [models.float_input("x", 6)],
-                         [helper.make_tensor_value_info("y", 1, ["N", 6])], inits)
-
-
 CASES = {"chain": (named_chain, {}),
          "chain_u8_per_channel": (named_chain, {"activation": "QUInt8", "per_channel": True}),
-         "residual": (residual_block, {}),
+         "residual": (models.residual_chain, {}),
          "cnn": (lambda: real_models.residual_cnn(2), {}),
          "encoder": (lambda: real_models.transformer_encoder(1), {})}
 

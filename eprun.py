@@ -1764,10 +1764,13 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     by name, handed over as arrays (weights taken from another model).
     """
     ort = import_ort()
-    external = external_tensors(model)
+    extra_arrays = extra_arrays or {}
+    external = [tensor for tensor in external_tensors(model) if tensor.name not in extra_arrays]
     names, arrays = detach_initializers(model)
-    for name, array in (extra_arrays or {}).items():
-        model.graph.initializer.append(_placeholder(name, array))
+    present = {tensor.name for tensor in model.graph.initializer}
+    for name, array in extra_arrays.items():
+        if name not in present:  # else a placeholder for it is there already
+            model.graph.initializer.append(_placeholder(name, array))
         names.append(name)
         arrays.append(array)
     serialized = model.SerializeToString()
@@ -3381,6 +3384,8 @@ class SensitivityRun:
         self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
         self.int8_feed = feed_for(specs_from_model(self.int8_model), int8, self.feed)
         self.units = quantized_units(self.fp32_model, self.int8_model)
+        # The int8 weights become arrays once; each rebuilt graph copies placeholders only.
+        self.int8_weights = dict(zip(*detach_initializers(self.int8_model)))
         fp32_output = _final(self.fp32_model)
         self.output = _final(self.int8_model)
         model = load_model(fp32, load_weights=False)
@@ -3390,7 +3395,9 @@ class SensitivityRun:
 
     def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
         model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored, self.fp32)
-        session = open_exposed(model, self.int8, extra_arrays=arrays)
+        used = {tensor.name for tensor in model.graph.initializer}
+        weights = {name: array for name, array in self.int8_weights.items() if name in used}
+        session = open_exposed(model, self.int8, extra_arrays={**weights, **arrays})
         self.sessions += 1
         (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8))
         self.last = value

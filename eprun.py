@@ -1971,12 +1971,14 @@ class PairedModel:
         self.runtime = [tensor for name in self.boundaries
                         for tensor in self.quantization.runtime(name)]
         self.tensor_names = {name for node in self.model.graph.node for name in node.output}
+        # Only the graph is kept: the weights are parsed again when a session needs them, so
+        # the int8 model's weights are not in memory while the fp32 session runs.
+        self.model = _skeleton(self.model)
 
     def session(self, names: list[str]):
-        """A CPU session of the graph exposing its boundaries and ``names``. The parsed graph
-        is consumed (its weights handed to onnxruntime); a second session parses it again."""
-        model = self.model or load_model(self.path, load_weights=False)
-        self.model = None
+        """A CPU session of the graph exposing its boundaries and ``names``, parsed from the
+        file for it (its weights go to onnxruntime as arrays, then are released with it)."""
+        model = load_model(self.path, load_weights=False)
         expose_in_place(model, self.boundary_ops, extra=names, types=self.types,
                         unknown_as_float=False)
         return open_exposed(model, self.path)

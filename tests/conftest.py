@@ -75,6 +75,20 @@ def run_eprun(*args: str, env: dict | None = None, cwd: str | None = None,
     return Result(proc)
 
 
+@pytest.fixture(autouse=True)
+def own_tmpdir(tmp_path_factory, monkeypatch):
+    """Every test gets its own temporary folder, for itself (``tempfile``) and for every
+    process it starts (``TMPDIR``), so no test sees another's leftovers. It sits beside the
+    test's ``tmp_path``, not inside it, because tests list what ``tmp_path`` holds.
+    ``monkeypatch`` restores both after the test."""
+    import tempfile
+
+    folder = str(tmp_path_factory.mktemp("tmpdir"))
+    monkeypatch.setenv("TMPDIR", folder)
+    monkeypatch.setattr(tempfile, "tempdir", folder)
+    return folder
+
+
 @pytest.fixture
 def eprun():
     """Run ``python eprun.py ARGS``; assert success and return the parsed JSON answer."""

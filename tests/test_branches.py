@@ -1,0 +1,202 @@
+"""Branches the lab models never take on this machine, reached with models built for them:
+settings that really differ, an exposure that changes the int8 output, and the committed
+deliverables regenerated from scratch."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+
+import models
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import EPRUN, PINNED_STACK, ROOT, approx_tree
+from onnx import TensorProto, helper, numpy_helper
+
+# -- settings that differ for real -------------------------------------------------------------
+
+
+def layer_norm_model(features: int = 256, seed: int = 0) -> onnx.ModelProto:
+    """LayerNormalization written out as ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div,
+    Mul, Add (opset 17 has no fused op in the default domain). ORT_ENABLE_ALL fuses the chain
+    into one LayerNormalization kernel, which sums in another order than the separate
+    kernels; ORT_DISABLE_ALL runs them one by one."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((1 + 0.1 * rng.standard_normal(features)).astype(np.float32),
+                                     "gamma"),
+             numpy_helper.from_array((0.1 * rng.standard_normal(features)).astype(np.float32),
+                                     "beta"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-5, np.float32), "eps")]
+    node = helper.make_node
+    nodes = [node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+             node("Sub", ["x", "mean"], ["centered"]),
+             node("Pow", ["centered", "two"], ["squared"]),
+             node("ReduceMean", ["squared"], ["variance"], axes=[-1]),
+             node("Add", ["variance", "eps"], ["padded"]),
+             node("Sqrt", ["padded"], ["deviation"]),
+             node("Div", ["centered", "deviation"], ["normal"]),
+             node("Mul", ["normal", "gamma"], ["scaled"]),
+             node("Add", ["scaled", "beta"], ["y"])]
+    return models.finish(nodes, [models.float_input("x", features)],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", features])],
+                         inits)
+
+
+def direct_output(path, level: str, threads: int, x: np.ndarray) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def test_settings_reports_a_fusion_that_changes_the_output(eprun, tmp_path):
+    features, seed = 256, 2026
+    model = layer_norm_model(features)
+    onnx.checker.check_model(model)
+    path = models.save(model, tmp_path / "layer_norm.onnx")
+    x = models.contract_input(seed, features)
+
+    base = direct_output(path, "ORT_DISABLE_ALL", 1, x)
+    # the model is what it says: a layer norm, to float32 precision
+    x64 = x.astype(np.float64)
+    centered = x64 - x64.mean(axis=-1, keepdims=True)
+    normal = centered / np.sqrt((centered ** 2).mean(axis=-1, keepdims=True) + 1e-5)
+    gamma, beta = (numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer[:2])
+    np.testing.assert_allclose(base, normal * gamma + beta, rtol=1e-5, atol=1e-5)
+
+    answer = eprun("settings", path, str(seed))
+    assert answer["model"] == str(path)
+    assert answer["seed"] == seed
+    assert answer["baseline"] == {"level": "ORT_DISABLE_ALL", "intra_op": 1,
+                                  "max_abs_output": float(np.abs(base).max()),
+                                  "mean_output": pytest.approx(float(base.mean()), rel=1e-9)}
+    expected_cases = [("ORT_ENABLE_ALL", 1), ("ORT_DISABLE_ALL", 2), ("ORT_ENABLE_ALL", 2)]
+    assert [(case["level"], case["intra_op"]) for case in answer["cases"]] == expected_cases
+    for case, (level, threads) in zip(answer["cases"], expected_cases):
+        y = direct_output(path, level, threads, x)
+        diff = float(np.abs(y.astype(np.float64) - base.astype(np.float64)).max())
+        assert case["max_abs_diff"] == diff, case
+        assert case["bitwise_equal"] is (y.tobytes() == base.tobytes()), case
+        if level == "ORT_ENABLE_ALL":  # the fused kernel rounds differently, on every stack
+            assert case["bitwise_equal"] is False
+            assert 0 < case["max_abs_diff"] < 1e-4
+    assert answer["all_equal"] is False
+
+
+# -- an exposure that changes the int8 model's output ------------------------------------------
+
+def quantized_chain(folder, features: int, widths: tuple, seed: int):
+    fp32 = models.save(models.chain(features=features, widths=widths, seed=seed),
+                       folder / f"fp32_{seed}.onnx")
+    int8 = folder / f"int8_{seed}.onnx"
+    models.quantize(fp32, int8, seed=seed + 1)
+    return fp32, int8
+
+
+def exposed_by_hand(path) -> bytes:
+    """The model with the first input of every MatMul and Gemm added as an output, typed by
+    shape inference (the README's boundary rule, written out again)."""
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    known = {value.name: value for value in list(model.graph.value_info) + list(model.graph.input)}
+    present = {value.name for value in model.graph.output}
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "Gemm") and node.input[0] not in present:
+            model.graph.output.append(known[node.input[0]])
+            present.add(node.input[0])
+    return model.SerializeToString()
+
+
+def final_output_pair(int8, seed: int) -> tuple[str, np.ndarray, np.ndarray]:
+    """The first output of the plain int8 model and of its exposed copy, default options."""
+    features = onnx.load(str(int8)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = models.contract_input(seed, features)
+    outputs = []
+    for model in (str(int8), exposed_by_hand(int8)):
+        session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        name = session.get_outputs()[0].name
+        outputs.append(session.run([name], {"x": x})[0])
+    return name, outputs[0], outputs[1]
+
+
+# Wide QDQ chains: with the boundaries exposed, onnxruntime cannot fuse DequantizeLinear ->
+# MatMul -> QuantizeLinear into one integer kernel, and the float MatMul that runs instead
+# rounds a few of the requantized values to the neighbouring step. Which chain shows it
+# depends on the quantizer's scales; the first of these does on onnxruntime 1.16 and 1.32.
+EXPOSURE_CANDIDATES = [(64, (512, 512, 64), 1), (128, (768, 768, 64), 1),
+                       (128, (1024, 1024, 128), 3), (256, (512, 512, 512, 128), 2)]
+
+
+def test_report_says_when_exposure_changed_the_int8_output(tmp_path):
+    seed = 2026
+    for features, widths, model_seed in EXPOSURE_CANDIDATES:
+        fp32, int8 = quantized_chain(tmp_path, features, widths, model_seed)
+        name, plain, exposed = final_output_pair(int8, seed)
+        if plain.tobytes() != exposed.tobytes():
+            break
+    else:
+        pytest.fail("no candidate pair where exposing the boundaries changes the int8 output")
+    diff = float(np.abs(plain.astype(np.float64) - exposed.astype(np.float64)).max())
+    assert diff > 0
+
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, str(EPRUN), "report", str(fp32), str(int8), "--seed",
+                           str(seed), "--out-dir", str(out)], check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = (out / "ep_report.md").read_text(encoding="utf-8")
+    assert "was bitwise equal to the plain model's" not in text
+    found = re.search(r"final output `([^`]+)` was \*\*not\*\* equal to the plain model's "
+                      r"\(max abs diff ([^)]+)\)", text)
+    assert found, text
+    assert found.group(1) == name
+    assert float(found.group(2)) == pytest.approx(diff, rel=5e-4)  # 4 significant digits
+
+
+# -- the committed deliverables, regenerated -----------------------------------------------------
+
+DELIVERABLES = ("fp32_exposed.onnx", "int8_exposed.onnx", "providers.json", "growth.json",
+                "settings.json", "ep_report.md")
+# What describes the interpreter and the machine rather than eprun's answer.
+MACHINE = re.compile(r"Python \S+ on \S+ with \d+ logical CPUs")
+NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def test_report_regenerates_the_committed_deliverables(tmp_path):
+    seed = json.loads((ROOT / "growth.json").read_text())["seed"]
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(EPRUN), "report", "fp32.onnx", "int8.onnx",
+                           "--seed", str(seed), "--out-dir", str(out)], cwd=ROOT,
+                          check=False, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out)) == sorted(DELIVERABLES)
+
+    fresh_md = (out / "ep_report.md").read_text(encoding="utf-8")
+    committed_md = (ROOT / "ep_report.md").read_text(encoding="utf-8")
+    machine = (f"Python {platform.python_version()} on {platform.machine() or 'unknown'} with "
+               f"{os.cpu_count()} logical CPUs")
+    assert machine in fresh_md
+    assert f"onnxruntime {ort.__version__}, numpy {np.__version__}, " in fresh_md
+    assert fresh_md.startswith(f"eprun report, generated by `python eprun.py report fp32.onnx "
+                               f"int8.onnx --seed {seed}`")
+    fresh_md, committed_md = (MACHINE.sub("Python <this machine>", text)
+                              for text in (fresh_md, committed_md))
+
+    if PINNED_STACK:
+        for name in DELIVERABLES[:-1]:
+            assert (out / name).read_bytes() == (ROOT / name).read_bytes(), name
+        assert fresh_md == committed_md
+        return
+    for name in DELIVERABLES[:2]:
+        assert onnx.load(str(out / name)) == onnx.load(str(ROOT / name)), name
+    for name in DELIVERABLES[2:5]:
+        fresh = json.loads((out / name).read_text())
+        assert json.loads((ROOT / name).read_text()) == approx_tree(fresh), name
+    assert NUMBER.sub("#", fresh_md) == NUMBER.sub("#", committed_md)

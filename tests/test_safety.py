@@ -498,11 +498,17 @@ def test_sigterm_at_any_moment_never_crashes(tmp_path):
     heavy = models.save(models.chain(features=512, widths=(512, 512, 512, 512), seed=1),
                         tmp_path / "heavy.onnx")
     codes = []
-    for step in range(30):
+    for step in range(20):
         out = tmp_path / "out.onnx"
         proc = subprocess.Popen([sys.executable, str(EPRUN), "expose", str(heavy), str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(0.04 + 0.01 * step)
+        # from the moment eprun starts loading onnx (its C extension is mapped), however
+        # slow the machine's start-up is, through the parse and the write
+        deadline = time.monotonic() + 60
+        while (not loaded(proc.pid, "onnx_cpp2py_export") and proc.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.001)
+        time.sleep(0.005 * step)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         codes.append(proc.returncode)

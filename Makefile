@@ -51,7 +51,7 @@ NEED_PINNED_STACK = $(if $(filter requirements.txt,$(STACK_$(PY_VERSION))),,$(er
 # whatever its stamps say: FORCE makes its install rules run, and venv_install rebuilds it.
 VENV_STALE := $(if $(filter $(PY_VERSION),$(call PY_VERSION_OF,$(VENV)/bin/python)),,FORCE)
 
-.PHONY: lab models deliverables test lint test-current test-oldest bench clean FORCE
+.PHONY: lab models deliverables test lint test-current test-oldest bench mutation clean FORCE
 
 lab: $(VENV)/.lab-installed
 	$(MAKE) --no-print-directory deliverables RUN=$(VENV)/bin/python
@@ -127,3 +127,11 @@ FORCE:
 
 clean:
 	rm -rf $(VENV) $(OLD_VENV) .pytest_cache tests/__pycache__ __pycache__ build dist *.egg-info
+
+# Mutation testing: plant one bug at a time in a copy of eprun.py and check the suite goes red
+# (tests/mutation.py; MUTANTS=N sets the sample size, MUTATION_FLAGS adds options, e.g.
+# "--only planted: --jobs 1"). Takes tens of minutes; not part of make test, not run by CI.
+MUTANTS ?= 60
+
+mutation: $(VENV)/.dev-installed
+	$(VENV)/bin/python tests/mutation.py --sample $(MUTANTS) $(MUTATION_FLAGS)

@@ -478,7 +478,11 @@ def call_to(name: str) -> Callable[[ast.AST], bool]:
 
 
 def _largest_latest(function: ast.AST) -> None:
-    flip(only(function, "`>` comparison", compare_with(ast.Gt)), ast.Gt, ast.GtE)
+    """``max(finite, key=...)`` keeps the first of equal values: scan them backwards."""
+    call = only(function, "max(...) call", call_to("max"))
+    call.args[0] = ast.Call(func=ast.Name(id="list", ctx=ast.Load()), args=[ast.Call(
+        func=ast.Name(id="reversed", ctx=ast.Load()), args=[call.args[0]], keywords=[])],
+        keywords=[])
 
 
 def _flat_step_is_drop(function: ast.AST) -> None:
@@ -497,7 +501,8 @@ def _missing_wrapped(wrapper: str) -> Callable[[ast.AST], None]:
 
 
 def _all_equal_first_case(function: ast.AST) -> None:
-    value = dict_value(function, "all_equal")
+    value = only(function, "the `all_equal=` keyword", lambda node: (
+        isinstance(node, ast.keyword) and node.arg == "all_equal")).value
     loop = only(value, "comprehension", lambda node: isinstance(node, ast.comprehension))
     loop.iter = ast.Subscript(value=loop.iter, slice=ast.Slice(upper=ast.Constant(value=1)),
                               ctx=ast.Load())
@@ -542,9 +547,8 @@ def _exposed_is_plain(where: str) -> Callable[[ast.AST], None]:
         if where == "bitwise":
             scope = only(function, "`==` comparison with exposed", compare_with(ast.Eq, "exposed"))
         else:
-            scope = only(function, "`-` between plain and exposed", lambda node: (
-                isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub)
-                and "exposed" in ast.unparse(node)))
+            scope = only(function, "differences(plain, exposed)", lambda node: (
+                isinstance(node, ast.Call) and _call_name(node) == "differences"))
         name = only(scope, "`exposed`",
                     lambda node: isinstance(node, ast.Name) and node.id == "exposed")
         name.id = "plain"
@@ -579,7 +583,7 @@ PLANTED = [
             _missing_wrapped("reversed")),
     Planted("all-equal-first-case", "settings", "`all_equal` looks at the first case only",
             _all_equal_first_case),
-    Planted("no-optimization-level", "settings",
+    Planted("no-optimization-level", ("options", "settings"),
             "the sessions never get the case's graph optimization level",
             _no_optimization_level),
     Planted("boundaries-keep-duplicates", "find_boundaries",

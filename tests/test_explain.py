@@ -192,3 +192,21 @@ def test_the_transformer_list_follows_the_installed_release(monkeypatch):
 def test_explain_is_a_usage_of_settings_only(lab_pair):
     fp32, int8 = lab_pair
     assert run_eprun("layers", fp32, int8, "1", "--explain").code == 2
+
+
+def test_all_equal_reads_every_case(lab_pair, monkeypatch):
+    """Only the last case differs (an injected run): all_equal must still be false."""
+    _, int8 = lab_pair
+    real = tool.SettingsRunner.run
+    runs = []
+
+    def last_case_differs(self, session):
+        value = real(self, session)
+        runs.append(1)
+        return value + np.float32(len(runs) == 5)  # baseline twice, then the three cases
+
+    monkeypatch.setattr(tool.SettingsRunner, "run", last_case_differs)
+    answer = tool.settings(str(int8), 3)
+    assert [case["bitwise_equal"] for case in answer["cases"]] == [True, True, False]
+    assert answer["all_equal"] is False
+    assert answer["cases"][2]["max_abs_diff"] == pytest.approx(1.0, rel=1e-6)

@@ -112,11 +112,17 @@ _DECIMAL = re.compile(r"[0-9]+", re.ASCII)
 
 
 def _decimal(text: str, what: str, minimum: int = 0) -> int:
-    """ASCII decimal digits only (no sign, space, underscore or other scripts' digits)."""
-    if not _DECIMAL.fullmatch(text) or int(text) < minimum:
+    """ASCII decimal digits only (no sign, space, underscore or other scripts' digits), of
+    any length (read in pieces below Python's 4,300-digit conversion limit)."""
+    value = 0
+    if _DECIMAL.fullmatch(text):
+        for start in range(0, len(text), 4000):
+            piece = text[start:start + 4000]
+            value = value * 10 ** len(piece) + int(piece)
+    if not _DECIMAL.fullmatch(text) or value < minimum:
         kind = "a positive" if minimum else "a non-negative"
         raise argparse.ArgumentTypeError(f"{what}{text!r} is not {kind} integer")
-    return int(text)
+    return value
 
 
 def parse_seed(text: str) -> int:
@@ -327,8 +333,9 @@ def captured_chatter() -> Iterator[Any]:
         _TERMINAL.pop()
         if _STDERR and _STDERR[0] == terminal and not _TERMINAL:
             _STDERR.clear()
-        with contextlib.suppress(Exception):
-            sys.stderr.flush()
+        for stream in (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__):
+            with contextlib.suppress(Exception):  # what was buffered goes to the store too
+                stream.flush()
         _flush_c_stdio()
         for fd, copy in saved.items():
             if copy is None:
@@ -899,10 +906,9 @@ def commit(staged: list[Staged], links: list[tuple[str, str]] = ()) -> None:
                     made.append(folder)
                 os.link(source, target)
                 made.append(target)
-            names += [item.temporary or _link_unnamed(item.handle, item.path)
-                      for item in staged]
-            for item, name in zip(staged, names):
-                os.replace(name, item.path)
+            for item in staged:  # named and renamed at once: no hidden name waits
+                names.append(item.temporary or _link_unnamed(item.handle, item.path))
+                os.replace(names[-1], item.path)
     except BaseException as exc:
         for path in reversed(made):
             with contextlib.suppress(OSError):

@@ -3581,7 +3581,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     progress.step(1)
     splits = [partition(paths_of[which], ops, parsed=graphs[which])
               for which, ops in report_splits(graphs["fp32"], graphs["int8"])]
-    named = _name_pairs(fp32, int8, boundary_ops)
+    named = _name_pairs(graphs["fp32"].graph, graphs["int8"].graph, boundary_ops)
     pairing = "name" if named is not None else "position"
     progress.step(2)
     measured, int8_final = measure_layers(fp32, int8, seed, inputs=inputs,
@@ -3715,10 +3715,9 @@ def _written_by_eprun(name: str, path: str) -> bool:
         return False
 
 
-def _name_pairs(fp32_path: str, int8_path: str, boundary_ops: tuple[str, ...]) -> dict | None:
-    """The boundary pairs the tensor and node names give, when they pair every boundary."""
-    fp32_graph = load_model(fp32_path, load_weights=False).graph
-    int8_graph = load_model(int8_path, load_weights=False).graph
+def _name_pairs(fp32_graph, int8_graph, boundary_ops: tuple[str, ...]) -> dict | None:
+    """The boundary pairs the tensor and node names give, when they pair every boundary
+    (from the graphs ``report`` has parsed already)."""
     fp32, int8 = find_boundaries(fp32_graph, boundary_ops), find_boundaries(int8_graph,
                                                                             boundary_ops)
     named = pair_by_name(fp32, int8, boundary_owners(fp32_graph, fp32, boundary_ops),

@@ -3,10 +3,13 @@
 Not a test module (pytest collects only ``test_*.py``) and not part of ``make test`` or CI: a
 run takes tens of minutes. ``make mutation`` runs it; by hand, from the repository root::
 
-    .venv/bin/python tests/mutation.py                 # planted bugs + 60 sampled mutants
+    .venv/bin/python tests/mutation.py                  # the planted bugs + 60 sampled mutants
     .venv/bin/python tests/mutation.py --sample 200 --seed 7 --jobs 2
-    .venv/bin/python tests/mutation.py --only growth_from --sample 0   # planted ones only...
-    .venv/bin/python tests/mutation.py --only _largest --list          # ...or ids, no run
+    .venv/bin/python tests/mutation.py --sample 0       # the planted bugs alone
+    .venv/bin/python tests/mutation.py --only growth_from --list   # ids and changes, no run
+    # after writing a test, rerun one survivor with an earlier run's timings (no baseline):
+    .venv/bin/python tests/mutation.py --only 'planted:missing-sorted' --no-control \
+        --timings /tmp/eprun-mutation-XXXX/report.json
 
 How it works:
 
@@ -20,9 +23,10 @@ How it works:
    node. Its text is eprun.py with only that node's source span replaced, and it is kept only
    when it compiles and parses back to exactly the mutated tree. Its id, ``function:line:col:
    change``, is stable for a given eprun.py, so ``--seed`` and ``--sample`` reproduce a run.
-   On top of those come ``PLANTED``: bugs that once survived the suite (the issue "Kill the
-   survivors, and keep them dead"). A planted bug whose target is gone (a function renamed, a
-   line rewritten) is reported and skipped, and makes the exit status 1.
+   On top of those come ``PLANTED`` (ids ``planted:NAME``): bugs that once survived the suite
+   (the issue "Kill the survivors, and keep them dead"), each found by function name and
+   code shape. One whose target is gone (a function renamed, a line rewritten) is reported
+   and skipped, and makes the exit status 1: update ``PLANTED`` then.
 2. Copies. The working tree (without .git, the venvs and caches) is copied once into a
    temporary folder and once more per job; the venvs are symlinked into each copy because the
    README's examples run ``.venv/bin/python``. tests/conftest.py puts the tests' parent folder
@@ -33,15 +37,21 @@ How it works:
    must pass. The tests are then ordered fastest first (a module with module-scoped fixtures
    stays together), so that a killed mutant dies early with ``-x``. An unmutated "control" run
    in that order, the same way as a mutant's, must pass too, or the run is abandoned.
-4. Runs. Each mutant runs ``python -m pytest -x -p no:cacheprovider -p no:randomly -n 0`` (the
-   interpreter running this script) in its copy, ``--jobs`` mutants at a time, with a timeout;
-   a timeout counts as killed but is shown apart.
+4. Runs. Each mutant runs ``pytest -x -p no:cacheprovider -p no:randomly -n 0 TESTS...`` in
+   its copy with the interpreter running this script, as ``python -m pytest`` would (through
+   ``python -c`` and a small plugin, ``PROBE``, that records durations and the first failure),
+   ``--jobs`` mutants at a time, with a timeout; a timeout counts as killed but is shown
+   apart. The failing test is run twice more on its own: a kill stands when it fails every
+   time; a test that passes is flaky (timing-dependent tests are, on a loaded machine), is
+   left out from then on, and the mutant's run goes on after it. A test that fails in the
+   baseline and passes twice on its own is left out the same way.
 5. Results. A table (id, killed/survived/timeout, the first failing test), the line
    ``mutation score: K killed of N (P%)``, every survivor with its diff, and a JSON report
    (``--report``; by default in the temporary folder, never in the repository).
 
-Exit status: 0 after a run, 1 when a planted bug survived or could not be planted, 2 when
-the run could not start (the unmutated suite fails, for one).
+Exit status: 0 after a run, 1 when a planted bug survived or could not be planted (the suite
+should kill every one of them), 2 when the run could not start (the unmutated suite fails, for
+one).
 """
 from __future__ import annotations
 
@@ -75,10 +85,11 @@ NOT_COPIED = (".git", ".venv*", "__pycache__", ".pytest_cache", ".hypothesis", "
 VENVS = ".venv*"
 
 # Functions that only declare the command line (argparse options, help texts).
-SKIP_FUNCTIONS = {"build_parser", "input_options", "boundary_ops_option"}
-# argparse declarations anywhere else: the whole call is left alone.
+SKIP_FUNCTIONS = {"build_parser", "input_args", "input_options", "boundary_ops_option"}
+# Command-line declarations anywhere else (argparse's, and eprun's own ``arg(...)``): the
+# whole call is left alone.
 ARGPARSE_CALLS = {"add_argument", "add_parser", "add_subparsers", "add_argument_group",
-                  "add_mutually_exclusive_group", "set_defaults"}
+                  "add_mutually_exclusive_group", "set_defaults", "arg"}
 
 COMPARE_FLIPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
                  ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In,
@@ -297,8 +308,7 @@ class _Points:
             return
         if isinstance(node, (ast.JoinedStr, ast.ClassDef)):
             return
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ARGPARSE_CALLS:
+        if isinstance(node, ast.Call) and _call_name(node) in ARGPARSE_CALLS:
             return
         self.points(node, name, indices, parent)
         for field, value in ast.iter_fields(node):
@@ -437,14 +447,33 @@ def generated_mutants(tree: ast.Module) -> list[Mutant]:
 
 # -- planted bugs ------------------------------------------------------------------------------
 
-def function_named(tree: ast.Module, names: str | tuple[str, ...]) -> ast.AST:
-    """The first function (at any depth) called one of ``names``, tried in order."""
-    for name in (names,) if isinstance(names, str) else names:
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                return node
-    wanted = (names,) if isinstance(names, str) else names
-    raise MutationError(f"no function {' or '.join(map(repr, wanted))}")
+def functions(tree: ast.Module) -> dict[str, ast.AST]:
+    """Every function of ``tree`` by qualified name (``outer.inner``, ``Class.method``)."""
+    found: dict[str, ast.AST] = {}
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef):
+                    found.setdefault(name, child)
+                walk(child, name + ".")
+            else:
+                walk(child, prefix)
+    walk(tree, "")
+    return found
+
+
+def function_named(tree: ast.Module, name: str) -> tuple[str, ast.AST]:
+    """The function with qualified name ``name``, else the only one whose last name it is."""
+    table = functions(tree)
+    if name in table:
+        return name, table[name]
+    matches = [qualified for qualified in table if qualified.rsplit(".", 1)[-1] == name]
+    if len(matches) != 1:
+        raise MutationError(f"no function {name!r}" if not matches else
+                            f"{name!r} is ambiguous: {', '.join(matches)}")
+    return matches[0], table[matches[0]]
 
 
 def only(scope: ast.AST, what: str, test: Callable[[ast.AST], bool]) -> ast.AST:
@@ -457,7 +486,8 @@ def only(scope: ast.AST, what: str, test: Callable[[ast.AST], bool]) -> ast.AST:
 
 def compare_with(op: type, mentioning: str = "") -> Callable[[ast.AST], bool]:
     """A test for a comparison using ``op`` whose text mentions ``mentioning``."""
-    return lambda node: (isinstance(node, ast.Compare) and any(isinstance(o, op) for o in node.ops)
+    return lambda node: (isinstance(node, ast.Compare)
+                         and any(isinstance(o, op) for o in node.ops)
                          and mentioning in ast.unparse(node))
 
 
@@ -465,24 +495,48 @@ def flip(node: ast.Compare, old: type, new: type) -> None:
     node.ops = [new() if isinstance(op, old) else op for op in node.ops]
 
 
-def dict_value(scope: ast.AST, key: str) -> ast.expr:
-    """The value under the string key ``key`` in the one dict display of ``scope`` that has it."""
-    display = only(scope, f"dict with key {key!r}", lambda node: isinstance(node, ast.Dict) and any(
-        isinstance(k, ast.Constant) and k.value == key for k in node.keys))
-    return next(v for k, v in zip(display.keys, display.values)
-                if isinstance(k, ast.Constant) and k.value == key)
+def field_value(scope: ast.AST, key: str) -> ast.expr:
+    """The expression ``scope`` gives the answer field ``key``: ``{"key": value}``,
+    ``update(key=value)`` or ``answer["key"] = value`` (exactly one of them)."""
+    values = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Dict):
+            values += [v for k, v in zip(node.keys, node.values)
+                       if isinstance(k, ast.Constant) and k.value == key]
+            continue
+        keyword = isinstance(node, ast.keyword) and node.arg == key
+        assigned = isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
+            and t.slice.value == key for t in node.targets)
+        if keyword or assigned:
+            values.append(node.value)
+    if len(values) != 1:
+        raise MutationError(f"expected the field {key!r} set once, found {len(values)}")
+    return values[0]
 
 
 def call_to(name: str) -> Callable[[ast.AST], bool]:
     return lambda node: isinstance(node, ast.Call) and _call_name(node) == name
 
 
+def name_load(name: str) -> Callable[[ast.AST], bool]:
+    return lambda node: (isinstance(node, ast.Name) and node.id == name
+                         and isinstance(node.ctx, ast.Load))
+
+
+def _call(function: str, *args: ast.expr) -> ast.Call:
+    return ast.Call(func=ast.Name(id=function, ctx=ast.Load()), args=list(args), keywords=[])
+
+
 def _largest_latest(function: ast.AST) -> None:
-    """``max(finite, key=...)`` keeps the first of equal values: scan them backwards."""
-    call = only(function, "max(...) call", call_to("max"))
-    call.args[0] = ast.Call(func=ast.Name(id="list", ctx=ast.Load()), args=[ast.Call(
-        func=ast.Name(id="reversed", ctx=ast.Load()), args=[call.args[0]], keywords=[])],
-        keywords=[])
+    """``value > best`` -> ``>=`` in a loop, or ``max(pairs, ...)`` -> ``max(reversed(pairs),
+    ...)``: either way the last of equal values wins."""
+    comparisons = [node for node in ast.walk(function) if compare_with(ast.Gt)(node)]
+    if len(comparisons) == 1:
+        flip(comparisons[0], ast.Gt, ast.GtE)
+        return
+    call = only(function, "`>` comparison or max(...) call", call_to("max"))
+    call.args[0] = _call("reversed", call.args[0])
 
 
 def _flat_step_is_drop(function: ast.AST) -> None:
@@ -491,19 +545,15 @@ def _flat_step_is_drop(function: ast.AST) -> None:
 
 def _missing_wrapped(wrapper: str) -> Callable[[ast.AST], None]:
     def change(function: ast.AST) -> None:
-        value = dict_value(function, "missing")
-        wrapped = ast.Call(func=ast.Name(id=wrapper, ctx=ast.Load()), args=[value], keywords=[])
-        if wrapper == "reversed":
-            wrapped = ast.Call(func=ast.Name(id="list", ctx=ast.Load()), args=[wrapped],
-                               keywords=[])
-        _replace(function, value, wrapped)
+        value = field_value(function, "missing")
+        wrapped = _call(wrapper, value)
+        _replace(function, value, _call("list", wrapped) if wrapper == "reversed" else wrapped)
     return change
 
 
 def _all_equal_first_case(function: ast.AST) -> None:
-    value = only(function, "the `all_equal=` keyword", lambda node: (
-        isinstance(node, ast.keyword) and node.arg == "all_equal")).value
-    loop = only(value, "comprehension", lambda node: isinstance(node, ast.comprehension))
+    loop = only(field_value(function, "all_equal"), "comprehension",
+                lambda node: isinstance(node, ast.comprehension))
     loop.iter = ast.Subscript(value=loop.iter, slice=ast.Slice(upper=ast.Constant(value=1)),
                               ctx=ast.Load())
 
@@ -528,9 +578,7 @@ def _one_retry_too_many(function: ast.AST) -> None:
 
 def _worst_by_difference(function: ast.AST) -> None:
     call = only(function, "argmax(...) call", call_to("argmax"))
-    excess = only(call, "`excess` argument",
-                  lambda node: isinstance(node, ast.Name) and node.id == "excess")
-    excess.id = "diff"
+    only(call, "`excess` in argmax(...)", name_load("excess")).id = "diff"
 
 
 def _wrong_split(function: ast.AST) -> None:
@@ -542,15 +590,16 @@ def _wrong_split(function: ast.AST) -> None:
 
 
 def _exposed_is_plain(where: str) -> Callable[[ast.AST], None]:
-    """``exposed`` read as ``plain`` in the bitwise comparison or in the difference."""
+    """``exposed`` read as ``plain`` in the ``==`` comparison (``bitwise``), or in the one other
+    place that reads it, the difference (``diff``)."""
     def change(function: ast.AST) -> None:
+        compared = only(function, "`==` comparison with exposed", compare_with(ast.Eq, "exposed"))
         if where == "bitwise":
-            scope = only(function, "`==` comparison with exposed", compare_with(ast.Eq, "exposed"))
+            name = only(compared, "`exposed` in the `==` comparison", name_load("exposed"))
         else:
-            scope = only(function, "differences(plain, exposed)", lambda node: (
-                isinstance(node, ast.Call) and _call_name(node) == "differences"))
-        name = only(scope, "`exposed`",
-                    lambda node: isinstance(node, ast.Name) and node.id == "exposed")
+            inside = {id(node) for node in ast.walk(compared)}
+            name = only(function, "`exposed` read outside the `==` comparison", lambda node: (
+                name_load("exposed")(node) and id(node) not in inside))
         name.id = "plain"
     return change
 
@@ -563,69 +612,72 @@ def _no_c_flush(function: ast.AST) -> None:
 
 
 class Planted(NamedTuple):
-    """A known survivor: ``change`` edits the function found by ``function`` (a name, or
-    names tried in order when it may be renamed)."""
+    """A known survivor: ``change`` edits the first of ``functions`` (qualified names, or
+    last names when unique) that exists and that it applies to."""
     id: str
-    function: str | tuple[str, ...]
+    functions: tuple[str, ...]
     description: str
     change: Callable[[ast.AST], None]
 
 
+# Once survivors (the issue "Kill the survivors, and keep them dead"); keep the function
+# names in step with eprun.py: a run says which of these no longer apply.
 PLANTED = [
-    Planted("largest-latest-on-ties", "_largest",
-            "the largest ratio / worst local layer is the latest on ties (`>` -> `>=`)",
-            _largest_latest),
-    Planted("monotone-flat-is-drop", "growth_from",
+    Planted("largest-latest-on-ties", ("_largest",),
+            "the largest ratio / worst local layer is the latest on ties", _largest_latest),
+    Planted("monotone-flat-is-drop", ("growth_from",),
             "`monotone` treats a flat step as a drop (`>=` -> `>`)", _flat_step_is_drop),
-    Planted("missing-sorted", "providers", "`missing` sorted instead of in request order",
+    Planted("missing-sorted", ("providers",), "`missing` sorted instead of in request order",
             _missing_wrapped("sorted")),
-    Planted("missing-reversed", "providers", "`missing` in reverse request order",
+    Planted("missing-reversed", ("providers",), "`missing` in reverse request order",
             _missing_wrapped("reversed")),
-    Planted("all-equal-first-case", "settings", "`all_equal` looks at the first case only",
+    Planted("all-equal-first-case", ("settings",), "`all_equal` looks at the first case only",
             _all_equal_first_case),
-    Planted("no-optimization-level", ("options", "settings"),
-            "the sessions never get the case's graph optimization level",
+    Planted("no-optimization-level", ("SettingsRunner.options", "settings"),
+            "settings' sessions never get the case's graph optimization level",
             _no_optimization_level),
-    Planted("boundaries-keep-duplicates", "find_boundaries",
+    Planted("boundaries-keep-duplicates", ("find_boundaries",),
             "boundaries no longer deduplicated (`dict.fromkeys` dropped)", _keep_duplicates),
     Planted("one-retry-too-many", ("_with_retries", "check"),
             "check retries once more than --retries (`used[0] >= retries` -> `>`)",
             _one_retry_too_many),
-    Planted("worst-by-difference", "compare_outputs",
+    Planted("worst-by-difference", ("compare_outputs",),
             "the worst element is the largest difference, not the largest excess",
             _worst_by_difference),
     Planted("report-wrong-split", ("_partition_prose", "report_markdown"),
             "the report's prose reads the wrong partition row (`splits[0]` -> `splits[1]`)",
             _wrong_split),
-    Planted("exposure-bitwise-self", "_exposure_effect",
+    Planted("exposure-bitwise-self", ("_exposure_effect",),
             "`bitwise_equal` compares the plain output with itself", _exposed_is_plain("bitwise")),
-    Planted("exposure-diff-self", "_exposure_effect",
-            "`max_abs_diff` subtracts the plain output from itself", _exposed_is_plain("diff")),
+    Planted("exposure-diff-self", ("_exposure_effect",),
+            "`max_abs_diff` compares the plain output with itself", _exposed_is_plain("diff")),
     Planted("chatter-no-c-flush", ("captured_chatter",),
             "the chatter capture restores fds without flushing C stdio", _no_c_flush),
 ]
 
 
-def planted_mutants(tree: ast.Module) -> tuple[list[Mutant], list[tuple[str, str]]]:
-    """PLANTED as mutants of ``tree``, and (id, reason) for each whose target is gone."""
+def planted_mutants(source: str) -> tuple[list[Mutant], list[tuple[str, str]]]:
+    """PLANTED as mutants of ``source``, and (id, reason) for each that applies nowhere."""
     mutants, missing = [], []
     for bug in PLANTED:
         mutant_id = f"planted:{bug.id}"
-        try:
-            function = function_named(tree, bug.function)
-        except MutationError as exc:
-            missing.append((mutant_id, str(exc)))
-            continue
-        name = function.name
+        reasons = []
+        for wanted in bug.functions:
+            try:
+                qualified, function = function_named(ast.parse(source), wanted)
+                bug.change(function)  # on a throwaway tree: does it apply here?
+            except MutationError as exc:
+                reasons.append(f"{wanted}: {exc}")
+                continue
 
-        def apply(mutated: ast.Module, bug=bug, name=name, line=function.lineno) -> None:
-            target = next(node for node in ast.walk(mutated)
-                          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                          and node.name == name and node.lineno == line)
-            bug.change(target)
+            def apply(mutated: ast.Module, bug=bug, qualified=qualified) -> None:
+                bug.change(function_named(mutated, qualified)[1])
 
-        mutants.append(Mutant(mutant_id, "planted", name, function.lineno, bug.description,
-                              apply))
+            mutants.append(Mutant(mutant_id, "planted", qualified, function.lineno,
+                                  bug.description, apply))
+            break
+        else:
+            missing.append((mutant_id, "; ".join(reasons)))
     return mutants, missing
 
 
@@ -634,16 +686,19 @@ def select(source: str, tree: ast.Module, args: argparse.Namespace
     """The mutants to run: every planted one, then ``--sample`` generated ones drawn with
     ``--seed`` (skipping any that do not compile), all filtered by ``--only``. Returns them
     made, with (id, reason) for each planted one that could not be made."""
-    planted, missing = planted_mutants(tree) if not args.no_planted else ([], [])
+    def wanted(mutant_id: str) -> bool:
+        return not args.only or any(text in mutant_id for text in args.only)
+
+    planted, missing = planted_mutants(source) if not args.no_planted else ([], [])
     made = []
     for mutant in planted:
-        if args.only and args.only not in mutant.id:
+        if not wanted(mutant.id):
             continue
         try:
             made.append(make(mutant, source, tree))
         except MutationError as exc:
             missing.append((mutant.id, str(exc)))
-    generated = [m for m in generated_mutants(tree) if not args.only or args.only in m.id]
+    generated = [m for m in generated_mutants(tree) if wanted(m.id)]
     if args.all or (args.sample is None and args.only):
         count = len(generated)
     else:
@@ -831,6 +886,27 @@ def _tail(log: Path, lines: int = 3) -> str:
     return ""
 
 
+def confirm_flaky(baseline: Outcome, folder: Path, pristine: Path,
+                  files: dict[str, tuple[int, int]], logs: Path, work: Path) -> list[str] | None:
+    """The tests that failed in the baseline but pass when run again, twice, on their own
+    (they would kill mutants by chance); [] when the baseline passed; None when some test
+    fails for real (or nothing ran)."""
+    if baseline.probe is None or baseline.status == "timeout":
+        return None
+    if baseline.status == "survived":
+        return []
+    failed = list(dict.fromkeys(test for test, _ in baseline.probe["failures"]))
+    if not failed or any(test.startswith("collecting ") for test in failed):
+        return None
+    for attempt in (1, 2):
+        restore(folder, pristine, files)
+        again = run_pytest(folder, ["-n", "0", *failed], 1800,
+                           logs / f"baseline-rerun-{attempt}.log", work / "tmp-baseline")
+        if again.status != "survived":
+            return None
+    return failed
+
+
 def module_scoped(tests: Path) -> set[str]:
     """Test files with a module- (or class-, package-) scoped fixture: their tests are kept
     together so that the fixture is built once."""
@@ -866,7 +942,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "--only); 0 runs the planted bugs alone")
     parser.add_argument("--all", action="store_true", help="every generated mutant")
     parser.add_argument("--seed", type=int, default=2026, help="seed of the sample (default 2026)")
-    parser.add_argument("--only", metavar="TEXT", help="only mutants whose id contains TEXT")
+    parser.add_argument("--only", metavar="TEXT", action="append",
+                        help="only mutants whose id contains TEXT (repeatable: any of them)")
     parser.add_argument("--no-planted", action="store_true", help="leave out the planted bugs")
     parser.add_argument("--list", action="store_true",
                         help="print the ids (and changes) of the mutants a run would use, and exit")
@@ -947,24 +1024,28 @@ def main(argv: list[str] | None = None) -> int:
         f"work folder {work}")
 
     if args.timings:
-        durations = json.loads(args.timings.read_text())["baseline"]["durations"]
+        earlier = json.loads(args.timings.read_text())["baseline"]
+        durations, flaky = earlier["durations"], earlier.get("flaky", [])
         baseline_seconds = None
         say(f"baseline: {len(durations)} tests timed by {args.timings}")
     else:
         say("baseline: the unmutated suite, to time each test ...")
         baseline = run_pytest(copies[0], ["-n", str(args.jobs)], 3600, logs / "baseline.log",
                               work / "tmp-baseline")
-        if baseline.status != "survived" or not baseline.probe:
+        flaky = confirm_flaky(baseline, copies[0], pristine, files, logs, work)
+        if flaky is None:
             say(f"mutation.py: the unmutated suite does not pass ({baseline.failure}: "
                 f"{baseline.message}); see {logs / 'baseline.log'}")
             return 2
         durations = baseline.probe["durations"]
         baseline_seconds = round(baseline.seconds, 1)
-        say(f"baseline: {len(durations)} tests passed in {baseline.seconds:.0f} s")
+        say(f"baseline: {len(durations)} tests ran in {baseline.seconds:.0f} s")
+    for test in flaky:
+        say(f"baseline: FLAKY, left out of the mutant runs: {test}")
+        durations.pop(test, None)
     order = fastest_first(durations, module_scoped(pristine / "tests"))
     timeout = args.timeout or max(300.0, 3 * sum(durations.values()))
     say(f"{sum(durations.values()):.0f} s of test time; timeout per mutant {timeout:.0f} s")
-    arguments = ["-x", "-n", "0", *order]
 
     free: queue.Queue = queue.Queue()
     for folder in copies:
@@ -977,18 +1058,55 @@ def main(argv: list[str] | None = None) -> int:
     done = [0]
     print_lock = threading.Lock()
 
+    flaky_now = set(flaky)  # grows when a failure does not reproduce
+    flaky_lock = threading.Lock()
+
+    def run_mutant(mutant_id: str, text: str, folder: Path) -> Outcome:
+        """The ordered tests on ``text`` in ``folder``, stopping at the first failure. A test
+        that fails but then passes when run again on its own is flaky: it is left out from
+        then on, and this run goes on with the tests after it."""
+        safe = hashlib.sha1(mutant_id.encode()).hexdigest()[:10]
+        tmp = work / f"tmp-{folder.name}"
+        tests = [test for test in order if test not in flaky_now]
+        seconds, part = 0.0, 0
+        while True:
+            restore(folder, pristine, files)
+            (folder / TARGET).write_text(text, encoding="utf-8")
+            log = logs / (f"{safe}.log" if not part else f"{safe}-{part}.log")
+            outcome = run_pytest(folder, ["-x", "-n", "0", *tests], timeout, log, tmp)
+            seconds += outcome.seconds
+            failure = outcome.failure
+            if outcome.status != "killed" or failure not in tests:
+                return outcome._replace(seconds=seconds)
+            for attempt in (1, 2):
+                restore(folder, pristine, files)
+                (folder / TARGET).write_text(text, encoding="utf-8")
+                again = run_pytest(folder, ["-n", "0", failure], timeout,
+                                   logs / f"{safe}-again-{part}-{attempt}.log", tmp)
+                seconds += again.seconds
+                if again.status == "survived":
+                    break
+            else:  # failed three times: a real kill
+                return outcome._replace(seconds=seconds)
+            with flaky_lock:
+                flaky_now.add(failure)
+            with print_lock:
+                say(f"FLAKY: {failure} failed for {mutant_id} but passed on its own; "
+                    "left out from now on")
+            tests = [test for test in tests[tests.index(failure) + 1:]
+                     if test not in flaky_now]
+            part += 1
+
     def run_one(mutant_id: str, text: str) -> None:
         if abandon.is_set():
             return
         folder = free.get()
         try:
-            restore(folder, pristine, files)
-            (folder / TARGET).write_text(text, encoding="utf-8")
-            safe = hashlib.sha1(mutant_id.encode()).hexdigest()[:10]
-            outcome = run_pytest(folder, arguments, timeout, logs / f"{safe}.log",
-                                 work / f"tmp-{folder.name}")
+            outcome = run_mutant(mutant_id, text, folder)
         finally:
             free.put(folder)
+        if abandon.is_set() and mutant_id != control_id:  # interrupted: its run was killed
+            return
         results[mutant_id] = outcome
         if mutant_id == control_id and outcome.status != "survived":
             abandon.set()
@@ -1040,6 +1158,10 @@ def main(argv: list[str] | None = None) -> int:
             say(f"\n{e['id']}: {e['description']}: {e['change']}\n{e['diff'].rstrip()}")
     for mutant_id, reason in missing:
         say(f"\nnot applied: {mutant_id}: {reason}")
+    if flaky_now:
+        say("\nflaky tests (failed, then passed on their own; left out):")
+        for test in sorted(flaky_now):
+            say(f"  {test}")
     say(f"\nmutation score: {killed + timeouts} killed of {len(entries)} ({score:.0f}%)"
         f"{f', {timeouts} of them by timeout' if timeouts else ''}; "
         f"{len(survivors)} survived; {seconds / 60:.1f} min")
@@ -1049,7 +1171,8 @@ def main(argv: list[str] | None = None) -> int:
               "timeout": timeout, "seconds": round(seconds, 1),
               "baseline": {"tests": len(order), "seconds": baseline_seconds,
                            "test_seconds": round(sum(durations.values()), 1),
-                           "durations": {test: round(d, 3) for test, d in durations.items()}},
+                           "durations": {test: round(d, 3) for test, d in durations.items()},
+                           "flaky": sorted(flaky_now)},
               "control_seconds": (round(results[control_id].seconds, 1)
                                   if control_id in results else None),
               "score": {"killed": killed + timeouts, "timeouts": timeouts,
@@ -1060,9 +1183,10 @@ def main(argv: list[str] | None = None) -> int:
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     say(f"report: {report_path}")
-    if not args.keep:
-        for folder in [pristine, *copies]:
-            shutil.rmtree(folder, ignore_errors=True)
+    if not args.keep:  # the copies and pytest's temporary folders; the logs stay
+        for folder in [pristine, *copies, *work.glob("tmp-*")]:
+            if folder.is_dir():
+                shutil.rmtree(folder, ignore_errors=True)
     planted_survived = any(e["kind"] == "planted" for e in survivors)
     return 1 if planted_survived or missing else 0
 

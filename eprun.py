@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import dataclasses
 import errno
+import functools
 import math
 import os
 import re
@@ -459,24 +460,167 @@ def check_output(path: str, inputs: list[str]) -> None:
                              "regular file; eprun replaces regular files only")
 
 
-def load_model(path: str, load_weights: bool = True):
-    """Parse an ONNX file, turning every way it can be broken into one clear error.
+def load_model(path: str, inline_weights: bool = False):
+    """Parse an ONNX file's graph, turning every way it can be broken into one clear error.
 
+    Weights stay where they are: external data in its files and, unless ``inline_weights``,
+    each large inline payload in the model file itself, referenced by offset as if it were
+    external data (see ``_read_graph``), so a 2 GB model parses in milliseconds and code
+    that reads weights (onnxruntime, ``_initializer_array``) reads them from the file.
+    ``inline_weights`` parses the payloads into the model, for writing it out again.
     Protobuf parses many byte strings (an empty file, some text) into an empty message without
     complaint, so a model must also have an IR version and a graph with an output.
     """
     import onnx
 
     require_file(path)
-    try:
-        model = onnx.load(path, load_external_data=load_weights)
-    except Exception as exc:  # DecodeError, external data problems, OS errors
-        raise EprunError(f"{path!r} is not a loadable ONNX model ({type(exc).__name__}: "
-                         f"{one_line(exc)}); re-export or regenerate it") from exc
+    model = None if inline_weights else _read_graph(path)
+    if model is None:
+        try:
+            model = onnx.load(path, load_external_data=False)
+        except Exception as exc:  # DecodeError, external data problems, OS errors
+            raise EprunError(f"{path!r} is not a loadable ONNX model ({type(exc).__name__}: "
+                             f"{one_line(exc)}); re-export or regenerate it") from exc
     if model.ir_version < 1 or not model.HasField("graph") or not model.graph.output:
         raise EprunError(f"{path!r} is not a loadable ONNX model (no IR version, graph or "
                          "output); re-export or regenerate it")
     return model
+
+
+# Model files in onnx's text formats: everything else is read as protobuf.
+_TEXT_EXTENSIONS = frozenset({".txtpb", ".textproto", ".prototxt", ".pbtxt", ".json",
+                              ".onnxjson", ".onnxtxt", ".onnxtext"})
+# Field numbers of the protobuf messages _read_graph walks: ModelProto.graph,
+# GraphProto.initializer, and TensorProto's raw_data, external_data and data_location.
+_MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
+_TENSOR_RAW_DATA, _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 9, 13, 14
+
+
+def _read_graph(path: str):
+    """The model at ``path`` with every large inline weight left in the file: each
+    ``raw_data`` payload of at least ``DETACH_MIN_BYTES`` of a ``_DETACHABLE_TYPES`` tensor
+    becomes an external-data reference (``location`` the file's own name, ``offset``,
+    ``length``) to where the payload sits in the file.
+
+    Only the protobuf wire format's tags and lengths are read, from a memory map: the
+    payloads are never copied, and what is parsed is the graph alone. ``None`` when the file
+    is not plain protobuf in the shape this walk expects (a text format, a graph or payload
+    given twice, a broken file): the caller then parses it the ordinary way, which also gives
+    the ordinary error message.
+    """
+    import mmap
+
+    from onnx import ModelProto
+
+    if os.path.splitext(path)[1].lower() in _TEXT_EXTENSIONS:
+        return None
+    try:
+        with open(path, "rb") as stream, \
+                mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            serialized = _graph_with_references(data, os.path.basename(path).encode())
+        model = ModelProto()
+        model.ParseFromString(serialized)
+    except Exception:  # any surprise: the ordinary parse decides
+        return None
+    return model
+
+
+def _graph_with_references(data, location: bytes) -> bytes:
+    """``data`` (a serialized ModelProto) with the large payloads of its graph's
+    initializers replaced by references to their offsets (see ``_read_graph``)."""
+    model, graphs = bytearray(), 0
+    for number, wire, start, body, end in _wire_fields(data, 0, len(data)):
+        if number != _MODEL_GRAPH or wire != 2:
+            model += data[start:end]
+            continue
+        graphs += 1
+        graph = bytearray()
+        for g_number, g_wire, g_start, g_body, g_end in _wire_fields(data, body, end):
+            tensor = (_tensor_with_reference(data, g_body, g_end, location)
+                      if g_number == _GRAPH_INITIALIZER and g_wire == 2 else None)
+            graph += data[g_start:g_end] if tensor is None else _length_delimited(
+                _GRAPH_INITIALIZER, tensor)
+        model += _length_delimited(_MODEL_GRAPH, bytes(graph))
+    if graphs != 1:
+        raise ValueError("a model has one graph")
+    return bytes(model)
+
+
+def _tensor_with_reference(data, body: int, end: int, location: bytes) -> bytes | None:
+    """One serialized TensorProto with its large payload turned into a reference, or None
+    to keep it as it is."""
+    payload, kept, data_type = None, bytearray(), 0
+    for number, wire, start, value_at, field_end in _wire_fields(data, body, end):
+        if number == _TENSOR_RAW_DATA and wire == 2:
+            if payload is not None:
+                return None  # given twice: protobuf keeps the last; let it
+            payload = (value_at, field_end - value_at)
+            continue
+        if number in (_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION):
+            return None  # already external (or contradictory): nothing to refer to
+        if number == 2 and wire == 0:
+            data_type = _varint(data, value_at)[0]
+        kept += data[start:field_end]
+    if payload is None or payload[1] < DETACH_MIN_BYTES or \
+            data_type not in _DETACHABLE_TYPES:
+        return None
+    for key, value in ((b"location", location), (b"offset", b"%d" % payload[0]),
+                       (b"length", b"%d" % payload[1])):
+        kept += _length_delimited(_TENSOR_EXTERNAL_DATA, _length_delimited(1, key)
+                                  + _length_delimited(2, value))
+    kept += _encode_varint(_TENSOR_DATA_LOCATION << 3) + _encode_varint(1)  # EXTERNAL
+    return bytes(kept)
+
+
+def _wire_fields(data, start: int, end: int):
+    """``(number, wire type, field start, value start, field end)`` of each field of the
+    message serialized in ``data[start:end]``; a length-delimited value starts after its
+    length. Groups (wire types 3 and 4), unused by ONNX, are refused."""
+    position = start
+    while position < end:
+        key, value_at = _varint(data, position)
+        wire = key & 7
+        if wire == 0:
+            field_end = _varint(data, value_at)[1]
+        elif wire == 1:
+            field_end = value_at + 8
+        elif wire == 2:
+            length, value_at = _varint(data, value_at)
+            field_end = value_at + length
+        elif wire == 5:
+            field_end = value_at + 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        if field_end > end:
+            raise ValueError("truncated field")
+        yield key >> 3, wire, position, value_at, field_end
+        position = field_end
+
+
+def _varint(data, position: int) -> tuple[int, int]:
+    """The varint at ``position`` and the position after it."""
+    value = shift = 0
+    while shift < 64:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+    raise ValueError("varint longer than 10 bytes")
+
+
+def _encode_varint(value: int) -> bytes:
+    encoded = bytearray()
+    while value > 0x7F:
+        encoded.append(value & 0x7F | 0x80)
+        value >>= 7
+    encoded.append(value)
+    return bytes(encoded)
+
+
+def _length_delimited(number: int, value: bytes) -> bytes:
+    return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
 
 
 def graph_inputs(model) -> list:
@@ -1087,7 +1231,7 @@ def session_specs(session, model_path: str) -> list[InputSpec]:
     kinds = [value.type[len("tensor("):-1] if value.type.startswith("tensor(") else value.type
              for value in values]
     if any(kind.startswith(("int", "uint")) for kind in kinds):
-        return specs_from_model(load_model(model_path, load_weights=False))
+        return specs_from_model(load_model(model_path))
     return [InputSpec(value.name, _SESSION_TYPES.get(kind, f"onnx type {value.type}"),
                       tuple(dim if isinstance(dim, int) and dim > 0 else (dim or None)
                             if isinstance(dim, str) else None for dim in value.shape))
@@ -1325,12 +1469,32 @@ def open_session(source, options=None, what: str = "model",
     ort = import_ort()
     requested = ["CPUExecutionProvider"] if providers is None else providers
     extra = {"disabled_optimizers": list(disabled)} if disabled else {}
+    return_freed_memory()  # what sessions released before this one, so peaks do not stack
     try:
         return ort.InferenceSession(source, sess_options=options, providers=requested, **extra)
     except Exception as exc:
         with_providers = "" if providers is None else f" with providers {requested}"
         raise EprunError(f"onnxruntime cannot open {what}{with_providers}: "
                          f"{type(exc).__name__}: {one_line(exc)}") from exc
+
+
+def return_freed_memory() -> None:
+    """Hand the heap pages freed since the last call back to the system (glibc's
+    ``malloc_trim``; elsewhere nothing). glibc keeps most of what a closed session freed, and
+    the next session's weights would otherwise be counted on top of it."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError, TypeError):  # not glibc (musl, macOS, Windows)
+        return None
 
 
 def run_session(session, output_names: list[str] | None, feed: dict, what: str = "model",
@@ -1492,7 +1656,7 @@ def partition(model: str, supported: list[str], mode: str = "file", parsed=None)
     ``totals``. ``parsed`` is the already parsed graph of ``model``, when the caller has it.
     """
     if parsed is None:
-        parsed = load_model(model, load_weights=False)
+        parsed = load_model(model)
     _check_op_list(parsed, supported, model)
     answer = {"model": model, "supported": supported,
               **_partition_graph(parsed.graph, supported, mode)}
@@ -1604,24 +1768,18 @@ def _same_file(first: str, second: str) -> bool:
     return os.path.realpath(first) == os.path.realpath(second)
 
 
-def expose(model: str, out: str,
-           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, parsed=None) -> dict:
-    """Save a copy of the model whose outputs include every boundary; the input is untouched.
-
-    ``parsed`` is the already parsed graph of ``model``, when the caller has it; it gets
-    the new outputs.
-    """
-    answer, staged, links = prepare_expose(model, out, boundary_ops, parsed)
+def expose(model: str, out: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> dict:
+    """Save a copy of the model whose outputs include every boundary; the input is untouched."""
+    answer, staged, links = prepare_expose(model, out, boundary_ops)
     commit(staged, links)
     return answer
 
 
-def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-                   model=None) -> tuple[dict, list[Staged], list[tuple[str, str]]]:
+def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS
+                   ) -> tuple[dict, list[Staged], list[tuple[str, str]]]:
     """Everything ``expose`` writes, checked and staged but not yet visible: the answer, the
     staged files and the hard links to make (see ``commit``)."""
-    if model is None:
-        model = load_model(model_path, load_weights=False)
+    model = load_model(model_path)
     check_output(out_path, [model_path, *external_data_files(model, model_path)])
     boundaries = expose_in_place(model, boundary_ops)
     links, copies = plan_external_data(model, model_path, out_path)
@@ -1630,13 +1788,102 @@ def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...]
         for source, target in copies:
             note(f"copying {source!r} to {target!r} (a hard link is not possible there)")
             staged.append(stage(_copier(source), target))
-        staged.append(stage(model.SerializeToString(), out_path))
+        staged.append(stage(_inline_writer(model, model_path), out_path))
     except BaseException:
         discard(staged)
         raise
     answer = {"model": model_path, "out": out_path, "boundaries": boundaries,
               "outputs": [value.name for value in model.graph.output]}
     return answer, staged, links
+
+
+def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
+    """A writer of ``model`` as protobuf would serialize it with every payload that
+    ``load_model`` left in ``model_path`` back inline: the same bytes as parsing the weights
+    and calling ``SerializeToString``, without either. The graph is serialized (small), and
+    each referring initializer gets its ``raw_data`` field back in field-number order, copied
+    from the file as it is written."""
+    serialized = model.SerializeToString()
+    own = _in_file_references(model, model_path)
+    if not own:
+        return lambda stream: stream.write(serialized)
+    graph_pieces: list = []
+    top_pieces: list = []
+    for number, wire, start, body, end in _wire_fields(serialized, 0, len(serialized)):
+        if number != _MODEL_GRAPH or wire != 2:
+            top_pieces.append(serialized[start:end])
+            continue
+        for g_number, g_wire, g_start, g_body, g_end in _wire_fields(serialized, body, end):
+            tensor = own.get(g_number == _GRAPH_INITIALIZER and g_wire == 2
+                             and _tensor_name(serialized, g_body, g_end))
+            if tensor is None:
+                graph_pieces.append(serialized[g_start:g_end])
+                continue
+            pieces = _inlined_tensor(serialized, g_body, g_end, tensor)
+            graph_pieces += [_encode_varint(_GRAPH_INITIALIZER << 3 | 2)
+                             + _encode_varint(_pieces_length(pieces)), *pieces]
+        top_pieces.append(_encode_varint(_MODEL_GRAPH << 3 | 2)
+                          + _encode_varint(_pieces_length(graph_pieces)))
+        top_pieces.append(graph_pieces)
+
+    def write(stream) -> None:
+        with open(model_path, "rb") as source:
+            for piece in top_pieces:
+                for part in (piece if isinstance(piece, list) else [piece]):
+                    if isinstance(part, bytes):
+                        stream.write(part)
+                        continue
+                    offset, length = part  # read in slices: never the whole payload at once
+                    source.seek(offset)
+                    while length:
+                        chunk = source.read(min(_COPY_SLICE, length))
+                        if not chunk:
+                            raise EprunError(f"{model_path!r} changed while eprun read it")
+                        stream.write(chunk)
+                        length -= len(chunk)
+    return write
+
+
+_COPY_SLICE = 8 << 20
+
+
+def _in_file_references(model, model_path: str) -> dict:
+    """``{initializer name: (offset, length)}`` of the payloads ``load_model`` left in the
+    model file itself."""
+    own = {}
+    for tensor in external_tensors(model):
+        location = _external_location(tensor)
+        if _same_file(model_path, _safe_location(location.location, model_path)):
+            own[tensor.name] = (int(location.offset), int(location.length))
+    return own
+
+
+def _tensor_name(data: bytes, body: int, end: int) -> str | None:
+    for number, wire, _, value_at, field_end in _wire_fields(data, body, end):
+        if number == 8 and wire == 2:  # TensorProto.name
+            return data[value_at:field_end].decode("utf-8")
+    return None
+
+
+def _inlined_tensor(data: bytes, body: int, end: int, payload: tuple[int, int]) -> list:
+    """The pieces of one serialized TensorProto with its reference replaced by its
+    ``raw_data`` (``(offset, length)`` in the model file), where field order puts it."""
+    pieces: list = []
+    raw = _encode_varint(_TENSOR_RAW_DATA << 3 | 2) + _encode_varint(payload[1])
+    for number, _, start, _, field_end in _wire_fields(data, body, end):
+        if number in (_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION):
+            continue
+        if number > _TENSOR_RAW_DATA and raw:
+            pieces += [raw, payload]
+            raw = b""
+        pieces.append(data[start:field_end])
+    if raw:
+        pieces += [raw, payload]
+    return pieces
+
+
+def _pieces_length(pieces: list) -> int:
+    return sum(len(piece) if isinstance(piece, bytes) else piece[1] for piece in pieces)
 
 
 def _copier(source: str) -> Callable[[Any], None]:
@@ -1651,7 +1898,9 @@ def _copier(source: str) -> Callable[[Any], None]:
 def external_data_files(model, model_path: str) -> list[str]:
     """The files a model's external weights live in (inputs to protect, as the model is)."""
     locations = {_external_location(tensor).location for tensor in external_tensors(model)}
-    return [_safe_location(location, model_path) for location in sorted(locations)]
+    files = [_safe_location(location, model_path) for location in sorted(locations)]
+    # load_model's references into the model file itself are not files of their own.
+    return [path for path in files if not _same_file(model_path, path)]
 
 
 def plan_external_data(model, model_path: str, out_path: str
@@ -1951,7 +2200,7 @@ class PairedModel:
 
     def __init__(self, path: str, boundary_ops: tuple[str, ...]) -> None:
         self.path, self.boundary_ops = path, boundary_ops
-        self.model = load_model(path, load_weights=False)
+        self.model = load_model(path)
         self.boundaries = find_boundaries(self.model.graph, boundary_ops)
         self.owners = boundary_owners(self.model.graph, self.boundaries, boundary_ops)
         self.types = tensor_types(self.model)
@@ -1984,7 +2233,7 @@ class PairedModel:
     def session(self, names: list[str]):
         """A CPU session of the graph exposing its boundaries and ``names``, parsed from the
         file for it (its weights go to onnxruntime as arrays, then are released with it)."""
-        model = load_model(self.path, load_weights=False)
+        model = load_model(self.path)
         expose_in_place(model, self.boundary_ops, extra=names, types=self.types,
                         unknown_as_float=False)
         return open_exposed(model, self.path)
@@ -1999,10 +2248,10 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
                    local: bool = False, max_memory: int | None = None, pair: str = "position"):
     """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
 
-    Without ``max_memory`` one model is in memory at a time: the fp32 session runs once for
-    every boundary and is released before the int8 one opens. With it, both stay open and
-    boundaries are fetched in batches whose estimated fp32 + int8 tensor bytes fit the budget
-    (a boundary of unknown size goes alone). The numbers are the same either way.
+    One model is in memory at a time: the fp32 session runs once for every boundary and is
+    released before the int8 one opens. With ``max_memory`` the boundaries are fetched in
+    batches whose estimated fp32 + int8 tensor bytes fit the budget (a boundary of unknown size
+    goes alone), each batch from sessions opened for it. The numbers are the same either way.
     """
     require_file(fp32_path)
     require_file(int8_path)
@@ -2033,19 +2282,14 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
         fetched = dict(zip(wanted, values))
         return {name: side.quantization.read(name, fetched) for name in names}
 
-    fp32_session = fp32.session(fp32.runtime)
-    everything = None
-    if budget is None:  # one model at a time
-        everything = fetch(fp32, fp32_session, fp32_names, feed.arrays)
-        del fp32_session
     side_values = segments.fp32_values(fp32, feed.arrays) if segments else {}
-    int8_session = int8.session(int8.runtime)
     entries, final, previous = [], None, None
     progress = Progress("comparing boundaries", len(pairs))
-    for batch in batches:
-        a_values = everything if everything is not None else fetch(
-            fp32, fp32_session, [fp32_names[k] for k in batch], feed.arrays)
-        b_values = fetch(int8, int8_session, [int8_names[k] for k in batch], int8_feed)
+    for batch in batches:  # one session at a time, released before the next opens
+        a_values = fetch(fp32, fp32.session(fp32.runtime), [fp32_names[k] for k in batch],
+                         feed.arrays)
+        b_values = fetch(int8, int8.session(int8.runtime), [int8_names[k] for k in batch],
+                         int8_feed)
         for k in batch:
             fp32_name, int8_name = fp32_names[k], int8_names[k]
             a, b = a_values[fp32_name], b_values[int8_name]
@@ -2298,7 +2542,7 @@ class LocalSegments:
                  input_names: set, rows: int, metrics: tuple[str, ...]) -> None:
         self.path, self.rows, self.metrics = int8.path, rows, metrics
         self.unavailable: list[dict] = []
-        model = load_model(int8.path, load_weights=False)
+        model = load_model(int8.path)
         producers = {output: node for node in model.graph.node for output in node.output}
         self.segments: dict[int, Segment] = {}
         for k in range(1, len(boundaries)):
@@ -2432,8 +2676,8 @@ PAIR_ARGS = (
              "(<t>_DequantizeLinear_Output, <node>_quant)"),
     arg("--max-memory", type=parse_count, metavar="MB",
         help="fetch boundaries in batches whose tensors (fp32 + int8) fit in about MB "
-             "megabytes, instead of all at once; 0 fetches one at a time. The answer is the "
-             "same"),
+             "megabytes, instead of all at once, running each model again per batch; 0 "
+             "fetches one at a time. The answer is the same"),
     arg("--local", action="store_true",
         help="also feed each int8 segment the fp32 tensors before it, to separate the error a "
              "layer introduces from the error it inherits"),
@@ -2746,7 +2990,7 @@ def _optimized_nodes(runner: SettingsRunner, level: str, disabled: list[str] = (
     with tempfile.TemporaryDirectory(prefix="eprun-optimized-") as scratch:
         path = os.path.join(scratch, "optimized.onnx")
         runner.session(level, 1, disabled, optimized_path=path)
-        return list(load_model(path, load_weights=False).graph.node)
+        return list(load_model(path).graph.node)
 
 
 def _changes_the_graph(runner: SettingsRunner, level: str, name: str) -> bool:
@@ -2762,7 +3006,7 @@ def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -
     """The first boundary (as in ``layers``) whose value differs between the baseline and the
     case, both exposed, and the optimized nodes that compute it that the file does not have."""
     def boundary_values(settings_level: str, threads: int) -> tuple[list[str], list]:
-        model = load_model(runner.model, load_weights=False)
+        model = load_model(runner.model)
         boundaries = expose_in_place(model, BOUNDARY_OPS, unknown_as_float=False)
 
         def configure(options) -> None:
@@ -2783,7 +3027,7 @@ def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -
         return {"index": None, "why": "with every boundary exposed as an output the two "
                 "settings agree: exposing them stops the fusion that makes the difference"}
     original = {(node.name, node.op_type) for node in
-                load_model(runner.model, load_weights=False).graph.node}
+                load_model(runner.model).graph.node}
     optimized = _optimized_nodes(runner, level)
     producers = {output: node for node in optimized for output in node.output}
     stop = set(boundaries[:index]) | set(runner.feed.arrays)
@@ -3057,6 +3301,9 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
                       reference)
     reference_outputs = run_session(reference_session, None, feed.arrays,
                                     what=repr(reference), hint=dims_hint(feed))
+    reference_names = [value.name for value in reference_session.get_outputs()]
+    reference_actual = list(reference_session.get_providers())
+    del reference_session  # its outputs are all the rest needs: one model in memory at a time
     candidate_session = _with_retries(
         lambda: open_session(candidate, what=repr(candidate), providers=providers),
         retries, retry_pause, retries_used, candidate)
@@ -3079,7 +3326,6 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         outputs_into.update(zip((value.name for value in candidate_session.get_outputs()),
                                 candidate_outputs))
     outputs, failures = [], []
-    reference_names = [value.name for value in reference_session.get_outputs()]
     candidate_names = [value.name for value in candidate_session.get_outputs()]
     for index, (expected, got) in enumerate(zip(reference_outputs, candidate_outputs)):
         for value, name, path in ((expected, reference_names[index], reference),
@@ -3113,7 +3359,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     return {**answer, "profile": profile, "tolerance": tolerance,
             "providers": {"requested": providers, "actual": actual,
                           "fell_back": actual != providers,
-                          "reference": list(reference_session.get_providers())},
+                          "reference": reference_actual},
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
             "failures": failures, "passed": not failures}
 
@@ -3383,8 +3629,8 @@ class SensitivityRun:
         require_file(fp32)
         require_file(int8)
         self.fp32, self.int8 = fp32, int8
-        self.fp32_model = load_model(fp32, load_weights=False)
-        self.int8_model = load_model(int8, load_weights=False)
+        self.fp32_model = load_model(fp32)
+        self.int8_model = load_model(int8)
         if not any(node.op_type in _QDQ_OPS for node in self.int8_model.graph.node):
             raise EprunError(f"{int8!r} has no QuantizeLinear/DequantizeLinear nodes; "
                              "sensitivity restores units of a QDQ model (quantize_static with "
@@ -3396,7 +3642,7 @@ class SensitivityRun:
         self.int8_weights = dict(zip(*detach_initializers(self.int8_model)))
         fp32_output = _final(self.fp32_model)
         self.output = _final(self.int8_model)
-        model = load_model(fp32, load_weights=False)
+        model = load_model(fp32)
         self.reference = run_session(open_exposed(model, fp32), [fp32_output],
                                      self.feed.arrays, what=repr(fp32))[0]
         self.sessions = 0
@@ -3570,7 +3816,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     require_file(int8)
     paths = {name: os.path.join(out_dir, name) for name in REPORT_FILES}
     paths_of = {"fp32": fp32, "int8": int8}
-    graphs = {which: load_model(path, load_weights=False) for which, path in paths_of.items()}
+    graphs = {which: load_model(path) for which, path in paths_of.items()}
     _check_report_targets(paths, graphs, paths_of, force)
     requests = [list(request) for request in REPORT_REQUESTS]
     if target_providers is not None and target_providers not in requests:
@@ -3617,7 +3863,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     try:
         for which in ("fp32", "int8"):
             _, files, needed = prepare_expose(paths_of[which], paths[f"{which}_exposed.onnx"],
-                                              boundary_ops, model=graphs[which])
+                                              boundary_ops)
             staged += files
             links += [link for link in needed if link not in links]
         for name, answer in (("providers.json", provider_answer),
@@ -3704,7 +3950,7 @@ def _written_by_eprun(name: str, path: str) -> bool:
     signature = _REPORT_SIGNATURES.get(name)
     try:
         if signature is None:  # an exposed model: any ONNX model eprun can parse
-            load_model(path, load_weights=False)
+            load_model(path)
             return True
         with open(path, encoding="utf-8") as stream:
             if isinstance(signature, str):

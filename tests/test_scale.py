@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 import models
+import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
@@ -40,19 +41,154 @@ def test_layers_on_external_data_equal_inline(eprun, lab_pair, external_pair):
 
 
 def test_layers_does_not_read_weights_into_python(external_pair, monkeypatch):
-    """onnx.load is only ever asked for the graph, never the external data."""
+    """Neither onnx.load nor the tensor converter is ever asked for a weight."""
+    from onnx import numpy_helper
+
     import eprun as tool
 
-    calls = []
-    original = onnx.load
+    loads, converted = [], []
+    original_load, original_to_array = onnx.load, numpy_helper.to_array
 
-    def spy(path, *args, **kwargs):
-        calls.append(kwargs.get("load_external_data", True))
-        return original(path, *args, **kwargs)
+    def load(path, *args, **kwargs):
+        loads.append(kwargs.get("load_external_data", True))
+        return original_load(path, *args, **kwargs)
 
-    monkeypatch.setattr(onnx, "load", spy)
-    tool.layers(str(external_pair[0]), str(external_pair[1]), 1, local=True)
-    assert calls and not any(calls)
+    def to_array(tensor, *args, **kwargs):
+        converted.append(tensor.name)
+        return original_to_array(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(onnx, "load", load)
+    monkeypatch.setattr(numpy_helper, "to_array", to_array)
+    for pair in (external_pair, tuple(path.parent / f"inline_{path.name}"
+                                      for path in external_pair)):
+        if pair is not external_pair:  # the same weights, inline in each model file
+            for source, target in zip(external_pair, pair):
+                onnx.save(original_load(str(source)), str(target))
+        tool.layers(str(pair[0]), str(pair[1]), 1, local=True)
+        weights = {tensor.name for path in pair for tensor in original_load(
+            str(path), load_external_data=False).graph.initializer if len(tensor.dims) == 2}
+        assert weights and not any(loads) and not weights & set(converted)
+
+
+# -- the graph without its weights, and the weights back --------------------------------------
+
+def odd_tensors_model() -> onnx.ModelProto:
+    """Initializers in every form load_model must tell apart: large raw payloads of several
+    types, one with a field after raw_data (doc_string), small ones, a large one in float_data
+    (no raw_data), float16, and a subgraph with its own initializer."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "w")
+    w.doc_string = "a field numbered after raw_data"
+    listed = helper.make_tensor("listed", TensorProto.FLOAT, [32, 16],
+                                rng.standard_normal(512).astype(np.float32).tolist())
+    half = numpy_helper.from_array(rng.standard_normal((16, 64)).astype(np.float16), "half")
+    table = numpy_helper.from_array(np.arange(600, dtype=np.int64).reshape(300, 2), "table")
+    shape = numpy_helper.from_array(np.array([-1, 16], np.int64), "shape")
+    branch = helper.make_graph(
+        [helper.make_node("Add", ["m2", "inner"], ["branch_out"])], "branch", [],
+        [helper.make_tensor_value_info("branch_out", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones(16, np.float32), "inner")])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m1"]),
+             helper.make_node("MatMul", ["m1", "listed"], ["m2"]),
+             helper.make_node("Reshape", ["m2", "shape"], ["r"]),
+             helper.make_node("ReduceSum", ["r"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["cond"]),
+             helper.make_node("If", ["cond"], ["chosen"], then_branch=branch,
+                              else_branch=branch),
+             helper.make_node("Cast", ["half"], ["half32"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["chosen", "half32"], ["y"]),
+             helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)]
+    zero = numpy_helper.from_array(np.zeros((), np.float32), "zero")
+    model = models.finish(
+        nodes, [models.float_input("x", 16),
+                helper.make_tensor_value_info("ids", TensorProto.INT64, ["K"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64]),
+         helper.make_tensor_value_info("rows", TensorProto.INT64, ["K", 2])],
+        [w, listed, half, table, shape, zero])
+    onnx.checker.check_model(model)
+    return model
+
+
+def resolve_references(model: onnx.ModelProto, folder) -> onnx.ModelProto:
+    """Every external reference of ``model`` replaced by the bytes it names, read here with
+    plain file reads (the oracle shares nothing with eprun)."""
+    from onnx import TensorProto
+
+    for tensor in model.graph.initializer:
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        where = {entry.key: entry.value for entry in tensor.external_data}
+        with open(folder / where["location"], "rb") as stream:
+            stream.seek(int(where["offset"]))
+            tensor.raw_data = stream.read(int(where["length"]))
+        tensor.ClearField("external_data")
+        tensor.ClearField("data_location")
+    return model
+
+
+@pytest.mark.parametrize("which", ["odd tensors", "chain", "int8 chain"])
+def test_the_graph_refers_to_each_payload_where_it_sits(tmp_path, which):
+    import eprun as tool
+
+    path = tmp_path / "m.onnx"
+    if which == "odd tensors":
+        models.save(odd_tensors_model(), path)
+    else:
+        fp32 = models.save(models.chain(features=40, widths=[48, 48, 8]), tmp_path / "f.onnx")
+        if which == "chain":
+            path = fp32
+        else:
+            models.quantize(fp32, path)
+    parsed = tool.load_model(str(path))
+    whole = onnx.load(str(path))
+    refers = [tensor.name for tensor in parsed.graph.initializer if tensor.external_data]
+    large = [tensor.name for tensor in whole.graph.initializer
+             if len(tensor.raw_data) >= 1024 and tensor.data_type != onnx.TensorProto.FLOAT16]
+    assert refers == large and large  # float16 stays inline: onnxruntime-side arrays differ
+    payloads = sum(len(tensor.raw_data) for tensor in whole.graph.initializer
+                   if tensor.name in large)
+    assert parsed.ByteSize() < path.stat().st_size - payloads + 80 * len(large)  # references
+    assert resolve_references(parsed, tmp_path) == whole
+    onnx.save(whole, str(tmp_path / "copy.onnx"))  # any file name: the references follow it
+    assert resolve_references(tool.load_model(str(tmp_path / "copy.onnx")), tmp_path) == whole
+
+
+@pytest.mark.parametrize("build", [odd_tensors_model, models.residual_chain])
+def test_expose_writes_the_payloads_back_byte_for_byte(eprun, tmp_path, build):
+    path = models.save(build(), tmp_path / "m.onnx")
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "exposed.onnx"
+    answer = eprun("expose", path, out, "--boundary-ops", "MatMul,Conv")
+    exposed, whole = onnx.load(str(out)), onnx.load(str(path))
+    assert [value.name for value in exposed.graph.output] == answer["outputs"]
+    assert out.read_bytes() == exposed.SerializeToString()  # protobuf's own field order
+    del exposed.graph.output[len(whole.graph.output):]
+    assert exposed == whole  # weights, subgraphs and every other field as they were
+    assert list((tmp_path / "out").iterdir()) == [out]  # no data file beside it
+
+
+def test_files_the_walk_does_not_take_are_parsed_as_before(eprun, eprun_fails, tmp_path):
+    """A text-format model, a graph given twice (protobuf merges) and a truncated file."""
+    import eprun as tool
+
+    model = models.chain(features=40, widths=[48, 8])
+    text = tmp_path / "m.textproto"
+    text.write_text(str(model))  # protobuf's text format
+    assert tool.load_model(str(text)) == model
+    twice = tmp_path / "twice.onnx"
+    half = len(model.graph.node) // 2
+    first, second = onnx.ModelProto(), onnx.ModelProto()
+    first.CopyFrom(model)
+    second.graph.node.extend(first.graph.node[half:])
+    del first.graph.node[half:]
+    twice.write_bytes(first.SerializeToString() + second.SerializeToString())
+    assert tool.load_model(str(twice)) == model
+    whole = models.save(model, tmp_path / "whole.onnx")
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(whole.read_bytes()[:-7])
+    assert "is not a loadable ONNX model" in eprun_fails(4, "partition", cut, "MatMul")
 
 
 def test_expose_links_external_data_into_another_folder(eprun, external_pair, tmp_path):
@@ -75,6 +211,16 @@ def test_expose_links_external_data_into_another_folder(eprun, external_pair, tm
     result = run_eprun("expose", fp32, out)
     assert result.code == 4 and "holds other data" in result.stderr
     assert linked.read_bytes() == b"somebody else's weights"
+
+
+def test_expose_elsewhere_without_the_weights_file_is_a_missing_path(eprun_fails, external_pair,
+                                                                    tmp_path):
+    fp32 = external_pair[0]
+    (fp32.parent / "fp32.data").unlink()
+    (tmp_path / "out").mkdir()
+    line = eprun_fails(3, "expose", fp32, tmp_path / "out" / "e.onnx")
+    assert "fp32.data" in line
+    assert not list((tmp_path / "out").iterdir())
 
 
 def test_expose_next_to_the_model_keeps_the_references(eprun, external_pair):

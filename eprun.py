@@ -3856,7 +3856,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     if ranked is not None:
         markdown += _sensitivity_section(ranked)
 
-    created = not os.path.isdir(out_dir)
+    created = _missing_folders(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     staged: list[Staged] = []
     links: list[tuple[str, str]] = []
@@ -3873,9 +3873,9 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
         commit(staged, links)
     except BaseException:
         discard(staged)
-        if created:
+        for folder in created:  # the deepest first: each is empty once the one below is gone
             with contextlib.suppress(OSError):
-                os.rmdir(out_dir)
+                os.rmdir(folder)
         raise
     answer = {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES],
               "pairing": pairing,
@@ -3884,6 +3884,19 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     if ranked is not None:
         answer["sensitivity"] = ranked["recommendation"]
     return answer
+
+
+def _missing_folders(folder: str) -> list[str]:
+    """The folders ``os.makedirs(folder)`` would create, the deepest first."""
+    missing = []
+    folder = os.path.abspath(folder)
+    while not os.path.isdir(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
 
 
 # What each deliverable starts with when eprun wrote it: JSON keys, or the report's first words.

@@ -201,8 +201,15 @@ def test_the_named_temporary_fallback_writes_and_cleans_up(tmp_path, monkeypatch
     def fail(*args):
         raise OSError(28, "No space left on device")
 
+    def half_written(stream):
+        stream.write(b"half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(tool.EprunError, match="No space left"):  # staging fails
+        tool.stage(half_written, str(target))
+    assert sorted(os.listdir(tmp_path)) == ["out.bin"] and not tool._TEMPORARIES
     monkeypatch.setattr(tool.os, "replace", fail)
-    with pytest.raises(tool.EprunError, match="No space left"):
+    with pytest.raises(tool.EprunError, match="No space left"):  # committing fails
         tool.write_atomically(b"new", str(target))
     assert target.read_bytes() == b"complete"
     assert sorted(os.listdir(tmp_path)) == ["out.bin"]

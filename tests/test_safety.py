@@ -277,6 +277,13 @@ def test_a_write_error_leaves_the_previous_deliverables(lab_pair, tmp_path):
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "cannot write" in proc.stderr and "EP Error" not in proc.stderr
     assert report_files(out) == before  # no new file, no temporary, no half set
+    # into folders it had to create: they go too, and only they
+    fresh = tmp_path / "fresh" / "deeper"
+    proc = subprocess.run([sys.executable, str(EPRUN), "report", str(fp32), str(int8),
+                           "--out-dir", str(fresh)], capture_output=True, text=True,
+                          preexec_fn=small_files, timeout=120)
+    assert proc.returncode == 4 and "cannot write" in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
 INTERRUPT_AFTER_FIRST_RENAME = """

@@ -42,6 +42,8 @@ def growth(rel, ratios, monotone, total, max_ratio) -> tuple:
     growth([0.125, 0.5, 0.75, 6.0], [4.0, 1.5, 8.0], True, 48.0, {"index": 3, "ratio": 8.0}),
     # ratios 1, 3, 3: a tie after a smaller one; layer 2 wins over layer 3
     growth([1.0, 1.0, 3.0, 9.0], [1.0, 3.0, 3.0], True, 9.0, {"index": 2, "ratio": 3.0}),
+    # a rise, then a fall to above the first: not monotone (each step is against the one before)
+    growth([0.25, 1.0, 0.5], [4.0, 0.5], False, 2.0, {"index": 1, "ratio": 4.0}),
     # a flat step is not a decrease
     growth([0.5, 0.5, 1.0], [1.0, 2.0], True, 2.0, {"index": 2, "ratio": 2.0}),
     # a flat step, then a decrease

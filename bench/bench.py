@@ -5,11 +5,14 @@ Not a test. Builds its own models in a scratch folder, runs every route as separ
 
 * each contract command on a lab-shaped pair against a minimal hand-written script doing the
   same onnxruntime work (the floor), and ``layers`` against a floor that holds one model at a
-  time (each exposed model opened, run once and freed in turn: the least any tool can do);
-* ``report`` against ``layers`` on the same pair;
+  time (each exposed model, written beforehand, opened from its file, run once and freed in
+  turn: the least any tool can do);
+* ``report`` against ``layers`` on the same pair, and against onnxruntime alone opening the
+  fp32 model for each of report's provider lists;
 * ``layers`` against onnxruntime's ``qdq_loss_debug`` route and the Polygraphy route
   (``polygraphy run --onnxrt --onnx-outputs mark all`` for both models, then a comparison),
   on the lab-shaped pair and on 16 layers of 2048x2048;
+* ``layers`` and ``report`` on a ResNet-style CNN pair (64 channels, 64 images of 56x56);
 * ``partition`` and ``expose`` on a model with >= 2 GB of external data against ``onnx.load``
   of it and against ``python -c "import onnx"``.
 
@@ -19,6 +22,7 @@ Polygraphy comes from requirements-bench.txt; without it that route is reported 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -114,31 +118,49 @@ if len(sys.argv) > 4:
     out = [rel[k] / rel[k - 1] if rel[k - 1] else None for k in range(1, len(rel))]
 print(json.dumps(out))
 ''',
-    # The least any tool can do: each model exposed, opened, run once and freed in turn.
-    "layers_sequential": FLOOR_COMMON + BOUNDARIES + '''
+    # The least any tool can do: each exposed model (written beforehand, untimed) opened from
+    # its file, run once on every output and freed in turn; then the boundaries compared.
+    "layers_sequential": FLOOR_COMMON + '''
 import gc
 import onnxruntime as ort
-def run(path, x):
-    model = onnx.load(path)
-    names = expose(model)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    del model
-    values = session.run(names, {session.get_inputs()[0].name: x})
+sizes = json.loads(sys.argv[4])
+def run(path, feed=None):
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    if feed is None:
+        rng = np.random.default_rng(int(sys.argv[3]))
+        feed = {value.name: rng.standard_normal([d if isinstance(d, int) else sizes[d]
+                                                 for d in value.shape]).astype(np.float32)
+                for value in session.get_inputs()}
+    values = session.run(None, feed)
     del session
     gc.collect()
-    return values
-model = onnx.load(sys.argv[1], load_external_data=False)
-features = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
-del model
-x = np.random.default_rng(int(sys.argv[3])).standard_normal((64, features)).astype(np.float32)
-fp32 = run(sys.argv[1], x)
-int8 = run(sys.argv[2], x)
+    return feed, values
+feed, fp32 = run(sys.argv[1])
+_, int8 = run(sys.argv[2], feed)
 out = []
 for a, b in zip(fp32, int8):
+    if a.dtype != np.float32 or b.dtype != np.float32:
+        continue
     a, b = a.astype(np.float64).reshape(64, -1), b.astype(np.float64).reshape(64, -1)
     err, scale = float(np.abs(a - b).max()), float(np.abs(a).max())
     out.append([err, scale, err / scale if scale else 0.0])
 print(json.dumps(out))
+''',
+    # providers with report's lists: onnxruntime alone, one session per list in turn.
+    "providers_report": FLOOR_COMMON + '''
+import gc
+import onnxruntime as ort
+cases = []
+for request in sys.argv[2:]:
+    wanted = [p for p in request.split(",") if p]
+    try:
+        session = ort.InferenceSession(sys.argv[1], providers=wanted)
+        cases.append(session.get_providers())
+        del session
+    except Exception as exc:
+        cases.append(type(exc).__name__)
+    gc.collect()
+print(json.dumps(cases))
 ''',
     "settings": FLOOR_COMMON + '''
 import onnxruntime as ort
@@ -235,6 +257,21 @@ def measure(route: list[list[str]], repeat: int, env: dict | None = None) -> tup
     return statistics.median(walls), statistics.median(peaks)
 
 
+def measure_together(routes: dict, repeat: int) -> dict:
+    """``measure`` for several routes (``{name: (route, env)}``) run in alternation, one run
+    of each in turn, so a machine whose load drifts affects them alike."""
+    walls: dict = {name: [] for name in routes}
+    peaks: dict = {name: [] for name in routes}
+    for _ in range(repeat):
+        for name, (route, env) in routes.items():
+            print(f"  {name} ...", file=sys.stderr)
+            results = [run_once(argv, env) for argv in route]
+            walls[name].append(sum(wall for wall, _ in results))
+            peaks[name].append(max(peak for _, peak in results))
+    return {name: (statistics.median(walls[name]), statistics.median(peaks[name]))
+            for name in routes}
+
+
 # -- models ------------------------------------------------------------------------------------
 
 def build_pair(folder: Path, features: int, widths: list[int]) -> tuple[str, str]:
@@ -247,6 +284,24 @@ def build_pair(folder: Path, features: int, widths: list[int]) -> tuple[str, str
     fp32, int8 = folder / "fp32.onnx", folder / "int8.onnx"
     onnx.save(gen_ep.build_fp32(features, widths, gen_ep.DEFAULT_SEED), str(fp32))
     gen_ep.quantize(str(fp32), str(int8), features, gen_ep.DEFAULT_SEED)
+    return str(fp32), str(int8)
+
+
+# The CNN pair: the tests' ResNet-style classifier (batch norm folded, as exporters leave it)
+# at 64 channels on 56x56 images, quantized as QDQ by onnxruntime's quantize_static.
+CNN_DIMS = {"batch": 64, "h": 56, "w": 56}
+CNN_BOUNDARY, CNN_INPUTS = ["--boundary-ops", "Conv"], ["--dim", "h=56", "--dim", "w=56"]
+
+
+def build_cnn(folder: Path) -> tuple[str, str]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import onnx
+    import real_models
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fp32, int8 = folder / "fp32.onnx", folder / "int8.onnx"
+    onnx.save(real_models.residual_cnn(SEED, channels=64, classes=10, fold_bn=True), str(fp32))
+    real_models.quantize_qdq(fp32, int8, SEED, dims={"h": 56, "w": 56})
     return str(fp32), str(int8)
 
 
@@ -301,38 +356,74 @@ def row(label: str, ours: tuple[float, float], theirs: tuple[float, float] | Non
             f"{ours[1]:.0f} | {theirs[1]:.0f} | {ours[1] / theirs[1]:.2f} | {what} |")
 
 
+REPORT_LISTS = ["CPUExecutionProvider", "AzureExecutionProvider",
+                "CUDAExecutionProvider,CPUExecutionProvider", "NoSuchExecutionProvider", ""]
+
+
 def layers_rows(work: Path, fp32: str, int8: str, features: int, label: str,
-                repeat: int) -> list[str]:
-    ours = measure([[PY, EPRUN, "layers", fp32, int8, str(SEED)]], repeat)
-    rows = [row(f"layers, {label}", ours,
-                measure([[PY, script(work, "floor_layers", FLOORS["layers"]), fp32, int8,
-                          str(SEED)]], repeat), "hand-written floor"),
-            row(f"layers, {label}", ours,
-                measure([[PY, script(work, "floor_sequential", FLOORS["layers_sequential"]),
-                          fp32, int8, str(SEED)]], repeat), "one-model-at-a-time floor")]
-    out = work / f"report_{label.split(maxsplit=1)[0]}"
-    report = measure([[PY, EPRUN, "report", fp32, int8, "--seed", str(SEED), "--out-dir",
-                       str(out), "--force"]], repeat)
-    rows.append(row(f"report, {label}", report, ours, "layers on the same pair"))
-    scratch = work / f"qdq_{label.split(maxsplit=1)[0]}"
-    scratch.mkdir(exist_ok=True)
-    rows.append(row(f"layers, {label}", ours,
-                    measure([[PY, script(work, "qdq_loss_debug", QDQ_LOSS_DEBUG), fp32, int8,
-                              str(SEED), str(scratch)]], repeat), "qdq_loss_debug route"))
+                repeat: int, sizes: dict | None = None, boundary: list[str] = (),
+                inputs: list[str] = (), others: bool = True) -> list[str]:
+    """``layers`` against its floors (and, with ``others``, the qdq_loss_debug and Polygraphy
+    routes), and ``report`` against ``layers``, against the commands it runs and against
+    onnxruntime opening the fp32 model for each of its provider lists, on one pair; every
+    route measured in alternation (``measure_together``). ``sizes`` gives the symbolic dims;
+    ``boundary`` and ``inputs`` are the eprun options the pair needs."""
+    sizes = sizes or {"N": 64}
+    extra = [*boundary, *inputs]
+    tag = label.split(maxsplit=1)[0]
+    exposed = []
+    for which, path in (("fp32", fp32), ("int8", int8)):  # written once, not timed
+        exposed.append(str(work / f"{tag}_{which}_exposed.onnx"))
+        subprocess.run([PY, EPRUN, "expose", path, exposed[-1], *boundary], check=True,
+                       stdout=subprocess.DEVNULL)
+    routes = {
+        "layers": ([[PY, EPRUN, "layers", fp32, int8, str(SEED), *extra]], None),
+        "one-model-at-a-time floor": ([[PY, script(work, "floor_sequential",
+                                                   FLOORS["layers_sequential"]),
+                                        *exposed, str(SEED), json.dumps(sizes)]], None),
+        "report": ([[PY, EPRUN, "report", fp32, int8, "--seed", str(SEED), "--out-dir",
+                     str(work / f"report_{tag}"), "--force", *extra]], None),
+        "the commands it runs, one by one": ([
+            [PY, EPRUN, "providers", fp32, *REPORT_LISTS],
+            [PY, EPRUN, "layers", fp32, int8, str(SEED), *extra],
+            [PY, EPRUN, "settings", int8, str(SEED), *inputs],
+            [PY, EPRUN, "check", fp32, int8, "--profile", "int8", "--seed", str(SEED), *inputs],
+            [PY, EPRUN, "expose", fp32, str(work / f"{tag}_part_fp32.onnx"), *boundary],
+            [PY, EPRUN, "expose", int8, str(work / f"{tag}_part_int8.onnx"), *boundary]], None),
+        "report's provider lists, onnxruntime alone": ([[
+            PY, script(work, "floor_providers_report", FLOORS["providers_report"]), fp32,
+            *REPORT_LISTS]], None),
+    }
     polygraphy = shutil.which("polygraphy", path=str(Path(PY).parent)) or shutil.which(
         "polygraphy")
-    if polygraphy is None:
-        rows.append(row(f"layers, {label}", ours, None, "Polygraphy route"))
-        return rows
-    loader = script(work, "polygraphy_loader", POLYGRAPHY_LOADER)
-    compare = script(work, "polygraphy_compare", POLYGRAPHY_COMPARE)
-    env = {"BENCH_FEATURES": str(features), "BENCH_SEED": str(SEED)}
-    route = [[polygraphy, "run", fp32, "--onnxrt", "--onnx-outputs", "mark", "all",
-              "--data-loader-script", loader, "--save-outputs", str(work / "pg_fp32.json")],
-             [polygraphy, "run", int8, "--onnxrt", "--onnx-outputs", "mark", "all",
-              "--data-loader-script", loader, "--save-outputs", str(work / "pg_int8.json")],
-             [PY, compare, fp32, int8, str(work / "pg_fp32.json"), str(work / "pg_int8.json")]]
-    rows.append(row(f"layers, {label}", ours, measure(route, repeat, env), "Polygraphy route"))
+    if others:
+        routes["hand-written floor"] = ([[PY, script(work, "floor_layers", FLOORS["layers"]),
+                                          fp32, int8, str(SEED)]], None)
+        scratch = work / f"qdq_{tag}"
+        scratch.mkdir(exist_ok=True)
+        routes["qdq_loss_debug route"] = ([[PY, script(work, "qdq_loss_debug", QDQ_LOSS_DEBUG),
+                                            fp32, int8, str(SEED), str(scratch)]], None)
+        if polygraphy is not None:
+            loader = script(work, "polygraphy_loader", POLYGRAPHY_LOADER)
+            compare = script(work, "polygraphy_compare", POLYGRAPHY_COMPARE)
+            saved = [str(work / "pg_fp32.json"), str(work / "pg_int8.json")]
+            routes["Polygraphy route"] = (
+                [[polygraphy, "run", model, "--onnxrt", "--onnx-outputs", "mark", "all",
+                  "--data-loader-script", loader, "--save-outputs", out]
+                 for model, out in zip((fp32, int8), saved)]
+                + [[PY, compare, fp32, int8, *saved]],
+                {"BENCH_FEATURES": str(features), "BENCH_SEED": str(SEED)})
+    got = measure_together(routes, repeat)
+    ours, report = got["layers"], got["report"]
+    rows = [row(f"layers, {label}", ours, got[name], name)
+            for name in ("hand-written floor", "one-model-at-a-time floor") if name in got]
+    rows.append(row(f"report, {label}", report, ours, "layers on the same pair"))
+    rows += [row(f"report, {label}", report, got[name], name)
+             for name in ("the commands it runs, one by one",
+                          "report's provider lists, onnxruntime alone")]
+    if others:
+        rows += [row(f"layers, {label}", ours, got.get(name), name)
+                 for name in ("qdq_loss_debug route", "Polygraphy route")]
     return rows
 
 
@@ -348,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         build_pair(Path(args.work) / "lab", 32, [64, 64, 48, 48, 32, 16])
         if not args.skip_large:
             build_pair(Path(args.work) / "large", 2048, [2048] * 16)
+            build_cnn(Path(args.work) / "cnn")
             build_huge(Path(args.work) / "huge")
         return 0
     work = Path(args.work or tempfile.mkdtemp(prefix="eprun-bench-"))
@@ -375,17 +467,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{command} ...", file=sys.stderr)
             floor_script = script(work, f"floor_{command}", FLOORS["layers" if command ==
                                                                      "growth" else command])
-            rows.append(row(f"{command}, lab pair",
-                            measure([[PY, EPRUN, command, *ours]], args.repeat),
-                            measure([[PY, floor_script, *floor]], args.repeat),
+            got = measure_together({"eprun": ([[PY, EPRUN, command, *ours]], None),
+                                    "floor": ([[PY, floor_script, *floor]], None)}, args.repeat)
+            rows.append(row(f"{command}, lab pair", got["eprun"], got["floor"],
                             "hand-written floor"))
         print("layers routes, lab pair ...", file=sys.stderr)
         rows += layers_rows(work, fp32, int8, 32, "lab pair", args.repeat)
         if not args.skip_large:
             big32, big8 = str(work / "large" / "fp32.onnx"), str(work / "large" / "int8.onnx")
             print("layers routes, large pair ...", file=sys.stderr)
-            rows += layers_rows(work, big32, big8, 2048, "16x2048² pair",
-                                max(1, args.repeat // 2))
+            rows += layers_rows(work, big32, big8, 2048, "16x2048² pair", args.repeat)
+            print("layers and report, CNN pair ...", file=sys.stderr)
+            rows += layers_rows(work, str(work / "cnn" / "fp32.onnx"),
+                                str(work / "cnn" / "int8.onnx"), 0, "CNN pair",
+                                args.repeat, CNN_DIMS, CNN_BOUNDARY, CNN_INPUTS, others=False)
             huge = str(work / "huge" / "huge.onnx")
             baseline = measure([[PY, "-c", "import onnx"]], args.repeat)
             load = measure([[PY, "-c", f"import onnx; onnx.load({huge!r})"]], 1)

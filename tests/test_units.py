@@ -488,3 +488,63 @@ def test_parse_cosine_accepts(text, value):
 def test_parse_cosine_refuses(text):
     with pytest.raises(argparse.ArgumentTypeError):
         tool.parse_cosine(text)
+
+
+# -- quantized tensors read back and fed -------------------------------------------------------
+
+def quantized_graph():
+    """q = QuantizeLinear(x, 0.5, 10) (uint8); c = QLinearConcat of q and a uint8 input ``a``
+    (scale 0.25, zero point 3), the way onnxruntime's QOperator format writes it."""
+    def const(name, value, dtype):
+        return helper.make_tensor(name, dtype, [], [value])
+
+    nodes = [helper.make_node("QuantizeLinear", ["x", "q_scale", "q_zero"], ["q"]),
+             helper.make_node("QLinearConcat", ["c_scale", "c_zero", "q", "q_scale", "q_zero",
+                                                "a", "a_scale", "a_zero"], ["c"],
+                              domain="com.microsoft", axis=1)]
+    graph = helper.make_graph(
+        nodes, "quantized",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 3])],
+        [helper.make_tensor_value_info("c", TensorProto.UINT8, [2, 6])],
+        [const("q_scale", 0.5, TensorProto.FLOAT), const("q_zero", 10, TensorProto.UINT8),
+         const("a_scale", 0.25, TensorProto.FLOAT), const("a_zero", 3, TensorProto.UINT8),
+         const("c_scale", 1.0, TensorProto.FLOAT), const("c_zero", 0, TensorProto.UINT8)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_quantized_tensors_take_the_scale_of_their_maker_or_reader():
+    model = quantized_graph()
+    types = tool.tensor_types(model)
+    quantization = tool.Quantization(model, "quantized.onnx", types, ["x", "q", "a"])
+    assert quantization.params == {"q": ("q_scale", "q_zero"), "a": ("a_scale", "a_zero")}
+    # read: (value - zero) * scale; a: (7 - 3) * 0.25 = 1, (3 - 3) * 0.25 = 0
+    assert quantization.read("a", {"a": np.array([7, 3], np.uint8)}).tolist() == [1.0, 0.0]
+    # quantize: round half to even of value / scale, plus zero, saturated to uint8:
+    # 1.0/0.5 + 10 = 12; -3/0.5 + 10 = 4; 200/0.5 + 10 saturates; -20/0.5 + 10 saturates;
+    # 0.25/0.5 = 0.5 rounds to 0 (even), 0.75/0.5 = 1.5 rounds to 2
+    fed = quantization.quantize("q", [1.0, -3.0, 200.0, -20.0, 0.25, 0.75])
+    assert fed.dtype == np.uint8
+    assert fed.tolist() == [12, 4, 255, 0, 10, 12]
+
+
+def test_an_undefined_declared_type_is_filled_from_the_graph():
+    """A value_info that names a tensor but not its element type (0) says nothing: the type
+    comes from the node that writes it (QLinearConcat writes its uint8 operands' type)."""
+    model = quantized_graph()
+    model.graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.UNDEFINED, None))
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("c", TensorProto.UNDEFINED, None))
+    assert tool.tensor_types(model)["c"].tensor_type.elem_type == TensorProto.UINT8
+
+
+def test_ctrl_c_while_the_command_line_is_parsed_is_an_interruption(monkeypatch, capfd):
+    class Interrupted:
+        def parse_args(self, argv):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tool, "build_parser", Interrupted)
+    assert tool.main(["partition", "m.onnx", "MatMul"]) == 130
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == "eprun: error: interrupted\n"

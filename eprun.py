@@ -2008,19 +2008,24 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
                  extra_arrays: dict | None = None):
     """A CPU session with default options for an in-memory (exposed) copy of ``model_path``.
 
-    The weights never pass through protobuf serialization: large inline initializers are moved
-    out of ``model`` into arrays and handed to onnxruntime with ``add_external_initializers``,
-    which puts them back before any graph optimization, so the graph onnxruntime optimizes is
-    the one in the file. Weights stored as external data stay in their files: onnxruntime
-    releases that know ``session.model_external_initializers_file_folder_path`` read them from
-    the model's folder; older ones get each tensor as a read-only memory map. ``model`` is
-    consumed (its large initializers become placeholders). ``configure`` may set other
-    session options (an optimization level, thread counts); ``extra_arrays`` adds initializers
-    by name, handed over as arrays (weights taken from another model).
+    The weights never pass through protobuf serialization. Those stored outside the graph
+    (external data, and the payloads ``load_model`` left in the model file) are read by
+    onnxruntime from their files: releases that know
+    ``session.model_external_initializers_file_folder_path`` read them from the model's
+    folder (the folder of the file a linked model resolves to, as onnxruntime refuses a
+    location that resolves outside it), older ones get each tensor as a read-only memory map
+    (see ``_FOLDER_OPTION_SINCE``).
+    Large inline initializers left in ``model`` are moved out into arrays and handed over
+    with ``add_external_initializers``, which puts them back before any graph optimization,
+    so the graph onnxruntime optimizes is the one in the file. ``model`` is consumed.
+    ``configure`` may set other session options (an optimization level, thread counts);
+    ``extra_arrays`` adds initializers by name, handed over as arrays (weights taken from
+    another model).
     """
     ort = import_ort()
     extra_arrays = extra_arrays or {}
     external = [tensor for tensor in external_tensors(model) if tensor.name not in extra_arrays]
+    data_path = _relink_own_references(model, model_path, external)
     names, arrays = detach_initializers(model)
     present = {tensor.name for tensor in model.graph.initializer}
     for name, array in extra_arrays.items():
@@ -2038,20 +2043,43 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
         if folder_option:
             options.add_session_config_entry(
                 "session.model_external_initializers_file_folder_path",
-                os.path.dirname(os.path.abspath(model_path)))
+                os.path.dirname(os.path.abspath(data_path)))
         if names or extra_names:
             options.add_external_initializers(names + extra_names, values + extra_values)
         return open_session(serialized, options, what=repr(model_path))
 
-    if external:
+    if external and ort_release() >= _FOLDER_OPTION_SINCE:
         try:
             return session_with([], [], folder_option=True)
-        except EprunError:  # an onnxruntime without that option: hand it the data instead
+        except EprunError:  # a location it refuses (a link out of the folder): map the data
             pass
-    maps = [_map_external(tensor, model_path) for tensor in external]
+    maps = [_map_external(tensor, data_path) for tensor in external]
     return session_with([tensor.name for tensor in external],
                         [ort.OrtValue.ortvalue_from_numpy(data) for data in maps],
                         folder_option=False)
+
+
+# The first onnxruntime release that reads session.model_external_initializers_file_folder_path
+# (onnxruntime #23557). Earlier ones ignore the unknown key and, for a model given as bytes,
+# look for external data relative to the working directory, where a file of the same name
+# may hold other weights: they are given the data as memory maps instead.
+_FOLDER_OPTION_SINCE = (1, 21)
+
+
+def _relink_own_references(model, model_path: str, external: list) -> str:
+    """The path external locations are relative to: ``model_path``, or, for a model file that
+    is a link and keeps no data in other files, the file it resolves to, with the references
+    ``load_model`` made into the model file renamed after it."""
+    resolved = os.path.realpath(model_path)
+    own = _in_file_references(model, model_path)
+    if not own or resolved == os.path.abspath(model_path) or \
+            external_data_files(model, model_path):
+        return model_path
+    for tensor in external:
+        for entry in tensor.external_data if tensor.name in own else ():
+            if entry.key == "location":
+                entry.value = os.path.basename(resolved)
+    return resolved
 
 
 # Inline initializers at least this large are handed to onnxruntime as arrays; smaller ones

@@ -70,6 +70,53 @@ def test_layers_does_not_read_weights_into_python(external_pair, monkeypatch):
         assert weights and not any(loads) and not weights & set(converted)
 
 
+def test_a_linked_model_file_is_read_where_it_resolves(tmp_path, lab_pair, monkeypatch):
+    """onnxruntime refuses weights whose location resolves outside the folder it is given;
+    a model file that is a link gets the folder of its target."""
+    import eprun as tool
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    fp32 = models.save(models.chain(features=40, widths=[48, 48, 8]), tmp_path / "fp32.onnx")
+    models.quantize(fp32, tmp_path / "real" / "int8.onnx")
+    (tmp_path / "links" / "int8.onnx").symlink_to(tmp_path / "real" / "int8.onnx")
+    mapped = []
+    original = tool._map_external
+    monkeypatch.setattr(tool, "_map_external", lambda *args: mapped.append(args) or original(
+        *args))
+    linked = tool.layers(str(fp32), str(tmp_path / "links" / "int8.onnx"), 2)
+    direct = tool.layers(str(fp32), str(tmp_path / "real" / "int8.onnx"), 2)
+    assert linked["layers"] == direct["layers"] and linked["layer_count"] == 4
+    if tool.ort_release() >= (1, 22):  # knows the folder option: nothing mapped by eprun
+        assert mapped == []
+
+
+@pytest.mark.parametrize("stored", ["inline", "external"])
+def test_weights_never_come_from_a_same_named_file_in_the_working_directory(tmp_path, stored):
+    """onnxruntime before 1.21 ignores the folder option and resolves the external data of a
+    model given as bytes against the working directory: a file there with the same name but
+    other weights must not be read."""
+    def pair(folder, seed):
+        folder.mkdir()
+        model = models.chain(features=40, widths=[48, 48, 8], seed=seed)
+        path = folder / "fp32.onnx"
+        if stored == "inline":
+            models.save(model, path)
+        else:
+            onnx.save(model, str(path), save_as_external_data=True, location="fp32.data",
+                      size_threshold=0)
+        models.quantize(path, folder / "int8.onnx", seed=seed)
+        return path, folder / "int8.onnx"
+
+    wanted, decoy = pair(tmp_path / "models", 1), pair(tmp_path / "here", 2)
+    elsewhere = run_eprun("layers", *wanted, "3", cwd=str(tmp_path))
+    among_decoys = run_eprun("layers", *wanted, "3", cwd=str(decoy[0].parent))
+    assert elsewhere.code == 0 and among_decoys.code == 0, among_decoys.stderr
+    assert among_decoys.answer == elsewhere.answer
+    for got, want in zip(elsewhere.answer["layers"], oracle_layers(*wanted, 3)):
+        assert got["rel_error"] == pytest.approx(want["rel_error"], rel=1e-6)
+
+
 # -- the graph without its weights, and the weights back --------------------------------------
 
 def odd_tensors_model() -> onnx.ModelProto:

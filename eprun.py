@@ -1805,8 +1805,9 @@ def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
     from the file as it is written."""
     serialized = model.SerializeToString()
     own = _in_file_references(model, model_path)
-    if not own:
+    if not any(own):
         return lambda stream: stream.write(serialized)
+    payloads = iter(own)  # the graph's initializers, in the order they are serialized
     graph_pieces: list = []
     top_pieces: list = []
     for number, wire, start, body, end in _wire_fields(serialized, 0, len(serialized)):
@@ -1814,8 +1815,8 @@ def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
             top_pieces.append(serialized[start:end])
             continue
         for g_number, g_wire, g_start, g_body, g_end in _wire_fields(serialized, body, end):
-            tensor = own.get(g_number == _GRAPH_INITIALIZER and g_wire == 2
-                             and _tensor_name(serialized, g_body, g_end))
+            tensor = (next(payloads) if g_number == _GRAPH_INITIALIZER and g_wire == 2
+                      else None)
             if tensor is None:
                 graph_pieces.append(serialized[g_start:g_end])
                 continue
@@ -1847,22 +1848,18 @@ def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
 _COPY_SLICE = 8 << 20
 
 
-def _in_file_references(model, model_path: str) -> dict:
-    """``{initializer name: (offset, length)}`` of the payloads ``load_model`` left in the
-    model file itself."""
-    own = {}
-    for tensor in external_tensors(model):
-        location = _external_location(tensor)
-        if _same_file(model_path, _safe_location(location.location, model_path)):
-            own[tensor.name] = (int(location.offset), int(location.length))
+def _in_file_references(model, model_path: str) -> list:
+    """For each initializer of the graph in order, ``(offset, length)`` of the payload
+    ``load_model`` left in the model file itself, else None."""
+    from onnx.external_data_helper import uses_external_data
+
+    own: list = []
+    for tensor in model.graph.initializer:
+        location = _external_location(tensor) if uses_external_data(tensor) else None
+        own.append((int(location.offset), int(location.length)) if location is not None and
+                   _same_file(model_path, _safe_location(location.location, model_path))
+                   else None)
     return own
-
-
-def _tensor_name(data: bytes, body: int, end: int) -> str | None:
-    for number, wire, _, value_at, field_end in _wire_fields(data, body, end):
-        if number == 8 and wire == 2:  # TensorProto.name
-            return data[value_at:field_end].decode("utf-8")
-    return None
 
 
 def _inlined_tensor(data: bytes, body: int, end: int, payload: tuple[int, int]) -> list:
@@ -2025,7 +2022,7 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     ort = import_ort()
     extra_arrays = extra_arrays or {}
     external = [tensor for tensor in external_tensors(model) if tensor.name not in extra_arrays]
-    data_path = _relink_own_references(model, model_path, external)
+    data_path = _relink_own_references(model, model_path)
     names, arrays = detach_initializers(model)
     present = {tensor.name for tensor in model.graph.initializer}
     for name, array in extra_arrays.items():
@@ -2066,17 +2063,17 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
 _FOLDER_OPTION_SINCE = (1, 21)
 
 
-def _relink_own_references(model, model_path: str, external: list) -> str:
+def _relink_own_references(model, model_path: str) -> str:
     """The path external locations are relative to: ``model_path``, or, for a model file that
     is a link and keeps no data in other files, the file it resolves to, with the references
     ``load_model`` made into the model file renamed after it."""
     resolved = os.path.realpath(model_path)
     own = _in_file_references(model, model_path)
-    if not own or resolved == os.path.abspath(model_path) or \
+    if not any(own) or resolved == os.path.abspath(model_path) or \
             external_data_files(model, model_path):
         return model_path
-    for tensor in external:
-        for entry in tensor.external_data if tensor.name in own else ():
+    for tensor, payload in zip(model.graph.initializer, own):
+        for entry in tensor.external_data if payload else ():
             if entry.key == "location":
                 entry.value = os.path.basename(resolved)
     return resolved

@@ -493,12 +493,13 @@ _TEXT_EXTENSIONS = frozenset({".txtpb", ".textproto", ".prototxt", ".pbtxt", ".j
 # Field numbers of the protobuf messages _read_graph walks: ModelProto.graph,
 # GraphProto.initializer, and TensorProto's raw_data, external_data and data_location.
 _MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
+_TENSOR_DIMS, _TENSOR_DATA_TYPE = 1, 2
 _TENSOR_RAW_DATA, _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 9, 13, 14
 
 
 def _read_graph(path: str):
     """The model at ``path`` with every large inline weight left in the file: each
-    ``raw_data`` payload of at least ``DETACH_MIN_BYTES`` of a ``_DETACHABLE_TYPES`` tensor
+    ``raw_data`` payload of at least ``DETACH_MIN_BYTES`` of a ``_REFERENCE_BYTES`` type
     becomes an external-data reference (``location`` the file's own name, ``offset``,
     ``length``) to where the payload sits in the file.
 
@@ -515,14 +516,37 @@ def _read_graph(path: str):
     if os.path.splitext(path)[1].lower() in _TEXT_EXTENSIONS:
         return None
     try:
+        _safe_location(os.path.basename(path), path)  # refuses a name such as ..\m.onnx
         with open(path, "rb") as stream, \
                 mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            stamp = _stamp(os.fstat(stream.fileno()))
             serialized = _graph_with_references(data, os.path.basename(path).encode())
         model = ModelProto()
         model.ParseFromString(serialized)
     except Exception:  # any surprise: the ordinary parse decides
         return None
+    _READ_STAMPS[os.path.realpath(path)] = stamp
     return model
+
+
+# Each model file _read_graph read, by real path: what it was then (see require_unchanged).
+_READ_STAMPS: dict = {}
+
+
+def _stamp(status: os.stat_result) -> tuple:
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def require_unchanged(path: str, status: os.stat_result | None = None) -> None:
+    """Refuse to read weights from a model file that changed since its graph was read: its
+    payloads would be taken at offsets that now hold something else."""
+    stamp = _READ_STAMPS.get(os.path.realpath(path))
+    try:
+        now = _stamp(status or os.stat(path))
+    except OSError:
+        now = None
+    if stamp is not None and now != stamp:
+        raise EprunError(f"{path!r} changed while eprun was reading it; run the command again")
 
 
 def _graph_with_references(data, location: bytes) -> bytes:
@@ -548,8 +572,9 @@ def _graph_with_references(data, location: bytes) -> bytes:
 
 def _tensor_with_reference(data, body: int, end: int, location: bytes) -> bytes | None:
     """One serialized TensorProto with its large payload turned into a reference, or None
-    to keep it as it is."""
-    payload, kept, data_type = None, bytearray(), 0
+    to keep it as it is (a payload whose length is not what its dims and type make stays
+    inline, for onnxruntime to refuse as it would the file)."""
+    payload, kept, data_type, dims = None, bytearray(), 0, []
     for number, wire, start, value_at, field_end in _wire_fields(data, body, end):
         if number == _TENSOR_RAW_DATA and wire == 2:
             if payload is not None:
@@ -558,11 +583,19 @@ def _tensor_with_reference(data, body: int, end: int, location: bytes) -> bytes 
             continue
         if number in (_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION):
             return None  # already external (or contradictory): nothing to refer to
-        if number == 2 and wire == 0:
+        if number == _TENSOR_DATA_TYPE and wire == 0:
             data_type = _varint(data, value_at)[0]
+        elif number == _TENSOR_DIMS and wire == 0:
+            dims.append(_varint(data, value_at)[0])
+        elif number == _TENSOR_DIMS and wire == 2:  # packed
+            at = value_at
+            while at < field_end:
+                dim, at = _varint(data, at)
+                dims.append(dim)
         kept += data[start:field_end]
-    if payload is None or payload[1] < DETACH_MIN_BYTES or \
-            data_type not in _DETACHABLE_TYPES:
+    size = _REFERENCE_BYTES.get(data_type, 0)
+    if payload is None or payload[1] < DETACH_MIN_BYTES or any(dim >= 1 << 63 for dim in dims) \
+            or payload[1] != size * math.prod(dims):
         return None
     for key, value in ((b"location", location), (b"offset", b"%d" % payload[0]),
                        (b"length", b"%d" % payload[1])):
@@ -1829,6 +1862,7 @@ def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
 
     def write(stream) -> None:
         with open(model_path, "rb") as source:
+            require_unchanged(model_path, os.fstat(source.fileno()))
             for piece in top_pieces:
                 for part in (piece if isinstance(piece, list) else [piece]):
                     if isinstance(part, bytes):
@@ -2022,6 +2056,8 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     ort = import_ort()
     extra_arrays = extra_arrays or {}
     external = [tensor for tensor in external_tensors(model) if tensor.name not in extra_arrays]
+    if any(_in_file_references(model, model_path)):
+        require_unchanged(model_path)
     data_path = _relink_own_references(model, model_path)
     names, arrays = detach_initializers(model)
     present = {tensor.name for tensor in model.graph.initializer}
@@ -2097,8 +2133,9 @@ def detach_initializers(model) -> tuple[list[str], list]:
     for tensor in model.graph.initializer:
         if (tensor.data_location == TensorProto.EXTERNAL
                 or tensor.data_type not in _DETACHABLE_TYPES
-                or _initializer_bytes(tensor) < DETACH_MIN_BYTES):
-            continue
+                or _initializer_bytes(tensor) < DETACH_MIN_BYTES
+                or (tensor.raw_data and len(tensor.raw_data) != _initializer_bytes(tensor))):
+            continue  # (a payload of the wrong length stays, for onnxruntime to refuse)
         array = numpy_helper.to_array(tensor)
         tensor.CopyFrom(_placeholder(tensor.name, array))
         names.append(tensor.name)
@@ -2126,6 +2163,9 @@ def _placeholder(name: str, array):
 # UINT16, INT16, INT32, INT64, BOOL, DOUBLE, UINT32, UINT64.
 _ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 11: 8, 12: 4, 13: 8}
 _DETACHABLE_TYPES = frozenset(_ELEMENT_BYTES)
+# The types whose payloads load_model leaves in the file: those, and FLOAT16 (numpy's float16
+# on every onnx release, for the memory maps older onnxruntime releases are given).
+_REFERENCE_BYTES = {**_ELEMENT_BYTES, 10: 2}
 
 
 def _initializer_bytes(tensor) -> int:
@@ -2145,10 +2185,17 @@ def _map_external(tensor, model_path: str):
     location = _external_location(tensor)
     path = _safe_location(location.location, model_path)
     require_file(path, "external data")
+    if _same_file(model_path, path):
+        require_unchanged(model_path)
     try:
-        return np.memmap(path, dtype=helper.tensor_dtype_to_np_dtype(tensor.data_type),
-                         mode="r", offset=int(location.offset or 0), shape=tuple(tensor.dims))
-    except (ValueError, OSError) as exc:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        size = dtype.itemsize * math.prod(tensor.dims)
+        if location.length is not None and int(location.length) != size:
+            raise ValueError(f"{location.length} bytes where its dims {list(tensor.dims)} "
+                             f"make {size}")
+        return np.memmap(path, dtype=dtype, mode="r", offset=int(location.offset or 0),
+                         shape=tuple(tensor.dims))
+    except (ValueError, OSError, KeyError, TypeError) as exc:
         raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: "
                          f"{one_line(exc)}") from exc
 
@@ -3663,7 +3710,8 @@ class SensitivityRun:
         self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
         self.int8_feed = feed_for(specs_from_model(self.int8_model), int8, self.feed)
         self.units = quantized_units(self.fp32_model, self.int8_model)
-        # The int8 weights become arrays once; each rebuilt graph copies placeholders only.
+        # Inline int8 weights become arrays once (large ones are read from the file by
+        # each session); each rebuilt graph copies placeholders only.
         self.int8_weights = dict(zip(*detach_initializers(self.int8_model)))
         fp32_output = _final(self.fp32_model)
         self.output = _final(self.int8_model)

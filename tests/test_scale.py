@@ -1,6 +1,7 @@
 """External data, models beyond memory-friendly sizes, and bounded memory."""
 from __future__ import annotations
 
+import os
 import sys
 
 import models
@@ -87,7 +88,7 @@ def test_a_linked_model_file_is_read_where_it_resolves(tmp_path, lab_pair, monke
     linked = tool.layers(str(fp32), str(tmp_path / "links" / "int8.onnx"), 2)
     direct = tool.layers(str(fp32), str(tmp_path / "real" / "int8.onnx"), 2)
     assert linked["layers"] == direct["layers"] and linked["layer_count"] == 4
-    if tool.ort_release() >= (1, 22):  # knows the folder option: nothing mapped by eprun
+    if tool.ort_release() >= tool._FOLDER_OPTION_SINCE:  # nothing mapped by eprun
         assert mapped == []
 
 
@@ -191,9 +192,8 @@ def test_the_graph_refers_to_each_payload_where_it_sits(tmp_path, which):
     parsed = tool.load_model(str(path))
     whole = onnx.load(str(path))
     refers = [tensor.name for tensor in parsed.graph.initializer if tensor.external_data]
-    large = [tensor.name for tensor in whole.graph.initializer
-             if len(tensor.raw_data) >= 1024 and tensor.data_type != onnx.TensorProto.FLOAT16]
-    assert refers == large and large  # float16 stays inline: onnxruntime-side arrays differ
+    large = [tensor.name for tensor in whole.graph.initializer if len(tensor.raw_data) >= 1024]
+    assert refers == large and large
     payloads = sum(len(tensor.raw_data) for tensor in whole.graph.initializer
                    if tensor.name in large)
     assert parsed.ByteSize() < path.stat().st_size - payloads + 80 * len(large)  # references
@@ -202,7 +202,20 @@ def test_the_graph_refers_to_each_payload_where_it_sits(tmp_path, which):
     assert resolve_references(tool.load_model(str(tmp_path / "copy.onnx")), tmp_path) == whole
 
 
-@pytest.mark.parametrize("build", [odd_tensors_model, models.residual_chain])
+def twice_named_model() -> onnx.ModelProto:
+    """An invalid model onnx.load still reads: two initializers named W0 (the first one used
+    by onnxruntime's rules is not the point), a small and a large one named W1."""
+    from onnx import numpy_helper
+
+    model = models.chain(features=40, widths=[48, 48, 8])
+    rng = np.random.default_rng(9)
+    model.graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((40, 48)).astype(np.float32), "W0"),
+        numpy_helper.from_array(rng.standard_normal(48).astype(np.float32), "W1")])
+    return model
+
+
+@pytest.mark.parametrize("build", [odd_tensors_model, models.residual_chain, twice_named_model])
 def test_expose_writes_the_payloads_back_byte_for_byte(eprun, tmp_path, build):
     path = models.save(build(), tmp_path / "m.onnx")
     (tmp_path / "out").mkdir()
@@ -214,6 +227,55 @@ def test_expose_writes_the_payloads_back_byte_for_byte(eprun, tmp_path, build):
     del exposed.graph.output[len(whole.graph.output):]
     assert exposed == whole  # weights, subgraphs and every other field as they were
     assert list((tmp_path / "out").iterdir()) == [out]  # no data file beside it
+
+
+def test_a_payload_of_the_wrong_length_is_refused_not_misread(eprun_fails, tmp_path):
+    """raw_data 4 bytes short of its dims: not referenced (the next field's bytes would be
+    read as weights), so onnxruntime refuses it as it refuses the file."""
+    model = models.chain(features=40, widths=[48, 48, 8])
+    weight = next(tensor for tensor in model.graph.initializer if tensor.name == "W1")
+    weight.raw_data = weight.raw_data[:-4]
+    bad = models.save(model, tmp_path / "bad.onnx")
+    int8 = tmp_path / "int8.onnx"
+    models.quantize(models.save(models.chain(features=40, widths=[48, 48, 8]),
+                                tmp_path / "good.onnx"), int8)
+    line = eprun_fails(4, "layers", bad, int8, "1")
+    assert "onnxruntime cannot open" in line
+
+
+def test_a_model_file_that_changed_since_its_graph_was_read_is_refused(tmp_path, monkeypatch):
+    import eprun as tool
+
+    path = models.save(models.chain(features=40, widths=[48, 48, 8], seed=1), tmp_path / "m.onnx")
+    other = models.save(models.chain(features=40, widths=[48, 48, 8], seed=2), tmp_path / "o.onnx")
+    model = tool.load_model(str(path))
+    tool.expose_in_place(model)
+    os.replace(other, path)
+    with pytest.raises(tool.EprunError, match="changed while eprun was reading it"):
+        tool.open_exposed(model, str(path))
+    # expose: the file is replaced after its graph is read, before the copy is written
+    original = tool.expose_in_place
+
+    def then_replaced(*args, **kwargs):
+        answer = original(*args, **kwargs)
+        models.save(models.chain(features=40, widths=[48, 48, 8], seed=3), tmp_path / "n.onnx")
+        os.replace(tmp_path / "n.onnx", path)
+        return answer
+
+    monkeypatch.setattr(tool, "expose_in_place", then_replaced)
+    with pytest.raises(tool.EprunError, match="changed while eprun was reading it"):
+        tool.expose(str(path), str(tmp_path / "e.onnx"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_a_file_name_that_cannot_be_a_location_is_parsed_whole(eprun, tmp_path):
+    """The references name the model file itself; a name onnxruntime would refuse as a
+    location (it reads a backslash as a separator) is parsed the ordinary way."""
+    fp32 = models.save(models.chain(features=40, widths=[48, 48, 8]), tmp_path / "..\\m.onnx")
+    plain = models.save(models.chain(features=40, widths=[48, 48, 8]), tmp_path / "m.onnx")
+    int8 = tmp_path / "int8.onnx"
+    models.quantize(plain, int8)
+    assert eprun("layers", fp32, int8, "1") == eprun("layers", plain, int8, "1")
 
 
 def test_files_the_walk_does_not_take_are_parsed_as_before(eprun, eprun_fails, tmp_path):

@@ -2208,7 +2208,8 @@ def differences(reference, candidate):
     reference = np.asarray(reference, dtype=np.float64)
     candidate = np.asarray(candidate, dtype=np.float64)
     with np.errstate(all="ignore"):
-        return reference, candidate, np.abs(candidate - reference)
+        diff = np.subtract(candidate, reference)
+        return reference, candidate, np.abs(diff, out=diff)  # in place: no second array
 
 
 def largest_of(values) -> float:
@@ -2216,6 +2217,18 @@ def largest_of(values) -> float:
     import numpy as np
 
     return float(np.max(values)) if np.size(values) else 0.0
+
+
+def _largest_magnitude(values) -> float:
+    """``largest_of(np.abs(values))`` for a float array, a slice at a time (a maximum does
+    not depend on how it is split), so no second array of the tensor's size is made."""
+    import numpy as np
+
+    flat = values.reshape(-1)
+    step = 1 << 20
+    return max((largest_of(np.abs(flat[start:start + step]))
+                for start in range(0, flat.size, step)),
+               key=lambda value: (math.isnan(value), value), default=0.0)
 
 
 def compare_boundary(reference, candidate, rows: int = ROWS,
@@ -2231,11 +2244,14 @@ def compare_boundary(reference, candidate, rows: int = ROWS,
     a, b, diff = differences(reference, candidate)
     with np.errstate(all="ignore"):
         max_abs_error = largest_of(diff)
-        scale = largest_of(np.abs(a))
+        scale = _largest_magnitude(a)
         rel_error = max_abs_error / scale if scale != 0 else 0.0
         a_rows, b_rows = a.reshape(rows, -1), b.reshape(rows, -1)
         dots = np.einsum("ij,ij->i", a_rows, b_rows)
-        norms = np.linalg.norm(a_rows, axis=1) * np.linalg.norm(b_rows, axis=1)
+        # np.linalg.norm(x, axis=1) is sqrt(add.reduce(conj(x) * x, axis=1)): the same sums,
+        # without the copy conj makes of a real array
+        norms = (np.sqrt(np.add.reduce(a_rows * a_rows, axis=1))
+                 * np.sqrt(np.add.reduce(b_rows * b_rows, axis=1)))
         cosines = np.where(norms == 0, 1.0, dots / np.where(norms == 0, 1.0, norms))
         cos_min = float(np.min(np.clip(cosines, -1.0, 1.0)))
         measured = {"max_abs_error": max_abs_error, "scale": scale, "rel_error": rel_error,

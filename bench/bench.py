@@ -425,7 +425,7 @@ def layers_rows(work: Path, fp32: str, int8: str, features: int, label: str,
             for name in ("hand-written floor", "one-model-at-a-time floor") if name in got]
     rows.append(row(f"report, {label}", report, ours, "layers on the same pair"))
     rows += [row(f"report, {label}", report, got[name], name)
-             for name in ("the commands it runs, one by one",
+             for name in ("one-model-at-a-time floor", "the commands it runs, one by one",
                           "report's provider lists, onnxruntime alone")]
     if others:
         rows += [row(f"layers, {label}", ours, got.get(name), name)

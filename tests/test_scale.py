@@ -215,6 +215,24 @@ def twice_named_model() -> onnx.ModelProto:
     return model
 
 
+def test_dims_written_packed_are_read_too(tmp_path):
+    """proto2 writes repeated dims one varint each; other writers may pack them into one
+    length-delimited field, which protobuf parsers also read."""
+    import eprun as tool
+
+    model = models.chain(features=40, widths=[48, 8])
+    plain = model.SerializeToString()
+    unpacked = bytes([0x08, 40, 0x08, 48, 0x10, 1])  # dims 40, dims 48, data_type FLOAT
+    assert plain.count(unpacked) == 1  # W0 [40, 48]
+    path = tmp_path / "packed.onnx"
+    path.write_bytes(plain.replace(unpacked, bytes([0x0A, 2, 40, 48, 0x10, 1])))
+    assert onnx.load(str(path)) == model  # the same model to protobuf
+    parsed = tool.load_model(str(path))
+    w0 = next(tensor for tensor in parsed.graph.initializer if tensor.name == "W0")
+    assert list(w0.dims) == [40, 48] and w0.external_data  # referenced, not parsed
+    assert resolve_references(parsed, tmp_path) == model
+
+
 @pytest.mark.parametrize("build", [odd_tensors_model, models.residual_chain, twice_named_model])
 def test_expose_writes_the_payloads_back_byte_for_byte(eprun, tmp_path, build):
     path = models.save(build(), tmp_path / "m.onnx")

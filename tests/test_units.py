@@ -329,12 +329,14 @@ def no_sleep(monkeypatch):
 
 
 @pytest.mark.parametrize("retries", [0, 1, 2, 3])
-def test_retries_recover_from_exactly_the_budget(retries, no_sleep):
+def test_retries_recover_from_exactly_the_budget(retries, no_sleep, capsys):
     action, used = Flaky(retries), [0]
     assert tool._with_retries(action, retries, 0.5, used, "m.onnx") == "ok"
     assert action.calls == retries + 1
     assert used == [retries]
     assert no_sleep == [0.5] * retries
+    assert capsys.readouterr().err.splitlines() == [
+        "eprun: transient provider error, retrying in 0.5s: onnxruntime failed"] * retries
 
 
 @pytest.mark.parametrize("retries", [0, 1, 2, 3])
@@ -548,3 +550,28 @@ def test_ctrl_c_while_the_command_line_is_parsed_is_an_interruption(monkeypatch,
     assert tool.main(["partition", "m.onnx", "MatMul"]) == 130
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err == "eprun: error: interrupted\n"
+
+
+# -- token ids: drawn over the table they index ------------------------------------------------
+
+@pytest.mark.parametrize("path", [[], ["Cast"], ["Reshape", "Cast"]])
+def test_ids_index_a_gather_table_directly_or_through_casts_and_reshapes(path):
+    """ids -> (Cast to int32 -> Reshape ->) Gather(table of 7 rows): the ids are drawn in
+    [0, 7) however many index-preserving ops stand between."""
+    nodes, current = [], "ids"
+    for k, op in enumerate(path):
+        inputs = [current, "shape"] if op == "Reshape" else [current]
+        attrs = {"to": TensorProto.INT32} if op == "Cast" else {}
+        nodes.append(helper.make_node(op, inputs, [f"p{k}"], **attrs))
+        current = f"p{k}"
+    nodes.append(helper.make_node("Gather", ["table", current], ["y"], axis=0))
+    graph = helper.make_graph(
+        nodes, "ids", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("table", TensorProto.FLOAT, [7, 3], [0.0] * 21),
+         helper.make_tensor("shape", TensorProto.INT64, [1], [-1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    specs = tool.specs_from_model(model)
+    feed = tool.make_feeds(specs, 3, None, "ids.onnx")
+    ids = feed.arrays["ids"]
+    assert ids.shape == (64, 5) and ids.min() >= 0 and ids.max() == 6  # 320 draws over 7

@@ -1841,41 +1841,39 @@ def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
     if not any(own):
         return lambda stream: stream.write(serialized)
     payloads = iter(own)  # the graph's initializers, in the order they are serialized
-    graph_pieces: list = []
-    top_pieces: list = []
+    pieces: list = []  # bytes, or (offset, length) of a payload in the model file
     for number, wire, start, body, end in _wire_fields(serialized, 0, len(serialized)):
         if number != _MODEL_GRAPH or wire != 2:
-            top_pieces.append(serialized[start:end])
+            pieces.append(serialized[start:end])
             continue
+        graph_pieces: list = []
         for g_number, g_wire, g_start, g_body, g_end in _wire_fields(serialized, body, end):
             tensor = (next(payloads) if g_number == _GRAPH_INITIALIZER and g_wire == 2
                       else None)
             if tensor is None:
                 graph_pieces.append(serialized[g_start:g_end])
                 continue
-            pieces = _inlined_tensor(serialized, g_body, g_end, tensor)
+            tensor_pieces = _inlined_tensor(serialized, g_body, g_end, tensor)
             graph_pieces += [_encode_varint(_GRAPH_INITIALIZER << 3 | 2)
-                             + _encode_varint(_pieces_length(pieces)), *pieces]
-        top_pieces.append(_encode_varint(_MODEL_GRAPH << 3 | 2)
-                          + _encode_varint(_pieces_length(graph_pieces)))
-        top_pieces.append(graph_pieces)
+                             + _encode_varint(_pieces_length(tensor_pieces)), *tensor_pieces]
+        pieces += [_encode_varint(_MODEL_GRAPH << 3 | 2)
+                   + _encode_varint(_pieces_length(graph_pieces)), *graph_pieces]
 
     def write(stream) -> None:
         with open(model_path, "rb") as source:
             require_unchanged(model_path, os.fstat(source.fileno()))
-            for piece in top_pieces:
-                for part in (piece if isinstance(piece, list) else [piece]):
-                    if isinstance(part, bytes):
-                        stream.write(part)
-                        continue
-                    offset, length = part  # read in slices: never the whole payload at once
-                    source.seek(offset)
-                    while length:
-                        chunk = source.read(min(_COPY_SLICE, length))
-                        if not chunk:
-                            raise EprunError(f"{model_path!r} changed while eprun read it")
-                        stream.write(chunk)
-                        length -= len(chunk)
+            for piece in pieces:
+                if isinstance(piece, bytes):
+                    stream.write(piece)
+                    continue
+                offset, length = piece  # read in slices: never the whole payload at once
+                source.seek(offset)
+                while length:
+                    chunk = source.read(min(_COPY_SLICE, length))
+                    if not chunk:
+                        raise EprunError(f"{model_path!r} changed while eprun read it")
+                    stream.write(chunk)
+                    length -= len(chunk)
     return write
 
 
@@ -2056,9 +2054,10 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     ort = import_ort()
     extra_arrays = extra_arrays or {}
     external = [tensor for tensor in external_tensors(model) if tensor.name not in extra_arrays]
-    if any(_in_file_references(model, model_path)):
+    own = _in_file_references(model, model_path)
+    if any(own):
         require_unchanged(model_path)
-    data_path = _relink_own_references(model, model_path)
+    data_path = _relink_own_references(model, model_path, own)
     names, arrays = detach_initializers(model)
     present = {tensor.name for tensor in model.graph.initializer}
     for name, array in extra_arrays.items():
@@ -2099,12 +2098,12 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
 _FOLDER_OPTION_SINCE = (1, 21)
 
 
-def _relink_own_references(model, model_path: str) -> str:
+def _relink_own_references(model, model_path: str, own: list) -> str:
     """The path external locations are relative to: ``model_path``, or, for a model file that
     is a link and keeps no data in other files, the file it resolves to, with the references
-    ``load_model`` made into the model file renamed after it."""
+    ``load_model`` made into the model file (``own``, see ``_in_file_references``) renamed
+    after it."""
     resolved = os.path.realpath(model_path)
-    own = _in_file_references(model, model_path)
     if not any(own) or resolved == os.path.abspath(model_path) or \
             external_data_files(model, model_path):
         return model_path
@@ -2226,9 +2225,8 @@ def _largest_magnitude(values) -> float:
 
     flat = values.reshape(-1)
     step = 1 << 20
-    return max((largest_of(np.abs(flat[start:start + step]))
-                for start in range(0, flat.size, step)),
-               key=lambda value: (math.isnan(value), value), default=0.0)
+    return largest_of([np.max(np.abs(flat[start:start + step]))  # np.max passes a NaN on
+                       for start in range(0, flat.size, step)])
 
 
 def compare_boundary(reference, candidate, rows: int = ROWS,
@@ -3602,6 +3600,10 @@ def restore_to_float(int8_model, fp32_model, units: list[Unit], fp32_path: str):
         return [i for i, node in enumerate(nodes) if i not in removed and name in node.input]
 
     producer_index = {output: i for i, node in enumerate(nodes) for output in node.output}
+    fp32_readers: dict[str, list] = {}
+    for candidate in fp32_nodes:
+        for name in candidate.input:
+            fp32_readers.setdefault(name, []).append(candidate)
     for unit in units:
         node, original = nodes[unit.int8_index], fp32_nodes[unit.fp32_index]
         for position, name in enumerate(list(node.input)):
@@ -3647,12 +3649,8 @@ def restore_to_float(int8_model, fp32_model, units: list[Unit], fp32_path: str):
             removed.update(output_pair)
         if node.output[0] != original.output[0]:  # a folded activation comes back
             chain, current = [], original.output[0]
-            by_input = {}
-            for candidate in fp32_nodes:
-                for name in candidate.input:
-                    by_input.setdefault(name, []).append(candidate)
-            while current != node.output[0] and len(by_input.get(current, ())) == 1:
-                follower = by_input[current][0]
+            while current != node.output[0] and len(fp32_readers.get(current, ())) == 1:
+                follower = fp32_readers[current][0]
                 chain.append(follower)
                 current = follower.output[0]
             if current == node.output[0]:

@@ -146,34 +146,6 @@ def test_retries_never_match_the_users_own_path(tmp_path):
     assert not tool.is_transient(tool.EprunError("device lost in m.onnx"), "m.onnx")
 
 
-def test_retries_spend_exactly_the_budget(monkeypatch):
-    import eprun as tool
-
-    calls = []
-
-    def flaky():
-        calls.append(1)
-        try:
-            raise RuntimeError("EP timed out")
-        except RuntimeError as cause:
-            raise tool.EprunError("transient") from cause
-
-    used = [0]
-    with pytest.raises(tool.EprunError):
-        tool._with_retries(flaky, 2, 0.0, used, "m.onnx")
-    assert len(calls) == 3 and used == [2]
-    outcomes = iter([True, True, False])
-
-    def twice_then_fine():
-        if next(outcomes):
-            flaky()
-        return "ok"
-
-    used = [0]
-    assert tool._with_retries(twice_then_fine, 2, 0.0, used, "m.onnx") == "ok"
-    assert used == [2]
-
-
 # -- nothing is destroyed ----------------------------------------------------------------------
 
 @pytest.fixture

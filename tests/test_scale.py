@@ -13,6 +13,12 @@ from conftest import EPRUN, run_eprun
 from test_commands import oracle_layers
 
 
+def weighty_chain(seed: int = 0, widths=(48, 48, 8)) -> onnx.ModelProto:
+    """A chain whose weights are large enough (over 1 KB) to be left in the file by
+    load_model."""
+    return models.chain(features=40, widths=list(widths), seed=seed)
+
+
 def save_external(model: onnx.ModelProto, folder, name: str, data: str) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
@@ -71,14 +77,14 @@ def test_layers_does_not_read_weights_into_python(external_pair, monkeypatch):
         assert weights and not any(loads) and not weights & set(converted)
 
 
-def test_a_linked_model_file_is_read_where_it_resolves(tmp_path, lab_pair, monkeypatch):
+def test_a_linked_model_file_is_read_where_it_resolves(tmp_path, monkeypatch):
     """onnxruntime refuses weights whose location resolves outside the folder it is given;
     a model file that is a link gets the folder of its target."""
     import eprun as tool
 
     (tmp_path / "real").mkdir()
     (tmp_path / "links").mkdir()
-    fp32 = models.save(models.chain(features=40, widths=[48, 48, 8]), tmp_path / "fp32.onnx")
+    fp32 = models.save(weighty_chain(), tmp_path / "fp32.onnx")
     models.quantize(fp32, tmp_path / "real" / "int8.onnx")
     (tmp_path / "links" / "int8.onnx").symlink_to(tmp_path / "real" / "int8.onnx")
     mapped = []
@@ -99,7 +105,7 @@ def test_weights_never_come_from_a_same_named_file_in_the_working_directory(tmp_
     other weights must not be read."""
     def pair(folder, seed):
         folder.mkdir()
-        model = models.chain(features=40, widths=[48, 48, 8], seed=seed)
+        model = weighty_chain(seed)
         path = folder / "fp32.onnx"
         if stored == "inline":
             models.save(model, path)
@@ -184,7 +190,7 @@ def test_the_graph_refers_to_each_payload_where_it_sits(tmp_path, which):
     if which == "odd tensors":
         models.save(odd_tensors_model(), path)
     else:
-        fp32 = models.save(models.chain(features=40, widths=[48, 48, 8]), tmp_path / "f.onnx")
+        fp32 = models.save(weighty_chain(), tmp_path / "f.onnx")
         if which == "chain":
             path = fp32
         else:
@@ -207,7 +213,7 @@ def twice_named_model() -> onnx.ModelProto:
     by onnxruntime's rules is not the point), a small and a large one named W1."""
     from onnx import numpy_helper
 
-    model = models.chain(features=40, widths=[48, 48, 8])
+    model = weighty_chain()
     rng = np.random.default_rng(9)
     model.graph.initializer.extend([
         numpy_helper.from_array(rng.standard_normal((40, 48)).astype(np.float32), "W0"),
@@ -220,7 +226,7 @@ def test_dims_written_packed_are_read_too(tmp_path):
     length-delimited field, which protobuf parsers also read."""
     import eprun as tool
 
-    model = models.chain(features=40, widths=[48, 8])
+    model = weighty_chain(widths=[48, 8])
     plain = model.SerializeToString()
     unpacked = bytes([0x08, 40, 0x08, 48, 0x10, 1])  # dims 40, dims 48, data_type FLOAT
     assert plain.count(unpacked) == 1  # W0 [40, 48]
@@ -250,12 +256,12 @@ def test_expose_writes_the_payloads_back_byte_for_byte(eprun, tmp_path, build):
 def test_a_payload_of_the_wrong_length_is_refused_not_misread(eprun_fails, tmp_path):
     """raw_data 4 bytes short of its dims: not referenced (the next field's bytes would be
     read as weights), so onnxruntime refuses it as it refuses the file."""
-    model = models.chain(features=40, widths=[48, 48, 8])
+    model = weighty_chain()
     weight = next(tensor for tensor in model.graph.initializer if tensor.name == "W1")
     weight.raw_data = weight.raw_data[:-4]
     bad = models.save(model, tmp_path / "bad.onnx")
     int8 = tmp_path / "int8.onnx"
-    models.quantize(models.save(models.chain(features=40, widths=[48, 48, 8]),
+    models.quantize(models.save(weighty_chain(),
                                 tmp_path / "good.onnx"), int8)
     line = eprun_fails(4, "layers", bad, int8, "1")
     assert "onnxruntime cannot open" in line
@@ -264,8 +270,8 @@ def test_a_payload_of_the_wrong_length_is_refused_not_misread(eprun_fails, tmp_p
 def test_a_model_file_that_changed_since_its_graph_was_read_is_refused(tmp_path, monkeypatch):
     import eprun as tool
 
-    path = models.save(models.chain(features=40, widths=[48, 48, 8], seed=1), tmp_path / "m.onnx")
-    other = models.save(models.chain(features=40, widths=[48, 48, 8], seed=2), tmp_path / "o.onnx")
+    path = models.save(weighty_chain(1), tmp_path / "m.onnx")
+    other = models.save(weighty_chain(2), tmp_path / "o.onnx")
     model = tool.load_model(str(path))
     tool.expose_in_place(model)
     os.replace(other, path)
@@ -276,7 +282,7 @@ def test_a_model_file_that_changed_since_its_graph_was_read_is_refused(tmp_path,
 
     def then_replaced(*args, **kwargs):
         answer = original(*args, **kwargs)
-        models.save(models.chain(features=40, widths=[48, 48, 8], seed=3), tmp_path / "n.onnx")
+        models.save(weighty_chain(3), tmp_path / "n.onnx")
         os.replace(tmp_path / "n.onnx", path)
         return answer
 
@@ -289,8 +295,8 @@ def test_a_model_file_that_changed_since_its_graph_was_read_is_refused(tmp_path,
 def test_a_file_name_that_cannot_be_a_location_is_parsed_whole(eprun, tmp_path):
     """The references name the model file itself; a name onnxruntime would refuse as a
     location (it reads a backslash as a separator) is parsed the ordinary way."""
-    fp32 = models.save(models.chain(features=40, widths=[48, 48, 8]), tmp_path / "..\\m.onnx")
-    plain = models.save(models.chain(features=40, widths=[48, 48, 8]), tmp_path / "m.onnx")
+    fp32 = models.save(weighty_chain(), tmp_path / "..\\m.onnx")
+    plain = models.save(weighty_chain(), tmp_path / "m.onnx")
     int8 = tmp_path / "int8.onnx"
     models.quantize(plain, int8)
     assert eprun("layers", fp32, int8, "1") == eprun("layers", plain, int8, "1")
@@ -300,7 +306,7 @@ def test_files_the_walk_does_not_take_are_parsed_as_before(eprun, eprun_fails, t
     """A text-format model, a graph given twice (protobuf merges) and a truncated file."""
     import eprun as tool
 
-    model = models.chain(features=40, widths=[48, 8])
+    model = weighty_chain(widths=[48, 8])
     text = tmp_path / "m.textproto"
     text.write_text(str(model))  # protobuf's text format
     assert tool.load_model(str(text)) == model

@@ -1,7 +1,8 @@
 # eprun: two commands for a newcomer.
 #   make lab    create .venv with the stack pinned for your Python, build the lab models, write
 #               every deliverable
-#   make test   run the test suite on the pinned stack, then on the oldest supported stack
+#   make test   run the test suite on the pinned stack, then on the oldest supported stack, then
+#               the execution-provider tests on OpenVINO in both packagings (make test-ep)
 #
 # PYTHON picks the interpreter .venv is built from (make lab PYTHON=python3.12). A name like
 # python3.10 that does not run by itself (a pyenv shim of a version that is not selected) is
@@ -51,7 +52,7 @@ NEED_PINNED_STACK = $(if $(filter requirements.txt,$(STACK_$(PY_VERSION))),,$(er
 # whatever its stamps say: FORCE makes its install rules run, and venv_install rebuilds it.
 VENV_STALE := $(if $(filter $(PY_VERSION),$(call PY_VERSION_OF,$(VENV)/bin/python)),,FORCE)
 
-.PHONY: lab models deliverables test lint test-current test-oldest bench mutation clean FORCE
+.PHONY: lab models deliverables test lint test-current test-oldest test-ep bench mutation clean FORCE
 
 lab: $(VENV)/.lab-installed
 	$(MAKE) --no-print-directory deliverables RUN=$(VENV)/bin/python
@@ -62,7 +63,7 @@ models:
 deliverables: models
 	$(RUN) eprun.py report fp32.onnx int8.onnx --seed $(SEED) > /dev/null
 
-test: lint test-current test-oldest
+test: lint test-current test-oldest test-ep
 
 # ruff with the rules and reasons in pyproject.toml (line length 100, B, PL, PT, SIM, ISC, ...).
 lint: $(VENV)/.dev-installed
@@ -77,6 +78,24 @@ test-oldest:
 	else \
 	  $(MAKE) --no-print-directory $(OLD_VENV)/.dev-installed && $(OLD_VENV)/bin/python -m pytest; \
 	fi
+
+# tests/test_ep.py on a real second execution provider, in both forms users get EPs in: a venv
+# with onnxruntime-openvino (OpenVINO built in) and one with onnxruntime plus plugin EP
+# packages (OpenVINO's, and a plugin CPU EP that offers a device on any CPU). Needs the pinned
+# stack's Python (3.11 - 3.13); about 900 MB of venvs.
+EP_VENVS = .venv-openvino .venv-plugin
+
+test-ep: .venv-openvino/.dev-installed .venv-plugin/.dev-installed
+	.venv-openvino/bin/python -m pytest tests/test_ep.py
+	.venv-plugin/bin/python -m pytest tests/test_ep.py
+
+.venv-openvino/.dev-installed: requirements-ep-openvino.txt $(VENV_STALE)
+	$(NEED_PINNED_STACK)$(call venv_install,.venv-openvino,$(PY),requirements-ep-openvino.txt)
+	touch $@
+
+.venv-plugin/.dev-installed: requirements-ep-plugin.txt $(VENV_STALE)
+	$(NEED_PINNED_STACK)$(call venv_install,.venv-plugin,$(PY),requirements-ep-plugin.txt)
+	touch $@
 
 # Wall time and peak memory against the hand-written floor, qdq_loss_debug and Polygraphy;
 # a few minutes and ~3 GB of scratch disk (BENCH_FLAGS=--skip-large for the lab pair only).
@@ -126,7 +145,7 @@ $(OLD_VENV)/.dev-installed: requirements-oldest.txt
 FORCE:
 
 clean:
-	rm -rf $(VENV) $(OLD_VENV) .pytest_cache tests/__pycache__ __pycache__ build dist *.egg-info
+	rm -rf $(VENV) $(OLD_VENV) $(EP_VENVS) .pytest_cache tests/__pycache__ __pycache__ build dist *.egg-info
 
 # Mutation testing: plant one bug at a time in a copy of eprun.py and check the suite goes red
 # (tests/mutation.py; MUTANTS=N sets the sample size, MUTATION_FLAGS adds options, e.g.

@@ -45,6 +45,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import itertools
 import math
 import os
 import re
@@ -1495,19 +1496,33 @@ def import_ort():
 
 
 def open_session(source, options=None, what: str = "model",
-                 providers: list[str] | None = None, disabled: list[str] = ()):
+                 providers: list[str] | None = None, disabled: list[str] = (), *,
+                 on: ProviderRequest | None = None):
     """The one way eprun opens a session: from a path or serialized bytes, on the CPU unless
-    ``providers`` says otherwise, with the graph transformers named in ``disabled`` turned off;
-    any failure becomes one clear error whose cause is onnxruntime's own exception."""
+    ``providers`` (a plain list) or ``on`` (a list with options, plugin EPs and device
+    policies, see ``ProviderRequest``) says otherwise, with the graph transformers named in
+    ``disabled`` turned off; any failure becomes one clear error whose cause is onnxruntime's
+    own exception."""
     ort = import_ort()
-    requested = ["CPUExecutionProvider"] if providers is None else providers
+    if on is None:
+        on = ProviderRequest(["CPUExecutionProvider"] if providers is None else providers)
     extra = {"disabled_optimizers": list(disabled)} if disabled else {}
+    if on.strict:  # an EP that fails to start is the answer, not a quiet retry on the CPU
+        extra["enable_fallback"] = 0
+    if on.by_devices():
+        options = options if options is not None else ort.SessionOptions()
+        on.add_to(options)
+    else:
+        extra["providers"] = on.names
+        if on.options:
+            extra["provider_options"] = [dict(on.options.get(name, {})) for name in on.names]
     return_freed_memory()  # what sessions released before this one, so peaks do not stack
     try:
-        return ort.InferenceSession(source, sess_options=options, providers=requested, **extra)
+        return ort.InferenceSession(source, sess_options=options, **extra)
     except Exception as exc:
-        with_providers = "" if providers is None else f" with providers {requested}"
-        raise EprunError(f"onnxruntime cannot open {what}{with_providers}: "
+        asked = "" if providers is None and on.requested == ["CPUExecutionProvider"] else \
+            f" with providers {on.requested}"
+        raise EprunError(f"onnxruntime cannot open {what}{asked}: "
                          f"{type(exc).__name__}: {one_line(exc)}") from exc
 
 
@@ -1547,29 +1562,434 @@ def dims_hint(feed: Feed) -> str:
             "with --dim NAME=VALUE)")
 
 
+# -- execution providers -----------------------------------------------------------------------
+
+CPU_EP = "CPUExecutionProvider"
+POLICY_PREFIX = "policy:"
+# onnxruntime's OrtExecutionProviderDevicePolicy members, as a list item policy:NAME names them.
+DEVICE_POLICIES = ("DEFAULT", "PREFER_CPU", "PREFER_NPU", "PREFER_GPU", "MAX_PERFORMANCE",
+                   "MAX_EFFICIENCY", "MIN_OVERALL_POWER")
+# The policies that ask for a device other than the CPU: getting the CPU alone is a fallback.
+_ACCELERATOR_POLICIES = ("PREFER_NPU", "PREFER_GPU")
+# The first onnxruntime release with plugin EP libraries, EP devices and device policies.
+PLUGIN_EPS_SINCE = (1, 22)
+
+
+@dataclasses.dataclass
+class ProviderRequest:
+    """Where a session is asked to run.
+
+    ``requested`` is the list as the user gave it: provider names in priority order, or one
+    ``policy:NAME`` item that lets onnxruntime choose the devices. ``options`` holds provider
+    options by provider name (``--ep-option``). ``strict``: a provider that fails to start
+    (an option it rejects, a missing driver) is an error, where onnxruntime would print a
+    banner and quietly retry on the CPU.
+
+    onnxruntime appends a built-in provider by its name. A plugin EP (registered from a
+    library) is listed by ``get_available_providers`` too, yet asked for by name it silently
+    gives the CPU: it must be appended through its devices (``add_provider_for_devices``), and
+    once one provider goes that way they all do (the ``providers`` argument would override
+    them). ``by_devices`` says which way a request takes.
+    """
+
+    requested: list[str]
+    options: dict = dataclasses.field(default_factory=dict)
+    strict: bool = False
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name in self.requested if not name.startswith(POLICY_PREFIX)]
+
+    @property
+    def policy(self) -> str | None:
+        return next((name[len(POLICY_PREFIX):] for name in self.requested
+                     if name.startswith(POLICY_PREFIX)), None)
+
+    def by_devices(self) -> bool:
+        plugins = PLUGINS.names()
+        return self.policy is not None or any(name in plugins for name in self.names)
+
+    def add_to(self, options) -> None:
+        """Append the requested providers to session ``options`` through their devices (a
+        built-in one by name), or set the device policy. A provider without a device here, or
+        one this build lacks, is left out, as onnxruntime drops an unknown name: the session's
+        own list then shows the fallback."""
+        ort = import_ort()
+        if self.policy is not None:
+            options.set_provider_selection_policy(
+                getattr(ort.OrtExecutionProviderDevicePolicy, self.policy))
+            return
+        devices = list(ort.get_ep_devices())
+        available = set(ort.get_available_providers())
+        for name in self.names:
+            settings = {key: str(value) for key, value in self.options.get(name, {}).items()}
+            own = [device for device in devices if device.ep_name == name]
+            if own:
+                options.add_provider_for_devices(own, settings)
+            elif name in available and name not in PLUGINS.names():
+                options.add_provider(name, settings)
+
+
+def fallback_of(requested: list[str], actual: list[str]) -> list[str]:
+    """The requested providers a session did not get: the one fallback rule. onnxruntime
+    appending the CPU provider to what was asked is not a fallback; a requested provider
+    missing from the session is, and so is a policy that prefers a GPU or NPU and got the CPU
+    alone."""
+    missing = [name for name in requested
+               if not name.startswith(POLICY_PREFIX) and name not in actual]
+    policies = [name for name in requested if name.startswith(POLICY_PREFIX)]
+    if any(name[len(POLICY_PREFIX):] in _ACCELERATOR_POLICIES for name in policies) and \
+            set(actual) <= {CPU_EP}:
+        missing += policies
+    return missing
+
+
+class PluginLibraries:
+    """The plugin EP libraries registered in this process, by real path, with the EP names
+    each brought. onnxruntime keeps a registration for the life of the process, so this list
+    mirrors its state rather than any one command's."""
+
+    def __init__(self) -> None:
+        self.libraries: dict[str, list[str]] = {}
+        self.discovered = False
+
+    def names(self) -> set[str]:
+        return {name for names in self.libraries.values() for name in names}
+
+    def register(self, path: str, names: list[str] | None = None, what: str = "--ep-library"
+                 ) -> list[str]:
+        """Register the library at ``path`` (once); the EP names it offers: ``names`` when its
+        package says them, else the EP names of the devices it added."""
+        ort = import_ort()
+        require_plugin_support(what)
+        require_file(path, "EP library")
+        real = os.path.realpath(path)
+        if real in self.libraries:
+            return self.libraries[real]
+        before = {device.ep_name for device in ort.get_ep_devices()}
+        try:
+            ort.register_execution_provider_library(f"eprun-{len(self.libraries)}", real)
+        except Exception as exc:
+            raise EprunError(f"{path!r} is not an execution provider library onnxruntime "
+                             f"{ort.__version__} can load: {type(exc).__name__}: "
+                             f"{one_line(exc)}") from exc
+        offered = list(names) if names else sorted(
+            {device.ep_name for device in ort.get_ep_devices()} - before)
+        self.libraries[real] = offered
+        return offered
+
+    def discover(self) -> None:
+        """Register every installed plugin EP package once (see ``installed_plugins``), except
+        one whose EP this onnxruntime already has built in."""
+        if self.discovered:
+            return
+        self.discovered = True
+        ort = import_ort()
+        if ort_release() < PLUGIN_EPS_SINCE:
+            return
+        built_in = set(ort.get_available_providers())
+        for package, library, names in installed_plugins():
+            if set(names) <= built_in:
+                continue
+            try:
+                self.register(library, names, what=f"the plugin package {package!r}")
+            except EprunError as exc:
+                note(f"installed plugin package {package!r} was not registered: {exc}")
+
+
+PLUGINS = PluginLibraries()
+
+
+def require_plugin_support(what: str) -> None:
+    ort = import_ort()
+    if ort_release() < PLUGIN_EPS_SINCE:
+        raise EprunError(f"{what} needs onnxruntime 1.22 or newer, which loads plugin EP "
+                         f"libraries and chooses devices; this is onnxruntime {ort.__version__}",
+                         EXIT_USAGE)
+
+
+def installed_plugins() -> list[tuple[str, str, list[str]]]:
+    """(package, library path, EP names) of each installed plugin EP package: a distribution
+    named ``onnxruntime-ep-*``, or one that requires onnxruntime, whose top-level module
+    defines ``get_library_path()`` and ``get_ep_name()`` or ``get_ep_names()`` (the shape
+    ``onnxruntime-ep-openvino`` and its peers share). Modules are read as text first and only
+    such a module is imported, so unrelated packages are never imported."""
+    import importlib
+    from importlib import metadata
+
+    found = []
+    for distribution in metadata.distributions():
+        name = (distribution.metadata["Name"] or "").lower().replace("_", "-")
+        requires = " ".join(distribution.requires or ()).lower()
+        if name.startswith("onnxruntime") and not name.startswith("onnxruntime-ep-"):
+            continue  # onnxruntime itself and its builds, genai, extensions
+        if not name.startswith("onnxruntime-ep-") and "onnxruntime" not in requires:
+            continue
+        for file in distribution.files or ():
+            if file.name != "__init__.py" or len(file.parts) != 2:
+                continue
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                text = file.read_text(encoding="utf-8")
+                if "def get_library_path" not in text or "def get_ep_name" not in text:
+                    continue
+                try:
+                    module = importlib.import_module(file.parts[0])
+                    names = (list(module.get_ep_names()) if hasattr(module, "get_ep_names")
+                             else [module.get_ep_name()])
+                    found.append((distribution.metadata["Name"], module.get_library_path(),
+                                  names))
+                except Exception as exc:
+                    note(f"installed plugin package {distribution.metadata['Name']!r} "
+                         f"cannot be used: {type(exc).__name__}: {one_line(exc)}")
+    return found
+
+
+def prepare_providers(lists: list[list[str]], libraries: list[str] = (),
+                      options: dict | None = None, discover: bool = False) -> None:
+    """Before any session: register the ``--ep-library`` files and, when a list asks for
+    something onnxruntime does not have built in (or ``discover``), the installed plugin
+    packages; then refuse what cannot work (exit 2): an unknown provider or policy name, a
+    policy mixed with names, options for a provider no list asks for."""
+    ort = import_ort()
+    for path in libraries:
+        PLUGINS.register(path)
+    built_in = set(ort.get_available_providers())
+    if discover or any(name not in built_in for requested in lists for name in requested):
+        PLUGINS.discover()
+    for requested in lists:
+        policies = [name for name in requested if name.startswith(POLICY_PREFIX)]
+        if policies:
+            require_plugin_support(f"{policies[0]!r}")
+            if len(requested) > 1:
+                raise EprunError(f"{','.join(requested)}: a device policy chooses the providers "
+                                 f"itself; give {policies[0]} alone, or name the providers",
+                                 EXIT_USAGE)
+            policy = policies[0][len(POLICY_PREFIX):]
+            if policy not in DEVICE_POLICIES:
+                raise EprunError(f"{policies[0]!r} is not a device policy; "
+                                 f"{_closest(policy, DEVICE_POLICIES, 'policies are')}",
+                                 EXIT_USAGE)
+    for provider in options or {}:
+        if not any(provider in requested for requested in lists):
+            raise EprunError(f"--ep-option names {provider}, which no provider list of this "
+                             f"command asks for ({'; '.join(map(','.join, lists))})", EXIT_USAGE)
+
+
+def _closest(name: str, known: list[str] | tuple, what: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name.upper(), list(known), n=1, cutoff=0.6)
+    return f"did you mean {close[0]}?" if close else f"{what} {', '.join(known)}"
+
+
+def plugin_notes(lists: list[list[str]]) -> list[str]:
+    """Why a registered plugin EP will not be in a session: it offers no device on this
+    machine (the OpenVINO plugin, for one, offers Intel devices only)."""
+    ort = import_ort()
+    with_devices = {device.ep_name for device in ort.get_ep_devices()}
+    wanted = {name for requested in lists for name in requested}
+    messages = []
+    for path, names in PLUGINS.libraries.items():
+        idle = [name for name in names if name not in with_devices]
+        if not names or (idle and wanted & set(idle)):
+            messages.append(f"{', '.join(idle) or 'the plugin EP library'} "
+                            f"({os.path.basename(path)}) is registered but offers no device "
+                            "on this machine, so no session can use it")
+    return messages
+
+
+def provider_warnings(requested: list[str]) -> list[str]:
+    """One message per requested name onnxruntime does not know (in any build, nor as a
+    registered plugin), with the closest known name; onnxruntime itself would only drop it
+    silently. Policy items are checked by ``prepare_providers``."""
+    import difflib
+
+    ort = import_ort()
+    known = list(dict.fromkeys([*ort.get_all_providers(), *sorted(PLUGINS.names())]))
+    messages = []
+    for name in requested:
+        if name in known or name.startswith(POLICY_PREFIX):
+            continue
+        suffix = "executionprovider"
+        stems = {known_name.lower().removesuffix(suffix): known_name for known_name in known}
+        stem = name.lower().removesuffix(suffix)
+        close = difflib.get_close_matches(stem, list(stems), n=1, cutoff=0.75)
+        hint = (f"did you mean {stems[close[0]]}?" if close
+                else f"onnxruntime knows {', '.join(known)}")
+        messages.append(f"{name!r} is not a provider onnxruntime knows; {hint}")
+    return messages
+
+
+def require_known_providers(requested: list[str]) -> None:
+    """A usage error (exit 2) for a provider name onnxruntime does not know."""
+    messages = provider_warnings(requested)
+    if messages:
+        raise EprunError(messages[0], EXIT_USAGE)
+
+
+def require_got(session, on: ProviderRequest, what: str, allow_fallback: bool) -> list[str]:
+    """The session's providers, refused (exit 4) when a requested one is missing: a number
+    measured on another provider than the one asked for is a wrong answer. With
+    ``allow_fallback`` it is measured anyway, and the answer records what it ran on."""
+    actual = list(session.get_providers())
+    missing = fallback_of(on.requested, actual)
+    if missing and not allow_fallback:
+        why = "".join(f" ({message})" for message in plugin_notes([missing]))
+        raise EprunError(f"{what} asked for {','.join(on.requested)} and got "
+                         f"{','.join(actual)} ({', '.join(missing)} missing{why}); a "
+                         "measurement on other providers would answer another question: "
+                         "install or fix the provider, or add --allow-fallback to measure on "
+                         "what the session got")
+    return actual
+
+
+def parse_ep_option(text: str) -> tuple[str, str, str]:
+    """``EP:KEY=VALUE``: a provider option."""
+    provider, colon, setting = text.partition(":")
+    key, equals, value = setting.partition("=")
+    if not (colon and equals and provider.strip() and key.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not EP:KEY=VALUE (e.g. "
+                                         "OpenVINOExecutionProvider:device_type=CPU)")
+    return provider.strip(), key.strip(), value
+
+
+def _options_text(options: dict, providers: list[str]) -> str:
+    return ", ".join(f"{provider}:{key}={value}" for provider in providers
+                     for key, value in options.get(provider, {}).items())
+
+
+class Targets(NamedTuple):
+    """Where a measuring command runs its two sides: the candidate (int8) model on
+    ``--providers``, the reference (fp32) on ``--reference-providers``; None is the CPU with
+    the contract's default session, and the answer left as the contract has it."""
+
+    candidate: ProviderRequest | None
+    reference: ProviderRequest | None
+    allow_fallback: bool
+
+    @property
+    def given(self) -> bool:
+        return self.candidate is not None or self.reference is not None
+
+    def field(self, actual: list[str], reference_actual: list[str]) -> dict:
+        """The answer's ``providers`` record: what was asked, what each side's session got."""
+        requested = (self.candidate.requested if self.candidate else [CPU_EP])
+        record = {"requested": requested, "actual": actual, "fell_back": actual != requested,
+                  "missing": fallback_of(requested, actual), "reference": reference_actual}
+        options = (self.candidate or self.reference).options
+        if options:
+            record["options"] = options
+        return record
+
+    def accelerated(self) -> bool:
+        """Does the candidate run on anything but the CPU provider alone?"""
+        return self.candidate is not None and self.candidate.requested != [CPU_EP]
+
+
+def targets_from(providers: list[str] | None, reference_providers: list[str] | None,
+                 allow_fallback: bool, ep_library: list[str], ep_options: dict | None
+                 ) -> Targets:
+    """Parse and check a measuring command's provider options before anything is measured."""
+    ep_options = ep_options or {}
+    lists = [requested for requested in (providers, reference_providers) if requested is not None]
+    if (ep_library or ep_options) and not lists:
+        providers = [CPU_EP]
+        lists = [providers]
+    prepare_providers(lists, ep_library, ep_options)
+    for requested in lists:
+        require_known_providers(requested)
+
+    def request(requested: list[str] | None) -> ProviderRequest | None:
+        if requested is None:
+            return None
+        if not requested:
+            raise EprunError("the provider list is empty; name at least one provider, e.g. "
+                             "CPUExecutionProvider", EXIT_USAGE)
+        return ProviderRequest(requested, options=ep_options, strict=not allow_fallback)
+
+    return Targets(request(providers), request(reference_providers), allow_fallback)
+
+
+# The options of the commands that measure (layers, growth, settings, sensitivity).
+def measure_ep_args(reference: bool = True) -> tuple:
+    return (
+        arg("--providers", type=parse_list, metavar="LIST",
+            help="run the int8 (candidate) model on these providers (comma-joined names, or "
+                 "policy:NAME); the answer adds \"providers\", and \"exposure\" off the CPU. "
+                 "A session that does not get them is refused (exit 4)"),
+        *((arg("--reference-providers", type=parse_list, metavar="LIST",
+               help="run the fp32 (reference) model on these providers (default the CPU)"),)
+          if reference else ()),
+        arg("--allow-fallback", action="store_true",
+            help="measure even when a session did not get a requested provider; the answer "
+                 "records what it got"),
+        *EP_ARGS)
+
+
+# What every command that opens sessions takes to choose where they run.
+EP_ARGS = (
+    arg("--ep-library", action="append", default=[], metavar="PATH",
+        help="register this plugin EP library (onnxruntime 1.22+) before any session; "
+             "repeatable. Installed plugin packages (onnxruntime-ep-*) are registered by "
+             "themselves when a list names their EP"),
+    arg("--ep-option", type=parse_ep_option, action="append", default=[],
+        metavar="EP:KEY=VALUE",
+        help="a provider option, e.g. OpenVINOExecutionProvider:device_type=CPU; repeatable"),
+)
+
+
+def ep_options_from(args: argparse.Namespace) -> dict:
+    options: dict = {}
+    for provider, key, value in args.ep_option:
+        options.setdefault(provider, {})[key] = value
+    return options
+
+
 # -- providers ---------------------------------------------------------------------------------
 
-def providers(model: str, lists: list[list[str]]) -> dict:
+def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
+              ep_options: dict | None = None) -> dict:
     """One session per requested list; what it actually holds, what was missing, and whether
-    it fell back. A model onnxruntime cannot open is reported per case, not as a failure."""
+    it fell back. A model onnxruntime cannot open is reported per case, not as a failure.
+
+    Installed plugin EP packages and ``ep_library`` files are registered first, so
+    ``available`` lists the plugin EPs that offer a device here, and a plugin EP is asked for
+    through its devices (``ProviderRequest``). A provider that rejects its ``ep_options`` is
+    a failure (exit 4, with its message), not a case that quietly fell back."""
     require_file(model)
     ort = import_ort()
+    ep_options = ep_options or {}
+    prepare_providers(lists, ep_library, ep_options, discover=True)
     available = list(ort.get_available_providers())
     cases = []
     for message in dict.fromkeys(m for requested in lists
                                  for m in provider_warnings(requested)):
         note(message)
+    for message in plugin_notes(lists):
+        note(message)
     for requested in lists:
+        on = ProviderRequest(requested, options=ep_options)
         try:
-            session = open_session(model, providers=requested)
+            session = open_session(model, on=on)
             actual, error = list(session.get_providers()), None
             del session
         except EprunError as exc:  # the contract's error: onnxruntime's exception class
             actual, error = [], type(exc.__cause__).__name__
+        rejected = [name for name in fallback_of(requested, actual)
+                    if name in ep_options and name in available]
+        if rejected and not error:  # onnxruntime dropped it and went on: ask for its reason
+            try:
+                open_session(model, repr(model), on=dataclasses.replace(on, strict=True))
+            except EprunError as exc:
+                raise EprunError(f"{', '.join(rejected)} does not start with the options "
+                                 f"given ({_options_text(ep_options, rejected)}): "
+                                 f"{type(exc.__cause__).__name__}: "
+                                 f"{one_line(exc.__cause__)}") from exc
         cases.append({
             "requested": requested,
             "actual": actual,
-            "missing": [name for name in requested if name not in available],
+            "missing": [name for name in requested
+                        if name not in available and not name.startswith(POLICY_PREFIX)],
             "fell_back": actual != requested,
             "error": error,
         })
@@ -1594,7 +2014,9 @@ PROVIDERS = declare(Command(
     arguments=(MODEL,
                arg("lists", nargs="+", type=parse_list, metavar="list",
                    help="comma-joined provider names, e.g. "
-                        "CUDAExecutionProvider,CPUExecutionProvider"),
+                        "CUDAExecutionProvider,CPUExecutionProvider, or one device policy "
+                        f"policy:NAME ({', '.join(DEVICE_POLICIES)}; onnxruntime 1.22+)"),
+               *EP_ARGS,
                arg("--fail-on-fallback", action="store_true",
                    help="exit 1 (after printing the answer) when a case did not get a provider "
                         "it asked for (onnxruntime adding the CPU provider is not a fallback)")),
@@ -2034,8 +2456,9 @@ def _safe_location(location: str, model_path: str) -> str:
 
 
 def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None = None,
-                 extra_arrays: dict | None = None):
-    """A CPU session with default options for an in-memory (exposed) copy of ``model_path``.
+                 extra_arrays: dict | None = None, on: ProviderRequest | None = None):
+    """A session with default options for an in-memory (exposed) copy of ``model_path``, on
+    the CPU unless ``on`` says otherwise.
 
     The weights never pass through protobuf serialization. Those stored outside the graph
     (external data, and the payloads ``load_model`` left in the model file) are read by
@@ -2078,7 +2501,7 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
                 os.path.dirname(os.path.abspath(data_path)))
         if names or extra_names:
             options.add_external_initializers(names + extra_names, values + extra_values)
-        return open_session(serialized, options, what=repr(model_path))
+        return open_session(serialized, options, what=repr(model_path), on=on)
 
     if external and ort_release() >= _FOLDER_OPTION_SINCE:
         try:
@@ -2284,8 +2707,11 @@ class PairedModel:
     """One side of a ``layers`` comparison: the parsed graph (weights left on disk), its
     boundaries and how to read a quantized one back as float."""
 
-    def __init__(self, path: str, boundary_ops: tuple[str, ...]) -> None:
+    def __init__(self, path: str, boundary_ops: tuple[str, ...],
+                 on: ProviderRequest | None = None, allow_fallback: bool = True) -> None:
         self.path, self.boundary_ops = path, boundary_ops
+        self.on, self.allow_fallback = on, allow_fallback
+        self.actual: list[str] = []
         self.model = load_model(path)
         self.boundaries = find_boundaries(self.model.graph, boundary_ops)
         self.owners = boundary_owners(self.model.graph, self.boundaries, boundary_ops)
@@ -2316,13 +2742,19 @@ class PairedModel:
         # the int8 model's weights are not in memory while the fp32 session runs.
         self.model = _skeleton(self.model)
 
-    def session(self, names: list[str]):
-        """A CPU session of the graph exposing its boundaries and ``names``, parsed from the
-        file for it (its weights go to onnxruntime as arrays, then are released with it)."""
+    def session(self, names: list[str], exposed: bool = True):
+        """A session of the graph exposing its boundaries and ``names`` (or, not ``exposed``,
+        of the graph as it is), parsed from the file for it (its weights go to onnxruntime as
+        arrays, then are released with it); on the CPU, or where ``on`` asks, refused when it
+        did not get that (``require_got``)."""
         model = load_model(self.path)
-        expose_in_place(model, self.boundary_ops, extra=names, types=self.types,
-                        unknown_as_float=False)
-        return open_exposed(model, self.path)
+        if exposed:
+            expose_in_place(model, self.boundary_ops, extra=names, types=self.types,
+                            unknown_as_float=False)
+        session = open_exposed(model, self.path, on=self.on)
+        self.actual = (list(session.get_providers()) if self.on is None else
+                       require_got(session, self.on, repr(self.path), self.allow_fallback))
+        return session
 
     def boundary_bytes(self, name: str, rows: int) -> int | None:
         return _estimated_bytes(self.types.get(name), rows)
@@ -2331,18 +2763,24 @@ class PairedModel:
 def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
                    inputs: InputOptions | None = None,
                    boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-                   local: bool = False, max_memory: int | None = None, pair: str = "position"):
+                   local: bool = False, max_memory: int | None = None, pair: str = "position",
+                   targets: Targets | None = None):
     """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
 
     One model is in memory at a time: the fp32 session runs once for every boundary and is
     released before the int8 one opens. With ``max_memory`` the boundaries are fetched in
     batches whose estimated fp32 + int8 tensor bytes fit the budget (a boundary of unknown size
     goes alone), each batch from sessions opened for it. The numbers are the same either way.
+
+    ``targets`` runs each side on other providers (``Targets``); the answer then says which
+    (``providers``) and, off the CPU, how far exposing the boundaries moved the candidate's
+    final output there (``exposure``): an EP compiles the exposed graph differently.
     """
     require_file(fp32_path)
     require_file(int8_path)
-    fp32 = PairedModel(fp32_path, boundary_ops)
-    int8 = PairedModel(int8_path, boundary_ops)
+    targets = targets or Targets(None, None, True)
+    fp32 = PairedModel(fp32_path, boundary_ops, targets.reference, targets.allow_fallback)
+    int8 = PairedModel(int8_path, boundary_ops, targets.candidate, targets.allow_fallback)
     feed = make_feeds(specs_from_model(fp32.model), seed, inputs, fp32_path)
     int8_feed = feed_for(specs_from_model(int8.model), int8_path, feed)
     rows = feed.rows
@@ -2402,7 +2840,30 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     answer.update(layer_count=len(entries), layers=entries)
     if segments is not None:
         answer["local_unavailable"] = segments.unavailable
+    if targets.given:
+        answer["providers"] = targets.field(int8.actual, fp32.actual)
+    if targets.accelerated() and entries:
+        answer["exposure"] = exposure_of(int8, int8_names[-1], final, int8_feed)
     return answer, final
+
+
+def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict) -> dict:
+    """How far exposing the boundaries moved ``output`` on the side's providers: the plain
+    model run there on the same inputs, against the exposed run's value. An EP that compiles
+    the graph as a whole (OpenVINO, TensorRT) fuses across what is now an output, so the
+    per-boundary table describes a slightly different graph; this says by how much."""
+    if output not in {value.name for value in side.model.graph.output}:
+        return {"output": output, "max_abs_diff": None}  # not an output of the plain model
+    plain = side.session([], exposed=False)
+    (value,) = run_session(plain, [output], feed, what=repr(side.path))
+    del plain
+    diff = (largest_of(differences(exposed_value, value)[2])
+            if value.shape == exposed_value.shape else float("nan"))
+    if diff != 0:
+        note(f"exposing the boundaries moved {output!r} on {','.join(side.actual)} by "
+             f"{diff:.6g} (max abs): the EP compiles the exposed graph differently, so the "
+             "table describes the exposed graph, not exactly the plain one")
+    return {"output": output, "max_abs_diff": float(diff)}
 
 
 def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> list[tuple[int, int]]:
@@ -2686,10 +3147,19 @@ class LocalSegments:
 
 def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
            boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-           local: bool = False, max_memory: int | None = None, pair: str = "position") -> dict:
-    """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``)."""
+           local: bool = False, max_memory: int | None = None, pair: str = "position",
+           providers: list[str] | None = None, reference_providers: list[str] | None = None,
+           allow_fallback: bool = False, ep_library: list[str] = (),
+           ep_options: dict | None = None) -> dict:
+    """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
+    twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
+    require_file(fp32)
+    require_file(int8)
+    targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
+                           ep_options)
     return measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
-                          metrics=metrics, local=local, max_memory=max_memory, pair=pair)[0]
+                          metrics=metrics, local=local, max_memory=max_memory, pair=pair,
+                          targets=targets)[0]
 
 
 def growth_from(rel_errors: list[float]) -> dict:
@@ -2742,15 +3212,24 @@ def growth_of(measured: dict) -> dict:
         worst = None if largest is None else {"index": largest[0], "rel_error": largest[1]}
         answer.update(local_rel_error=local_rel, worst_local=worst,
                       local_unavailable=measured["local_unavailable"])
+    for key in ("providers", "exposure"):
+        if key in measured:
+            answer[key] = measured[key]
     return answer
 
 
 def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
            boundary_ops: tuple[str, ...] = BOUNDARY_OPS, local: bool = False,
-           max_memory: int | None = None, pair: str = "position") -> dict:
+           max_memory: int | None = None, pair: str = "position",
+           providers: list[str] | None = None, reference_providers: list[str] | None = None,
+           allow_fallback: bool = False, ep_library: list[str] = (),
+           ep_options: dict | None = None) -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
     return growth_of(layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
-                            local=local, max_memory=max_memory, pair=pair))
+                            local=local, max_memory=max_memory, pair=pair, providers=providers,
+                            reference_providers=reference_providers,
+                            allow_fallback=allow_fallback, ep_library=ep_library,
+                            ep_options=ep_options))
 
 
 # What layers and growth both take.
@@ -2767,6 +3246,7 @@ PAIR_ARGS = (
     arg("--local", action="store_true",
         help="also feed each int8 segment the fp32 tensors before it, to separate the error a "
              "layer introduces from the error it inherits"),
+    *measure_ep_args(),
 )
 
 LAYERS = declare(Command(
@@ -2781,7 +3261,9 @@ LAYERS = declare(Command(
     detail='layers: [{"index", "fp32", "int8", "max_abs_error", "scale", "rel_error", '
            '"cos_min"}]; a model that is not one float32 [batch, F] input adds "inputs"; '
            '--metrics adds "sqnr_db"/"mse" per entry; --local adds "local" per entry and '
-           '"local_unavailable"',
+           '"local_unavailable"; --providers adds "providers": {"requested", "actual", '
+           '"fell_back", "missing", "reference"} and, off the CPU, "exposure": {"output", '
+           '"max_abs_diff"}',
     example="eprun.py layers fp32.onnx int8.onnx 2026 --local --metrics sqnr"))
 
 GROWTH = declare(Command(
@@ -2791,8 +3273,8 @@ GROWTH = declare(Command(
     arguments=PAIR_ARGS,
     fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
             "max_ratio"),
-    detail='max_ratio: {"index", "ratio"}; "inputs" as in layers; --local adds '
-           '"local_rel_error", "worst_local" and "local_unavailable"',
+    detail='max_ratio: {"index", "ratio"}; "inputs", "providers" and "exposure" as in '
+           'layers; --local adds "local_rel_error", "worst_local" and "local_unavailable"',
     example="eprun.py growth fp32.onnx int8.onnx 2026"))
 
 
@@ -2801,9 +3283,13 @@ GROWTH = declare(Command(
 class SettingsRunner:
     """One model's first output under given session settings, always on the same inputs."""
 
-    def __init__(self, model: str, seed: int, inputs: InputOptions | None) -> None:
+    def __init__(self, model: str, seed: int, inputs: InputOptions | None,
+                 targets: Targets | None = None) -> None:
         self.model, self.seed, self.inputs = model, seed, inputs
         self.feed: Feed | None = None
+        self.targets = targets or Targets(None, None, True)
+        self.on = self.targets.candidate
+        self.actual: list[str] = []
 
     def options(self, level: str, intra_op: int, optimized_path: str | None = None):
         ort = import_ort()
@@ -2818,7 +3304,10 @@ class SettingsRunner:
     def session(self, level: str, intra_op: int, disabled: list[str] = (),
                 optimized_path: str | None = None):
         session = open_session(self.model, self.options(level, intra_op, optimized_path),
-                               what=repr(self.model), disabled=disabled)
+                               what=repr(self.model), disabled=disabled, on=self.on)
+        self.actual = (list(session.get_providers()) if self.on is None else
+                       require_got(session, self.on, repr(self.model),
+                                   self.targets.allow_fallback))
         if self.feed is None:  # from the first session's metadata: a float model needs no onnx
             self.feed = make_feeds(session_specs(session, self.model), self.seed, self.inputs,
                                    self.model)
@@ -2841,18 +3330,24 @@ def bitwise_equal(reference, candidate) -> bool:
 
 
 def settings(model: str, seed: int, inputs: InputOptions | None = None,
-             explain: bool = False) -> dict:
+             explain: bool = False, *, providers: list[str] | None = None,
+             allow_fallback: bool = False, ep_library: list[str] = (),
+             ep_options: dict | None = None) -> dict:
     """The first output under other optimization levels and intra-op thread counts, compared
     with the single-threaded, unoptimized baseline bit for bit.
 
     The baseline runs twice; one that does not reproduce itself is reported (``repeatable``
-    false). With ``explain``, each case that differs is explained (``explain_case``).
+    false). With ``explain``, each case that differs is explained (``explain_case``). With
+    ``providers`` every session runs there (``reference`` in the answer's ``providers`` is
+    the baseline's session): what the settings change on the EP a model is deployed to.
     """
     import numpy as np
 
     require_file(model)
-    runner = SettingsRunner(model, seed, inputs)
+    targets = targets_from(providers, None, allow_fallback, ep_library, ep_options)
+    runner = SettingsRunner(model, seed, inputs, targets)
     base_session = runner.session(*SETTINGS_BASELINE)
+    base_actual = runner.actual
     base = runner.run(base_session)
     repeatable = bitwise_equal(base, runner.run(base_session))
     del base_session
@@ -2872,6 +3367,8 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
         answer["inputs"] = runner.feed.fed
     answer.update(baseline=baseline, cases=cases,
                   all_equal=all(case["bitwise_equal"] for case in cases))
+    if targets.given:
+        answer["providers"] = targets.field(runner.actual, base_actual)
     if explain or not repeatable:
         answer["repeatable"] = repeatable
     if explain:
@@ -3101,7 +3598,7 @@ def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
 
-        session = open_exposed(model, runner.model, configure)
+        session = open_exposed(model, runner.model, configure, on=runner.on)
         return boundaries, run_session(session, boundaries, runner.feed.arrays,
                                        what=repr(runner.model))
 
@@ -3141,19 +3638,22 @@ SETTINGS = declare(Command(
                    help="for each case that differs: the optimization level that introduces "
                         "it, a minimal set of graph transformers whose disabling restores the "
                         "baseline bit for bit, the first boundary that differs, and the "
-                        "workaround; or that the thread count (no optimizer) is the cause")),
+                        "workaround; or that the thread count (no optimizer) is the cause"),
+               *measure_ep_args(reference=False)),
     fields=("model", "seed", "baseline", "cases", "all_equal"),
     detail='baseline: {"level", "intra_op", "max_abs_output", "mean_output"}; cases: '
            '[{"level", "intra_op", "max_abs_diff", "bitwise_equal"}]; "inputs" as in layers; '
            '"repeatable" when the baseline does not reproduce itself or with --explain, which '
-           'adds "explanations"',
+           'adds "explanations"; --providers adds "providers" (every session runs there; '
+           '"reference" is the baseline\'s)',
     example="eprun.py settings int8.onnx 2026"))
 
 
 # -- placement ---------------------------------------------------------------------------------
 
 def placement(model: str, providers: list[str], seed: int = 0,
-              inputs: InputOptions | None = None) -> dict:
+              inputs: InputOptions | None = None, *, ep_library: list[str] = (),
+              ep_options: dict | None = None) -> dict:
     """Which execution provider each node was actually assigned to, as onnxruntime reports it.
 
     onnxruntime 1.24+ records the assignment when asked (``session.record_ep_graph_assignment_
@@ -3162,6 +3662,7 @@ def placement(model: str, providers: list[str], seed: int = 0,
     executes, after its graph optimizations: a fused node stands for several of the file's.
     """
     require_file(model)
+    prepare_providers([providers], ep_library, ep_options)
     require_known_providers(providers)
     import tempfile
 
@@ -3175,12 +3676,14 @@ def placement(model: str, providers: list[str], seed: int = 0,
         if source == "profiling":
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(scratch, "profile")
-        session = open_session(model, options, repr(model), providers=providers)
+        session = open_session(model, options, repr(model),
+                               on=ProviderRequest(providers, options=ep_options or {}))
         actual = list(session.get_providers())
         if source == "graph_assignment_info":
+            assigned = session.get_provider_graph_assignment_info()
             nodes = [{"name": node.name, "op_type": node.op_type, "provider": subgraph.ep_name}
-                     for subgraph in session.get_provider_graph_assignment_info()
-                     for node in subgraph.get_nodes()]
+                     for subgraph in assigned for node in subgraph.get_nodes()]
+            subgraphs = [subgraph.ep_name for subgraph in assigned]
         else:
             shaped = inputs or InputOptions()
             feed = make_feeds(session_specs(session, model), seed,
@@ -3188,12 +3691,18 @@ def placement(model: str, providers: list[str], seed: int = 0,
             run_session(session, None, feed.arrays, what=repr(model),
                         hint=dims_hint(feed))
             nodes = _profiled_nodes(session.end_profiling())
+            # runs of consecutive nodes on one provider, in the order they ran
+            subgraphs = [provider for provider, _ in
+                         itertools.groupby(node["provider"] for node in nodes)]
     counts: dict[str, int] = {}
     for node in nodes:
         counts[node["provider"]] = counts.get(node["provider"], 0) + 1
+    partitions: dict[str, int] = {}
+    for provider in subgraphs:
+        partitions[provider] = partitions.get(provider, 0) + 1
     return {"model": model, "requested": providers, "actual": actual,
             "fell_back": actual != providers, "source": source, "counts": counts,
-            "nodes": nodes}
+            "nodes": nodes, "subgraphs": partitions}
 
 
 def _profiled_nodes(profile_path: str) -> list[dict]:
@@ -3215,9 +3724,11 @@ PLACEMENT = declare(Command(
             "graph assignment info, or a one-run profile on releases before 1.24)",
     run=placement,
     arguments=(MODEL, arg("providers", type=parse_list, help="comma-joined provider names"),
-               *input_args(rows_default="1")),
-    fields=("model", "requested", "actual", "fell_back", "source", "counts", "nodes"),
-    detail='nodes: [{"name", "op_type", "provider"}]',
+               *input_args(rows_default="1"), *EP_ARGS),
+    fields=("model", "requested", "actual", "fell_back", "source", "counts", "nodes",
+            "subgraphs"),
+    detail='nodes: [{"name", "op_type", "provider"}]; subgraphs: {provider: how many '
+           'subgraphs onnxruntime gave it} (from a profile: runs of consecutive nodes)',
     example="eprun.py placement int8.onnx CUDAExecutionProvider,CPUExecutionProvider"))
 
 
@@ -3275,40 +3786,6 @@ def is_transient(exc: EprunError, path: str) -> bool:
     return bool(_TRANSIENT.search(text))
 
 
-def fallback_of(requested: list[str], actual: list[str]) -> list[str]:
-    """The requested providers a session did not get. onnxruntime appending the CPU provider
-    to what was asked is not a fallback; a requested provider missing from the session is."""
-    return [name for name in requested if name not in actual]
-
-
-def provider_warnings(requested: list[str]) -> list[str]:
-    """One message per requested name onnxruntime does not know (in any build), with the
-    closest known name; onnxruntime itself would only drop it silently."""
-    import difflib
-
-    ort = import_ort()
-    known = list(ort.get_all_providers())
-    messages = []
-    for name in requested:
-        if name in known:
-            continue
-        suffix = "executionprovider"
-        stems = {known_name.lower().removesuffix(suffix): known_name for known_name in known}
-        stem = name.lower().removesuffix(suffix)
-        close = difflib.get_close_matches(stem, list(stems), n=1, cutoff=0.75)
-        hint = (f"did you mean {stems[close[0]]}?" if close
-                else f"onnxruntime knows {', '.join(known)}")
-        messages.append(f"{name!r} is not a provider onnxruntime knows; {hint}")
-    return messages
-
-
-def require_known_providers(requested: list[str]) -> None:
-    """A usage error (exit 2) for a provider name onnxruntime does not know."""
-    messages = provider_warnings(requested)
-    if messages:
-        raise EprunError(messages[0], EXIT_USAGE)
-
-
 def check_verdict(args: argparse.Namespace, answer: dict) -> str | None:
     """Why the gate failed, in one line for the CI log (the JSON answer has the details)."""
     if answer["passed"]:
@@ -3363,7 +3840,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
           rtol: float | None = None, atol: float | None = None, min_cos: float | None = None,
           inputs: InputOptions | None = None, seed: int = 0, warmup: int = 1,
           retries: int = 2, retry_pause: float = 2.0, require_providers: bool = False,
-          allow_fallback: bool = False, outputs_into: dict | None = None) -> dict:
+          allow_fallback: bool = False, outputs_into: dict | None = None,
+          ep_library: list[str] = (), ep_options: dict | None = None) -> dict:
     """The CI gate: does the candidate (model and providers) match the reference within
     tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
     provider the candidate's session did not get) unless ``allow_fallback``;
@@ -3374,15 +3852,18 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     providers = ["CPUExecutionProvider"] if providers is None else providers
     reference_providers = (["CPUExecutionProvider"] if reference_providers is None
                            else reference_providers)
+    prepare_providers([providers, reference_providers], ep_library, ep_options)
     require_known_providers(providers)
     require_known_providers(reference_providers)
+    # A provider that fails to start is an error (exit 4, its message), not a quiet CPU run.
+    on = ProviderRequest(providers, options=ep_options or {}, strict=not allow_fallback)
+    reference_on = ProviderRequest(reference_providers, options=ep_options or {}, strict=True)
     profile = profile or "fp16"
     tolerance = dict(TOLERANCE_PROFILES[profile])
     tolerance.update({key: value for key, value in
                       (("rtol", rtol), ("atol", atol), ("min_cos", min_cos)) if value is not None})
     retries_used = [0]
-    reference_session = open_session(reference, what=repr(reference),
-                                    providers=reference_providers)
+    reference_session = open_session(reference, what=repr(reference), on=reference_on)
     feed = make_feeds(session_specs(reference_session, reference), seed, inputs,
                       reference)
     reference_outputs = run_session(reference_session, None, feed.arrays,
@@ -3391,7 +3872,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     reference_actual = list(reference_session.get_providers())
     del reference_session  # its outputs are all the rest needs: one model in memory at a time
     candidate_session = _with_retries(
-        lambda: open_session(candidate, what=repr(candidate), providers=providers),
+        lambda: open_session(candidate, what=repr(candidate), on=on),
         retries, retry_pause, retries_used, candidate)
     candidate_feed = feed_for(session_specs(candidate_session, candidate), candidate,
                               feed)
@@ -3445,7 +3926,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     return {**answer, "profile": profile, "tolerance": tolerance,
             "providers": {"requested": providers, "actual": actual,
                           "fell_back": actual != providers,
-                          "reference": reference_actual},
+                          "reference": reference_actual,
+                          **({"options": ep_options} if ep_options else {})},
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
             "failures": failures, "passed": not failures}
 
@@ -3483,7 +3965,8 @@ CHECK = declare(Command(
             help="pass even when the candidate's session did not get a provider it asked for "
                  "(by default that fails the check)"),
         arg("--require-providers", action="store_true",
-            help="fail unless the candidate's session got exactly --providers")),
+            help="fail unless the candidate's session got exactly --providers"),
+        *EP_ARGS),
     fields=("reference", "candidate", "seed", "rows", "profile", "tolerance", "providers",
             "warmup", "retries_used", "outputs", "failures", "passed"),
     detail='providers: {"requested", "actual", "fell_back", "reference"}; outputs: '
@@ -3711,10 +4194,13 @@ def _final(model) -> str:
 class SensitivityRun:
     """The fp32 model's final output, and the int8 model's with any set of units restored."""
 
-    def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None) -> None:
+    def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
+                 targets: Targets | None = None) -> None:
         require_file(fp32)
         require_file(int8)
         self.fp32, self.int8 = fp32, int8
+        self.targets = targets or Targets(None, None, True)
+        self.actual: list[str] = []
         self.fp32_model = load_model(fp32)
         self.int8_model = load_model(int8)
         if not any(node.op_type in _QDQ_OPS for node in self.int8_model.graph.node):
@@ -3730,15 +4216,25 @@ class SensitivityRun:
         fp32_output = _final(self.fp32_model)
         self.output = _final(self.int8_model)
         model = load_model(fp32)
-        self.reference = run_session(open_exposed(model, fp32), [fp32_output],
-                                     self.feed.arrays, what=repr(fp32))[0]
+        session = self.open(model, fp32, self.targets.reference)
+        self.reference_actual = list(session.get_providers())
+        self.reference = run_session(session, [fp32_output], self.feed.arrays,
+                                     what=repr(fp32))[0]
+        del session
         self.sessions = 0
+
+    def open(self, model, path: str, on: ProviderRequest | None, extra_arrays=None):
+        session = open_exposed(model, path, extra_arrays=extra_arrays, on=on)
+        if on is not None:
+            require_got(session, on, repr(path), self.targets.allow_fallback)
+        return session
 
     def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
         model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored, self.fp32)
         used = {tensor.name for tensor in model.graph.initializer}
         weights = {name: array for name, array in self.int8_weights.items() if name in used}
-        session = open_exposed(model, self.int8, extra_arrays={**weights, **arrays})
+        session = self.open(model, self.int8, self.targets.candidate, {**weights, **arrays})
+        self.actual = list(session.get_providers())
         self.sessions += 1
         (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8))
         self.last = value
@@ -3757,12 +4253,19 @@ def _meets(target: dict, measured: dict, reference, candidate) -> bool:
 def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
                 target_sqnr: float | None = None, target_rel_error: float | None = None,
                 profile: str | None = None, max_units: int | None = None,
-                units: list[str] | None = None) -> dict:
+                units: list[str] | None = None, providers: list[str] | None = None,
+                reference_providers: list[str] | None = None, allow_fallback: bool = False,
+                ep_library: list[str] = (), ep_options: dict | None = None) -> dict:
     """Which quantized units to keep in float: each restored alone (``restore_to_float``) and
     measured on the final float output against the fp32 model, ranked by the SQNR it gains,
     then a verified recommendation: the best-ranked units added one at a time, the combined
-    graph rebuilt and re-measured each time, until the target is met."""
-    run = SensitivityRun(fp32, int8, seed, inputs)
+    graph rebuilt and re-measured each time, until the target is met. With ``providers``
+    every int8 variant runs there, so the ranking is the one of the EP deployed to."""
+    require_file(fp32)
+    require_file(int8)
+    targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
+                           ep_options)
+    run = SensitivityRun(fp32, int8, seed, inputs, targets)
     chosen = run.units
     if units is not None:
         known = {unit.name for unit in run.units}
@@ -3824,7 +4327,9 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                 key: quantized[key] for key in ("rel_error", "cos_min", "sqnr_db")},
             "units": ranked, "target": target,
             "recommendation": {"nodes_to_exclude": excluded, "steps": steps, "met": met},
-            "sessions": run.sessions}
+            "sessions": run.sessions,
+            **({"providers": targets.field(run.actual, run.reference_actual)}
+               if targets.given else {})}
 
 
 SENSITIVITY = declare(Command(
@@ -3843,11 +4348,13 @@ SENSITIVITY = declare(Command(
         arg("--max-units", type=parse_count, metavar="N",
             help="recommend at most N units"),
         arg("--units", type=parse_list, metavar="NAME,...",
-            help="restore only these units (float node names) one at a time")),
+            help="restore only these units (float node names) one at a time"),
+        *measure_ep_args()),
     fields=("seed", "rows", "output", "quantized", "units", "target", "recommendation",
             "sessions"),
     detail='units: [{"name", "op_type", "named", "rel_error", "cos_min", "sqnr_db", '
-           '"gain_db"}] ranked by gain; recommendation: {"nodes_to_exclude", "steps", "met"}',
+           '"gain_db"}] ranked by gain; recommendation: {"nodes_to_exclude", "steps", "met"}; '
+           '"providers" as in layers',
     example="eprun.py sensitivity fp32.onnx int8.onnx 2026 --target-sqnr 30"))
 
 
@@ -3887,7 +4394,8 @@ def report_splits(fp32_model, int8_model) -> list[tuple[str, list[str]]]:
 def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            inputs: InputOptions | None = None, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
            target_providers: list[str] | None = None, force: bool = False,
-           sensitivity_section: bool = False) -> dict:
+           sensitivity_section: bool = False, ep_library: list[str] = (),
+           ep_options: dict | None = None) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -3910,7 +4418,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
         requests.append(list(target_providers))
     progress = Progress("report", 6)
     with captured_chatter():  # the made-up provider's banner and note: the table records it
-        provider_answer = {**providers(fp32, requests), "note": REPORT_NOTE}
+        provider_answer = {**providers(fp32, requests, ep_library, ep_options),
+                           "note": REPORT_NOTE}
     progress.step(1)
     splits = [partition(paths_of[which], ops, parsed=graphs[which])
               for which, ops in report_splits(graphs["fp32"], graphs["int8"])]
@@ -3925,7 +4434,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     progress.step(4)
     candidate: dict = {}
     gate = check(fp32, int8, providers=target_providers, profile="int8", inputs=inputs,
-                 seed=seed, outputs_into=candidate)
+                 seed=seed, outputs_into=candidate, ep_options=ep_options)
     progress.step(5)
     final = measured["layers"][-1]["int8"]
     plain = (candidate.get(final) if gate["providers"]["actual"] == ["CPUExecutionProvider"]
@@ -4009,7 +4518,7 @@ REPORT = declare(Command(
         arg("--providers", type=parse_list, dest="target_providers",
             help="your target's providers: a row of the providers table, and the ones the "
                  "check verdict runs the int8 model on (default: CPU)"),
-        *INPUT_ARGS, BOUNDARY_OPS_ARG),
+        *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS),
     fields=("out_dir", "files", "pairing", "check"),
     detail='check: {"profile", "tolerance", "providers", "failures", "passed"}; the JSON files '
            'hold the command answers, providers.json adds "note"',
@@ -4370,6 +4879,8 @@ def invoke(command: Command, args: argparse.Namespace) -> dict:
     values = vars(args)
     if "rows" in values:
         values = {**values, "inputs": inputs_from(args)}
+    if "ep_option" in values:
+        values = {**values, "ep_options": ep_options_from(args)}
     wanted = inspect.signature(command.run).parameters
     return command.run(**{name: values[name] for name in wanted if name in values})
 

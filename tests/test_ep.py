@@ -1,0 +1,403 @@
+"""Measuring on execution providers other than the CPU: provider requests, plugin EP libraries,
+device policies, provider options, refusals, and every number of ``--providers`` recomputed
+with onnxruntime and numpy on the same inputs.
+
+The tests that need a real second EP run where one is installed (``make test-ep`` builds the
+two stacks: onnxruntime-openvino, and onnxruntime with the OpenVINO plugin package and a plugin
+CPU EP library) and are skipped elsewhere; the rest run on every stack.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import run_eprun
+
+import eprun as tool
+
+OPENVINO = "OpenVINOExecutionProvider"
+CPU = "CPUExecutionProvider"
+RELEASE = tuple(int(part) for part in ort.__version__.split(".")[:2])
+PLUGINS_SUPPORTED = RELEASE >= (1, 22)
+
+built_in_openvino = pytest.mark.skipif(
+    OPENVINO not in ort.get_available_providers(),
+    reason="onnxruntime-openvino is not installed (make test-ep runs these)")
+plugin_cpu_ep = pytest.mark.skipif(
+    not PLUGINS_SUPPORTED or importlib.util.find_spec("nxrt_ep_cpu") is None,
+    reason="the plugin CPU EP package nxrt-ep-cpu is not installed (make test-ep runs these)")
+plugin_openvino = pytest.mark.skipif(
+    not PLUGINS_SUPPORTED or importlib.util.find_spec("onnxruntime_ep_openvino") is None,
+    reason="onnxruntime-ep-openvino is not installed (make test-ep runs these)")
+
+
+# -- oracles: onnxruntime sessions made here, numbers with numpy -------------------------------
+
+def plugin_library() -> str:
+    import nxrt_ep_cpu
+
+    return nxrt_ep_cpu.get_library_path()
+
+
+def session_on(path, providers: list[str], devices_of: str | None = None):
+    """A session made the way the onnxruntime documentation says: built-in providers by name,
+    a plugin EP through its devices."""
+    options = ort.SessionOptions()
+    if devices_of is not None:
+        devices = [device for device in ort.get_ep_devices() if device.ep_name == devices_of]
+        assert devices, f"{devices_of} offers no device"
+        options.add_provider_for_devices(devices, {})
+        return ort.InferenceSession(str(path), options)
+    return ort.InferenceSession(str(path), options, providers=providers)
+
+
+def boundary_numbers(reference: np.ndarray, candidate: np.ndarray, rows: int) -> dict:
+    """The contract's per-boundary numbers, written out again from the README."""
+    a = reference.astype(np.float64)
+    b = candidate.astype(np.float64)
+    max_abs = float(np.abs(a - b).max())
+    scale = float(np.abs(a).max())
+    a2, b2 = a.reshape(rows, -1), b.reshape(rows, -1)
+    cosines = []
+    for row_a, row_b in zip(a2, b2):
+        norm = np.linalg.norm(row_a) * np.linalg.norm(row_b)
+        cosines.append(1.0 if norm == 0 else float(row_a @ row_b / norm))
+    return {"max_abs_error": max_abs, "scale": scale,
+            "rel_error": max_abs / scale if scale else 0.0, "cos_min": min(cosines)}
+
+
+def exposed_copy(model, tmp_path, name: str):
+    out = tmp_path / f"{name}_exposed.onnx"
+    result = run_eprun("expose", model, out)
+    assert result.code == 0, result.stderr
+    return out, result.answer["boundaries"]
+
+
+def assert_table(answer: dict, reference_outputs: dict, candidate_outputs: dict, rows: int):
+    for entry in answer["layers"]:
+        expected = boundary_numbers(reference_outputs[entry["fp32"]],
+                                    candidate_outputs[entry["int8"]], rows)
+        for key, value in expected.items():
+            assert entry[key] == pytest.approx(value, rel=1e-6, abs=1e-12), (entry, key)
+
+
+# -- on every stack ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["OpenVINOExecutionProvider", "EP:key", ":key=value",
+                                  "EP:=value", "EP"])
+def test_malformed_ep_option_is_a_usage_error(eprun_fails, lab_pair, text):
+    fp32, int8 = lab_pair
+    line = eprun_fails(2, "layers", fp32, int8, "1", "--providers", CPU, "--ep-option", text)
+    assert "EP:KEY=VALUE" in line
+
+
+def test_ep_option_parsing_keeps_the_value_whole():
+    assert tool.parse_ep_option("OpenVINOExecutionProvider:cache_dir=a:b=c") == (
+        OPENVINO, "cache_dir", "a:b=c")
+
+
+def test_an_option_for_a_provider_no_list_asks_for_is_refused(eprun_fails, lab_pair):
+    fp32, int8 = lab_pair
+    line = eprun_fails(2, "layers", fp32, int8, "1", "--providers", CPU, "--ep-option",
+                       f"{OPENVINO}:device_type=CPU")
+    assert OPENVINO in line and "no provider list" in line
+
+
+def test_unknown_provider_is_a_usage_error_with_a_suggestion(eprun_fails, lab_pair):
+    fp32, int8 = lab_pair
+    for command in (["layers", fp32, int8, "1"], ["growth", fp32, int8, "1"],
+                    ["settings", int8, "1"], ["sensitivity", fp32, int8, "1"]):
+        line = eprun_fails(2, *command, "--providers", "OpenVinoExecutionProvider")
+        assert "did you mean OpenVINOExecutionProvider?" in line, command
+
+
+def test_fallback_rule():
+    assert tool.fallback_of([OPENVINO], [OPENVINO, CPU]) == []
+    assert tool.fallback_of([OPENVINO, CPU], [CPU]) == [OPENVINO]
+    assert tool.fallback_of(["policy:PREFER_NPU"], [CPU]) == ["policy:PREFER_NPU"]
+    assert tool.fallback_of(["policy:PREFER_NPU"], [OPENVINO, CPU]) == []
+    assert tool.fallback_of(["policy:PREFER_CPU"], [CPU]) == []
+
+
+def test_request_splits_names_and_policy():
+    request = tool.ProviderRequest(["policy:MAX_EFFICIENCY"])
+    assert (request.names, request.policy) == ([], "MAX_EFFICIENCY")
+    request = tool.ProviderRequest([OPENVINO, CPU])
+    assert (request.names, request.policy) == ([OPENVINO, CPU], None)
+
+
+def test_missing_provider_is_refused_unless_fallback_is_allowed(eprun, eprun_fails, lab_pair):
+    """A provider this build does not have: the session quietly gets the CPU. The measurement
+    is refused (exit 4, naming what it got); --allow-fallback measures and records it."""
+    fp32, int8 = lab_pair
+    absent = next(name for name in ("CUDAExecutionProvider", "DmlExecutionProvider")
+                  if name not in ort.get_available_providers())
+    for command in (["layers", fp32, int8, "1"], ["settings", int8, "1"],
+                    ["sensitivity", fp32, int8, "1", "--max-units", "1"]):
+        line = eprun_fails(4, *command, "--providers", absent)
+        assert f"asked for {absent} and got CPUExecutionProvider" in line, command
+        assert "--allow-fallback" in line
+    plain = eprun("layers", fp32, int8, "1")
+    allowed = eprun("layers", fp32, int8, "1", "--providers", absent, "--allow-fallback")
+    assert allowed["providers"] == {"requested": [absent], "actual": [CPU], "fell_back": True,
+                                    "missing": [absent], "reference": [CPU]}
+    assert allowed["layers"] == plain["layers"]
+    # off the CPU was asked for: the plain model on what the session got is run too
+    assert allowed["exposure"]["output"] == plain["layers"][-1]["int8"]
+
+
+def test_cpu_providers_add_the_record_and_change_no_number(eprun, lab_pair):
+    fp32, int8 = lab_pair
+    plain = eprun("growth", fp32, int8, "5")
+    on_cpu = eprun("growth", fp32, int8, "5", "--providers", CPU)
+    assert on_cpu.pop("providers") == {"requested": [CPU], "actual": [CPU], "fell_back": False,
+                                       "missing": [], "reference": [CPU]}
+    assert "exposure" not in on_cpu  # the CPU alone: the contract's own sessions
+    assert on_cpu == plain
+
+
+def test_policy_mixed_with_names_is_refused(eprun_fails, lab_pair):
+    fp32, _ = lab_pair
+    code = 2
+    line = eprun_fails(code, "providers", fp32, f"policy:PREFER_NPU,{CPU}")
+    assert "give policy:PREFER_NPU alone" in line or "needs onnxruntime 1.22" in line
+
+
+@pytest.mark.skipif(PLUGINS_SUPPORTED, reason="onnxruntime 1.22+ has plugin EPs")
+def test_plugin_features_name_the_release_they_need(eprun_fails, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    library = tmp_path / "libplugin.so"
+    library.write_bytes(b"\x7fELF")
+    line = eprun_fails(2, "layers", fp32, int8, "1", "--ep-library", library)
+    assert "needs onnxruntime 1.22 or newer" in line and ort.__version__ in line
+    line = eprun_fails(2, "providers", fp32, "policy:PREFER_NPU")
+    assert "needs onnxruntime 1.22 or newer" in line
+
+
+@pytest.mark.skipif(not PLUGINS_SUPPORTED, reason="plugin EP libraries need onnxruntime 1.22+")
+def test_ep_library_that_is_missing_or_not_a_library(eprun_fails, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    line = eprun_fails(3, "layers", fp32, int8, "1", "--ep-library", tmp_path / "no.so")
+    assert "no.so" in line and "does not exist" in line
+    fake = tmp_path / "fake.so"
+    fake.write_bytes(b"not a shared library")
+    line = eprun_fails(4, "providers", fp32, CPU, "--ep-library", fake)
+    assert "is not an execution provider library" in line
+
+
+@pytest.mark.skipif(not PLUGINS_SUPPORTED, reason="device policies need onnxruntime 1.22+")
+def test_policy_names_are_checked(eprun, eprun_fails, lab_pair):
+    fp32, _ = lab_pair
+    line = eprun_fails(2, "providers", fp32, "policy:PREFER_NPUU")
+    assert "did you mean PREFER_NPU?" in line
+    answer = eprun("providers", fp32, "policy:PREFER_CPU")
+    options = ort.SessionOptions()
+    options.set_provider_selection_policy(ort.OrtExecutionProviderDevicePolicy.PREFER_CPU)
+    expected = ort.InferenceSession(str(fp32), options).get_providers()
+    assert answer["cases"][0]["actual"] == expected
+    assert answer["cases"][0]["missing"] == []
+
+
+# -- a plugin EP library (nxrt-ep-cpu: a CPU plugin EP that offers a device on any CPU) -------
+
+@plugin_cpu_ep
+def test_plugin_ep_is_appended_through_its_devices(eprun, lab_pair):
+    """Registered from ``--ep-library``, the plugin EP is listed as available and each list
+    gets it in its own order, as a session given its devices does (the way onnxruntime
+    documents for plugin EPs; by name alone some plugins, OpenVINO's, give the CPU)."""
+    fp32, _ = lab_pair
+    library = plugin_library()
+    answer = eprun("providers", fp32, "cpu_ep", f"{CPU},cpu_ep", "--ep-library", library)
+    assert "cpu_ep" in answer["available"]
+    assert [case["actual"] for case in answer["cases"]] == [["cpu_ep", CPU], [CPU, "cpu_ep"]]
+    assert [case["missing"] for case in answer["cases"]] == [[], []]
+    ort.register_execution_provider_library("test-cpu-ep", library)
+    try:
+        assert "cpu_ep" in ort.get_available_providers()
+        assert session_on(fp32, [], devices_of="cpu_ep").get_providers() == ["cpu_ep", CPU]
+    finally:
+        ort.unregister_execution_provider_library("test-cpu-ep")
+
+
+@plugin_cpu_ep
+def test_unregistered_plugin_name_is_unknown(eprun_fails, lab_pair):
+    fp32, int8 = lab_pair
+    line = eprun_fails(2, "layers", fp32, int8, "1", "--providers", "cpu_ep")
+    assert "'cpu_ep' is not a provider onnxruntime knows" in line
+
+
+@plugin_cpu_ep
+def test_layers_on_a_plugin_ep_recomputed(eprun, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    library = plugin_library()
+    answer = eprun("layers", fp32, int8, "7", "--providers", "cpu_ep", "--ep-library", library)
+    assert answer["providers"]["actual"] == ["cpu_ep", CPU]
+    assert answer["providers"]["missing"] == []
+    fp32_exposed, fp32_names = exposed_copy(fp32, tmp_path, "fp32")
+    int8_exposed, int8_names = exposed_copy(int8, tmp_path, "int8")
+    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = np.random.default_rng(7).standard_normal((64, features)).astype(np.float32)
+    ort.register_execution_provider_library("test-cpu-ep", library)
+    try:
+        reference = dict(zip(fp32_names, session_on(fp32_exposed, [CPU]).run(
+            fp32_names, {"x": x})))
+        on_plugin = session_on(int8_exposed, [], devices_of="cpu_ep")
+        candidate = dict(zip(int8_names, on_plugin.run(int8_names, {"x": x})))
+        plain = session_on(int8, [], devices_of="cpu_ep").run([int8_names[-1]], {"x": x})[0]
+    finally:
+        ort.unregister_execution_provider_library("test-cpu-ep")
+    assert_table(answer, reference, candidate, 64)
+    assert answer["exposure"] == {"output": int8_names[-1], "max_abs_diff": pytest.approx(
+        float(np.abs(plain.astype(np.float64) - candidate[int8_names[-1]]).max()), abs=0)}
+
+
+# -- the OpenVINO plugin package: registered by itself ------------------------------------------
+
+@plugin_openvino
+def test_openvino_plugin_package_is_registered_by_itself(eprun, eprun_fails, lab_pair):
+    """Where the plugin offers a device (an Intel CPU, GPU or NPU) the session gets it; where
+    it offers none (the plugin takes Intel devices only), the measurement is refused with the
+    reason, and --allow-fallback records the CPU."""
+    import onnxruntime_ep_openvino
+
+    fp32, int8 = lab_pair
+    ort.register_execution_provider_library("test-openvino", onnxruntime_ep_openvino
+                                            .get_library_path())
+    try:
+        offered = any(device.ep_name == OPENVINO for device in ort.get_ep_devices())
+    finally:
+        ort.unregister_execution_provider_library("test-openvino")
+    answer = eprun("providers", fp32, OPENVINO)
+    assert (OPENVINO in answer["available"]) is offered
+    assert (OPENVINO in answer["cases"][0]["actual"]) is offered
+    if offered:
+        measured = eprun("layers", fp32, int8, "1", "--providers", OPENVINO)
+        assert measured["providers"]["actual"][0] == OPENVINO
+    else:
+        line = eprun_fails(4, "layers", fp32, int8, "1", "--providers", OPENVINO)
+        assert "offers no device on this machine" in line
+        allowed = eprun("layers", fp32, int8, "1", "--providers", OPENVINO, "--allow-fallback")
+        assert allowed["providers"]["missing"] == [OPENVINO]
+
+
+# -- onnxruntime-openvino: OpenVINO built in ----------------------------------------------------
+
+@built_in_openvino
+def test_int8_against_itself_on_openvino_is_the_divergence_table(eprun, tmp_path):
+    """The same quantized transformer on OpenVINO and on the CPU: every boundary recomputed
+    from sessions made here on the same .npz inputs, and the exposure effect measured."""
+    import real_models
+
+    fp32 = tmp_path / "enc.onnx"
+    int8 = tmp_path / "enc_int8.onnx"
+    model = real_models.transformer_encoder(seed=3)
+    onnx.save(model, str(fp32))
+    real_models.quantize_qdq(fp32, int8, seed=4)
+    feeds = real_models.random_feeds(model, seed=5, rows=4)
+    np.savez(tmp_path / "inputs.npz", **feeds)
+    answer = eprun("layers", int8, int8, "0", "--providers", OPENVINO, "--inputs",
+                   tmp_path / "inputs.npz")
+    assert answer["providers"] == {"requested": [OPENVINO], "actual": [OPENVINO, CPU],
+                                   "fell_back": True, "missing": [], "reference": [CPU]}
+    exposed, names = exposed_copy(int8, tmp_path, "enc_int8")
+    reference = dict(zip(names, session_on(exposed, [CPU]).run(names, feeds)))
+    candidate = dict(zip(names, session_on(exposed, [OPENVINO]).run(names, feeds)))
+    assert_table(answer, reference, candidate, answer["rows"])
+    plain = session_on(int8, [OPENVINO]).run([names[-1]], feeds)[0]
+    assert answer["exposure"]["output"] == names[-1]
+    assert answer["exposure"]["max_abs_diff"] == pytest.approx(
+        float(np.abs(plain.astype(np.float64) - candidate[names[-1]]).max()), abs=0)
+
+
+@built_in_openvino
+def test_lab_pair_on_openvino_recomputed(eprun, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    answer = eprun("growth", fp32, int8, "11", "--providers", f"{OPENVINO},{CPU}")
+    fp32_exposed, fp32_names = exposed_copy(fp32, tmp_path, "fp32")
+    int8_exposed, int8_names = exposed_copy(int8, tmp_path, "int8")
+    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = np.random.default_rng(11).standard_normal((64, features)).astype(np.float32)
+    reference = session_on(fp32_exposed, [CPU]).run(fp32_names, {"x": x})
+    candidate = session_on(int8_exposed, [OPENVINO, CPU]).run(int8_names, {"x": x})
+    rel = [boundary_numbers(a, b, 64)["rel_error"] for a, b in zip(reference, candidate)]
+    assert answer["rel_error"] == pytest.approx(rel, rel=1e-6, abs=1e-12)
+    assert answer["providers"]["actual"] == [OPENVINO, CPU]
+    assert answer["providers"]["fell_back"] is False
+
+
+@built_in_openvino
+def test_check_on_openvino_counts_what_numpy_counts(lab_pair):
+    fp32, int8 = lab_pair
+    result = run_eprun("check", fp32, int8, "--providers", OPENVINO, "--seed", "2")
+    assert result.code in (0, 1), result.stderr
+    answer = result.answer
+    assert answer["providers"]["actual"] == [OPENVINO, CPU]
+    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = np.random.default_rng(2).standard_normal((64, features)).astype(np.float32)
+    expected = session_on(fp32, [CPU]).run(None, {"x": x})[0]
+    got = session_on(int8, [OPENVINO]).run(None, {"x": x})[0]
+    violations = int(np.count_nonzero(~np.isclose(got, expected, rtol=1e-2, atol=1e-3)))
+    assert answer["outputs"][0]["violations"] == violations
+    assert (result.code == 1) is (violations > 0 or answer["outputs"][0]["cosine"] < 0.999)
+
+
+@built_in_openvino
+def test_settings_on_openvino_recomputed(eprun, lab_pair):
+    _, int8 = lab_pair
+    answer = eprun("settings", int8, "4", "--providers", OPENVINO)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(int8), options, providers=[OPENVINO])
+    features = session.get_inputs()[0].shape[1]
+    x = np.random.default_rng(4).standard_normal((64, features)).astype(np.float32)
+    y = session.run(None, {"x": x})[0]
+    assert answer["baseline"]["max_abs_output"] == pytest.approx(float(np.abs(y).max()),
+                                                                 rel=1e-6)
+    assert answer["providers"]["reference"] == [OPENVINO, CPU]
+
+
+@built_in_openvino
+def test_sensitivity_on_openvino_runs_every_variant_there(eprun, lab_pair):
+    fp32, int8 = lab_pair
+    answer = eprun("sensitivity", fp32, int8, "3", "--providers", OPENVINO, "--max-units", "1")
+    assert answer["providers"]["actual"] == [OPENVINO, CPU]
+    assert answer["providers"]["reference"] == [CPU]
+    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = np.random.default_rng(3).standard_normal((64, features)).astype(np.float32)
+    reference = session_on(fp32, [CPU]).run(None, {"x": x})[0]
+    quantized = session_on(int8, [OPENVINO]).run(None, {"x": x})[0]
+    assert answer["quantized"]["rel_error"] == pytest.approx(
+        boundary_numbers(reference, quantized, 64)["rel_error"], rel=1e-6)
+
+
+@built_in_openvino
+def test_ep_options_recorded_and_a_rejected_one_is_an_error(eprun, eprun_fails, lab_pair):
+    fp32, int8 = lab_pair
+    answer = eprun("layers", fp32, int8, "1", "--providers", OPENVINO, "--ep-option",
+                   f"{OPENVINO}:precision=ACCURACY")
+    assert answer["providers"]["options"] == {OPENVINO: {"precision": "ACCURACY"}}
+    assert answer["providers"]["actual"] == [OPENVINO, CPU]
+    for command in (["layers", fp32, int8, "1", "--providers", OPENVINO],
+                    ["providers", fp32, OPENVINO]):
+        line = eprun_fails(4, *command, "--ep-option", f"{OPENVINO}:no_such_key=1")
+        assert "no_such_key" in line, command
+
+
+@built_in_openvino
+def test_placement_counts_the_subgraphs_onnxruntime_assigned(eprun, lab_pair):
+    _, int8 = lab_pair
+    answer = eprun("placement", int8, f"{OPENVINO},{CPU}")
+    assert answer["actual"] == [OPENVINO, CPU]
+    if answer["source"] == "graph_assignment_info":
+        options = ort.SessionOptions()
+        options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        session = ort.InferenceSession(str(int8), options, providers=[OPENVINO, CPU])
+        expected: dict = {}
+        for subgraph in session.get_provider_graph_assignment_info():
+            expected[subgraph.ep_name] = expected.get(subgraph.ep_name, 0) + 1
+        assert answer["subgraphs"] == expected
+    assert sum(answer["counts"].values()) == len(answer["nodes"])

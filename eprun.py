@@ -1179,10 +1179,11 @@ class InputOptions:
     dims: dict = dataclasses.field(default_factory=dict)
     ranges: dict = dataclasses.field(default_factory=dict)
     file: str | None = None
+    arrays: dict | None = None  # inputs read from a golden file (``load_golden``)
 
     @property
     def shaped(self) -> bool:
-        return bool(self.dims or self.ranges or self.file)
+        return bool(self.dims or self.ranges or self.file or self.arrays is not None)
 
 
 class Feed(NamedTuple):
@@ -1293,6 +1294,8 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
             raise EprunError(f"--input-range names {name!r}, which is not an input of {path!r} "
                              f"(inputs: {', '.join(names) or 'none'})", EXIT_USAGE)
     stored = _load_inputs_file(options.file, names, path) if options.file else {}
+    if options.arrays is not None:
+        stored = options.arrays
     batch_symbols = {spec.dims[0] for spec in specs
                      if spec.dims and isinstance(spec.dims[0], str)}
     for key in options.dims:
@@ -1474,6 +1477,76 @@ INPUT_ARGS = (
 def inputs_from(args: argparse.Namespace) -> InputOptions:
     return InputOptions(rows=args.rows, dims=dict(args.dim), ranges=dict(args.input_range),
                         file=args.inputs_file)
+
+
+# -- golden files --------------------------------------------------------------------------------
+
+# The member of a golden .npz that says what it holds; the arrays are input_<i>, tensor_<i>.
+_GOLDEN_META = "eprun"
+
+
+def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *,
+                providers: list[str]) -> dict:
+    """Store reference tensors measured here (``kind`` "outputs" for check, "boundaries" for
+    layers) with the inputs they were measured on, for a run on another machine
+    (``load_golden``): the numbers a model gives depend on the machine, and the point is to
+    compare across machines. Written all or nothing; returns the answer's ``golden`` record."""
+    import json
+    import platform
+
+    import numpy as np
+
+    meta = {"eprun": __version__, "kind": kind, "model": os.path.basename(model),
+            "tensors": list(tensors), "inputs": list(inputs), "providers": providers,
+            "onnxruntime": import_ort().__version__, "machine": platform.machine()}
+    arrays = {f"input_{i}": np.asarray(value) for i, value in enumerate(inputs.values())}
+    arrays.update({f"tensor_{i}": np.asarray(value) for i, value in enumerate(tensors.values())})
+    arrays[_GOLDEN_META] = np.array(json.dumps(meta))
+    write_atomically(lambda stream: np.savez(stream, **arrays), path)
+    return {"saved": path}
+
+
+def load_golden(path: str, kind: str, tensor_names: list[str], model: str
+                ) -> tuple[dict, dict, dict]:
+    """``(record, inputs, tensors)`` of a golden file, refused (exit 4) when it holds another
+    kind of tensors or other names than ``tensor_names`` (what ``model`` gives here): tensors
+    of another graph are not compared."""
+    import json
+
+    import numpy as np
+
+    require_file(path, "golden")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            meta = json.loads(str(archive[_GOLDEN_META]))
+            inputs = {name: archive[f"input_{i}"] for i, name in enumerate(meta["inputs"])}
+            tensors = {name: archive[f"tensor_{i}"] for i, name in enumerate(meta["tensors"])}
+    except Exception as exc:
+        raise EprunError(f"{path!r} is not a golden file eprun wrote ({type(exc).__name__}: "
+                         f"{one_line(exc)}); write one with --save-outputs or "
+                         "--save-boundaries") from exc
+    if meta.get("kind") != kind:
+        raise EprunError(f"{path!r} holds {meta.get('kind')}, not {kind}; load it with the "
+                         "command that saved it")
+    if meta["tensors"] != list(tensor_names):
+        differ = next((f"{stored!r} where {model!r} has {here!r}" for stored, here in
+                       zip(meta["tensors"], tensor_names) if stored != here),
+                      f"{len(meta['tensors'])} tensors where {model!r} has "
+                      f"{len(tensor_names)}")
+        raise EprunError(f"{path!r} was saved from another graph than {model!r} "
+                         f"({differ}); refusing to compare")
+    record = {"loaded": path, **{key: meta.get(key) for key in ("model", "providers",
+                                                               "onnxruntime", "machine")}}
+    return record, inputs, tensors
+
+
+def golden_paths(save: str | None, load: str | None, inputs: list[str], option: str) -> None:
+    """Check a save/load pair before anything is measured."""
+    if save and load:
+        raise EprunError(f"--save-{option} and --load-{option} exclude each other: save on "
+                         "the machine that gives the reference, load on the other", EXIT_USAGE)
+    if save:
+        check_output(save, inputs)
 
 
 # -- sessions ------------------------------------------------------------------------------------
@@ -2764,7 +2837,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
                    inputs: InputOptions | None = None,
                    boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
                    local: bool = False, max_memory: int | None = None, pair: str = "position",
-                   targets: Targets | None = None):
+                   targets: Targets | None = None, save_boundaries: str | None = None,
+                   load_boundaries: str | None = None):
     """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
 
     One model is in memory at a time: the fp32 session runs once for every boundary and is
@@ -2775,16 +2849,28 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     ``targets`` runs each side on other providers (``Targets``); the answer then says which
     (``providers``) and, off the CPU, how far exposing the boundaries moved the candidate's
     final output there (``exposure``): an EP compiles the exposed graph differently.
+    ``save_boundaries`` stores the fp32 side's boundary tensors and inputs; ``load_boundaries``
+    takes them from such a file (made on another machine) instead of running the fp32 model.
     """
     require_file(fp32_path)
     require_file(int8_path)
+    golden_paths(save_boundaries, load_boundaries, [fp32_path, int8_path], "boundaries")
+    if load_boundaries and local:
+        raise EprunError("--local feeds each segment tensors of the fp32 run, which "
+                         "--load-boundaries does not make; use one or the other", EXIT_USAGE)
     targets = targets or Targets(None, None, True)
     fp32 = PairedModel(fp32_path, boundary_ops, targets.reference, targets.allow_fallback)
     int8 = PairedModel(int8_path, boundary_ops, targets.candidate, targets.allow_fallback)
+    pairs = plan_pairs(fp32, int8, pair)
+    golden, stored = None, {}
+    if load_boundaries:
+        golden, stored_inputs, stored = load_golden(
+            load_boundaries, "boundaries", [fp32.boundaries[i] for i, _ in pairs], fp32_path)
+        inputs = dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs)
+        fp32.actual = golden["providers"]
     feed = make_feeds(specs_from_model(fp32.model), seed, inputs, fp32_path)
     int8_feed = feed_for(specs_from_model(int8.model), int8_path, feed)
     rows = feed.rows
-    pairs = plan_pairs(fp32, int8, pair)
     _suggest_boundary_ops(fp32, boundary_ops)
     _warn_if_swapped(fp32, int8)
     segments = (LocalSegments(int8, [int8.boundaries[j] for _, j in pairs],
@@ -2809,9 +2895,13 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     side_values = segments.fp32_values(fp32, feed.arrays) if segments else {}
     entries, final, previous = [], None, None
     progress = Progress("comparing boundaries", len(pairs))
+    kept = {}  # the fp32 tensors --save-boundaries stores
     for batch in batches:  # one session at a time, released before the next opens
-        a_values = fetch(fp32, fp32.session(fp32.runtime), [fp32_names[k] for k in batch],
-                         feed.arrays)
+        a_values = ({fp32_names[k]: stored[fp32_names[k]] for k in batch} if load_boundaries
+                    else fetch(fp32, fp32.session(fp32.runtime),
+                               [fp32_names[k] for k in batch], feed.arrays))
+        if save_boundaries:
+            kept.update(a_values)
         b_values = fetch(int8, int8.session(int8.runtime), [int8_names[k] for k in batch],
                          int8_feed)
         for k in batch:
@@ -2844,6 +2934,12 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
         answer["providers"] = targets.field(int8.actual, fp32.actual)
     if targets.accelerated() and entries:
         answer["exposure"] = exposure_of(int8, int8_names[-1], final, int8_feed)
+    if save_boundaries:
+        golden = save_golden(save_boundaries, "boundaries", fp32_path,
+                             {name: kept[name] for name in fp32_names}, feed.arrays,
+                             providers=fp32.actual)
+    if golden:
+        answer["golden"] = golden
     return answer, final
 
 
@@ -3150,7 +3246,8 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            local: bool = False, max_memory: int | None = None, pair: str = "position",
            providers: list[str] | None = None, reference_providers: list[str] | None = None,
            allow_fallback: bool = False, ep_library: list[str] = (),
-           ep_options: dict | None = None) -> dict:
+           ep_options: dict | None = None, save_boundaries: str | None = None,
+           load_boundaries: str | None = None) -> dict:
     """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
     twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
     require_file(fp32)
@@ -3159,7 +3256,8 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
                            ep_options)
     return measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
                           metrics=metrics, local=local, max_memory=max_memory, pair=pair,
-                          targets=targets)[0]
+                          targets=targets, save_boundaries=save_boundaries,
+                          load_boundaries=load_boundaries)[0]
 
 
 def growth_from(rel_errors: list[float]) -> dict:
@@ -3212,7 +3310,7 @@ def growth_of(measured: dict) -> dict:
         worst = None if largest is None else {"index": largest[0], "rel_error": largest[1]}
         answer.update(local_rel_error=local_rel, worst_local=worst,
                       local_unavailable=measured["local_unavailable"])
-    for key in ("providers", "exposure"):
+    for key in ("providers", "exposure", "golden"):
         if key in measured:
             answer[key] = measured[key]
     return answer
@@ -3223,13 +3321,15 @@ def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            max_memory: int | None = None, pair: str = "position",
            providers: list[str] | None = None, reference_providers: list[str] | None = None,
            allow_fallback: bool = False, ep_library: list[str] = (),
-           ep_options: dict | None = None) -> dict:
+           ep_options: dict | None = None, save_boundaries: str | None = None,
+           load_boundaries: str | None = None) -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
     return growth_of(layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
                             local=local, max_memory=max_memory, pair=pair, providers=providers,
                             reference_providers=reference_providers,
                             allow_fallback=allow_fallback, ep_library=ep_library,
-                            ep_options=ep_options))
+                            ep_options=ep_options, save_boundaries=save_boundaries,
+                            load_boundaries=load_boundaries))
 
 
 # What layers and growth both take.
@@ -3247,6 +3347,12 @@ PAIR_ARGS = (
         help="also feed each int8 segment the fp32 tensors before it, to separate the error a "
              "layer introduces from the error it inherits"),
     *measure_ep_args(),
+    arg("--save-boundaries", metavar="FILE.npz",
+        help="also store the fp32 model's boundary tensors and the inputs, for "
+             "--load-boundaries on another machine"),
+    arg("--load-boundaries", metavar="FILE.npz",
+        help="take the fp32 side from a file --save-boundaries wrote (on its inputs) instead "
+             "of running the fp32 model; refused if its boundaries are not the stored ones"),
 )
 
 LAYERS = declare(Command(
@@ -3263,7 +3369,7 @@ LAYERS = declare(Command(
            '--metrics adds "sqnr_db"/"mse" per entry; --local adds "local" per entry and '
            '"local_unavailable"; --providers adds "providers": {"requested", "actual", '
            '"fell_back", "missing", "reference"} and, off the CPU, "exposure": {"output", '
-           '"max_abs_diff"}',
+           '"max_abs_diff"}; --save-boundaries/--load-boundaries add "golden"',
     example="eprun.py layers fp32.onnx int8.onnx 2026 --local --metrics sqnr"))
 
 GROWTH = declare(Command(
@@ -3841,14 +3947,18 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
           inputs: InputOptions | None = None, seed: int = 0, warmup: int = 1,
           retries: int = 2, retry_pause: float = 2.0, require_providers: bool = False,
           allow_fallback: bool = False, outputs_into: dict | None = None,
-          ep_library: list[str] = (), ep_options: dict | None = None) -> dict:
+          ep_library: list[str] = (), ep_options: dict | None = None,
+          save_outputs: str | None = None, load_outputs: str | None = None) -> dict:
     """The CI gate: does the candidate (model and providers) match the reference within
     tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
     provider the candidate's session did not get) unless ``allow_fallback``;
     ``require_providers`` asks for exactly the requested list. ``outputs_into`` (for
-    ``report``) receives the candidate's outputs by name, so they need not be computed again."""
+    ``report``) receives the candidate's outputs by name, so they need not be computed again.
+    ``save_outputs`` stores the reference's outputs and inputs; ``load_outputs`` takes them
+    from such a file instead of running the reference (made on another machine)."""
     require_file(reference)
     require_file(candidate)
+    golden_paths(save_outputs, load_outputs, [reference, candidate], "outputs")
     providers = ["CPUExecutionProvider"] if providers is None else providers
     reference_providers = (["CPUExecutionProvider"] if reference_providers is None
                            else reference_providers)
@@ -3863,14 +3973,30 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     tolerance.update({key: value for key, value in
                       (("rtol", rtol), ("atol", atol), ("min_cos", min_cos)) if value is not None})
     retries_used = [0]
-    reference_session = open_session(reference, what=repr(reference), on=reference_on)
-    feed = make_feeds(session_specs(reference_session, reference), seed, inputs,
-                      reference)
-    reference_outputs = run_session(reference_session, None, feed.arrays,
-                                    what=repr(reference), hint=dims_hint(feed))
-    reference_names = [value.name for value in reference_session.get_outputs()]
-    reference_actual = list(reference_session.get_providers())
-    del reference_session  # its outputs are all the rest needs: one model in memory at a time
+    golden = None
+    if load_outputs:  # the reference ran elsewhere: its graph says what the file must hold
+        graph = load_model(reference)
+        reference_names = [value.name for value in graph.graph.output]
+        golden, stored_inputs, stored = load_golden(load_outputs, "outputs", reference_names,
+                                                    reference)
+        feed = make_feeds(specs_from_model(graph), seed,
+                          dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs),
+                          reference)
+        reference_outputs = [stored[name] for name in reference_names]
+        reference_actual = golden["providers"]
+    else:
+        reference_session = open_session(reference, what=repr(reference), on=reference_on)
+        feed = make_feeds(session_specs(reference_session, reference), seed, inputs,
+                          reference)
+        reference_outputs = run_session(reference_session, None, feed.arrays,
+                                        what=repr(reference), hint=dims_hint(feed))
+        reference_names = [value.name for value in reference_session.get_outputs()]
+        reference_actual = list(reference_session.get_providers())
+        del reference_session  # its outputs are all the rest needs: one model at a time
+    if save_outputs:
+        golden = save_golden(save_outputs, "outputs", reference,
+                             dict(zip(reference_names, reference_outputs)), feed.arrays,
+                             providers=reference_actual)
     candidate_session = _with_retries(
         lambda: open_session(candidate, what=repr(candidate), on=on),
         retries, retry_pause, retries_used, candidate)
@@ -3929,7 +4055,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
                           "reference": reference_actual,
                           **({"options": ep_options} if ep_options else {})},
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
-            "failures": failures, "passed": not failures}
+            "failures": failures, "passed": not failures,
+            **({"golden": golden} if golden else {})}
 
 
 CHECK = declare(Command(
@@ -3966,12 +4093,20 @@ CHECK = declare(Command(
                  "(by default that fails the check)"),
         arg("--require-providers", action="store_true",
             help="fail unless the candidate's session got exactly --providers"),
+        arg("--save-outputs", metavar="FILE.npz",
+            help="also store the reference's outputs and the inputs, for --load-outputs on "
+                 "another machine"),
+        arg("--load-outputs", metavar="FILE.npz",
+            help="compare with the reference outputs stored by --save-outputs (on their "
+                 "inputs) instead of running the reference; refused if the reference model's "
+                 "outputs are not the stored ones"),
         *EP_ARGS),
     fields=("reference", "candidate", "seed", "rows", "profile", "tolerance", "providers",
             "warmup", "retries_used", "outputs", "failures", "passed"),
     detail='providers: {"requested", "actual", "fell_back", "reference"}; outputs: '
            '[{"reference", "candidate", "shape", "max_abs_diff", "max_rel_diff", "cosine", '
-           '"elements", "violations", "worst"}]; "inputs" as in layers',
+           '"elements", "violations", "worst"}]; "inputs" as in layers; --save-outputs and '
+           '--load-outputs add "golden"',
     example="eprun.py check fp32.onnx int8.onnx --profile int8 "
             "--providers CUDAExecutionProvider,CPUExecutionProvider",
     verdict=check_verdict))

@@ -401,3 +401,62 @@ def test_placement_counts_the_subgraphs_onnxruntime_assigned(eprun, lab_pair):
             expected[subgraph.ep_name] = expected.get(subgraph.ep_name, 0) + 1
         assert answer["subgraphs"] == expected
     assert sum(answer["counts"].values()) == len(answer["nodes"])
+
+
+# -- golden files: the reference measured on one machine, the candidate run on another -------
+
+def test_saved_outputs_hold_the_reference_run_and_give_the_same_verdict(lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    golden = tmp_path / "golden.npz"
+    first = run_eprun("check", fp32, int8, "--seed", "6", "--save-outputs", golden)
+    saved = first.answer
+    assert saved.pop("golden") == {"saved": str(golden)}
+    with np.load(golden, allow_pickle=False) as archive:
+        stored_x, stored_y = archive["input_0"], archive["tensor_0"]
+    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = np.random.default_rng(6).standard_normal((64, features)).astype(np.float32)
+    assert np.array_equal(stored_x, x)
+    assert np.array_equal(stored_y, session_on(fp32, [CPU]).run(None, {"x": x})[0])
+    second = run_eprun("check", fp32, int8, "--load-outputs", golden)
+    assert second.code == first.code and second.stderr == first.stderr
+    loaded = second.answer
+    record = loaded.pop("golden")
+    assert record["loaded"] == str(golden) and record["providers"] == [CPU]
+    assert record["onnxruntime"] == ort.__version__ and record["model"] == fp32.name
+    assert loaded.pop("inputs") == [{"name": "x", "dtype": "float32",
+                                     "shape": [64, features], "source": "file"}]
+    assert loaded.pop("seed") == 0 and saved.pop("seed") == 6
+    assert loaded == saved
+
+
+def test_saved_boundaries_give_the_same_table(eprun, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    golden = tmp_path / "boundaries.npz"
+    saved = eprun("layers", fp32, int8, "8", "--save-boundaries", golden)
+    plain = eprun("layers", fp32, int8, "8")
+    assert saved.pop("golden") == {"saved": str(golden)}
+    assert saved == plain
+    loaded = eprun("growth", fp32, int8, "8", "--load-boundaries", golden)
+    assert loaded["rel_error"] == [entry["rel_error"] for entry in plain["layers"]]
+    assert loaded["golden"]["loaded"] == str(golden)
+
+
+def test_golden_files_are_refused_where_they_do_not_fit(eprun, eprun_fails, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    golden = tmp_path / "boundaries.npz"
+    eprun("layers", fp32, int8, "8", "--save-boundaries", golden)
+    line = eprun_fails(4, "layers", int8, int8, "8", "--load-boundaries", golden)
+    assert "saved from another graph" in line and "refusing to compare" in line
+    line = eprun_fails(4, "check", fp32, int8, "--load-outputs", golden)
+    assert "holds boundaries, not outputs" in line
+    line = eprun_fails(2, "layers", fp32, int8, "8", "--load-boundaries", golden,
+                       "--save-boundaries", tmp_path / "again.npz")
+    assert "exclude each other" in line
+    line = eprun_fails(2, "layers", fp32, int8, "8", "--load-boundaries", golden, "--local")
+    assert "--local" in line
+    eprun_fails(3, "check", fp32, int8, "--load-outputs", tmp_path / "none.npz")
+    (tmp_path / "junk.npz").write_bytes(b"junk")
+    line = eprun_fails(4, "check", fp32, int8, "--load-outputs", tmp_path / "junk.npz")
+    assert "is not a golden file" in line
+    eprun_fails(3, "check", fp32, int8, "--save-outputs", tmp_path / "no" / "out.npz")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["boundaries.npz", "junk.npz"]

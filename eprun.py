@@ -15,6 +15,9 @@ Commands (each prints exactly one compact JSON object on one line to stdout):
     report    <fp32> <int8>                 every lab measurement, written as the deliverables
 
 Lists are one argument each, comma-joined; items are stripped and empty items dropped.
+Every command that opens sessions runs them where ``--providers`` says (built-in EPs by name,
+plugin EPs through their devices, ``policy:NAME`` device policies; ``--ep-library``,
+``--ep-option``), and refuses a measurement whose session did not get what was asked for.
 
 Flow: parse the arguments -> read each model's graph only (weights stay on disk) -> expose the
 boundaries in memory -> one session per model, one model at a time -> compare with numpy ->
@@ -26,11 +29,13 @@ Exit codes:
     1    a verdict that failed (``check``, ``providers --fail-on-fallback``): the JSON answer
          on stdout, one line on stderr saying why
     2    wrong usage: unknown command or option, wrong argument count, a seed that is not a
-         non-negative integer, a provider name onnxruntime does not know (``check``,
-         ``placement``), an output that is one of the inputs (or their external weights)
+         non-negative integer, a provider or ``policy:NAME`` onnxruntime does not know, a
+         malformed ``--ep-option``, an output that is one of the inputs (or their weights)
     3    a path that is not there: a missing input file (or a directory), an output's folder
-    4    any other failure: a file that is not a loadable ONNX model, boundary counts that
-         differ, a model eprun cannot feed or compare, an output it must not or cannot write
+    4    any other failure: a file that is not a loadable ONNX model, a session that did not
+         get a requested provider (``--providers`` without ``--allow-fallback``), a provider
+         that fails to start, boundary counts that differ, a model eprun cannot feed or
+         compare, an output it must not or cannot write
     130  interrupted (Ctrl-C)
     143  stopped by SIGTERM (129: SIGHUP)
 
@@ -245,10 +250,12 @@ EXIT_CODES = (
     (1, "failed verdict", ("check or providers --fail-on-fallback: the answer on stdout, the "
         "reason on stderr")),
     (2, "usage", ("unknown command or option, wrong argument count, a bad seed or number, an "
-        "unknown provider name (check, placement), an output that is an input")),
+        "unknown provider or policy name, a malformed --ep-option, an output that is an "
+        "input")),
     (3, "missing path", "a missing input file (or a directory), an output's folder"),
-    (4, "other failure", ("an unreadable model, boundary counts that differ, a model eprun "
-        "cannot feed or compare, an output it must not or cannot write")),
+    (4, "other failure", ("an unreadable model, a session without a requested provider, a "
+        "provider that fails to start, boundary counts that differ, a model eprun cannot feed "
+        "or compare, an output it must not or cannot write")),
     (130, "interrupted", "Ctrl-C"),
     (143, "terminated", "SIGTERM (129: SIGHUP)"),
 )

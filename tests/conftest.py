@@ -35,6 +35,14 @@ def _on_pinned_stack() -> bool:
 PINNED_STACK = _on_pinned_stack()
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "byte_exact_on_deliverables_cpu: compares with the committed deliverables "
+        "byte for byte only where onnxruntime picks the int8 kernel that made them "
+        "(tests/cpu.py: DELIVERABLES_CPU); elsewhere compares what does not depend on that "
+        "kernel and recomputes what does")
+
+
 def approx_tree(value):
     """A JSON value whose floats compare to a relative 1e-5 (for stacks other than the pinned
     one, whose kernels round differently)."""

@@ -16,6 +16,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import EPRUN, PINNED_STACK, ROOT, approx_tree
+from cpu import (
+    DELIVERABLES_CPU,
+    assert_report_is_this_cpus,
+    assert_settings_are_this_cpus,
+    report_apart_from_int8_kernel,
+    settings_apart_from_int8_kernel,
+)
 from onnx import TensorProto, helper, numpy_helper
 
 # -- settings that differ for real -------------------------------------------------------------
@@ -169,7 +176,12 @@ MACHINE = re.compile(r"Python \S+ on \S+ with \d+ logical CPUs")
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
+@pytest.mark.byte_exact_on_deliverables_cpu
 def test_report_regenerates_the_committed_deliverables(tmp_path):
+    """Byte for byte on the pinned stack and a CPU with the int8 kernel that made the committed
+    files. With another int8 kernel, the models, providers.json and growth.json still are;
+    settings.json and the report's Settings, Exposure and Gate bullets are this CPU's (sessions
+    opened here), and everything else in them is the committed text."""
     seed = json.loads((ROOT / "growth.json").read_text())["seed"]
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(EPRUN), "report", "fp32.onnx", "int8.onnx",
@@ -189,14 +201,26 @@ def test_report_regenerates_the_committed_deliverables(tmp_path):
     fresh_md, committed_md = (MACHINE.sub("Python <this machine>", text)
                               for text in (fresh_md, committed_md))
 
+    if not DELIVERABLES_CPU:
+        assert_settings_are_this_cpus(json.loads((out / "settings.json").read_text()),
+                                      ROOT / "int8.onnx")
+        assert_report_is_this_cpus(fresh_md, ROOT / "fp32.onnx", ROOT / "int8.onnx",
+                                   ROOT / "int8_exposed.onnx", seed)
+        fresh_md, committed_md = ("\n".join(report_apart_from_int8_kernel(text))
+                                  for text in (fresh_md, committed_md))
+        fresh, committed = (settings_apart_from_int8_kernel(json.loads(path.read_text()))
+                            for path in (out / "settings.json", ROOT / "settings.json"))
+        assert committed == (fresh if PINNED_STACK else approx_tree(fresh))
+    kernel_free = DELIVERABLES if DELIVERABLES_CPU else tuple(
+        name for name in DELIVERABLES if name != "settings.json")
     if PINNED_STACK:
-        for name in DELIVERABLES[:-1]:
+        for name in kernel_free[:-1]:
             assert (out / name).read_bytes() == (ROOT / name).read_bytes(), name
         assert fresh_md == committed_md
         return
     for name in DELIVERABLES[:2]:
         assert onnx.load(str(out / name)) == onnx.load(str(ROOT / name)), name
-    for name in DELIVERABLES[2:5]:
+    for name in kernel_free[2:-1]:
         fresh = json.loads((out / name).read_text())
         assert json.loads((ROOT / name).read_text()) == approx_tree(fresh), name
     assert NUMBER.sub("#", fresh_md) == NUMBER.sub("#", committed_md)

@@ -1542,16 +1542,32 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str
                       f"{len(tensor_names)}")
         raise EprunError(f"{path!r} was saved from another graph than {model!r} "
                          f"({differ}); refusing to compare")
+    if os.path.basename(model) != meta.get("model"):
+        note(f"{path!r} was saved from {meta.get('model')!r}, and is compared as "
+             f"{os.path.basename(model)!r}'s: the tensor names match")
     record = {"loaded": path, **{key: meta.get(key) for key in ("model", "providers",
                                                                "onnxruntime", "machine")}}
     return record, inputs, tensors
 
 
-def golden_paths(save: str | None, load: str | None, inputs: list[str], option: str) -> None:
+def require_golden_inputs(path: str, stored: dict, graph, model: str) -> None:
+    """The stored inputs must be the model's inputs, by name: others would be drawn afresh
+    and compared with tensors computed from different values."""
+    names = [value.name for value in graph_inputs(graph)]
+    if sorted(stored) != sorted(names):
+        raise EprunError(f"{path!r} holds inputs {', '.join(stored) or 'none'}, but {model!r} "
+                         f"takes {', '.join(names) or 'none'}; refusing to compare")
+
+
+def golden_paths(save: str | None, load: str | None, inputs: list[str], option: str,
+                 shaped: InputOptions | None = None) -> None:
     """Check a save/load pair before anything is measured."""
     if save and load:
         raise EprunError(f"--save-{option} and --load-{option} exclude each other: save on "
                          "the machine that gives the reference, load on the other", EXIT_USAGE)
+    if load and shaped is not None and (shaped.file or shaped.rows is not None):
+        raise EprunError(f"--load-{option} feeds the inputs stored in {load!r}; drop --inputs "
+                         "and --rows", EXIT_USAGE)
     if save:
         check_output(save, inputs)
 
@@ -2861,7 +2877,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     """
     require_file(fp32_path)
     require_file(int8_path)
-    golden_paths(save_boundaries, load_boundaries, [fp32_path, int8_path], "boundaries")
+    golden_paths(save_boundaries, load_boundaries, [fp32_path, int8_path], "boundaries",
+                 inputs)
     if load_boundaries and local:
         raise EprunError("--local feeds each segment tensors of the fp32 run, which "
                          "--load-boundaries does not make; use one or the other", EXIT_USAGE)
@@ -2873,6 +2890,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if load_boundaries:
         golden, stored_inputs, stored = load_golden(
             load_boundaries, "boundaries", [fp32.boundaries[i] for i, _ in pairs], fp32_path)
+        require_golden_inputs(load_boundaries, stored_inputs, fp32.model, fp32_path)
         inputs = dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs)
         fp32.actual = golden["providers"]
     feed = make_feeds(specs_from_model(fp32.model), seed, inputs, fp32_path)
@@ -2964,8 +2982,8 @@ def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict) -> di
             if value.shape == exposed_value.shape else float("nan"))
     if diff != 0:
         note(f"exposing the boundaries moved {output!r} on {','.join(side.actual)} by "
-             f"{diff:.6g} (max abs): the EP compiles the exposed graph differently, so the "
-             "table describes the exposed graph, not exactly the plain one")
+             f"{diff:.6g} (max abs): the session compiles or optimizes the exposed graph "
+             "differently, so the table describes the exposed graph, not exactly the plain one")
     return {"output": output, "max_abs_diff": float(diff)}
 
 
@@ -3191,6 +3209,7 @@ class LocalSegments:
     def __init__(self, int8: PairedModel, boundaries: list[str], *, fp32_names: set,
                  input_names: set, rows: int, metrics: tuple[str, ...]) -> None:
         self.path, self.rows, self.metrics = int8.path, rows, metrics
+        self.side = int8  # segments run where the int8 model runs (--providers)
         self.unavailable: list[dict] = []
         model = load_model(int8.path)
         producers = {output: node for node in model.graph.node for output in node.output}
@@ -3237,7 +3256,10 @@ class LocalSegments:
         segment = self.segments.get(k)
         if segment is None:
             return None
-        session = open_exposed(segment.model, self.path)
+        session = open_exposed(segment.model, self.path, on=self.side.on)
+        if self.side.on is not None:
+            require_got(session, self.side.on, f"segment {k} of {self.path!r}",
+                        self.side.allow_fallback)
         feeds = {name: self._fed(name, side_values[source])
                  for name, source in segment.sides.items()}
         if segment.start:
@@ -3965,7 +3987,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     from such a file instead of running the reference (made on another machine)."""
     require_file(reference)
     require_file(candidate)
-    golden_paths(save_outputs, load_outputs, [reference, candidate], "outputs")
+    golden_paths(save_outputs, load_outputs, [reference, candidate], "outputs", inputs)
     providers = ["CPUExecutionProvider"] if providers is None else providers
     reference_providers = (["CPUExecutionProvider"] if reference_providers is None
                            else reference_providers)
@@ -3986,6 +4008,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         reference_names = [value.name for value in graph.graph.output]
         golden, stored_inputs, stored = load_golden(load_outputs, "outputs", reference_names,
                                                     reference)
+        require_golden_inputs(load_outputs, stored_inputs, graph, reference)
         feed = make_feeds(specs_from_model(graph), seed,
                           dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs),
                           reference)
@@ -3998,12 +4021,9 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         reference_outputs = run_session(reference_session, None, feed.arrays,
                                         what=repr(reference), hint=dims_hint(feed))
         reference_names = [value.name for value in reference_session.get_outputs()]
-        reference_actual = list(reference_session.get_providers())
+        reference_actual = require_got(reference_session, reference_on, repr(reference),
+                                       allow_fallback)
         del reference_session  # its outputs are all the rest needs: one model at a time
-    if save_outputs:
-        golden = save_golden(save_outputs, "outputs", reference,
-                             dict(zip(reference_names, reference_outputs)), feed.arrays,
-                             providers=reference_actual)
     candidate_session = _with_retries(
         lambda: open_session(candidate, what=repr(candidate), on=on),
         retries, retry_pause, retries_used, candidate)
@@ -4052,6 +4072,10 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     if (require_providers and actual != providers) or (missing and not allow_fallback):
         failures.append({"bound": "providers", "requested": providers, "actual": actual,
                          "missing": missing})
+    if save_outputs:  # only once everything ran: a failed check leaves no file
+        golden = save_golden(save_outputs, "outputs", reference,
+                             dict(zip(reference_names, reference_outputs)), feed.arrays,
+                             providers=reference_actual)
     answer = {"reference": reference, "candidate": candidate, "seed": seed,
               "rows": feed.rows}
     if not feed.contract_shaped:
@@ -4097,7 +4121,8 @@ CHECK = declare(Command(
             help="seconds between tries (default 2)"),
         arg("--allow-fallback", action="store_true",
             help="pass even when the candidate's session did not get a provider it asked for "
-                 "(by default that fails the check)"),
+                 "(by default that fails the check), and run the reference on what its "
+                 "session got (by default that is exit 4)"),
         arg("--require-providers", action="store_true",
             help="fail unless the candidate's session got exactly --providers"),
         arg("--save-outputs", metavar="FILE.npz",

@@ -460,3 +460,53 @@ def test_golden_files_are_refused_where_they_do_not_fit(eprun, eprun_fails, lab_
     assert "is not a golden file" in line
     eprun_fails(3, "check", fp32, int8, "--save-outputs", tmp_path / "no" / "out.npz")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["boundaries.npz", "junk.npz"]
+
+
+def test_golden_inputs_must_be_the_models_and_nothing_is_left_on_failure(
+        eprun, eprun_fails, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    golden = tmp_path / "outputs.npz"
+    assert run_eprun("check", fp32, int8, "--save-outputs", golden).code in (0, 1)
+    renamed = onnx.load(str(fp32))
+    renamed.graph.input[0].name = "z"
+    for node in renamed.graph.node:
+        node.input[:] = ["z" if name == "x" else name for name in node.input]
+    onnx.save(renamed, str(tmp_path / "renamed.onnx"))
+    line = eprun_fails(4, "check", tmp_path / "renamed.onnx", tmp_path / "renamed.onnx",
+                       "--load-outputs", golden)
+    assert "holds inputs x" in line and "takes z" in line
+    line = eprun_fails(2, "check", fp32, int8, "--load-outputs", golden, "--rows", "8")
+    assert "drop --inputs and --rows" in line
+    (tmp_path / "bad.onnx").write_text("not a model")
+    eprun_fails(4, "check", fp32, tmp_path / "bad.onnx", "--save-outputs", tmp_path / "s.npz")
+    assert not (tmp_path / "s.npz").exists()
+
+
+def test_a_reference_that_misses_its_provider_is_refused(eprun_fails, lab_pair):
+    fp32, int8 = lab_pair
+    absent = next(name for name in ("CUDAExecutionProvider", "DmlExecutionProvider")
+                  if name not in ort.get_available_providers())
+    line = eprun_fails(4, "check", fp32, int8, "--reference-providers", absent)
+    assert f"asked for {absent} and got CPUExecutionProvider" in line
+    allowed = run_eprun("check", fp32, int8, "--reference-providers", absent,
+                        "--allow-fallback")
+    assert allowed.code in (0, 1) and allowed.answer["providers"]["reference"] == [CPU]
+
+
+def test_local_segments_open_where_the_candidate_runs(lab_pair, monkeypatch):
+    """--local cuts the int8 model into segments: each must run on the candidate's providers,
+    not on the CPU by default."""
+    fp32, int8 = lab_pair
+    real = tool.open_exposed
+    opened = []
+
+    def recording(model, model_path, *args, **kwargs):
+        opened.append((model_path, kwargs.get("on")))
+        return real(model, model_path, *args, **kwargs)
+
+    monkeypatch.setattr(tool, "open_exposed", recording)
+    answer = tool.layers(str(fp32), str(int8), 1, local=True, providers=[CPU])
+    assert any(entry["local"] for entry in answer["layers"][1:])
+    int8_sessions = [on for path, on in opened if path == str(int8)]
+    assert len(int8_sessions) >= len(answer["layers"])  # the whole model, then each segment
+    assert all(on is not None and on.requested == [CPU] for on in int8_sessions)

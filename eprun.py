@@ -1882,6 +1882,8 @@ def plugin_notes(lists: list[list[str]]) -> list[str]:
     """Why a registered plugin EP will not be in a session: it offers no device on this
     machine (the OpenVINO plugin, for one, offers Intel devices only)."""
     ort = import_ort()
+    if not PLUGINS.libraries:  # nothing registered (always so before onnxruntime 1.22)
+        return []
     with_devices = {device.ep_name for device in ort.get_ep_devices()}
     wanted = {name for requested in lists for name in requested}
     messages = []

@@ -46,6 +46,7 @@ command and field.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import errno
@@ -1300,9 +1301,8 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
         if name not in names:
             raise EprunError(f"--input-range names {name!r}, which is not an input of {path!r} "
                              f"(inputs: {', '.join(names) or 'none'})", EXIT_USAGE)
-    stored = _load_inputs_file(options.file, names, path) if options.file else {}
-    if options.arrays is not None:
-        stored = options.arrays
+    stored = (options.arrays if options.arrays is not None else
+              _load_inputs_file(options.file, names, path) if options.file else {})
     batch_symbols = {spec.dims[0] for spec in specs
                      if spec.dims and isinstance(spec.dims[0], str)}
     for key in options.dims:
@@ -1591,17 +1591,15 @@ def import_ort():
     return onnxruntime
 
 
-def open_session(source, options=None, what: str = "model",
-                 providers: list[str] | None = None, disabled: list[str] = (), *,
+def open_session(source, options=None, what: str = "model", disabled: list[str] = (), *,
                  on: ProviderRequest | None = None):
     """The one way eprun opens a session: from a path or serialized bytes, on the CPU unless
-    ``providers`` (a plain list) or ``on`` (a list with options, plugin EPs and device
-    policies, see ``ProviderRequest``) says otherwise, with the graph transformers named in
+    ``on`` says otherwise (see ``ProviderRequest``), with the graph transformers named in
     ``disabled`` turned off; any failure becomes one clear error whose cause is onnxruntime's
-    own exception."""
+    own exception, and a session without a provider ``on`` requires is refused
+    (``require_got``)."""
     ort = import_ort()
-    if on is None:
-        on = ProviderRequest(["CPUExecutionProvider"] if providers is None else providers)
+    on = on or ProviderRequest([CPU_EP])
     extra = {"disabled_optimizers": list(disabled)} if disabled else {}
     if on.strict:  # an EP that fails to start is the answer, not a quiet retry on the CPU
         extra["enable_fallback"] = 0
@@ -1614,12 +1612,14 @@ def open_session(source, options=None, what: str = "model",
             extra["provider_options"] = [dict(on.options.get(name, {})) for name in on.names]
     return_freed_memory()  # what sessions released before this one, so peaks do not stack
     try:
-        return ort.InferenceSession(source, sess_options=options, **extra)
+        session = ort.InferenceSession(source, sess_options=options, **extra)
     except Exception as exc:
-        asked = "" if providers is None and on.requested == ["CPUExecutionProvider"] else \
-            f" with providers {on.requested}"
+        asked = "" if on.requested == [CPU_EP] else f" with providers {on.requested}"
         raise EprunError(f"onnxruntime cannot open {what}{asked}: "
                          f"{type(exc).__name__}: {one_line(exc)}") from exc
+    if not on.allow_fallback:
+        require_got(session, on, what)
+    return session
 
 
 def return_freed_memory() -> None:
@@ -1679,7 +1679,9 @@ class ProviderRequest:
     ``policy:NAME`` item that lets onnxruntime choose the devices. ``options`` holds provider
     options by provider name (``--ep-option``). ``strict``: a provider that fails to start
     (an option it rejects, a missing driver) is an error, where onnxruntime would print a
-    banner and quietly retry on the CPU.
+    banner and quietly retry on the CPU. ``allow_fallback`` false: a session that does not
+    hold every requested provider is refused (``require_got``), as a measurement on another
+    provider would be a wrong answer.
 
     onnxruntime appends a built-in provider by its name. A plugin EP (registered from a
     library) is listed by ``get_available_providers`` too, yet asked for by name it silently
@@ -1691,6 +1693,7 @@ class ProviderRequest:
     requested: list[str]
     options: dict = dataclasses.field(default_factory=dict)
     strict: bool = False
+    allow_fallback: bool = True
 
     @property
     def names(self) -> list[str]:
@@ -1810,34 +1813,43 @@ def installed_plugins() -> list[tuple[str, str, list[str]]]:
     defines ``get_library_path()`` and ``get_ep_name()`` or ``get_ep_names()`` (the shape
     ``onnxruntime-ep-openvino`` and its peers share). Modules are read as text first and only
     such a module is imported, so unrelated packages are never imported."""
-    import importlib
     from importlib import metadata
 
     found = []
     for distribution in metadata.distributions():
-        name = (distribution.metadata["Name"] or "").lower().replace("_", "-")
-        requires = " ".join(distribution.requires or ()).lower()
-        if name.startswith("onnxruntime") and not name.startswith("onnxruntime-ep-"):
+        package = distribution.metadata["Name"] or ""
+        name = package.lower().replace("_", "-")
+        plugin_named = name.startswith("onnxruntime-ep-")
+        if name.startswith("onnxruntime") and not plugin_named:
             continue  # onnxruntime itself and its builds, genai, extensions
-        if not name.startswith("onnxruntime-ep-") and "onnxruntime" not in requires:
+        if not plugin_named and "onnxruntime" not in " ".join(distribution.requires or ()).lower():
             continue
         for file in distribution.files or ():
-            if file.name != "__init__.py" or len(file.parts) != 2:
-                continue
-            with contextlib.suppress(OSError, UnicodeDecodeError):
-                text = file.read_text(encoding="utf-8")
-                if "def get_library_path" not in text or "def get_ep_name" not in text:
-                    continue
+            if file.name == "__init__.py" and len(file.parts) == 2 and _looks_like_plugin(file):
                 try:
-                    module = importlib.import_module(file.parts[0])
-                    names = (list(module.get_ep_names()) if hasattr(module, "get_ep_names")
-                             else [module.get_ep_name()])
-                    found.append((distribution.metadata["Name"], module.get_library_path(),
-                                  names))
+                    found.append((package, *_plugin_entry(file.parts[0])))
                 except Exception as exc:
-                    note(f"installed plugin package {distribution.metadata['Name']!r} "
-                         f"cannot be used: {type(exc).__name__}: {one_line(exc)}")
+                    note(f"installed plugin package {package!r} cannot be used: "
+                         f"{type(exc).__name__}: {one_line(exc)}")
     return found
+
+
+def _looks_like_plugin(file) -> bool:
+    """Does a package's ``__init__.py`` define the plugin functions (read, not imported)?"""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return "def get_library_path" in text and "def get_ep_name" in text
+
+
+def _plugin_entry(module_name: str) -> tuple[str, list[str]]:
+    import importlib
+
+    module = importlib.import_module(module_name)
+    names = (list(module.get_ep_names()) if hasattr(module, "get_ep_names")
+             else [module.get_ep_name()])
+    return module.get_library_path(), names
 
 
 def prepare_providers(lists: list[list[str]], libraries: list[str] = (),
@@ -1925,20 +1937,19 @@ def require_known_providers(requested: list[str]) -> None:
         raise EprunError(messages[0], EXIT_USAGE)
 
 
-def require_got(session, on: ProviderRequest, what: str, allow_fallback: bool) -> list[str]:
-    """The session's providers, refused (exit 4) when a requested one is missing: a number
-    measured on another provider than the one asked for is a wrong answer. With
-    ``allow_fallback`` it is measured anyway, and the answer records what it ran on."""
+def require_got(session, on: ProviderRequest, what: str) -> None:
+    """Refuse (exit 4) a session that misses a requested provider: a number measured on
+    another provider than the one asked for is a wrong answer. (With ``--allow-fallback`` it is
+    measured anyway, and the answer records what it ran on.)"""
     actual = list(session.get_providers())
     missing = fallback_of(on.requested, actual)
-    if missing and not allow_fallback:
+    if missing:
         why = "".join(f" ({message})" for message in plugin_notes([missing]))
         raise EprunError(f"{what} asked for {','.join(on.requested)} and got "
                          f"{','.join(actual)} ({', '.join(missing)} missing{why}); a "
                          "measurement on other providers would answer another question: "
                          "install or fix the provider, or add --allow-fallback to measure on "
                          "what the session got")
-    return actual
 
 
 def parse_ep_option(text: str) -> tuple[str, str, str]:
@@ -1961,9 +1972,8 @@ class Targets(NamedTuple):
     ``--providers``, the reference (fp32) on ``--reference-providers``; None is the CPU with
     the contract's default session, and the answer left as the contract has it."""
 
-    candidate: ProviderRequest | None
-    reference: ProviderRequest | None
-    allow_fallback: bool
+    candidate: ProviderRequest | None = None
+    reference: ProviderRequest | None = None
 
     @property
     def given(self) -> bool:
@@ -2003,9 +2013,10 @@ def targets_from(providers: list[str] | None, reference_providers: list[str] | N
         if not requested:
             raise EprunError("the provider list is empty; name at least one provider, e.g. "
                              "CPUExecutionProvider", EXIT_USAGE)
-        return ProviderRequest(requested, options=ep_options, strict=not allow_fallback)
+        return ProviderRequest(requested, options=ep_options, strict=not allow_fallback,
+                               allow_fallback=allow_fallback)
 
-    return Targets(request(providers), request(reference_providers), allow_fallback)
+    return Targets(request(providers), request(reference_providers))
 
 
 # The options of the commands that measure (layers, growth, settings, sensitivity).
@@ -2806,9 +2817,8 @@ class PairedModel:
     boundaries and how to read a quantized one back as float."""
 
     def __init__(self, path: str, boundary_ops: tuple[str, ...],
-                 on: ProviderRequest | None = None, allow_fallback: bool = True) -> None:
-        self.path, self.boundary_ops = path, boundary_ops
-        self.on, self.allow_fallback = on, allow_fallback
+                 on: ProviderRequest | None = None) -> None:
+        self.path, self.boundary_ops, self.on = path, boundary_ops, on
         self.actual: list[str] = []
         self.model = load_model(path)
         self.boundaries = find_boundaries(self.model.graph, boundary_ops)
@@ -2850,8 +2860,7 @@ class PairedModel:
             expose_in_place(model, self.boundary_ops, extra=names, types=self.types,
                             unknown_as_float=False)
         session = open_exposed(model, self.path, on=self.on)
-        self.actual = (list(session.get_providers()) if self.on is None else
-                       require_got(session, self.on, repr(self.path), self.allow_fallback))
+        self.actual = list(session.get_providers())
         return session
 
     def boundary_bytes(self, name: str, rows: int) -> int | None:
@@ -2884,9 +2893,9 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if load_boundaries and local:
         raise EprunError("--local feeds each segment tensors of the fp32 run, which "
                          "--load-boundaries does not make; use one or the other", EXIT_USAGE)
-    targets = targets or Targets(None, None, True)
-    fp32 = PairedModel(fp32_path, boundary_ops, targets.reference, targets.allow_fallback)
-    int8 = PairedModel(int8_path, boundary_ops, targets.candidate, targets.allow_fallback)
+    targets = targets or Targets()
+    fp32 = PairedModel(fp32_path, boundary_ops, targets.reference)
+    int8 = PairedModel(int8_path, boundary_ops, targets.candidate)
     pairs = plan_pairs(fp32, int8, pair)
     golden, stored = None, {}
     if load_boundaries:
@@ -3211,7 +3220,7 @@ class LocalSegments:
     def __init__(self, int8: PairedModel, boundaries: list[str], *, fp32_names: set,
                  input_names: set, rows: int, metrics: tuple[str, ...]) -> None:
         self.path, self.rows, self.metrics = int8.path, rows, metrics
-        self.side = int8  # segments run where the int8 model runs (--providers)
+        self.on = int8.on  # segments run where the int8 model runs (--providers)
         self.unavailable: list[dict] = []
         model = load_model(int8.path)
         producers = {output: node for node in model.graph.node for output in node.output}
@@ -3258,10 +3267,7 @@ class LocalSegments:
         segment = self.segments.get(k)
         if segment is None:
             return None
-        session = open_exposed(segment.model, self.path, on=self.side.on)
-        if self.side.on is not None:
-            require_got(session, self.side.on, f"segment {k} of {self.path!r}",
-                        self.side.allow_fallback)
+        session = open_exposed(segment.model, self.path, on=self.on)
         feeds = {name: self._fed(name, side_values[source])
                  for name, source in segment.sides.items()}
         if segment.start:
@@ -3424,8 +3430,7 @@ class SettingsRunner:
                  targets: Targets | None = None) -> None:
         self.model, self.seed, self.inputs = model, seed, inputs
         self.feed: Feed | None = None
-        self.targets = targets or Targets(None, None, True)
-        self.on = self.targets.candidate
+        self.on = (targets or Targets()).candidate
         self.actual: list[str] = []
 
     def options(self, level: str, intra_op: int, optimized_path: str | None = None):
@@ -3442,9 +3447,7 @@ class SettingsRunner:
                 optimized_path: str | None = None):
         session = open_session(self.model, self.options(level, intra_op, optimized_path),
                                what=repr(self.model), disabled=disabled, on=self.on)
-        self.actual = (list(session.get_providers()) if self.on is None else
-                       require_got(session, self.on, repr(self.model),
-                                   self.targets.allow_fallback))
+        self.actual = list(session.get_providers())
         if self.feed is None:  # from the first session's metadata: a float model needs no onnx
             self.feed = make_feeds(session_specs(session, self.model), self.seed, self.inputs,
                                    self.model)
@@ -3831,15 +3834,10 @@ def placement(model: str, providers: list[str], seed: int = 0,
             # runs of consecutive nodes on one provider, in the order they ran
             subgraphs = [provider for provider, _ in
                          itertools.groupby(node["provider"] for node in nodes)]
-    counts: dict[str, int] = {}
-    for node in nodes:
-        counts[node["provider"]] = counts.get(node["provider"], 0) + 1
-    partitions: dict[str, int] = {}
-    for provider in subgraphs:
-        partitions[provider] = partitions.get(provider, 0) + 1
+    counts = dict(collections.Counter(node["provider"] for node in nodes))
     return {"model": model, "requested": providers, "actual": actual,
             "fell_back": actual != providers, "source": source, "counts": counts,
-            "nodes": nodes, "subgraphs": partitions}
+            "nodes": nodes, "subgraphs": dict(collections.Counter(subgraphs))}
 
 
 def _profiled_nodes(profile_path: str) -> list[dict]:
@@ -3997,8 +3995,10 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     require_known_providers(providers)
     require_known_providers(reference_providers)
     # A provider that fails to start is an error (exit 4, its message), not a quiet CPU run.
+    # The candidate's fallback is a verdict (exit 1), the reference's a refusal (exit 4).
     on = ProviderRequest(providers, options=ep_options or {}, strict=not allow_fallback)
-    reference_on = ProviderRequest(reference_providers, options=ep_options or {}, strict=True)
+    reference_on = ProviderRequest(reference_providers, options=ep_options or {}, strict=True,
+                                   allow_fallback=allow_fallback)
     profile = profile or "fp16"
     tolerance = dict(TOLERANCE_PROFILES[profile])
     tolerance.update({key: value for key, value in
@@ -4023,8 +4023,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         reference_outputs = run_session(reference_session, None, feed.arrays,
                                         what=repr(reference), hint=dims_hint(feed))
         reference_names = [value.name for value in reference_session.get_outputs()]
-        reference_actual = require_got(reference_session, reference_on, repr(reference),
-                                       allow_fallback)
+        reference_actual = list(reference_session.get_providers())
         del reference_session  # its outputs are all the rest needs: one model at a time
     candidate_session = _with_retries(
         lambda: open_session(candidate, what=repr(candidate), on=on),
@@ -4368,7 +4367,7 @@ class SensitivityRun:
         require_file(fp32)
         require_file(int8)
         self.fp32, self.int8 = fp32, int8
-        self.targets = targets or Targets(None, None, True)
+        self.targets = targets or Targets()
         self.actual: list[str] = []
         self.fp32_model = load_model(fp32)
         self.int8_model = load_model(int8)
@@ -4385,24 +4384,19 @@ class SensitivityRun:
         fp32_output = _final(self.fp32_model)
         self.output = _final(self.int8_model)
         model = load_model(fp32)
-        session = self.open(model, fp32, self.targets.reference)
+        session = open_exposed(model, fp32, on=self.targets.reference)
         self.reference_actual = list(session.get_providers())
         self.reference = run_session(session, [fp32_output], self.feed.arrays,
                                      what=repr(fp32))[0]
         del session
         self.sessions = 0
 
-    def open(self, model, path: str, on: ProviderRequest | None, extra_arrays=None):
-        session = open_exposed(model, path, extra_arrays=extra_arrays, on=on)
-        if on is not None:
-            require_got(session, on, repr(path), self.targets.allow_fallback)
-        return session
-
     def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
         model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored, self.fp32)
         used = {tensor.name for tensor in model.graph.initializer}
         weights = {name: array for name, array in self.int8_weights.items() if name in used}
-        session = self.open(model, self.int8, self.targets.candidate, {**weights, **arrays})
+        session = open_exposed(model, self.int8, extra_arrays={**weights, **arrays},
+                               on=self.targets.candidate)
         self.actual = list(session.get_providers())
         self.sessions += 1
         (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import models
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -35,6 +36,27 @@ plugin_openvino = pytest.mark.skipif(
 
 
 # -- oracles: onnxruntime sessions made here, numbers with numpy -------------------------------
+
+def lab_input(model, seed: int) -> np.ndarray:
+    """The contract input for a [batch, F] model (models.contract_input)."""
+    features = onnx.load(str(model)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    return models.contract_input(seed, features)
+
+
+def absent_provider() -> str:
+    """A provider onnxruntime knows but this build does not have."""
+    return next(name for name in ("CUDAExecutionProvider", "DmlExecutionProvider")
+                if name not in ort.get_available_providers())
+
+
+def test_a_registered_plugin_ep_goes_through_its_devices(monkeypatch):
+    """By name alone a plugin EP can silently give the CPU (OpenVINO's does): once one is
+    requested, every provider of the list is appended through the session options."""
+    monkeypatch.setattr(tool.PLUGINS, "libraries", {"/plugins/libx.so": ["cpu_ep"]})
+    assert tool.ProviderRequest(["cpu_ep", CPU]).by_devices()
+    assert tool.ProviderRequest(["policy:PREFER_NPU"]).by_devices()
+    assert not tool.ProviderRequest([OPENVINO, CPU]).by_devices()  # built in: by name
+
 
 def plugin_library() -> str:
     import nxrt_ep_cpu
@@ -129,12 +151,12 @@ def test_request_splits_names_and_policy():
     assert (request.names, request.policy) == ([OPENVINO, CPU], None)
 
 
-def test_missing_provider_is_refused_unless_fallback_is_allowed(eprun, eprun_fails, lab_pair):
+def test_missing_provider_is_refused_unless_fallback_is_allowed(eprun, eprun_fails, lab_pair,
+                                                               tmp_path):
     """A provider this build does not have: the session quietly gets the CPU. The measurement
     is refused (exit 4, naming what it got); --allow-fallback measures and records it."""
     fp32, int8 = lab_pair
-    absent = next(name for name in ("CUDAExecutionProvider", "DmlExecutionProvider")
-                  if name not in ort.get_available_providers())
+    absent = absent_provider()
     for command in (["layers", fp32, int8, "1"], ["settings", int8, "1"],
                     ["sensitivity", fp32, int8, "1", "--max-units", "1"]):
         line = eprun_fails(4, *command, "--providers", absent)
@@ -146,7 +168,13 @@ def test_missing_provider_is_refused_unless_fallback_is_allowed(eprun, eprun_fai
                                     "missing": [absent], "reference": [CPU]}
     assert allowed["layers"] == plain["layers"]
     # off the CPU was asked for: the plain model on what the session got is run too
-    assert allowed["exposure"]["output"] == plain["layers"][-1]["int8"]
+    output = plain["layers"][-1]["int8"]
+    exposed, _ = exposed_copy(int8, tmp_path, "int8")
+    x = lab_input(fp32, 1)
+    exposed_y = session_on(exposed, [CPU]).run([output], {"x": x})[0]
+    plain_y = session_on(int8, [CPU]).run([output], {"x": x})[0]
+    assert allowed["exposure"] == {"output": output, "max_abs_diff": pytest.approx(
+        float(np.abs(plain_y.astype(np.float64) - exposed_y).max()), abs=0)}
 
 
 def test_cpu_providers_add_the_record_and_change_no_number(eprun, lab_pair):
@@ -238,8 +266,7 @@ def test_layers_on_a_plugin_ep_recomputed(eprun, lab_pair, tmp_path):
     assert answer["providers"]["missing"] == []
     fp32_exposed, fp32_names = exposed_copy(fp32, tmp_path, "fp32")
     int8_exposed, int8_names = exposed_copy(int8, tmp_path, "int8")
-    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
-    x = np.random.default_rng(7).standard_normal((64, features)).astype(np.float32)
+    x = lab_input(fp32, 7)
     ort.register_execution_provider_library("test-cpu-ep", library)
     try:
         reference = dict(zip(fp32_names, session_on(fp32_exposed, [CPU]).run(
@@ -318,8 +345,7 @@ def test_lab_pair_on_openvino_recomputed(eprun, lab_pair, tmp_path):
     answer = eprun("growth", fp32, int8, "11", "--providers", f"{OPENVINO},{CPU}")
     fp32_exposed, fp32_names = exposed_copy(fp32, tmp_path, "fp32")
     int8_exposed, int8_names = exposed_copy(int8, tmp_path, "int8")
-    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
-    x = np.random.default_rng(11).standard_normal((64, features)).astype(np.float32)
+    x = lab_input(fp32, 11)
     reference = session_on(fp32_exposed, [CPU]).run(fp32_names, {"x": x})
     candidate = session_on(int8_exposed, [OPENVINO, CPU]).run(int8_names, {"x": x})
     rel = [boundary_numbers(a, b, 64)["rel_error"] for a, b in zip(reference, candidate)]
@@ -335,8 +361,7 @@ def test_check_on_openvino_counts_what_numpy_counts(lab_pair):
     assert result.code in (0, 1), result.stderr
     answer = result.answer
     assert answer["providers"]["actual"] == [OPENVINO, CPU]
-    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
-    x = np.random.default_rng(2).standard_normal((64, features)).astype(np.float32)
+    x = lab_input(fp32, 2)
     expected = session_on(fp32, [CPU]).run(None, {"x": x})[0]
     got = session_on(int8, [OPENVINO]).run(None, {"x": x})[0]
     violations = int(np.count_nonzero(~np.isclose(got, expected, rtol=1e-2, atol=1e-3)))
@@ -352,8 +377,7 @@ def test_settings_on_openvino_recomputed(eprun, lab_pair):
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(int8), options, providers=[OPENVINO])
-    features = session.get_inputs()[0].shape[1]
-    x = np.random.default_rng(4).standard_normal((64, features)).astype(np.float32)
+    x = lab_input(int8, 4)
     y = session.run(None, {"x": x})[0]
     assert answer["baseline"]["max_abs_output"] == pytest.approx(float(np.abs(y).max()),
                                                                  rel=1e-6)
@@ -366,8 +390,7 @@ def test_sensitivity_on_openvino_runs_every_variant_there(eprun, lab_pair):
     answer = eprun("sensitivity", fp32, int8, "3", "--providers", OPENVINO, "--max-units", "1")
     assert answer["providers"]["actual"] == [OPENVINO, CPU]
     assert answer["providers"]["reference"] == [CPU]
-    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
-    x = np.random.default_rng(3).standard_normal((64, features)).astype(np.float32)
+    x = lab_input(fp32, 3)
     reference = session_on(fp32, [CPU]).run(None, {"x": x})[0]
     quantized = session_on(int8, [OPENVINO]).run(None, {"x": x})[0]
     assert answer["quantized"]["rel_error"] == pytest.approx(
@@ -387,20 +410,28 @@ def test_ep_options_recorded_and_a_rejected_one_is_an_error(eprun, eprun_fails, 
         assert "no_such_key" in line, command
 
 
-@built_in_openvino
-def test_placement_counts_the_subgraphs_onnxruntime_assigned(eprun, lab_pair):
+@pytest.mark.parametrize("requested", [[CPU], [OPENVINO, CPU]])
+def test_placement_counts_the_subgraphs_onnxruntime_assigned(eprun, lab_pair, requested):
+    if not set(requested) <= set(ort.get_available_providers()):
+        pytest.skip(f"{requested[0]} is not installed (make test-ep runs this)")
     _, int8 = lab_pair
-    answer = eprun("placement", int8, f"{OPENVINO},{CPU}")
-    assert answer["actual"] == [OPENVINO, CPU]
+    answer = eprun("placement", int8, ",".join(requested))
+    assert answer["actual"] == requested
+    assert sum(answer["counts"].values()) == len(answer["nodes"])
     if answer["source"] == "graph_assignment_info":
         options = ort.SessionOptions()
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-        session = ort.InferenceSession(str(int8), options, providers=[OPENVINO, CPU])
+        session = ort.InferenceSession(str(int8), options, providers=requested)
         expected: dict = {}
         for subgraph in session.get_provider_graph_assignment_info():
             expected[subgraph.ep_name] = expected.get(subgraph.ep_name, 0) + 1
-        assert answer["subgraphs"] == expected
-    assert sum(answer["counts"].values()) == len(answer["nodes"])
+    else:  # a profile: each run of consecutive nodes on one provider is one subgraph
+        expected, previous = {}, None
+        for node in answer["nodes"]:
+            if node["provider"] != previous:
+                expected[node["provider"]] = expected.get(node["provider"], 0) + 1
+            previous = node["provider"]
+    assert answer["subgraphs"] == expected
 
 
 # -- golden files: the reference measured on one machine, the candidate run on another -------
@@ -413,8 +444,7 @@ def test_saved_outputs_hold_the_reference_run_and_give_the_same_verdict(lab_pair
     assert saved.pop("golden") == {"saved": str(golden)}
     with np.load(golden, allow_pickle=False) as archive:
         stored_x, stored_y = archive["input_0"], archive["tensor_0"]
-    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
-    x = np.random.default_rng(6).standard_normal((64, features)).astype(np.float32)
+    x = lab_input(fp32, 6)
     assert np.array_equal(stored_x, x)
     assert np.array_equal(stored_y, session_on(fp32, [CPU]).run(None, {"x": x})[0])
     second = run_eprun("check", fp32, int8, "--load-outputs", golden)
@@ -424,7 +454,7 @@ def test_saved_outputs_hold_the_reference_run_and_give_the_same_verdict(lab_pair
     assert record["loaded"] == str(golden) and record["providers"] == [CPU]
     assert record["onnxruntime"] == ort.__version__ and record["model"] == fp32.name
     assert loaded.pop("inputs") == [{"name": "x", "dtype": "float32",
-                                     "shape": [64, features], "source": "file"}]
+                                     "shape": list(x.shape), "source": "file"}]
     assert loaded.pop("seed") == 0 and saved.pop("seed") == 6
     assert loaded == saved
 
@@ -484,8 +514,7 @@ def test_golden_inputs_must_be_the_models_and_nothing_is_left_on_failure(
 
 def test_a_reference_that_misses_its_provider_is_refused(eprun_fails, lab_pair):
     fp32, int8 = lab_pair
-    absent = next(name for name in ("CUDAExecutionProvider", "DmlExecutionProvider")
-                  if name not in ort.get_available_providers())
+    absent = absent_provider()
     line = eprun_fails(4, "check", fp32, int8, "--reference-providers", absent)
     assert f"asked for {absent} and got CPUExecutionProvider" in line
     allowed = run_eprun("check", fp32, int8, "--reference-providers", absent,

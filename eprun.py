@@ -1671,6 +1671,9 @@ _ACCELERATOR_POLICIES = ("PREFER_NPU", "PREFER_GPU")
 PLUGIN_EPS_SINCE = (1, 22)
 
 
+_WARNING = 2  # onnxruntime's log severity for warnings
+
+
 @dataclasses.dataclass
 class ProviderRequest:
     """Where a session is asked to run.
@@ -1724,6 +1727,9 @@ class ProviderRequest:
             settings = {key: str(value) for key, value in self.options.get(name, {}).items()}
             own = [device for device in devices if device.ep_name == name]
             if own:
+                if settings and not 0 <= options.log_severity_level <= _WARNING:
+                    # a plugin EP says only in its log that it ignored an option
+                    options.log_severity_level = _WARNING
                 options.add_provider_for_devices(own, settings)
             elif name in available and name not in PLUGINS.names():
                 options.add_provider(name, settings)
@@ -1757,8 +1763,8 @@ class PluginLibraries:
 
     def register(self, path: str, names: list[str] | None = None, what: str = "--ep-library"
                  ) -> list[str]:
-        """Register the library at ``path`` (once); the EP names it offers: ``names`` when its
-        package says them, else the EP names of the devices it added."""
+        """Register the library at ``path`` (once); the EP names it offers: ``names`` (what
+        its package says) and the EP names of the devices it added."""
         ort = import_ort()
         require_plugin_support(what)
         require_file(path, "EP library")
@@ -1772,8 +1778,10 @@ class PluginLibraries:
             raise EprunError(f"{path!r} is not an execution provider library onnxruntime "
                              f"{ort.__version__} can load: {type(exc).__name__}: "
                              f"{one_line(exc)}") from exc
-        offered = list(names) if names else sorted(
-            {device.ep_name for device in ort.get_ep_devices()} - before)
+        # a package can name fewer EPs than its library adds (OpenVINO's names one and adds
+        # "OpenVINOExecutionProvider.AUTO" too), and a library with no device here adds none
+        added = sorted({device.ep_name for device in ort.get_ep_devices()} - before)
+        offered = list(dict.fromkeys([*(names or ()), *added]))
         self.libraries[real] = offered
         return offered
 
@@ -1881,6 +1889,10 @@ def prepare_providers(lists: list[list[str]], libraries: list[str] = (),
         if not any(provider in requested for requested in lists):
             raise EprunError(f"--ep-option names {provider}, which no provider list of this "
                              f"command asks for ({'; '.join(map(','.join, lists))})", EXIT_USAGE)
+    for name in sorted(set(options or {}) & PLUGINS.names()):
+        note(f"{name} is a plugin EP: onnxruntime hands it the --ep-option values unchecked, "
+             "and it may ignore one it does not use without an error (the EP's own warnings "
+             "are shown); the answer's \"options\" are what was given, not what it applied")
 
 
 def _closest(name: str, known: list[str] | tuple, what: str) -> str:

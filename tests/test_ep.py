@@ -23,9 +23,10 @@ OPENVINO = "OpenVINOExecutionProvider"
 CPU = "CPUExecutionProvider"
 RELEASE = tuple(int(part) for part in ort.__version__.split(".")[:2])
 PLUGINS_SUPPORTED = RELEASE >= (1, 22)
+BUILT_IN = frozenset(ort.get_available_providers())  # before any library is registered here
 
 built_in_openvino = pytest.mark.skipif(
-    OPENVINO not in ort.get_available_providers(),
+    OPENVINO not in BUILT_IN,
     reason="onnxruntime-openvino is not installed (make test-ep runs these)")
 plugin_cpu_ep = pytest.mark.skipif(
     not PLUGINS_SUPPORTED or importlib.util.find_spec("nxrt_ep_cpu") is None,
@@ -36,6 +37,45 @@ plugin_openvino = pytest.mark.skipif(
 
 
 # -- oracles: onnxruntime sessions made here, numbers with numpy -------------------------------
+
+@pytest.fixture(scope="module")
+def plugin_packages():
+    """The installed plugin EP packages registered in this process too, as eprun registers
+    them by itself: an oracle session must see the devices eprun's sessions see (on an Intel
+    CPU the OpenVINO plugin offers one, and a device policy then picks it)."""
+    registered = []
+    if PLUGINS_SUPPORTED and importlib.util.find_spec("onnxruntime_ep_openvino") is not None:
+        import onnxruntime_ep_openvino
+
+        ort.register_execution_provider_library("test-openvino",
+                                                onnxruntime_ep_openvino.get_library_path())
+        registered.append("test-openvino")
+    yield
+    for name in registered:
+        ort.unregister_execution_provider_library(name)
+
+
+@pytest.fixture(scope="module")
+def openvino(plugin_packages):
+    """Open a session on OpenVINO in whichever packaging is installed, the way each is
+    documented: built in by name, the plugin through its devices. Skips where neither is
+    installed, or the plugin offers no device (it takes Intel devices only)."""
+    if OPENVINO in BUILT_IN:
+        def by_name(path, options=None):
+            return ort.InferenceSession(str(path), options, providers=[OPENVINO, CPU])
+        return by_name
+    devices = ([device for device in ort.get_ep_devices() if device.ep_name == OPENVINO]
+               if PLUGINS_SUPPORTED else [])
+    if not devices:
+        pytest.skip("OpenVINO is not installed, or its plugin offers no device on this machine "
+                    "(make test-ep runs these)")
+
+    def by_devices(path, options=None):
+        options = options or ort.SessionOptions()
+        options.add_provider_for_devices(devices, {})
+        return ort.InferenceSession(str(path), options)
+    return by_devices
+
 
 def lab_input(model, seed: int) -> np.ndarray:
     """The contract input for a [batch, F] model (models.contract_input)."""
@@ -217,7 +257,7 @@ def test_ep_library_that_is_missing_or_not_a_library(eprun_fails, lab_pair, tmp_
 
 
 @pytest.mark.skipif(not PLUGINS_SUPPORTED, reason="device policies need onnxruntime 1.22+")
-def test_policy_names_are_checked(eprun, eprun_fails, lab_pair):
+def test_policy_names_are_checked(eprun, eprun_fails, lab_pair, plugin_packages):
     fp32, _ = lab_pair
     line = eprun_fails(2, "providers", fp32, "policy:PREFER_NPUU")
     assert "did you mean PREFER_NPU?" in line
@@ -284,25 +324,27 @@ def test_layers_on_a_plugin_ep_recomputed(eprun, lab_pair, tmp_path):
 # -- the OpenVINO plugin package: registered by itself ------------------------------------------
 
 @plugin_openvino
-def test_openvino_plugin_package_is_registered_by_itself(eprun, eprun_fails, lab_pair):
+def test_openvino_plugin_package_is_registered_by_itself(eprun, eprun_fails, lab_pair,
+                                                          plugin_packages):
     """Where the plugin offers a device (an Intel CPU, GPU or NPU) the session gets it; where
     it offers none (the plugin takes Intel devices only), the measurement is refused with the
     reason, and --allow-fallback records the CPU."""
-    import onnxruntime_ep_openvino
-
     fp32, int8 = lab_pair
-    ort.register_execution_provider_library("test-openvino", onnxruntime_ep_openvino
-                                            .get_library_path())
-    try:
-        offered = any(device.ep_name == OPENVINO for device in ort.get_ep_devices())
-    finally:
-        ort.unregister_execution_provider_library("test-openvino")
+    offered = any(device.ep_name == OPENVINO for device in ort.get_ep_devices())
     answer = eprun("providers", fp32, OPENVINO)
     assert (OPENVINO in answer["available"]) is offered
     assert (OPENVINO in answer["cases"][0]["actual"]) is offered
     if offered:
         measured = eprun("layers", fp32, int8, "1", "--providers", OPENVINO)
-        assert measured["providers"]["actual"][0] == OPENVINO
+        assert measured["providers"]["actual"] == [OPENVINO, CPU]
+        assert measured["providers"]["missing"] == []
+        # the package names one EP, its library's devices carry more (".AUTO"): each is known
+        carried = sorted({device.ep_name for device in ort.get_ep_devices()
+                          if device.ep_name.startswith(OPENVINO)})
+        for name in carried:
+            result = run_eprun("growth", fp32, int8, "1", "--providers", name)
+            assert result.code == 0, (name, result.stderr)
+            assert result.answer["providers"]["actual"] == [name, CPU]
     else:
         line = eprun_fails(4, "layers", fp32, int8, "1", "--providers", OPENVINO)
         assert "offers no device on this machine" in line
@@ -312,8 +354,7 @@ def test_openvino_plugin_package_is_registered_by_itself(eprun, eprun_fails, lab
 
 # -- onnxruntime-openvino: OpenVINO built in ----------------------------------------------------
 
-@built_in_openvino
-def test_int8_against_itself_on_openvino_is_the_divergence_table(eprun, tmp_path):
+def test_int8_against_itself_on_openvino_is_the_divergence_table(eprun, tmp_path, openvino):
     """The same quantized transformer on OpenVINO and on the CPU: every boundary recomputed
     from sessions made here on the same .npz inputs, and the exposure effect measured."""
     import real_models
@@ -331,31 +372,29 @@ def test_int8_against_itself_on_openvino_is_the_divergence_table(eprun, tmp_path
                                    "fell_back": True, "missing": [], "reference": [CPU]}
     exposed, names = exposed_copy(int8, tmp_path, "enc_int8")
     reference = dict(zip(names, session_on(exposed, [CPU]).run(names, feeds)))
-    candidate = dict(zip(names, session_on(exposed, [OPENVINO]).run(names, feeds)))
+    candidate = dict(zip(names, openvino(exposed).run(names, feeds)))
     assert_table(answer, reference, candidate, answer["rows"])
-    plain = session_on(int8, [OPENVINO]).run([names[-1]], feeds)[0]
+    plain = openvino(int8).run([names[-1]], feeds)[0]
     assert answer["exposure"]["output"] == names[-1]
     assert answer["exposure"]["max_abs_diff"] == pytest.approx(
         float(np.abs(plain.astype(np.float64) - candidate[names[-1]]).max()), abs=0)
 
 
-@built_in_openvino
-def test_lab_pair_on_openvino_recomputed(eprun, lab_pair, tmp_path):
+def test_lab_pair_on_openvino_recomputed(eprun, lab_pair, tmp_path, openvino):
     fp32, int8 = lab_pair
     answer = eprun("growth", fp32, int8, "11", "--providers", f"{OPENVINO},{CPU}")
     fp32_exposed, fp32_names = exposed_copy(fp32, tmp_path, "fp32")
     int8_exposed, int8_names = exposed_copy(int8, tmp_path, "int8")
     x = lab_input(fp32, 11)
     reference = session_on(fp32_exposed, [CPU]).run(fp32_names, {"x": x})
-    candidate = session_on(int8_exposed, [OPENVINO, CPU]).run(int8_names, {"x": x})
+    candidate = openvino(int8_exposed).run(int8_names, {"x": x})
     rel = [boundary_numbers(a, b, 64)["rel_error"] for a, b in zip(reference, candidate)]
     assert answer["rel_error"] == pytest.approx(rel, rel=1e-6, abs=1e-12)
     assert answer["providers"]["actual"] == [OPENVINO, CPU]
     assert answer["providers"]["fell_back"] is False
 
 
-@built_in_openvino
-def test_check_on_openvino_counts_what_numpy_counts(lab_pair):
+def test_check_on_openvino_counts_what_numpy_counts(lab_pair, openvino):
     fp32, int8 = lab_pair
     result = run_eprun("check", fp32, int8, "--providers", OPENVINO, "--seed", "2")
     assert result.code in (0, 1), result.stderr
@@ -363,20 +402,19 @@ def test_check_on_openvino_counts_what_numpy_counts(lab_pair):
     assert answer["providers"]["actual"] == [OPENVINO, CPU]
     x = lab_input(fp32, 2)
     expected = session_on(fp32, [CPU]).run(None, {"x": x})[0]
-    got = session_on(int8, [OPENVINO]).run(None, {"x": x})[0]
+    got = openvino(int8).run(None, {"x": x})[0]
     violations = int(np.count_nonzero(~np.isclose(got, expected, rtol=1e-2, atol=1e-3)))
     assert answer["outputs"][0]["violations"] == violations
     assert (result.code == 1) is (violations > 0 or answer["outputs"][0]["cosine"] < 0.999)
 
 
-@built_in_openvino
-def test_settings_on_openvino_recomputed(eprun, lab_pair):
+def test_settings_on_openvino_recomputed(eprun, lab_pair, openvino):
     _, int8 = lab_pair
     answer = eprun("settings", int8, "4", "--providers", OPENVINO)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(int8), options, providers=[OPENVINO])
+    session = openvino(int8, options)
     x = lab_input(int8, 4)
     y = session.run(None, {"x": x})[0]
     assert answer["baseline"]["max_abs_output"] == pytest.approx(float(np.abs(y).max()),
@@ -384,15 +422,14 @@ def test_settings_on_openvino_recomputed(eprun, lab_pair):
     assert answer["providers"]["reference"] == [OPENVINO, CPU]
 
 
-@built_in_openvino
-def test_sensitivity_on_openvino_runs_every_variant_there(eprun, lab_pair):
+def test_sensitivity_on_openvino_runs_every_variant_there(eprun, lab_pair, openvino):
     fp32, int8 = lab_pair
     answer = eprun("sensitivity", fp32, int8, "3", "--providers", OPENVINO, "--max-units", "1")
     assert answer["providers"]["actual"] == [OPENVINO, CPU]
     assert answer["providers"]["reference"] == [CPU]
     x = lab_input(fp32, 3)
     reference = session_on(fp32, [CPU]).run(None, {"x": x})[0]
-    quantized = session_on(int8, [OPENVINO]).run(None, {"x": x})[0]
+    quantized = openvino(int8).run(None, {"x": x})[0]
     assert answer["quantized"]["rel_error"] == pytest.approx(
         boundary_numbers(reference, quantized, 64)["rel_error"], rel=1e-6)
 
@@ -410,10 +447,26 @@ def test_ep_options_recorded_and_a_rejected_one_is_an_error(eprun, eprun_fails, 
         assert "no_such_key" in line, command
 
 
+@plugin_openvino
+def test_options_a_plugin_ep_ignores_are_said_to_be_unchecked(lab_pair, openvino):
+    """onnxruntime hands a plugin EP its options unchecked, and OpenVINO's plugin ignores an
+    unknown key without a word (and "precision" with only a log line): the session opens, so
+    the answer must not pass the given options off as applied."""
+    fp32, int8 = lab_pair
+    result = run_eprun("layers", fp32, int8, "1", "--providers", OPENVINO,
+                       "--ep-option", f"{OPENVINO}:no_such_key=1")
+    assert result.code == 0, result.stderr
+    assert result.answer["providers"]["options"] == {OPENVINO: {"no_such_key": "1"}}
+    assert result.answer["providers"]["actual"] == [OPENVINO, CPU]
+    assert f"{OPENVINO} is a plugin EP" in result.stderr
+    assert "what was given, not what it applied" in result.stderr
+
+
 @pytest.mark.parametrize("requested", [[CPU], [OPENVINO, CPU]])
-def test_placement_counts_the_subgraphs_onnxruntime_assigned(eprun, lab_pair, requested):
-    if not set(requested) <= set(ort.get_available_providers()):
-        pytest.skip(f"{requested[0]} is not installed (make test-ep runs this)")
+def test_placement_counts_the_subgraphs_onnxruntime_assigned(eprun, lab_pair, requested,
+                                                             request):
+    opener = (request.getfixturevalue("openvino") if OPENVINO in requested else
+              lambda path, options: ort.InferenceSession(str(path), options, providers=[CPU]))
     _, int8 = lab_pair
     answer = eprun("placement", int8, ",".join(requested))
     assert answer["actual"] == requested
@@ -421,7 +474,7 @@ def test_placement_counts_the_subgraphs_onnxruntime_assigned(eprun, lab_pair, re
     if answer["source"] == "graph_assignment_info":
         options = ort.SessionOptions()
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-        session = ort.InferenceSession(str(int8), options, providers=requested)
+        session = opener(int8, options)
         expected: dict = {}
         for subgraph in session.get_provider_graph_assignment_info():
             expected[subgraph.ep_name] = expected.get(subgraph.ep_name, 0) + 1

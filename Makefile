@@ -52,7 +52,7 @@ NEED_PINNED_STACK = $(if $(filter requirements.txt,$(STACK_$(PY_VERSION))),,$(er
 # whatever its stamps say: FORCE makes its install rules run, and venv_install rebuilds it.
 VENV_STALE := $(if $(filter $(PY_VERSION),$(call PY_VERSION_OF,$(VENV)/bin/python)),,FORCE)
 
-.PHONY: lab models deliverables test lint test-current test-oldest test-ep bench mutation clean FORCE
+.PHONY: lab models deliverables test lint test-current test-oldest test-ep bench bench-ep mutation clean FORCE
 
 lab: $(VENV)/.lab-installed
 	$(MAKE) --no-print-directory deliverables RUN=$(VENV)/bin/python
@@ -101,6 +101,16 @@ test-ep: .venv-openvino/.dev-installed .venv-plugin/.dev-installed
 # a few minutes and ~3 GB of scratch disk (BENCH_FLAGS=--skip-large for the lab pair only).
 bench: $(VENV)/.bench-installed
 	$(VENV)/bin/python bench/bench.py $(BENCH_FLAGS)
+
+# layers --providers OpenVINOExecutionProvider against the same three sessions by hand (fp32
+# exposed on the CPU, int8 exposed and plain on the EP), on OpenVINO built in and as a plugin EP
+# (the plugin offers Intel devices only: elsewhere its run stops with eprun's exit 4).
+OPENVINO_PLUGIN = $$(.venv-plugin/bin/python -c 'import onnxruntime_ep_openvino as m; print(m.get_library_path())')
+
+bench-ep: $(VENV)/.lab-installed .venv-openvino/.dev-installed .venv-plugin/.dev-installed
+	$(VENV)/bin/python bench/bench.py --only-ep --ep-python .venv-openvino/bin/python $(BENCH_FLAGS)
+	$(VENV)/bin/python bench/bench.py --only-ep --ep-python .venv-plugin/bin/python \
+	  --ep-library "$(OPENVINO_PLUGIN)" $(BENCH_FLAGS)
 
 # $(call venv_install,VENV,PYTHON,REQUIREMENTS): pip-install REQUIREMENTS into VENV, a venv of
 # PYTHON. VENV is first removed when another Python version made it, when its Python no longer

@@ -16,6 +16,11 @@ Not a test. Builds its own models in a scratch folder, runs every route as separ
 * ``partition`` and ``expose`` on a model with >= 2 GB of external data against ``onnx.load``
   of it and against ``python -c "import onnx"``.
 
+``--ep-python PYTHON --ep NAME`` (``make bench-ep``: OpenVINO from ``.venv-openvino``) adds
+``layers --providers NAME`` run by that interpreter against the same measurement by hand (the
+fp32 model exposed on the CPU, the int8 model exposed and plain on the EP), on the lab pair and
+the 16x2048 pair; ``--ep-library PATH`` for a plugin EP.
+
 Usage: ``python bench/bench.py [--repeat N] [--work DIR] [--skip-large]`` (``make bench``).
 Polygraphy comes from requirements-bench.txt; without it that route is reported as missing.
 """
@@ -145,6 +150,47 @@ for a, b in zip(fp32, int8):
     err, scale = float(np.abs(a - b).max()), float(np.abs(a).max())
     out.append([err, scale, err / scale if scale else 0.0])
 print(json.dumps(out))
+''',
+    # layers --providers EP by hand: the fp32 model exposed on the CPU, the int8 model exposed
+    # on the EP, then the plain int8 model on the EP (how far exposure moved the final output).
+    # A plugin EP (argv[5], its library) is appended through its devices.
+    "layers_ep": FLOOR_COMMON + BOUNDARIES + '''
+import onnxruntime as ort
+ep = sys.argv[4]
+if len(sys.argv) > 5:
+    ort.register_execution_provider_library("bench", sys.argv[5])
+def session(model, on_ep):
+    if not on_ep:
+        return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    if len(sys.argv) > 5:
+        options = ort.SessionOptions()
+        options.add_provider_for_devices(
+            [d for d in ort.get_ep_devices() if d.ep_name == ep], {})
+        return ort.InferenceSession(model, options)
+    return ort.InferenceSession(model, providers=[ep, "CPUExecutionProvider"])
+fp32 = onnx.load(sys.argv[1])
+fa = expose(fp32)
+sa = session(fp32.SerializeToString(), False)
+features = sa.get_inputs()[0].shape[1]
+x = np.random.default_rng(int(sys.argv[3])).standard_normal((64, features)).astype(np.float32)
+ya = sa.run(fa, {"x": x})
+del sa, fp32
+int8 = onnx.load(sys.argv[2])
+plain = int8.SerializeToString()
+fb = expose(int8)
+sb = session(int8.SerializeToString(), True)
+yb = sb.run(fb, {"x": x})
+del sb, int8
+yp = session(plain, True).run([fb[-1]], {"x": x})[0]
+out = []
+for a, b in zip(ya, yb):
+    a, b = a.astype(np.float64).reshape(64, -1), b.astype(np.float64).reshape(64, -1)
+    err, scale = float(np.abs(a - b).max()), float(np.abs(a).max())
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    cos = np.where(norms == 0, 1.0, (a * b).sum(1) / np.where(norms == 0, 1, norms))
+    out.append([err, scale, err / scale if scale else 0.0, float(cos.min())])
+exposure = float(np.abs(yp.astype(np.float64) - yb[-1]).max())
+print(json.dumps({"layers": out, "exposure": exposure}))
 ''',
     # providers with report's lists: onnxruntime alone, one session per list in turn.
     "providers_report": FLOOR_COMMON + '''
@@ -439,6 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", help="scratch folder (default: a temporary one, removed)")
     parser.add_argument("--skip-large", action="store_true",
                         help="only the lab-shaped pair (no 2048-wide or 2 GB models)")
+    parser.add_argument("--ep-python", help="an interpreter whose onnxruntime has --ep")
+    parser.add_argument("--ep", default="OpenVINOExecutionProvider",
+                        help="the EP --ep-python measures on")
+    parser.add_argument("--ep-library", help="the plugin EP library --ep comes from")
+    parser.add_argument("--only-ep", action="store_true",
+                        help="only the --ep-python routes")
     parser.add_argument("--build", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.build:  # the child that builds the models (see below)
@@ -458,44 +510,13 @@ def main(argv: list[str] | None = None) -> int:
                        + (["--skip-large"] if args.skip_large else []), check=True)
         fp32, int8 = str(work / "lab" / "fp32.onnx"), str(work / "lab" / "int8.onnx")
         rows = []
-        commands = {
-            "providers": ([fp32, "CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"],
-                          [fp32, "CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"]),
-            "partition": ([int8, "MatMul"], [int8, "MatMul"]),
-            "expose": ([int8, str(work / "e1.onnx")], [int8, str(work / "e2.onnx")]),
-            "layers": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED)]),
-            "growth": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED), "growth"]),
-            "settings": ([int8, str(SEED)], [int8, str(SEED)]),
-        }
-        for command, (ours, floor) in commands.items():
-            if command == "layers":  # measured with its other routes below
-                continue
-            print(f"{command} ...", file=sys.stderr)
-            floor_script = script(work, f"floor_{command}", FLOORS["layers" if command ==
-                                                                     "growth" else command])
-            got = measure_together({"eprun": ([[PY, EPRUN, command, *ours]], None),
-                                    "floor": ([[PY, floor_script, *floor]], None)}, args.repeat)
-            rows.append(row(f"{command}, lab pair", got["eprun"], got["floor"],
-                            "hand-written floor"))
-        print("layers routes, lab pair ...", file=sys.stderr)
-        rows += layers_rows(work, fp32, int8, 32, "lab pair", args.repeat)
-        if not args.skip_large:
-            big32, big8 = str(work / "large" / "fp32.onnx"), str(work / "large" / "int8.onnx")
-            print("layers routes, large pair ...", file=sys.stderr)
-            rows += layers_rows(work, big32, big8, 2048, "16x2048² pair", args.repeat)
-            print("layers and report, CNN pair ...", file=sys.stderr)
-            rows += layers_rows(work, str(work / "cnn" / "fp32.onnx"),
-                                str(work / "cnn" / "int8.onnx"), 0, "CNN pair",
-                                args.repeat, CNN_DIMS, CNN_BOUNDARY, CNN_INPUTS, others=False)
-            huge = str(work / "huge" / "huge.onnx")
-            baseline = measure([[PY, "-c", "import onnx"]], args.repeat)
-            load = measure([[PY, "-c", f"import onnx; onnx.load({huge!r})"]], 1)
-            for command, extra in (("partition", ["MatMul"]),
-                                   ("expose", [str(work / "huge" / "huge_exposed.onnx")])):
-                ours = measure([[PY, EPRUN, command, huge, *extra]], args.repeat)
-                rows.append(row(f"{command}, 2 GiB external", ours, load, "onnx.load of it"))
-                rows.append(row(f"{command}, 2 GiB external", ours, baseline,
-                                "python -c 'import onnx'"))
+        if args.ep_python:
+            pairs = [("lab pair", fp32, int8)] + ([] if args.skip_large else [
+                ("16x2048² pair", str(work / "large" / "fp32.onnx"),
+                 str(work / "large" / "int8.onnx"))])
+            rows += ep_rows(work, args, pairs)
+        if not args.only_ep:
+            rows += cpu_rows(work, args, fp32, int8)
         print("| route | eprun s | other s | time ratio | eprun MB | other MB | memory ratio "
               "| other |")
         print("|---|---|---|---|---|---|---|---|")
@@ -504,6 +525,68 @@ def main(argv: list[str] | None = None) -> int:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def ep_rows(work: Path, args: argparse.Namespace, pairs: list[tuple[str, str, str]]
+            ) -> list[str]:
+    """``layers --providers EP`` against the same three sessions by hand, on each pair."""
+    floor = script(work, "floor_layers_ep", FLOORS["layers_ep"])
+    library = [args.ep_library] if args.ep_library else []
+    rows = []
+    for label, fp32, int8 in pairs:
+        print(f"layers --providers {args.ep}, {label} ...", file=sys.stderr)
+        got = measure_together({
+            "eprun": ([[args.ep_python, EPRUN, "layers", fp32, int8, str(SEED), "--providers",
+                        args.ep, *(["--ep-library", *library] if library else [])]], None),
+            "floor": ([[args.ep_python, floor, fp32, int8, str(SEED), args.ep, *library]],
+                      None)}, args.repeat)
+        rows.append(row(f"layers --providers {args.ep}, {label}", got["eprun"], got["floor"],
+                        "the same sessions by hand"))
+    return rows
+
+
+def cpu_rows(work: Path, args: argparse.Namespace, fp32: str, int8: str) -> list[str]:
+    """Every CPU route (see the module docstring)."""
+    rows = []
+    commands = {
+        "providers": ([fp32, "CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"],
+                      [fp32, "CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"]),
+        "partition": ([int8, "MatMul"], [int8, "MatMul"]),
+        "expose": ([int8, str(work / "e1.onnx")], [int8, str(work / "e2.onnx")]),
+        "layers": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED)]),
+        "growth": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED), "growth"]),
+        "settings": ([int8, str(SEED)], [int8, str(SEED)]),
+    }
+    for command, (ours, floor) in commands.items():
+        if command == "layers":  # measured with its other routes below
+            continue
+        print(f"{command} ...", file=sys.stderr)
+        floor_script = script(work, f"floor_{command}", FLOORS["layers" if command ==
+                                                                 "growth" else command])
+        got = measure_together({"eprun": ([[PY, EPRUN, command, *ours]], None),
+                                "floor": ([[PY, floor_script, *floor]], None)}, args.repeat)
+        rows.append(row(f"{command}, lab pair", got["eprun"], got["floor"],
+                        "hand-written floor"))
+    print("layers routes, lab pair ...", file=sys.stderr)
+    rows += layers_rows(work, fp32, int8, 32, "lab pair", args.repeat)
+    if not args.skip_large:
+        big32, big8 = str(work / "large" / "fp32.onnx"), str(work / "large" / "int8.onnx")
+        print("layers routes, large pair ...", file=sys.stderr)
+        rows += layers_rows(work, big32, big8, 2048, "16x2048² pair", args.repeat)
+        print("layers and report, CNN pair ...", file=sys.stderr)
+        rows += layers_rows(work, str(work / "cnn" / "fp32.onnx"),
+                            str(work / "cnn" / "int8.onnx"), 0, "CNN pair",
+                            args.repeat, CNN_DIMS, CNN_BOUNDARY, CNN_INPUTS, others=False)
+        huge = str(work / "huge" / "huge.onnx")
+        baseline = measure([[PY, "-c", "import onnx"]], args.repeat)
+        load = measure([[PY, "-c", f"import onnx; onnx.load({huge!r})"]], 1)
+        for command, extra in (("partition", ["MatMul"]),
+                               ("expose", [str(work / "huge" / "huge_exposed.onnx")])):
+            ours = measure([[PY, EPRUN, command, huge, *extra]], args.repeat)
+            rows.append(row(f"{command}, 2 GiB external", ours, load, "onnx.load of it"))
+            rows.append(row(f"{command}, 2 GiB external", ours, baseline,
+                            "python -c 'import onnx'"))
+    return rows
 
 
 if __name__ == "__main__":

@@ -442,17 +442,52 @@ def require_file(path: str, what: str = "model") -> None:
                          "give the path of a file")
 
 
+# Never written to, through a link or not: /dev/stdout would be replaced by a regular file.
+_SYSTEM_FOLDERS = ("/dev", "/proc", "/sys")
+
+
+def write_target(path: str) -> str:
+    """Where a write to ``path`` lands: a symbolic link is written through, to the file it
+    points to, and stays a link (eprun replaces only what it writes)."""
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
+def _places_of(path: str) -> list[str]:
+    """Every path a write to ``path`` goes through: itself, each hop of a chain of links (a
+    link to /proc/self/fd/1 is a way to stdout), and where it resolves."""
+    places = [os.path.abspath(path)]
+    current = places[0]
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        if not os.path.islink(current):
+            break
+        with contextlib.suppress(OSError):
+            current = os.path.normpath(os.path.join(os.path.dirname(current),
+                                                    os.readlink(current)))
+        places.append(current)
+    return list(dict.fromkeys([*places, os.path.realpath(path)]))
+
+
 def check_output(path: str, inputs: list[str]) -> None:
     """Refuse an output path before anything is written: one that is (or resolves to) an input
     file, a model's external data included (exit 2); whose folder does not exist (exit 3, the
-    path is not there); or that exists as anything but a regular file (exit 4: a device or
-    FIFO would be replaced by the rename)."""
+    path is not there); one under /dev, /proc or /sys, or that exists as anything but a
+    regular file (exit 4: a device or FIFO would be replaced by the rename). A link is
+    checked where it points (``write_target``)."""
     import stat
 
     for source in inputs:
         if _same_file(source, path):
             raise EprunError(f"refusing to overwrite the input file {source!r} with "
                              f"{path!r}; choose another output path", EXIT_USAGE)
+    for where in _places_of(path):
+        system = next((folder for folder in _SYSTEM_FOLDERS
+                       if where == folder or where.startswith(folder + os.sep)), None)
+        if system is not None:
+            how = "it is" if where == os.path.abspath(path) else f"it leads to {where!r},"
+            raise EprunError(f"cannot write {path!r}: {how} under {system}, which eprun never "
+                             "writes to (the JSON answer goes to stdout by itself); give the "
+                             "path of a file")
+    path = write_target(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise EprunError(f"cannot write {path!r}: folder {folder!r} does not exist; create it "
@@ -995,24 +1030,33 @@ def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS, extra: 
 
 class Staged(NamedTuple):
     """A complete, synced file not yet at its path: an unnamed ``O_TMPFILE`` (``handle``) or a
-    hidden temporary file (``temporary``)."""
+    hidden temporary file (``temporary``); ``folders``, the folders made for it (removed again
+    if it is not committed)."""
 
     path: str
     handle: int | None
     temporary: str | None
+    folders: tuple[str, ...] = ()
 
 
-def stage(data: bytes | Callable[[Any], None], path: str) -> Staged:
+def stage(data: bytes | Callable[[Any], None], path: str, make_folders: bool = False
+          ) -> Staged:
     """Write ``data`` (bytes, or a function that writes into the open file) beside ``path``
-    without giving it a name there yet.
+    without giving it a name there yet; with ``make_folders``, the missing folders on the way
+    are made first.
 
     On Linux the bytes go to an unnamed ``O_TMPFILE`` in the target folder, which vanishes by
     itself if eprun dies, even by ``kill -9``. Elsewhere a hidden temporary file is used and
     removed on any failure or signal eprun can catch.
     """
+    path = write_target(path)
     folder = os.path.dirname(os.path.abspath(path))
-    handle, temporary = None, None
+    handle, temporary, made = None, None, []
     try:
+        if make_folders:
+            for missing in _missing_folders(folder)[::-1]:  # the shallowest first
+                os.mkdir(missing)
+                made.append(missing)
         handle = _open_unnamed(folder)
         if handle is None:
             import tempfile
@@ -1030,9 +1074,9 @@ def stage(data: bytes | Callable[[Any], None], path: str) -> Staged:
                 stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
-        return Staged(path, handle, temporary)
+        return Staged(path, handle, temporary, tuple(made))
     except BaseException as exc:
-        discard([Staged(path, handle, temporary)])
+        discard([Staged(path, handle, temporary, tuple(made))])
         if isinstance(exc, OSError):
             raise EprunError(f"cannot write {path!r}: {exc.strerror or one_line(exc)}") from exc
         raise
@@ -1040,7 +1084,7 @@ def stage(data: bytes | Callable[[Any], None], path: str) -> Staged:
 
 def discard(staged: list[Staged]) -> None:
     """Drop staged files that will not be committed."""
-    for item in staged:
+    for item in reversed(staged):  # a folder made for the first is emptied by the later ones
         if item.handle is not None:
             with contextlib.suppress(OSError):
                 os.close(item.handle)
@@ -1048,6 +1092,26 @@ def discard(staged: list[Staged]) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(item.temporary)
             _TEMPORARIES.discard(item.temporary)
+        _remove_folders(item.folders)
+
+
+def _missing_folders(folder: str) -> list[str]:
+    """The folders ``os.makedirs(folder)`` would create, the deepest first."""
+    missing = []
+    folder = os.path.abspath(folder)
+    while not os.path.isdir(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
+
+
+def _remove_folders(folders: tuple[str, ...]) -> None:
+    for folder in reversed(folders):  # the deepest first, each empty once the one below is gone
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 # Signals that arrived while a set of renames was being committed, delivered right after it.
@@ -1072,33 +1136,20 @@ def signals_held() -> Iterator[None]:
             _act_on_signal(pending[0])
 
 
-def commit(staged: list[Staged], links: list[tuple[str, str]] = ()) -> None:
-    """Give every staged file its name, and make every ``(source, target)`` hard link, all
-    with signals held, so an interrupt lands before or after the whole set. An error before
-    the renames undoes the links (and the folders made for them); each rename is atomic within
-    its folder, so a reader sees an old or a new file, never a partial one."""
-    made: list[str] = []
+def commit(staged: list[Staged]) -> None:
+    """Give every staged file its name, with signals held, so an interrupt lands before or
+    after the whole set; each rename is atomic within its folder, so a reader sees an old or a
+    new file, never a partial one. The folders made for a file that did not get its name are
+    removed again."""
     names: list[str] = []
+    renamed = 0
     try:
         with signals_held():
-            for source, target in links:
-                missing = []
-                folder = os.path.dirname(target)
-                while not os.path.isdir(folder):
-                    missing.insert(0, folder)
-                    folder = os.path.dirname(folder)
-                for folder in missing:
-                    os.mkdir(folder)
-                    made.append(folder)
-                os.link(source, target)
-                made.append(target)
             for item in staged:  # named and renamed at once: no hidden name waits
                 names.append(item.temporary or _link_unnamed(item.handle, item.path))
                 os.replace(names[-1], item.path)
+                renamed += 1
     except BaseException as exc:
-        for path in reversed(made):
-            with contextlib.suppress(OSError):
-                os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
         if isinstance(exc, OSError):
             raise EprunError(f"cannot write {exc.filename or staged[0].path!r}: "
                              f"{exc.strerror or one_line(exc)}") from exc
@@ -1113,6 +1164,8 @@ def commit(staged: list[Staged], links: list[tuple[str, str]] = ()) -> None:
                 with contextlib.suppress(OSError):
                     os.unlink(name)
             _TEMPORARIES.discard(name)
+        for item in staged[renamed:]:
+            _remove_folders(item.folders)
 
 
 def write_atomically(data: bytes | Callable[[Any], None], path: str) -> None:
@@ -2346,31 +2399,42 @@ def _same_file(first: str, second: str) -> bool:
 
 def expose(model: str, out: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> dict:
     """Save a copy of the model whose outputs include every boundary; the input is untouched."""
-    answer, staged, links = prepare_expose(model, out, boundary_ops)
-    commit(staged, links)
+    answer, staged = prepare_expose(model, out, boundary_ops)
+    commit(staged)
     return answer
 
 
-def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS
-                   ) -> tuple[dict, list[Staged], list[tuple[str, str]]]:
-    """Everything ``expose`` writes, checked and staged but not yet visible: the answer, the
-    staged files and the hard links to make (see ``commit``)."""
+def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
+                   copied: dict | None = None) -> tuple[dict, list[Staged]]:
+    """Everything ``expose`` writes, checked and staged but not yet visible: the answer and
+    the staged files (see ``commit``). A model keeping its weights in other files gets
+    ``"external_data"`` in the answer: how the copy reaches each file (see
+    ``plan_external_data``). ``copied`` (target: how) skips the files another staging of
+    the same run already copies."""
     model = load_model(model_path)
     check_output(out_path, [model_path, *external_data_files(model, model_path)])
     boundaries = expose_in_place(model, boundary_ops)
-    links, copies = plan_external_data(model, model_path, out_path)
+    plan = plan_external_data(model, model_path, out_path)
+    copied = {} if copied is None else copied
     staged: list[Staged] = []
     try:
-        for source, target in copies:
-            note(f"copying {source!r} to {target!r} (a hard link is not possible there)")
-            staged.append(stage(_copier(source), target))
+        for entry in plan:
+            if entry["how"] == "copy" and entry["file"] in copied:
+                entry["how"] = copied[entry["file"]]
+            elif entry["how"] == "copy":
+                how: list[str] = []
+                staged.append(stage(_copier(entry["source"], how), entry["file"],
+                                    make_folders=True))
+                entry["how"] = copied[entry["file"]] = how[0]
         staged.append(stage(_inline_writer(model, model_path), out_path))
     except BaseException:
         discard(staged)
         raise
     answer = {"model": model_path, "out": out_path, "boundaries": boundaries,
               "outputs": [value.name for value in model.graph.output]}
-    return answer, staged, links
+    if plan:
+        answer["external_data"] = plan
+    return answer, staged
 
 
 def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
@@ -2458,13 +2522,37 @@ def _pieces_length(pieces: list) -> int:
     return sum(len(piece) if isinstance(piece, bytes) else piece[1] for piece in pieces)
 
 
-def _copier(source: str) -> Callable[[Any], None]:
+def _copier(source: str, how: list[str]) -> Callable[[Any], None]:
+    """A writer of a copy of ``source`` that appends to ``how`` the way it copied:
+    ``"reflink"`` where the file system shares the blocks (btrfs, XFS: no space, no time),
+    else ``"copy"``."""
     import shutil
+    import stat
 
     def copy(stream) -> None:
         with open(source, "rb") as original:
+            # private weights stay private: the copy gets the original's permissions
+            os.fchmod(stream.fileno(), stat.S_IMODE(os.fstat(original.fileno()).st_mode))
+            if _reflink(original.fileno(), stream.fileno()):
+                how.append("reflink")
+                return
+            how.append("copy")
             shutil.copyfileobj(original, stream, 16 << 20)
     return copy
+
+
+def _reflink(source: int, target: int) -> bool:
+    """Make ``target`` share ``source``'s blocks (Linux ``FICLONE``); False where the file
+    system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import fcntl
+
+    try:
+        fcntl.ioctl(target, 0x40049409, source)  # FICLONE
+    except OSError:
+        return False
+    return True
 
 
 def external_data_files(model, model_path: str) -> list[str]:
@@ -2475,46 +2563,42 @@ def external_data_files(model, model_path: str) -> list[str]:
     return [path for path in files if not _same_file(model_path, path)]
 
 
-def plan_external_data(model, model_path: str, out_path: str
-                       ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """``(links, copies)`` that make the external data files of ``model`` reachable from
-    ``out_path``'s folder.
+def plan_external_data(model, model_path: str, out_path: str) -> list[dict]:
+    """How a copy of ``model`` at ``out_path`` reaches each of its external data files:
+    ``{"source", "file", "how"}`` per file, ``how`` being ``"shared"`` (the copy sits in the
+    model's folder and reads the same file), ``"present"`` (the same bytes are already at
+    ``file``, a file of its own) or ``"copy"`` (to be copied there).
 
-    onnxruntime resolves external data only inside the model's own folder, so an exposed copy
-    written elsewhere gets each data file hard-linked next to it (copied, with a note, where
-    the folders are on different file systems). The original data is never moved or
-    rewritten, and a different file already at the target is refused before anything is
-    written.
+    onnxruntime resolves external data only inside the model's own folder, so a copy written
+    elsewhere needs each data file beside it. It is copied, never hard-linked: a second link
+    to the user's weights makes onnx (1.23+) refuse them afterwards as a "potential hardlink
+    attack", the original model included. A hard link already at the target (an older
+    eprun's) is replaced by a copy. The original data is never moved or rewritten, and a
+    different file already at the target is refused before anything is written.
     """
     source_folder = os.path.dirname(os.path.abspath(model_path))
     target_folder = os.path.dirname(os.path.abspath(out_path))
-    links, copies = [], []
-    if os.path.isdir(target_folder) and os.path.samefile(source_folder, target_folder):
-        return links, copies
+    shared = os.path.isdir(target_folder) and os.path.samefile(source_folder, target_folder)
+    plan = []
     for source in external_data_files(model, model_path):
-        require_file(source, "external data")
         target = os.path.join(target_folder, os.path.relpath(source, source_folder))
+        entry = {"source": source, "file": target, "how": "shared" if shared else "copy"}
+        plan.append(entry)
+        if shared:
+            continue
+        require_file(source, "external data")
         if _same_file(target, out_path):
             raise EprunError(f"cannot write {out_path!r}: the model's weights must sit at that "
                              "same path; choose another output name", EXIT_USAGE)
         if os.path.lexists(target):
-            if os.path.exists(target) and (os.path.samefile(source, target)
-                                           or _same_bytes(source, target)):
+            if os.path.exists(target) and os.path.samefile(source, target):
+                continue  # a hard link: copied over, which gives the original its one link back
+            if os.path.exists(target) and _same_bytes(source, target):
+                entry["how"] = "present"
                 continue
             raise EprunError(f"cannot write {out_path!r}: its weights must sit at {target!r}, "
                              "which holds other data; choose another output folder")
-        if os.stat(source).st_dev == os.stat(_existing_parent(target)).st_dev:
-            links.append((source, target))
-        else:
-            copies.append((source, target))
-    return links, copies
-
-
-def _existing_parent(path: str) -> str:
-    folder = os.path.dirname(path)
-    while not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
-    return folder
+    return plan
 
 
 def _same_bytes(first: str, second: str) -> bool:
@@ -4630,18 +4714,19 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     created = _missing_folders(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     staged: list[Staged] = []
-    links: list[tuple[str, str]] = []
+    copied: dict[str, str] = {}  # both models' weights may be one file: copied once
+    external: list[dict] = []
     try:
         for which in ("fp32", "int8"):
-            _, files, needed = prepare_expose(paths_of[which], paths[f"{which}_exposed.onnx"],
-                                              boundary_ops)
+            exposed, files = prepare_expose(paths_of[which], paths[f"{which}_exposed.onnx"],
+                                            boundary_ops, copied)
             staged += files
-            links += [link for link in needed if link not in links]
+            external += exposed.get("external_data", [])
         for name, answer in (("providers.json", provider_answer),
                              ("growth.json", growth_answer), ("settings.json", settings_answer)):
             staged.append(stage((to_json(answer) + "\n").encode(), paths[name]))
         staged.append(stage(markdown.encode("utf-8"), paths["ep_report.md"]))
-        commit(staged, links)
+        commit(staged)
     except BaseException:
         discard(staged)
         for folder in created:  # the deepest first: each is empty once the one below is gone
@@ -4654,20 +4739,9 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
                                                    "failures", "passed")}}
     if ranked is not None:
         answer["sensitivity"] = ranked["recommendation"]
+    if external:
+        answer["external_data"] = external
     return answer
-
-
-def _missing_folders(folder: str) -> list[str]:
-    """The folders ``os.makedirs(folder)`` would create, the deepest first."""
-    missing = []
-    folder = os.path.abspath(folder)
-    while not os.path.isdir(folder):
-        missing.append(folder)
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
-    return missing
 
 
 # What each deliverable starts with when eprun wrote it: JSON keys, or the report's first words.
@@ -4716,8 +4790,8 @@ def _check_report_targets(paths: dict, graphs: dict, paths_of: dict, force: bool
     targets: dict[str, str] = {}
     for which, model_path in paths_of.items():
         out = paths[f"{which}_exposed.onnx"]
-        links, copies = plan_external_data(graphs[which], model_path, out)
-        for source, target in links + copies:
+        for entry in plan_external_data(graphs[which], model_path, out):
+            source, target = entry["source"], entry["file"]
             if target in targets and not _same_bytes(targets[target], source):
                 raise EprunError(f"both models keep their weights in a file named "
                                  f"{os.path.basename(target)!r}, and their exposed copies "
@@ -5149,7 +5223,11 @@ def _main(argv: list[str] | None, restore_handlers: bool) -> int:
 def cli() -> None:
     """The ``eprun`` command and ``python eprun.py``: ``main``, then exit with its code. A
     signal that arrives while Python shuts down (the answer already out) is ignored rather
-    than turning a finished run into a killed one."""
+    than turning a finished run into a killed one. onnxruntime's telemetry (1.32 writes a
+    device id and a database under ``$HOME/.cache`` and a file in ``$TMPDIR``) is off for
+    eprun's own process unless the user set ``ORT_DISABLE_TELEMETRY``: a tool that leaves
+    nothing behind."""
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     _PROGRAM.append(True)
     code = _main(None, restore_handlers=False)
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):

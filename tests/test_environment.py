@@ -259,3 +259,24 @@ def test_sigterm_removes_a_named_temporary_where_there_is_no_o_tmpfile(lab_pair,
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert stdout == b""
     assert os.listdir(folder) == []
+
+
+# -- nothing left in $HOME or $TMPDIR ----------------------------------------------------------
+
+def test_nothing_is_left_in_home_or_tmpdir(lab_pair, tmp_path):
+    """onnxruntime 1.32's telemetry writes a device id and a database under $HOME/.cache and a
+    file in $TMPDIR on every session unless ORT_DISABLE_TELEMETRY is set: eprun sets it for
+    itself (on older releases there is nothing to write, and the test holds as it is)."""
+    fp32, int8 = lab_pair
+    home, temporary = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    temporary.mkdir()
+    env = {key: value for key, value in os.environ.items() if key != "ORT_DISABLE_TELEMETRY"}
+    env.update(HOME=str(home), TMPDIR=str(temporary))
+    for argv in (["settings", int8, "1"], ["layers", fp32, int8, "1"],
+                 ["providers", fp32, "CPUExecutionProvider"],
+                 ["layers", fp32, int8, "1", "--providers", "CUDAExecutionProvider"]):
+        subprocess.run([sys.executable, str(EPRUN), *map(str, argv)], env=env,
+                       capture_output=True, timeout=120, check=False)
+    assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == [
+        "home", "tmp"]

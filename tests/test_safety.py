@@ -185,6 +185,40 @@ def test_outputs_that_are_not_regular_files_are_refused(lab_pair, external, tmp_
     assert not (tmp_path / "no").exists()
 
 
+def test_an_output_link_is_written_through_and_stays_a_link(lab_pair, tmp_path):
+    fp32, _ = lab_pair
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "out.onnx"
+    link.symlink_to(tmp_path / "real" / "exposed.onnx")  # dangling until eprun writes
+    result = run_eprun("expose", fp32, link)
+    assert result.code == 0, result.stderr
+    assert result.answer["out"] == str(link)
+    assert link.is_symlink() and (tmp_path / "real" / "exposed.onnx").is_file()
+    onnx.checker.check_model(onnx.load(str(link)))
+    # a link into a folder that is not there: the path is not there
+    (tmp_path / "nowhere.onnx").symlink_to(tmp_path / "no" / "such.onnx")
+    one_error_line(run_eprun("expose", fp32, tmp_path / "nowhere.onnx"), 3)
+
+
+def test_nothing_under_dev_or_proc_is_ever_written(lab_pair, tmp_path):
+    """`expose m.onnx /dev/stdout > answer.txt`, as root, replaced the system's /dev/stdout link
+    with a regular file. A link of one's own into /proc/self/fd is the same way to stdout (and
+    the one tested here, so that a regression cannot damage /dev)."""
+    fp32, _ = lab_pair
+    to_stdout = tmp_path / "stdout.onnx"
+    to_stdout.symlink_to("/proc/self/fd/1")
+    answer = tmp_path / "answer.txt"
+    with open(answer, "wb") as stream:
+        result = subprocess.run([sys.executable, EPRUN, "expose", str(fp32), str(to_stdout)],
+                                stdout=stream, stderr=subprocess.PIPE, text=True)
+    assert result.returncode == 4, result.stderr
+    assert "under /proc, which eprun never writes to" in result.stderr
+    assert to_stdout.is_symlink() and os.readlink(to_stdout) == "/proc/self/fd/1"
+    assert answer.read_bytes() == b""
+    line = one_error_line(run_eprun("expose", fp32, "/proc/eprun.onnx"), 4)
+    assert "under /proc" in line  # (where a regression cannot write anything either)
+
+
 def test_a_model_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path):
     fifo = tmp_path / "model.onnx"
     os.mkfifo(fifo)

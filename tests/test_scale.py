@@ -324,26 +324,63 @@ def test_files_the_walk_does_not_take_are_parsed_as_before(eprun, eprun_fails, t
     assert "is not a loadable ONNX model" in eprun_fails(4, "partition", cut, "MatMul")
 
 
-def test_expose_links_external_data_into_another_folder(eprun, external_pair, tmp_path):
+def test_expose_copies_external_data_into_another_folder(eprun, external_pair, tmp_path):
+    """Never a second link to the user's weights: onnx 1.23 refuses a data file with more than
+    one link ("potential hardlink attack"), and the user's own model would stop loading."""
     fp32 = external_pair[0]
     data = fp32.parent / "fp32.data"
+    data.chmod(0o600)
     before = (data.stat().st_ino, data.read_bytes())
     out = tmp_path / "elsewhere" / "exposed.onnx"
     out.parent.mkdir()
     answer = eprun("expose", fp32, out)
-    linked = out.parent / "fp32.data"
-    assert linked.stat().st_ino == data.stat().st_ino  # a hard link, not a copy
+    copy = out.parent / "fp32.data"
+    assert answer["external_data"] == [{"source": str(data), "file": str(copy),
+                                        "how": answer["external_data"][0]["how"]}]
+    assert answer["external_data"][0]["how"] in ("copy", "reflink")
+    assert copy.stat().st_ino != data.stat().st_ino and data.stat().st_nlink == 1
+    assert copy.read_bytes() == before[1] and copy.stat().st_mode & 0o777 == 0o600
     assert (data.stat().st_ino, data.read_bytes()) == before
+    onnx.checker.check_model(onnx.load(str(fp32)))  # the user's model still loads
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == answer["outputs"]
     session.run(None, {"x": models.contract_input(0, 8)})
-    # the same again is fine; different data already at the target is never overwritten
-    eprun("expose", fp32, out)
-    linked.unlink()
-    linked.write_bytes(b"somebody else's weights")
+    # the same again is fine and says so; different data at the target is never overwritten
+    assert eprun("expose", fp32, out)["external_data"][0]["how"] == "present"
+    copy.unlink()
+    copy.write_bytes(b"somebody else's weights")
     result = run_eprun("expose", fp32, out)
     assert result.code == 4 and "holds other data" in result.stderr
-    assert linked.read_bytes() == b"somebody else's weights"
+    assert copy.read_bytes() == b"somebody else's weights"
+    # a hard link an older eprun left there is replaced by a copy: the original's one link back
+    copy.unlink()
+    os.link(data, copy)
+    assert eprun("expose", fp32, out)["external_data"][0]["how"] in ("copy", "reflink")
+    assert data.stat().st_nlink == 1 and copy.read_bytes() == before[1]
+
+
+def test_expose_into_a_new_subfolder_of_weights_and_nothing_left_on_failure(eprun, tmp_path):
+    """Weights at a relative location with a folder ("w/fp32.data"): the folder is made beside
+    the copy, and removed again when the write fails."""
+    model = weighty_chain(widths=[48, 8])
+    source = tmp_path / "models"
+    (source / "w").mkdir(parents=True)
+    onnx.save(model, str(source / "m.onnx"), save_as_external_data=True,
+              location="w/fp32.data", size_threshold=0)
+    out = tmp_path / "out"
+    out.mkdir()
+    answer = eprun("expose", source / "m.onnx", out / "m.onnx")
+    assert [entry["file"] for entry in answer["external_data"]] == [str(out / "w" / "fp32.data")]
+    ort.InferenceSession(str(out / "m.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"x": models.contract_input(0, 40)})
+    import eprun as tool
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _, staged = tool.prepare_expose(str(source / "m.onnx"), str(empty / "m.onnx"))
+    assert [path.name for path in empty.iterdir()] == ["w"]  # made for the staged copy
+    tool.discard(staged)  # what a failure before the commit does
+    assert not list(empty.iterdir())
 
 
 def test_expose_elsewhere_without_the_weights_file_is_a_missing_path(eprun_fails, external_pair,

@@ -1546,19 +1546,18 @@ _GOLDEN_META = "eprun"
 
 
 def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *,
-                providers: list[str]) -> dict:
+                providers: list[str], seed: int) -> dict:
     """Store reference tensors measured here (``kind`` "outputs" for check, "boundaries" for
     layers) with the inputs they were measured on, for a run on another machine
     (``load_golden``): the numbers a model gives depend on the machine, and the point is to
     compare across machines. Written all or nothing; returns the answer's ``golden`` record."""
     import json
-    import platform
 
     import numpy as np
 
     meta = {"eprun": __version__, "kind": kind, "model": os.path.basename(model),
             "tensors": list(tensors), "inputs": list(inputs), "providers": providers,
-            "onnxruntime": import_ort().__version__, "machine": platform.machine()}
+            "onnxruntime": import_ort().__version__, "machine": machine(), "seed": seed}
     arrays = {f"input_{i}": np.asarray(value) for i, value in enumerate(inputs.values())}
     arrays.update({f"tensor_{i}": np.asarray(value) for i, value in enumerate(tensors.values())})
     arrays[_GOLDEN_META] = np.array(json.dumps(meta))
@@ -1566,11 +1565,30 @@ def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *
     return {"saved": path}
 
 
-def load_golden(path: str, kind: str, tensor_names: list[str], model: str
+def machine() -> str:
+    """What the numbers of a CPU session depend on: the architecture, the processor and the
+    instruction sets its int8 and float kernels choose from (Linux names them)."""
+    import platform
+
+    described = [platform.machine() or "unknown"]
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            fields = dict(tuple(part.strip() for part in line.split(":", 1))
+                          for line in itertools.islice(info, 64) if ":" in line)
+        model = " ".join(fields.get("model name", "").split())
+        flags = set(fields.get("flags", "").split())
+        wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8")
+        described += [part for part in (model, " ".join(f for f in wanted if f in flags))
+                      if part]
+    return ", ".join(described)
+
+
+def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed: int
                 ) -> tuple[dict, dict, dict]:
     """``(record, inputs, tensors)`` of a golden file, refused (exit 4) when it holds another
     kind of tensors or other names than ``tensor_names`` (what ``model`` gives here): tensors
-    of another graph are not compared."""
+    of another graph are not compared. The stored inputs are the ones measured on, so a
+    ``seed`` other than the one they were drawn with is said to be unused."""
     import json
 
     import numpy as np
@@ -1598,6 +1616,9 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str
     if os.path.basename(model) != meta.get("model"):
         note(f"{path!r} was saved from {meta.get('model')!r}, and is compared as "
              f"{os.path.basename(model)!r}'s: the tensor names match")
+    if meta.get("seed") is not None and meta["seed"] != seed:
+        note(f"the inputs come from {path!r} (drawn there with seed {meta['seed']}), not from "
+             f"seed {seed}")
     record = {"loaded": path, **{key: meta.get(key) for key in ("model", "providers",
                                                                "onnxruntime", "machine")}}
     return record, inputs, tensors
@@ -1825,8 +1846,9 @@ class PluginLibraries:
         if real in self.libraries:
             return self.libraries[real]
         before = {device.ep_name for device in ort.get_ep_devices()}
+        registration = f"eprun-{len(self.libraries)}"
         try:
-            ort.register_execution_provider_library(f"eprun-{len(self.libraries)}", real)
+            ort.register_execution_provider_library(registration, real)
         except Exception as exc:
             raise EprunError(f"{path!r} is not an execution provider library onnxruntime "
                              f"{ort.__version__} can load: {type(exc).__name__}: "
@@ -1834,6 +1856,13 @@ class PluginLibraries:
         # a package can name fewer EPs than its library adds (OpenVINO's names one and adds
         # "OpenVINOExecutionProvider.AUTO" too), and a library with no device here adds none
         added = sorted({device.ep_name for device in ort.get_ep_devices()} - before)
+        if not added and not names:  # nothing says what it is: it is of no use here
+            with contextlib.suppress(Exception):
+                ort.unregister_execution_provider_library(registration)
+            raise EprunError(f"{path!r} loaded but brought no execution provider: it offers no "
+                             f"device on this machine, or it was built for another onnxruntime "
+                             f"release than {ort.__version__} (a plugin built for a newer one "
+                             "loads and creates nothing)")
         offered = list(dict.fromkeys([*(names or ()), *added]))
         self.libraries[real] = offered
         return offered
@@ -1977,22 +2006,32 @@ def provider_warnings(requested: list[str]) -> list[str]:
     """One message per requested name onnxruntime does not know (in any build, nor as a
     registered plugin), with the closest known name; onnxruntime itself would only drop it
     silently. Policy items are checked by ``prepare_providers``."""
-    import difflib
-
     ort = import_ort()
     known = list(dict.fromkeys([*ort.get_all_providers(), *sorted(PLUGINS.names())]))
     messages = []
     for name in requested:
         if name in known or name.startswith(POLICY_PREFIX):
             continue
-        suffix = "executionprovider"
-        stems = {known_name.lower().removesuffix(suffix): known_name for known_name in known}
-        stem = name.lower().removesuffix(suffix)
-        close = difflib.get_close_matches(stem, list(stems), n=1, cutoff=0.75)
-        hint = (f"did you mean {stems[close[0]]}?" if close
-                else f"onnxruntime knows {', '.join(known)}")
+        close = _closest_provider(name, known)
+        hint = (f"did you mean {close}?" if close else f"onnxruntime knows {', '.join(known)}")
         messages.append(f"{name!r} is not a provider onnxruntime knows; {hint}")
     return messages
+
+
+def _closest_provider(name: str, known: list[str]) -> str | None:
+    """The known provider ``name`` was meant to be: by the whole name first (a typo inside
+    "ExecutionProvider" itself), then without that suffix ("OpenVino", "CUDA")."""
+    import difflib
+
+    suffix = "executionprovider"
+    whole = {known_name.lower(): known_name for known_name in known}
+    stems = {key.removesuffix(suffix): value for key, value in whole.items()}
+    typed = name.lower()
+    for names, text in ((whole, typed), (stems, typed.removesuffix(suffix))):
+        match = difflib.get_close_matches(text, list(names), n=1, cutoff=0.75)
+        if match:
+            return names[match[0]]
+    return None
 
 
 def require_known_providers(requested: list[str]) -> None:
@@ -2153,7 +2192,7 @@ def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
                     if name in ep_options and name in available]
         if rejected and not error:  # onnxruntime dropped it and went on: ask for its reason
             try:
-                open_session(model, repr(model), on=dataclasses.replace(on, strict=True))
+                open_session(model, what=repr(model), on=dataclasses.replace(on, strict=True))
             except EprunError as exc:
                 raise EprunError(f"{', '.join(rejected)} does not start with the options "
                                  f"given ({_options_text(ep_options, rejected)}): "
@@ -2996,7 +3035,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     golden, stored = None, {}
     if load_boundaries:
         golden, stored_inputs, stored = load_golden(
-            load_boundaries, "boundaries", [fp32.boundaries[i] for i, _ in pairs], fp32_path)
+            load_boundaries, "boundaries", [fp32.boundaries[i] for i, _ in pairs], fp32_path,
+            seed)
         require_golden_inputs(load_boundaries, stored_inputs, fp32.model, fp32_path)
         inputs = dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs)
         fp32.actual = golden["providers"]
@@ -3069,7 +3109,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if save_boundaries:
         golden = save_golden(save_boundaries, "boundaries", fp32_path,
                              {name: kept[name] for name in fp32_names}, feed.arrays,
-                             providers=fp32.actual)
+                             providers=fp32.actual, seed=seed)
     if golden:
         answer["golden"] = golden
     return answer, final
@@ -3912,8 +3952,10 @@ def placement(model: str, providers: list[str], seed: int = 0,
         if source == "profiling":
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(scratch, "profile")
+        # an EP that fails to start (an option it rejects) is an error, not a CPU placement
         session = open_session(model, options, repr(model),
-                               on=ProviderRequest(providers, options=ep_options or {}))
+                               on=ProviderRequest(providers, options=ep_options or {},
+                                                  strict=True))
         actual = list(session.get_providers())
         if source == "graph_assignment_info":
             assigned = session.get_provider_graph_assignment_info()
@@ -4105,7 +4147,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         graph = load_model(reference)
         reference_names = [value.name for value in graph.graph.output]
         golden, stored_inputs, stored = load_golden(load_outputs, "outputs", reference_names,
-                                                    reference)
+                                                    reference, seed)
         require_golden_inputs(load_outputs, stored_inputs, graph, reference)
         feed = make_feeds(specs_from_model(graph), seed,
                           dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs),
@@ -4172,7 +4214,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     if save_outputs:  # only once everything ran: a failed check leaves no file
         golden = save_golden(save_outputs, "outputs", reference,
                              dict(zip(reference_names, reference_outputs)), feed.arrays,
-                             providers=reference_actual)
+                             providers=reference_actual, seed=seed)
     answer = {"reference": reference, "candidate": candidate, "seed": seed,
               "rows": feed.rows}
     if not feed.contract_shaped:

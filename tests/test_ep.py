@@ -9,6 +9,7 @@ CPU EP library) and are skipped elsewhere; the rest run on every stack.
 from __future__ import annotations
 
 import importlib.util
+import platform
 
 import models
 import numpy as np
@@ -174,6 +175,25 @@ def test_unknown_provider_is_a_usage_error_with_a_suggestion(eprun_fails, lab_pa
                     ["settings", int8, "1"], ["sensitivity", fp32, int8, "1"]):
         line = eprun_fails(2, *command, "--providers", "OpenVinoExecutionProvider")
         assert "did you mean OpenVINOExecutionProvider?" in line, command
+    # a typo in the suffix itself, and a short form
+    for typed, meant in (("OpenVINOExecutionProvder", OPENVINO),
+                         ("CUDAExecutionProviders", "CUDAExecutionProvider"),
+                         ("OpenVino", OPENVINO)):
+        line = eprun_fails(2, "layers", fp32, int8, "1", "--providers", typed)
+        assert f"did you mean {meant}?" in line, typed
+
+
+@pytest.mark.skipif(not PLUGINS_SUPPORTED, reason="plugin EP libraries need onnxruntime 1.22+")
+def test_a_library_that_brings_no_provider_is_refused(lab_pair, monkeypatch):
+    """A plugin built for a newer onnxruntime loads, prints its complaint and creates nothing
+    (nxrt-ep-cpu on onnxruntime 1.24): --ep-library naming it is an error, not an unknown
+    provider name later."""
+    fp32, _ = lab_pair
+    monkeypatch.setattr(ort, "register_execution_provider_library", lambda name, path: None)
+    monkeypatch.setattr(tool, "PLUGINS", tool.PluginLibraries())
+    with pytest.raises(tool.EprunError, match="brought no execution provider") as caught:
+        tool.PLUGINS.register(str(fp32))
+    assert caught.value.code == 4
 
 
 def test_fallback_rule():
@@ -442,9 +462,9 @@ def test_ep_options_recorded_and_a_rejected_one_is_an_error(eprun, eprun_fails, 
     assert answer["providers"]["options"] == {OPENVINO: {"precision": "ACCURACY"}}
     assert answer["providers"]["actual"] == [OPENVINO, CPU]
     for command in (["layers", fp32, int8, "1", "--providers", OPENVINO],
-                    ["providers", fp32, OPENVINO]):
+                    ["providers", fp32, OPENVINO], ["placement", int8, OPENVINO]):
         line = eprun_fails(4, *command, "--ep-option", f"{OPENVINO}:no_such_key=1")
-        assert "no_such_key" in line, command
+        assert "Invalid OpenVINO EP option: no_such_key" in line, command  # onnxruntime's own
 
 
 @plugin_openvino
@@ -501,11 +521,14 @@ def test_saved_outputs_hold_the_reference_run_and_give_the_same_verdict(lab_pair
     assert np.array_equal(stored_x, x)
     assert np.array_equal(stored_y, session_on(fp32, [CPU]).run(None, {"x": x})[0])
     second = run_eprun("check", fp32, int8, "--load-outputs", golden)
-    assert second.code == first.code and second.stderr == first.stderr
+    assert second.code == first.code
+    assert second.stderr == (f"eprun: note: the inputs come from {str(golden)!r} (drawn there "
+                             f"with seed 6), not from seed 0\n{first.stderr}")
     loaded = second.answer
     record = loaded.pop("golden")
     assert record["loaded"] == str(golden) and record["providers"] == [CPU]
     assert record["onnxruntime"] == ort.__version__ and record["model"] == fp32.name
+    assert record["machine"].startswith(platform.machine())
     assert loaded.pop("inputs") == [{"name": "x", "dtype": "float32",
                                      "shape": list(x.shape), "source": "file"}]
     assert loaded.pop("seed") == 0 and saved.pop("seed") == 6

@@ -757,9 +757,10 @@ def find_boundaries(graph, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> list
 def boundary_owners(graph, boundaries: list[str], boundary_ops: tuple[str, ...]) -> dict:
     """Boundary -> name of the first boundary-op node that reads it (its layer's node)."""
     ops = set(with_quantized_forms(boundary_ops))
+    wanted = set(boundaries)  # a set: a list made this quadratic on long chains
     owners: dict[str, str] = {}
     for node in graph.node:
-        if node.op_type in ops and node.input and node.input[0] in boundaries:
+        if node.op_type in ops and node.input and node.input[0] in wanted:
             owners.setdefault(node.input[0], node.name)
     return owners
 
@@ -2257,8 +2258,10 @@ def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, li
     producer_of = {output: index for index, node in enumerate(nodes)
                    for output in node.output if output}
     producers = [sorted({producer_of[name] for name in _node_inputs(node)
-                         if name in producer_of and producer_of[name] != index})
-                 for index, node in enumerate(nodes)]
+                         if name in producer_of}) for node in nodes]
+    for index, sources in enumerate(producers):
+        if index in sources:  # Add(x, a) -> a reads its own output
+            raise _cycle_error(nodes[index])
     consumers: list[list[int]] = [[] for _ in nodes]
     for index, sources in enumerate(producers):
         for source in sources:
@@ -2295,10 +2298,14 @@ def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, li
         units.append(("ep", group))
     placed = sum(len(members) for _, members in units)
     if placed != len(nodes):
-        stuck = next(node for index, node in enumerate(nodes) if in_degree[index] > 0)
-        raise EprunError(f"the graph has a cycle (node {stuck.name or stuck.op_type!r} waits on "
-                         "its own output): it is not a valid ONNX graph")
+        raise _cycle_error(next(node for index, node in enumerate(nodes)
+                                if in_degree[index] > 0))
     return units
+
+
+def _cycle_error(stuck) -> EprunError:
+    return EprunError(f"the graph has a cycle (node {stuck.name or stuck.op_type!r} waits on "
+                      "its own output): it is not a valid ONNX graph")
 
 
 def _node_inputs(node) -> list[str]:
@@ -4096,13 +4103,17 @@ def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
         both_zero = not np.any(a) and not np.any(b)
         cosine = 1.0 if both_zero else (float(np.dot(a.ravel(), b.ravel()) / norms)
                                         if norms else 0.0)
+        if math.isfinite(cosine):  # rounding gives 1.0000000000000002 for equal outputs
+            cosine = min(1.0, max(-1.0, cosine))
         worst = None
         if a.size:
             position = np.unravel_index(int(np.argmax(excess)), a.shape)
             worst = {"index": [int(i) for i in position], "reference": float(b[position]),
                      "candidate": float(a[position]), "abs_diff": float(diff[position]),
                      "allowed": float(allowed[position]), "excess": float(excess[position])}
-        max_rel = float(np.max(diff / np.abs(b))) if a.size else 0.0
+        # an element equal in both has no relative difference, even where it is 0 (0/0)
+        relative = np.where(diff == 0, 0.0, diff / np.abs(b))
+        max_rel = float(np.max(relative)) if a.size else 0.0
     return {"max_abs_diff": largest_of(diff), "max_rel_diff": max_rel,
             "cosine": cosine, "elements": int(a.size), "violations": violations,
             "worst": worst}

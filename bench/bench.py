@@ -392,6 +392,54 @@ def build_huge(folder: Path, layers: int = 8, width: int = 8192) -> str:
     return str(path)
 
 
+def build_chain(folder: Path, nodes: int = 50_001, width: int = 4) -> str:
+    """A 50,000-node chain (MatMul -> Add -> Relu, 4 wide): every graph pass must be linear in
+    the node count (a list membership test once made ``layers`` spend 11 s in one)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(SEED)
+    graph_nodes, inits, current = [], [], "x"
+    for k in range(nodes // 3):
+        inits += [numpy_helper.from_array((rng.standard_normal((width, width)) * 0.5)
+                                          .astype(np.float32), f"W{k}"),
+                  numpy_helper.from_array(np.zeros(width, np.float32), f"B{k}")]
+        graph_nodes += [helper.make_node("MatMul", [current, f"W{k}"], [f"m{k}"]),
+                        helper.make_node("Add", [f"m{k}", f"B{k}"], [f"a{k}"]),
+                        helper.make_node("Relu", [f"a{k}"], [f"r{k}"])]
+        current = f"r{k}"
+    graph = helper.make_graph(
+        graph_nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info(current, TensorProto.FLOAT, ["N", width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = folder / "chain.onnx"
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def chain_rows(work: Path, repeat: int) -> list[str]:
+    """``layers`` and ``partition`` on the 50,000-node chain (the model against itself)
+    against the one-model-at-a-time floor and the hand-written partition."""
+    chain = str(work / "chain" / "chain.onnx")
+    exposed = str(work / "chain" / "chain_exposed.onnx")
+    subprocess.run([PY, EPRUN, "expose", chain, exposed], check=True,
+                   stdout=subprocess.DEVNULL)  # the floor's input, not timed
+    floor = script(work, "floor_sequential", FLOORS["layers_sequential"])
+    got = measure_together({
+        "layers": ([[PY, EPRUN, "layers", chain, chain, str(SEED)]], None),
+        "floor": ([[PY, floor, exposed, exposed, str(SEED), json.dumps({"N": 64})]], None),
+        "partition": ([[PY, EPRUN, "partition", chain, "MatMul"]], None),
+        "partition floor": ([[PY, script(work, "floor_partition", FLOORS["partition"]), chain,
+                              "MatMul"]], None)}, repeat)
+    return [row("layers, 50k-node chain", got["layers"], got["floor"],
+                "one-model-at-a-time floor"),
+            row("partition, 50k-node chain", got["partition"], got["partition floor"],
+                "hand-written floor")]
+
+
 def script(work: Path, name: str, text: str) -> str:
     path = work / f"{name}.py"
     path.write_text(text)
@@ -499,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             build_pair(Path(args.work) / "large", 2048, [2048] * 16)
             build_cnn(Path(args.work) / "cnn")
             build_huge(Path(args.work) / "huge")
+            build_chain(Path(args.work) / "chain")
         return 0
     work = Path(args.work or tempfile.mkdtemp(prefix="eprun-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -577,6 +626,8 @@ def cpu_rows(work: Path, args: argparse.Namespace, fp32: str, int8: str) -> list
         rows += layers_rows(work, str(work / "cnn" / "fp32.onnx"),
                             str(work / "cnn" / "int8.onnx"), 0, "CNN pair",
                             args.repeat, CNN_DIMS, CNN_BOUNDARY, CNN_INPUTS, others=False)
+        print("50k-node chain ...", file=sys.stderr)
+        rows += chain_rows(work, args.repeat)
         huge = str(work / "huge" / "huge.onnx")
         baseline = measure([[PY, "-c", "import onnx"]], args.repeat)
         load = measure([[PY, "-c", f"import onnx; onnx.load({huge!r})"]], 1)

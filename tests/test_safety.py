@@ -461,6 +461,15 @@ def test_a_graph_with_a_cycle_is_refused(tmp_path):
                        tmp_path / "cycle.onnx")
     line = one_error_line(run_eprun("partition", path, "Relu", "--mode", "ort"), 4)
     assert "the graph has a cycle" in line
+    # a node that reads its own output is the shortest cycle
+    nodes = [helper.make_node("Add", ["x", "a"], ["a"], name="self"),
+             helper.make_node("Relu", ["a"], ["y"], name="after")]
+    path = models.save(models.finish(nodes, [models.float_input("x", 4)],
+                                     [helper.make_tensor_value_info("y", 1, ["N", 4])]),
+                       tmp_path / "self_loop.onnx")
+    for supported in ("Add", "Relu"):
+        line = one_error_line(run_eprun("partition", path, supported, "--mode", "ort"), 4)
+        assert "the graph has a cycle (node 'self'" in line
 
 
 def test_outputs_that_are_not_tensors_get_a_clear_message(tmp_path):

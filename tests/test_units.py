@@ -203,6 +203,29 @@ def test_compare_outputs_worst_is_the_largest_excess_not_the_largest_difference(
     assert answer["cosine"] == pytest.approx(dot / norms, rel=1e-12)
 
 
+def test_compare_outputs_of_equal_outputs_are_exactly_equal():
+    """0/0 is no relative difference (it made max_rel_diff null), and rounding must not put
+    the cosine of equal outputs above 1 (1.0000000000000002 by the formula)."""
+    def drawn(seed: int) -> np.ndarray:
+        values = np.random.default_rng(seed).standard_normal(1000).astype(np.float32)
+        values[:10] = 0.0
+        return values
+
+    def raw_cosine(values: np.ndarray) -> float:
+        a = values.astype(np.float64)
+        return float(np.dot(a, a) / (np.linalg.norm(a) * np.linalg.norm(a)))
+
+    # the first draw whose cosine with itself rounds above 1 with this numpy
+    reference = next(drawn(seed) for seed in range(1000) if raw_cosine(drawn(seed)) > 1.0)
+    answer = tool.compare_outputs(reference, reference.copy(), rtol=1e-2, atol=1e-3)
+    assert (answer["max_rel_diff"], answer["cosine"], answer["max_abs_diff"]) == (0.0, 1.0, 0.0)
+    # a zero reference element that differs is infinitely far, relatively
+    candidate = reference.copy()
+    candidate[0] = 0.5
+    assert tool.compare_outputs(reference, candidate, rtol=1e-2, atol=1e-3)[
+        "max_rel_diff"] == math.inf
+
+
 
 @pytest.mark.parametrize(("reference", "candidate", "rtol", "atol", "violations"), [
     # exactly on the bound is inside it

@@ -361,8 +361,37 @@ def captured_chatter() -> Iterator[Any]:
 _TERMINAL: list[int | None] = []
 # The real stderr while the outermost capture holds fd 2: where a signal's last word goes.
 _STDERR: list[int] = []
-# Named temporary files that exist right now (where O_TMPFILE is missing): removed on a signal.
+# Named temporary files (where O_TMPFILE is missing) and scratch folders that exist right now:
+# removed on a signal.
 _TEMPORARIES: set[str] = set()
+
+
+@contextlib.contextmanager
+def scratch_folder(prefix: str) -> Iterator[str]:
+    """A temporary folder of eprun's own, removed when the block ends and on a signal too (the
+    signal path ends the process at once, so a ``TemporaryDirectory`` would stay behind)."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=prefix)
+    _TEMPORARIES.add(folder)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        _TEMPORARIES.discard(folder)
+
+
+def remove_temporaries() -> None:
+    """What a signal leaves of eprun's temporaries: nothing."""
+    import shutil
+
+    for name in list(_TEMPORARIES):
+        if os.path.isdir(name) and not os.path.islink(name):
+            shutil.rmtree(name, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
 
 
 class Progress:
@@ -3851,9 +3880,7 @@ def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
 
 def _optimized_nodes(runner: SettingsRunner, level: str, disabled: list[str] = ()) -> list:
     """The nodes of the graph onnxruntime optimized at ``level`` (one thread)."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="eprun-optimized-") as scratch:
+    with scratch_folder("eprun-optimized-") as scratch:
         path = os.path.join(scratch, "optimized.onnx")
         runner.session(level, 1, disabled, optimized_path=path)
         return list(load_model(path).graph.node)
@@ -3947,15 +3974,13 @@ def placement(model: str, providers: list[str], seed: int = 0,
     require_file(model)
     prepare_providers([providers], ep_library, ep_options)
     require_known_providers(providers)
-    import tempfile
-
     ort = import_ort()
     options = ort.SessionOptions()
     source = "profiling"
     if hasattr(ort.InferenceSession, "get_provider_graph_assignment_info"):
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         source = "graph_assignment_info"
-    with tempfile.TemporaryDirectory(prefix="eprun-profile-") as scratch:
+    with scratch_folder("eprun-profile-") as scratch:
         if source == "profiling":
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(scratch, "profile")
@@ -5214,9 +5239,7 @@ def _on_signal(signum: int, frame: object) -> None:
 def _act_on_signal(signum: int) -> None:
     code = 130 if signum == signal.SIGINT else 128 + signum
     if _PROGRAM:
-        for name in list(_TEMPORARIES):
-            with contextlib.suppress(OSError):
-                os.unlink(name)
+        remove_temporaries()
         if signum == signal.SIGINT:
             write_fd(_STDERR[0] if _STDERR else 2, b"eprun: error: interrupted\n")
         os._exit(code)
@@ -5293,40 +5316,44 @@ def cli() -> None:
 def _run(args: argparse.Namespace) -> int:
     store = None
     try:
-        with captured_chatter() as store:
-            answer = invoke(args.declared, args)
-        text = to_json(answer)
-    except EprunError as exc:
-        _report_failure(exc, store)
-        return exc.code
-    except KeyboardInterrupt:
-        _report_failure(EprunError("interrupted"), store)
-        return 130
-    except Exception as exc:  # the one place every other failure is reported
-        if _INTERRUPTED and _INTERRUPTED[-1] == signal.SIGINT:
+        try:
+            with captured_chatter() as store:
+                answer = invoke(args.declared, args)
+            text = to_json(answer)
+        except EprunError as exc:
+            _report_failure(exc, store)
+            return exc.code
+        except KeyboardInterrupt:
             _report_failure(EprunError("interrupted"), store)
             return 130
-        if isinstance(exc, ModuleNotFoundError) and exc.name in ("onnx", "onnxruntime",
-                                                                 "numpy"):
-            exc = EprunError(
-                f"eprun needs the Python package {exc.name!r}, which {sys.executable} does not "
-                "have: run eprun with the Python that make lab set up (.venv/bin/python "
-                "eprun.py ...), or install it with: python -m pip install onnx onnxruntime "
-                "numpy")
-        _report_failure(exc, store)
-        return EXIT_FAILURE
-    replay(store)
-    reason = args.declared.verdict(args, answer) if args.declared.verdict else None
-    written = write_fd(1, (text + "\n").encode())
-    _ANSWERED.append(True)
-    if not written:
-        say("eprun: error: cannot write the answer to stdout (closed, full or a closed pipe)")
-        _silence_stdout()
-        return EXIT_FAILURE
-    if reason:
-        say(f"eprun: {one_line(reason)}")
-        return 1
-    return 0
+        except Exception as exc:  # the one place every other failure is reported
+            if _INTERRUPTED and _INTERRUPTED[-1] == signal.SIGINT:
+                _report_failure(EprunError("interrupted"), store)
+                return 130
+            if isinstance(exc, ModuleNotFoundError) and exc.name in ("onnx", "onnxruntime",
+                                                                     "numpy"):
+                exc = EprunError(
+                    f"eprun needs the Python package {exc.name!r}, which {sys.executable} does not "
+                    "have: run eprun with the Python that make lab set up (.venv/bin/python "
+                    "eprun.py ...), or install it with: python -m pip install onnx onnxruntime "
+                    "numpy")
+            _report_failure(exc, store)
+            return EXIT_FAILURE
+        replay(store)
+        reason = args.declared.verdict(args, answer) if args.declared.verdict else None
+        written = write_fd(1, (text + "\n").encode())
+        _ANSWERED.append(True)
+        if not written:
+            say("eprun: error: cannot write the answer to stdout (closed, full or a closed pipe)")
+            _silence_stdout()
+            return EXIT_FAILURE
+        if reason:
+            say(f"eprun: {one_line(reason)}")
+            return 1
+        return 0
+    finally:  # an unclosed file is a ResourceWarning (an error under PYTHONWARNINGS=error)
+        if store is not None:
+            store.close()
 
 
 def _hold_closed_streams() -> set[int]:

@@ -280,3 +280,53 @@ def test_nothing_is_left_in_home_or_tmpdir(lab_pair, tmp_path):
                        capture_output=True, timeout=120, check=False)
     assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == [
         "home", "tmp"]
+
+
+def test_strict_warnings_change_nothing(lab_pair):
+    """Under PYTHONWARNINGS=error or PYTHONDEVMODE=1 the answer and the one error line stay as
+    they are: eprun leaves no file unclosed (the held chatter was, a ResourceWarning)."""
+    fp32, int8 = lab_pair
+    for extra in ({"PYTHONWARNINGS": "error"}, {"PYTHONDEVMODE": "1"}):
+        env = {**os.environ, **extra}
+        ok = subprocess.run([sys.executable, str(EPRUN), "growth", str(fp32), str(int8), "1"],
+                            env=env, capture_output=True, text=True, timeout=120)
+        assert (ok.returncode, ok.stderr) == (0, ""), extra
+        assert json.loads(ok.stdout)["layer_count"] >= 2
+        failed = subprocess.run([sys.executable, str(EPRUN), "layers", str(fp32),
+                                 str(int8) + ".missing", "1"],
+                                env=env, capture_output=True, text=True, timeout=120)
+        assert failed.returncode == 3, extra
+        assert failed.stdout == "" and len(failed.stderr.splitlines()) == 1, failed.stderr
+
+
+def test_a_signal_removes_every_scratch_folder(lab_pair, tmp_path):
+    """SIGTERM while placement and settings --explain have onnxruntime write into scratch
+    folders of eprun's (a profile, an optimized model): nothing is left in TMPDIR."""
+    import models
+    from test_explain import wide_layers  # a model whose optimized graph rounds differently
+
+    _, int8 = lab_pair
+    wide = models.save(wide_layers(), tmp_path / "wide.onnx")
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(
+        "import os, runpy, signal, sys\n"
+        "import onnxruntime\n"
+        "original = onnxruntime.InferenceSession.__init__\n"
+        "def stopped(self, *args, **kwargs):\n"
+        "    if any(name.startswith('eprun-') for name in os.listdir(os.environ['TMPDIR'])):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    original(self, *args, **kwargs)\n"
+        "onnxruntime.InferenceSession.__init__ = stopped\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    for argv in (["placement", str(int8), "CPUExecutionProvider"],
+                 ["settings", str(wide), "3", "--explain"]):
+        folder = tmp_path / argv[0]
+        folder.mkdir()
+        result = subprocess.run([sys.executable, str(wrapper), str(EPRUN), *argv],
+                                env={**os.environ, "TMPDIR": str(folder),
+                                     # the wrapper imports onnxruntime before eprun can say
+                                     "ORT_DISABLE_TELEMETRY": "1"},
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 128 + signal.SIGTERM, (argv, result.stderr)
+        assert os.listdir(folder) == [], argv

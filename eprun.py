@@ -45,20 +45,9 @@ command and field.
 """
 from __future__ import annotations
 
-import argparse
-import collections
-import contextlib
-import dataclasses
-import errno
-import functools
-import itertools
-import math
 import os
-import re
 import signal
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
 
 
 def _startup_interrupt(signum: int, frame: object) -> None:
@@ -68,8 +57,23 @@ def _startup_interrupt(signum: int, frame: object) -> None:
     os._exit(130)
 
 
-if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+# Before any other import: the first instants of `python eprun.py` or of the installed `eprun`
+# command (which imports this module by name) are interruptible too.
+if (__name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "eprun") \
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _startup_interrupt)
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import errno
+import functools
+import itertools
+import math
+import re
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 __version__ = "0.9.0"
 __all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",

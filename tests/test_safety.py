@@ -514,6 +514,25 @@ def test_ctrl_c_at_any_moment_is_interrupted(lab_pair, moment):
     assert out == "" and err == "eprun: error: interrupted\n"
 
 
+def test_ctrl_c_while_eprun_imports_its_first_modules_is_one_line(lab_pair):
+    """A SIGINT sent while eprun's own module imports argparse (its first instants): the
+    handler is installed before any other import, so it is exit 130 and one line."""
+    fp32, int8 = lab_pair
+    code = ("import builtins, os, runpy, signal, sys\n"
+            "real = builtins.__import__\n"
+            "def hooked(name, *args, **kwargs):\n"
+            "    if name == 'argparse':\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = hooked\n"
+            "sys.argv = sys.argv[1:]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    result = subprocess.run([sys.executable, "-c", code, str(EPRUN), "growth", str(fp32),
+                             str(int8), "1"], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        130, "", "eprun: error: interrupted\n")
+
+
 def test_sigterm_at_any_moment_never_crashes(tmp_path):
     """SIGTERM while onnx (protobuf) loads or parses used to unwind an exception through the C
     extension: a SIGSEGV now and then, or an internal error. Sweep the start-up and the work."""

@@ -685,17 +685,23 @@ def _tensor_with_reference(data, body: int, end: int, location: bytes) -> bytes 
 def _wire_fields(data, start: int, end: int):
     """``(number, wire type, field start, value start, field end)`` of each field of the
     message serialized in ``data[start:end]``; a length-delimited value starts after its
-    length. Groups (wire types 3 and 4), unused by ONNX, are refused."""
+    length. Groups (wire types 3 and 4), unused by ONNX, are refused, and so is what protobuf
+    itself refuses (its parser is what the walk stands in for): a tag or a length longer than
+    5 bytes, a tag beyond 32 bits or of field 0, a length of 2 GiB or more."""
     position = start
     while position < end:
-        key, value_at = _varint(data, position)
+        key, value_at = _varint(data, position, _MAX_TAG_BYTES)
         wire = key & 7
+        if key >> 3 == 0 or key >= 1 << 32:
+            raise ValueError(f"tag {key}")
         if wire == 0:
             field_end = _varint(data, value_at)[1]
         elif wire == 1:
             field_end = value_at + 8
         elif wire == 2:
-            length, value_at = _varint(data, value_at)
+            length, value_at = _varint(data, value_at, _MAX_TAG_BYTES)
+            if length >= 1 << 31:
+                raise ValueError(f"length {length}")
             field_end = value_at + length
         elif wire == 5:
             field_end = value_at + 4
@@ -707,17 +713,24 @@ def _wire_fields(data, start: int, end: int):
         position = field_end
 
 
-def _varint(data, position: int) -> tuple[int, int]:
-    """The varint at ``position`` and the position after it."""
+# protobuf reads tags and lengths as 32-bit varints: at most 5 bytes.
+_MAX_TAG_BYTES = 5
+
+
+def _varint(data, position: int, most: int = 10) -> tuple[int, int]:
+    """The varint at ``position`` and the position after it; at most ``most`` bytes, and a
+    64-bit value (a 10th byte above 1 overflows, which protobuf refuses)."""
     value = shift = 0
-    while shift < 64:
+    for _ in range(most):
         byte = data[position]
         position += 1
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
+            if value >= 1 << 64:
+                raise ValueError("varint beyond 64 bits")
             return value, position
         shift += 7
-    raise ValueError("varint longer than 10 bytes")
+    raise ValueError(f"varint longer than {most} bytes")
 
 
 def _encode_varint(value: int) -> bytes:

@@ -217,3 +217,99 @@ def test_the_named_temporary_fallback_writes_and_cleans_up(tmp_path, monkeypatch
 
 def test_error_lines_escape_control_characters():
     assert tool.one_line("a\r b\n\n  c\x00d\te") == "a\\r b c\\x00d e"
+
+
+# -- the wire walker against protobuf ------------------------------------------------------------
+
+def _padded_varint(value: int, extra: int) -> bytes:
+    """``value`` as a varint ``extra`` bytes longer than it needs (protobuf's limit for tags
+    and lengths is 5 bytes in all)."""
+    encoded = bytearray(tool._encode_varint(value))
+    if extra:
+        encoded[-1] |= 0x80
+        encoded += b"\x80" * (extra - 1) + b"\x00"
+    return bytes(encoded)
+
+
+def _fields(data: bytes, start: int, end: int) -> list[tuple[int, int, bytes]]:
+    return [(number, wire, data[value_at:field_end])
+            for number, wire, _, value_at, field_end in tool._wire_fields(data, start, end)]
+
+
+def _encode(fields: list, pad: dict) -> bytes:
+    """Fields back to bytes; ``pad`` (field index -> (tag extra, length extra)) makes a tag
+    or a length overlong."""
+    out = bytearray()
+    for index, (number, wire, value) in enumerate(fields):
+        tag_extra, length_extra = pad.get(index, (0, 0))
+        out += _padded_varint(number << 3 | wire, tag_extra)
+        if wire == 2:
+            out += _padded_varint(len(value), length_extra)
+        out += value
+    return bytes(out)
+
+
+def _inlined(model, path) -> onnx.ModelProto:
+    """The walker's model with each payload it left in the file read back inline."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    data = path.read_bytes()
+    for tensor in copy.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            where = {entry.key: entry.value for entry in tensor.external_data}
+            assert where["location"] == path.name
+            offset, length = int(where["offset"]), int(where["length"])
+            tensor.raw_data = data[offset:offset + length]
+            del tensor.external_data[:]
+            tensor.ClearField("data_location")
+    return copy
+
+
+@pytest.fixture(scope="module")
+def walked_model() -> bytes:
+    """A small model with one payload large enough for the walker to leave in the file."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "W"),
+             numpy_helper.from_array(np.ones(32, np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "b"], ["y"], name="add")]
+    model = models.finish(nodes, [models.float_input("x", 16)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])],
+                          inits)
+    return model.SerializeToString()
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_the_wire_walker_accepts_only_what_protobuf_accepts(walked_model, tmp_path, data):
+    """Differential: whatever the walker reads, protobuf reads the same (and where the walker
+    gives up, protobuf decides). Files with overlong tags and lengths (6-10-byte varints,
+    which protobuf, onnx and onnxruntime refuse), random bytes and truncations."""
+    top = _fields(walked_model, 0, len(walked_model))
+    graph_at = next(index for index, (number, _, _) in enumerate(top) if number == 7)
+    graph = _fields(top[graph_at][2], 0, len(top[graph_at][2]))
+    kind = data.draw(st.sampled_from(["overlong", "bytes", "truncated"]))
+    if kind == "overlong":
+        extra = (data.draw(st.integers(0, 6)), data.draw(st.integers(0, 6)))
+        inner = data.draw(st.integers(0, len(graph) - 1))
+        outer = data.draw(st.integers(0, len(top) - 1))
+        if data.draw(st.booleans()):  # a field of the graph (an initializer, a node)
+            top[graph_at] = (7, 2, _encode(graph, {inner: extra}))
+            blob = _encode(top, {})
+        else:
+            blob = _encode(top, {outer: extra})
+    elif kind == "bytes":
+        blob = bytearray(walked_model)
+        for _ in range(data.draw(st.integers(1, 4))):
+            blob[data.draw(st.integers(0, len(blob) - 1))] = data.draw(st.integers(0, 255))
+        blob = bytes(blob)
+    else:
+        blob = walked_model[:data.draw(st.integers(0, len(walked_model) - 1))]
+    path = tmp_path / "walked.onnx"
+    path.write_bytes(blob)
+    walked = tool._read_graph(str(path))
+    if walked is None:
+        return  # the ordinary parse decides, as it would without the walker
+    parsed = onnx.load(str(path), load_external_data=False)  # raises where protobuf refuses
+    assert _inlined(walked, path) == parsed

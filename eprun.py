@@ -580,30 +580,64 @@ def _read_graph(path: str):
     becomes an external-data reference (``location`` the file's own name, ``offset``,
     ``length``) to where the payload sits in the file.
 
-    Only the protobuf wire format's tags and lengths are read, from a memory map: the
-    payloads are never copied, and what is parsed is the graph alone. ``None`` when the file
+    Only the protobuf wire format's tags and lengths are read (``_FileBytes``): the payloads
+    are never copied, and what is parsed is the graph alone. ``None`` when the file
     is not plain protobuf in the shape this walk expects (a text format, a graph or payload
     given twice, a broken file): the caller then parses it the ordinary way, which also gives
     the ordinary error message.
     """
-    import mmap
-
     from onnx import ModelProto
 
     if os.path.splitext(path)[1].lower() in _TEXT_EXTENSIONS:
         return None
     try:
         _safe_location(os.path.basename(path), path)  # refuses a name such as ..\m.onnx
-        with open(path, "rb") as stream, \
-                mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        with open(path, "rb", buffering=0) as stream:
             stamp = _stamp(os.fstat(stream.fileno()))
-            serialized = _graph_with_references(data, os.path.basename(path).encode())
+            serialized = _graph_with_references(_FileBytes(stream, stamp[2]),
+                                                os.path.basename(path).encode())
         model = ModelProto()
         model.ParseFromString(serialized)
     except Exception:  # any surprise: the ordinary parse decides
         return None
     _READ_STAMPS[os.path.realpath(path)] = stamp
     return model
+
+
+class _FileBytes:
+    """An open file seen as the bytes it holds, read on demand at offsets (a block at a time
+    for single bytes). Not a memory map: a file cut short meanwhile gives a short read, an
+    error the walk turns into "parse it the ordinary way", where a map would kill the process
+    with SIGBUS."""
+
+    _BLOCK = 8192
+
+    def __init__(self, stream, size: int) -> None:
+        self.stream, self.size = stream, size
+        self.block, self.cached = -1, b""
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, _ = key.indices(self.size)
+            return self._read(start, stop - start) if stop > start else b""
+        if not 0 <= key < self.size:
+            raise IndexError(key)
+        block = key // self._BLOCK
+        if block != self.block:
+            start = block * self._BLOCK
+            self.cached = self._read(start, min(self._BLOCK, self.size - start))
+            self.block = block
+        return self.cached[key - block * self._BLOCK]
+
+    def _read(self, offset: int, length: int) -> bytes:
+        self.stream.seek(offset)
+        data = self.stream.read(length)
+        if len(data) != length:
+            raise ValueError("the file was cut short while it was read")
+        return data
 
 
 # Each model file _read_graph read, by real path: what it was then (see require_unchanged).
@@ -952,7 +986,7 @@ def _initializer_array(tensor, model_path: str):
     from onnx import TensorProto, numpy_helper
 
     if tensor.data_location == TensorProto.EXTERNAL:
-        return _map_external(tensor, model_path)
+        return _map_external(tensor, model_path, read=True)
     return numpy_helper.to_array(tensor)
 
 
@@ -2896,8 +2930,10 @@ def _initializer_bytes(tensor) -> int:
     return count
 
 
-def _map_external(tensor, model_path: str):
-    """A read-only memory map of one external-data tensor, located as onnxruntime would."""
+def _map_external(tensor, model_path: str, read: bool = False):
+    """A read-only memory map of one external-data tensor, located as onnxruntime would; with
+    ``read``, its values read into memory instead (a file cut short is then an error, where
+    touching a map past its end is SIGBUS)."""
     import numpy as np
     from onnx import helper
 
@@ -2912,8 +2948,14 @@ def _map_external(tensor, model_path: str):
         if location.length is not None and int(location.length) != size:
             raise ValueError(f"{location.length} bytes where its dims {list(tensor.dims)} "
                              f"make {size}")
-        return np.memmap(path, dtype=dtype, mode="r", offset=int(location.offset or 0),
-                         shape=tuple(tensor.dims))
+        if not read:
+            return np.memmap(path, dtype=dtype, mode="r", offset=int(location.offset or 0),
+                             shape=tuple(tensor.dims))
+        values = np.fromfile(path, dtype=dtype, count=math.prod(tensor.dims),
+                             offset=int(location.offset or 0))
+        if values.size != math.prod(tensor.dims):
+            raise ValueError("the file is shorter than its reference says")
+        return values.reshape(tuple(tensor.dims))
     except (ValueError, OSError, KeyError, TypeError) as exc:
         raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: "
                          f"{one_line(exc)}") from exc

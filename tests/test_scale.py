@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import models
@@ -442,3 +443,25 @@ def test_batches_respect_the_budget():
     assert tool.plan_batches([10, None, 10], 100) == [[0], [1], [2]]
     assert tool.plan_batches([30, 5], 20) == [[0], [1]]
     assert tool.plan_batches([], 5) == []
+
+
+def test_a_model_cut_short_while_its_graph_is_read_is_exit_4(tmp_path):
+    """The walk reads the file by offsets, not through a memory map: a file truncated under
+    it gives a short read and one error line, where a map killed eprun with SIGBUS."""
+    path = models.save(weighty_chain(widths=[256, 256, 8]), tmp_path / "m.onnx")
+    script = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(EPRUN.parent)!r})\n"
+        "import eprun as tool\n"
+        "path = sys.argv[1]\n"
+        "original = tool._graph_with_references\n"
+        "def cut(data, location):\n"
+        "    os.truncate(path, os.path.getsize(path) // 2)  # shrinks under the walk\n"
+        "    return original(data, location)\n"
+        "tool._graph_with_references = cut\n"
+        "sys.exit(tool.main(['partition', path, 'MatMul']))\n")
+    result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 4, (result.returncode, result.stderr)
+    assert result.stdout == "" and len(result.stderr.splitlines()) == 1
+    assert "is not a loadable ONNX model" in result.stderr

@@ -179,6 +179,9 @@ def parse_input_range(text: str) -> tuple[str, tuple[float, float]]:
     if (not name.strip() or low is None or not math.isfinite(low) or not math.isfinite(high)
             or low > high):
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME:LO,HI with finite LO <= HI")
+    if not math.isfinite(high - low):
+        raise argparse.ArgumentTypeError(f"{text!r}: the width HI - LO is beyond what a float "
+                                         "holds; give a narrower range")
     return name.strip(), (low, high)
 
 
@@ -398,6 +401,19 @@ def remove_temporaries() -> None:
                 os.unlink(name)
 
 
+def _progress_after() -> float:
+    text = os.environ.get("EPRUN_PROGRESS_AFTER", "2")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise EprunError(f"EPRUN_PROGRESS_AFTER={text!r} is not a number of seconds (it sets "
+                         "after how long progress is shown; unset it for the default, 2)",
+                         EXIT_USAGE)
+    return seconds
+
+
 class Progress:
     """One updating stderr line ("eprun: what: step i of n") for long work, shown only when
     stderr is a terminal and the work has run for more than a couple of seconds; never on
@@ -408,7 +424,7 @@ class Progress:
 
         self.what, self.total, self.shown = what, total, False
         self.start = time.monotonic()
-        self.after = float(os.environ.get("EPRUN_PROGRESS_AFTER", "2"))
+        self.after = _progress_after()
 
     def step(self, done: int) -> None:
         import time
@@ -1475,6 +1491,7 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
             else:
                 shape.append(DIM_DEFAULT)
                 defaulted.append(f"{spec.name}[{axis}]" + (f" ({dim!r})" if dim else ""))
+        require_room(spec, shape, path)
         array, source = _draw(rng, spec, tuple(shape), options.ranges.get(spec.name), path)
         arrays[spec.name] = np.asarray(array)  # a scalar input stays an array
         fed.append({"name": spec.name, "dtype": spec.dtype, "shape": shape, "source": source})
@@ -1484,6 +1501,37 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
                            and all(isinstance(dim, int) for dim in only.dims[1:])
                            and not options.shaped)
     return Feed(arrays, rows, fed, contract_shaped, defaulted)
+
+
+def require_room(spec: InputSpec, shape: list[int], path: str) -> None:
+    """Refuse an input this machine cannot hold before drawing it: a dim of 2**62 in the model,
+    ``--rows 10**12``. The draw makes float64 values first, so 8 bytes an element at least."""
+    import numpy as np
+
+    needed = math.prod(shape) * max(8, np.dtype(spec.dtype).itemsize)
+    memory = _physical_memory()
+    if needed > memory:
+        raise EprunError(f"{path!r}: input {spec.name!r} of shape {shape} would take "
+                         f"{_size_text(needed)}, more than this machine's "
+                         f"{_size_text(memory)} of memory; lower --rows, or set its dims with "
+                         "--dim (or give it with --inputs)")
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # not a POSIX system: numpy's own limit
+        return (1 << 63) - 1
+
+
+def _size_text(count: float) -> str:
+    if count < 1024:
+        return f"{count:.0f} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        count /= 1024
+        if count < 1024:
+            return f"{count:.1f} {unit}"
+    return f"{count / 1024:.3g} PiB"
 
 
 def _feed_rows(specs: list[InputSpec], options: InputOptions, stored: dict, path: str) -> int:
@@ -1527,6 +1575,9 @@ def _draw(rng, spec: InputSpec, shape: tuple, value_range: tuple | None, path: s
         low, high = math.ceil(low), math.floor(high)
         if dtype.kind == "b":
             low, high = max(low, 0), min(high, 1)
+        else:  # as far as the type (and the generator's int64) holds
+            info = np.iinfo(dtype)
+            low, high = max(low, info.min, -1 << 63), min(high, info.max, (1 << 63) - 1)
         if low > high:
             raise EprunError(f"--input-range for {spec.name!r} holds no {kind} value",
                              EXIT_USAGE)
@@ -1552,6 +1603,13 @@ def _load_inputs_file(file: str, names: list[str], path: str) -> dict:
     except Exception as exc:  # not a zip, a pickled object array, a damaged member
         raise EprunError(f"cannot read the inputs file {file!r} ({type(exc).__name__}: "
                          f"{one_line(exc)}); write it with numpy.savez") from exc
+    for name, array in stored.items():
+        if array.dtype.kind not in "biuf":
+            raise EprunError(f"{file!r}: {name!r} holds {array.dtype} values; the inputs must be "
+                             "numbers (bool, integer or float arrays)")
+        if array.ndim and array.shape[0] == 0:
+            raise EprunError(f"{file!r}: {name!r} has 0 rows (shape {list(array.shape)}); give "
+                             "at least one")
     missing = [name for name in names if name not in stored]
     extra = [name for name in stored if name not in names]
     if missing or extra:
@@ -5389,6 +5447,9 @@ def _run(args: argparse.Namespace) -> int:
             if _INTERRUPTED and _INTERRUPTED[-1] == signal.SIGINT:
                 _report_failure(EprunError("interrupted"), store)
                 return 130
+            if isinstance(exc, MemoryError):
+                exc = EprunError(f"out of memory ({one_line(exc) or 'MemoryError'}); lower "
+                                 "--rows, or use --max-memory MB (layers, growth)")
             if isinstance(exc, ModuleNotFoundError) and exc.name in ("onnx", "onnxruntime",
                                                                      "numpy"):
                 exc = EprunError(

@@ -59,6 +59,13 @@ def files(tmp_path, lab_pair):
     made["npz"] = tmp_path / "inputs.npz"
     np.savez(tmp_path / "wrong.npz", z=np.ones((5, 8), np.float32))
     made["wrong_npz"] = tmp_path / "wrong.npz"
+    np.savez(tmp_path / "strings.npz", x=np.array([["a"] * 8] * 5))
+    made["strings_npz"] = tmp_path / "strings.npz"
+    np.savez(tmp_path / "no_rows.npz", x=np.zeros((0, 8), np.float32))
+    made["no_rows_npz"] = tmp_path / "no_rows.npz"
+    huge = models.chain(features=4, widths=(4, 4))
+    huge.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 1 << 62
+    made["huge_dim"] = models.save(huge, tmp_path / "huge_dim.onnx")
     made["string_input"] = models.save(models.finish(
         [helper.make_node("Identity", ["s"], ["t"]), helper.make_node("Relu", ["x"], ["y"])],
         [helper.make_tensor_value_info("s", TensorProto.STRING, ["N"]), models.float_input()],
@@ -141,6 +148,14 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["settings", "@fp32", "1", "--input-range", "x1,2"], 2, "NAME:LO,HI"),
     (["settings", "@fp32", "1", "--input-range", "z:1,2"], 2, "not an input of"),
     (["settings", "@int64_input", "1", "--input-range", "x:0.2,0.7"], 2, "holds no int64"),
+    (["settings", "@int64_input", "1", "--input-range", "x:1e25,1e30"], 2, "holds no int64"),
+    (["settings", "@fp32", "1", "--input-range", "x:-1e308,1e308"], 2, "give a narrower range"),
+    (["layers", "@huge_dim", "@huge_dim", "1"], 4, "more than this machine's"),
+    (["settings", "@fp32", "1", "--rows", str(10 ** 12)], 4, "lower --rows"),
+    (["settings", "@fp32", "1", "--rows", str(10 ** 30)], 4, "lower --rows"),
+    (["settings", "@fp32", "1", "--rows", str(1 << 63)], 4, "lower --rows"),
+    (["layers", "@fp32", "@int8", "1", "--inputs", "@strings_npz"], 4, "the inputs must be numbers"),
+    (["layers", "@fp32", "@int8", "1", "--inputs", "@no_rows_npz"], 4, "has 0 rows"),
     (["settings", "@fp32", "1", "--inputs", "{tmp}/none.npz"], 3, "does not exist"),
     (["settings", "@fp32", "1", "--inputs", "@text"], 4, "cannot read the inputs file"),
     (["layers", "@fp32", "@int8", "1", "--inputs", "@wrong_npz"], 4, ("missing x; no input is "
@@ -261,3 +276,18 @@ def test_native_writes_to_fd1_during_session_creation_stay_off_stdout(lab_pair):
         assert result.stdout.startswith("{")
         assert "native write to fd 1" in result.stderr
         assert "buffered C stdio write" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", ""])
+def test_a_bad_progress_delay_is_a_usage_error(files, value):
+    result = run_eprun("layers", files["fp32"], files["int8"], "1",
+                       env={"EPRUN_PROGRESS_AFTER": value})
+    assert result.code == 2 and result.stdout == "", result.stderr
+    assert result.stderr == (f"eprun: error: EPRUN_PROGRESS_AFTER={value!r} is not a number of "
+                             "seconds (it sets after how long progress is shown; unset it for "
+                             "the default, 2)\n")
+
+
+def test_out_of_range_integer_bounds_are_clipped_to_the_type(eprun, files):
+    answer = eprun("settings", files["int64_input"], "1", "--input-range", "x:-1e30,1e30")
+    assert answer["inputs"][0]["source"] == f"integers[{-(1 << 63)}, {(1 << 63) - 1}]"

@@ -553,14 +553,15 @@ def check_output(path: str, inputs: list[str]) -> None:
                              "regular file; eprun replaces regular files only")
 
 
-def load_model(path: str, inline_weights: bool = False):
+def load_model(path: str, inline_weights: bool = False, text_names: bool = False):
     """Parse an ONNX file's graph, turning every way it can be broken into one clear error.
 
     Weights stay where they are: external data in its files and, unless ``inline_weights``,
     each large inline payload in the model file itself, referenced by offset as if it were
     external data (see ``_read_graph``), so a 2 GB model parses in milliseconds and code
     that reads weights (onnxruntime, ``_initializer_array``) reads them from the file.
-    ``inline_weights`` parses the payloads into the model, for writing it out again.
+    ``inline_weights`` parses the payloads into the model, for writing it out again;
+    ``text_names`` refuses names that are not UTF-8 (see ``require_text_names``).
     Protobuf parses many byte strings (an empty file, some text) into an empty message without
     complaint, so a model must also have an IR version and a graph with an output.
     """
@@ -577,7 +578,25 @@ def load_model(path: str, inline_weights: bool = False):
     if model.ir_version < 1 or not model.HasField("graph") or not model.graph.output:
         raise EprunError(f"{path!r} is not a loadable ONNX model (no IR version, graph or "
                          "output); re-export or regenerate it")
+    if text_names:
+        require_text_names(model, path)
     return model
+
+
+def require_text_names(model, path: str) -> None:
+    """Refuse names that are not UTF-8 text, which protobuf hands over as bytes (onnxruntime
+    takes them): the commands that name tensors in their answer, pair them or make them
+    outputs read names as text."""
+    graph = model.graph
+    values = (*graph.input, *graph.output, *graph.value_info, *graph.initializer)
+    for where, name in itertools.chain(
+            ((f"node {node.name or index!r} ({node.op_type!r})", name)
+             for index, node in enumerate(graph.node)
+             for name in (node.name, node.op_type, *node.input, *node.output)),
+            (("the graph", value.name) for value in values)):
+        if isinstance(name, bytes):
+            raise EprunError(f"{path!r}: {where} has a name that is not UTF-8 text ({name!r}); "
+                             "eprun reads tensor names as text: give it a UTF-8 name")
 
 
 # Model files in onnx's text formats: everything else is read as protobuf.
@@ -2595,7 +2614,7 @@ def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...]
     ``"external_data"`` in the answer: how the copy reaches each file (see
     ``plan_external_data``). ``copied`` (target: how) skips the files another staging of
     the same run already copies."""
-    model = load_model(model_path)
+    model = load_model(model_path, text_names=True)
     check_output(out_path, [model_path, *external_data_files(model, model_path)])
     boundaries = expose_in_place(model, boundary_ops)
     plan = plan_external_data(model, model_path, out_path)
@@ -3108,7 +3127,7 @@ class PairedModel:
                  on: ProviderRequest | None = None) -> None:
         self.path, self.boundary_ops, self.on = path, boundary_ops, on
         self.actual: list[str] = []
-        self.model = load_model(path)
+        self.model = load_model(path, text_names=True)
         self.boundaries = find_boundaries(self.model.graph, boundary_ops)
         self.owners = boundary_owners(self.model.graph, self.boundaries, boundary_ops)
         self.types = tensor_types(self.model)
@@ -4660,8 +4679,8 @@ class SensitivityRun:
         self.fp32, self.int8 = fp32, int8
         self.targets = targets or Targets()
         self.actual: list[str] = []
-        self.fp32_model = load_model(fp32)
-        self.int8_model = load_model(int8)
+        self.fp32_model = load_model(fp32, text_names=True)
+        self.int8_model = load_model(int8, text_names=True)
         if not any(node.op_type in _QDQ_OPS for node in self.int8_model.graph.node):
             raise EprunError(f"{int8!r} has no QuantizeLinear/DequantizeLinear nodes; "
                              "sensitivity restores units of a QDQ model (quantize_static with "
@@ -4865,7 +4884,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     require_file(int8)
     paths = {name: os.path.join(out_dir, name) for name in REPORT_FILES}
     paths_of = {"fp32": fp32, "int8": int8}
-    graphs = {which: load_model(path) for which, path in paths_of.items()}
+    graphs = {which: load_model(path, text_names=True) for which, path in paths_of.items()}
     _check_report_targets(paths, graphs, paths_of, force)
     requests = [list(request) for request in REPORT_REQUESTS]
     if target_providers is not None and target_providers not in requests:

@@ -63,6 +63,9 @@ def files(tmp_path, lab_pair):
     made["strings_npz"] = tmp_path / "strings.npz"
     np.savez(tmp_path / "no_rows.npz", x=np.zeros((0, 8), np.float32))
     made["no_rows_npz"] = tmp_path / "no_rows.npz"
+    named = models.chain(features=8, widths=(8, 4)).SerializeToString()
+    made["not_utf8"] = tmp_path / "not_utf8.onnx"  # onnxruntime takes it; protobuf gives bytes
+    made["not_utf8"].write_bytes(named.replace(b"mm0", b"\xff\xfe0"))
     huge = models.chain(features=4, widths=(4, 4))
     huge.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 1 << 62
     made["huge_dim"] = models.save(huge, tmp_path / "huge_dim.onnx")
@@ -155,6 +158,10 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["settings", "@fp32", "1", "--rows", str(10 ** 30)], 4, "lower --rows"),
     (["settings", "@fp32", "1", "--rows", str(1 << 63)], 4, "lower --rows"),
     (["layers", "@fp32", "@int8", "1", "--inputs", "@strings_npz"], 4, "the inputs must be numbers"),
+    (["layers", "@not_utf8", "@not_utf8", "1"], 4, "not UTF-8 text (b'\\xff\\xfe0')"),
+    (["expose", "@not_utf8", "{tmp}/out.onnx"], 4, "not UTF-8 text"),
+    (["sensitivity", "@not_utf8", "@not_utf8", "1"], 4, "not UTF-8 text"),
+    (["report", "@not_utf8", "@not_utf8", "--out-dir", "{tmp}/report"], 4, "not UTF-8 text"),
     (["layers", "@fp32", "@int8", "1", "--inputs", "@no_rows_npz"], 4, "has 0 rows"),
     (["settings", "@fp32", "1", "--inputs", "{tmp}/none.npz"], 3, "does not exist"),
     (["settings", "@fp32", "1", "--inputs", "@text"], 4, "cannot read the inputs file"),

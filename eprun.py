@@ -4882,6 +4882,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     out_dir = out_dir if out_dir is not None else (os.path.dirname(fp32) or ".")
     require_file(fp32)
     require_file(int8)
+    require_out_dir(out_dir)
     paths = {name: os.path.join(out_dir, name) for name in REPORT_FILES}
     paths_of = {"fp32": fp32, "int8": int8}
     graphs = {which: load_model(path, text_names=True) for which, path in paths_of.items()}
@@ -5012,6 +5013,21 @@ def _check_report_targets(paths: dict, graphs: dict, paths_of: dict, force: bool
                                  f"would need both at {target!r}; choose an --out-dir beside "
                                  "one of them")
             targets[target] = source
+
+
+def require_out_dir(out_dir: str) -> None:
+    """Before anything is measured: ``--out-dir`` must be, or be creatable as, a folder eprun
+    can write into (not a file, nor under one)."""
+    existing = os.path.abspath(out_dir)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is" if existing == os.path.abspath(out_dir) else f"is under {existing!r}, which is"
+        raise EprunError(f"--out-dir {out_dir!r} {where} a file, not a folder; choose another "
+                         "--out-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise EprunError(f"--out-dir {out_dir!r}: eprun may not write into {existing!r}; "
+                         "choose another --out-dir")
 
 
 def _written_by_eprun(name: str, path: str) -> bool:
@@ -5302,8 +5318,12 @@ class _VersionAction(argparse.Action):
                 found.append(f"{package} {importlib.import_module(package).__version__}")
             except ImportError:
                 found.append(f"{package} not installed")
-        sys.stdout.write(f"eprun {__version__} ({', '.join(found)}; Python "
-                         f"{platform.python_version()})\n")
+        line = f"eprun {__version__} ({', '.join(found)}; Python {platform.python_version()})\n"
+        if sys.stdout is None or not write_fd(1, line.encode()):  # closed at start, or full
+            say("eprun: error: cannot write the version to stdout (closed, full or a closed "
+                "pipe)")
+            _silence_stdout()
+            parser.exit(EXIT_FAILURE)
         parser.exit(0)
 
 

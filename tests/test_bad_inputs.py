@@ -196,6 +196,9 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["expose", "@fp32", "{tmp}/no/such/folder/out.onnx"], 3, "does not exist"),
     (["expose", "@fp32", "{tmp}/folder"], 4, "directory"),
     (["expose", "@fp32", "/proc/eprun-out.onnx"], 4, "cannot write"),
+    (["report", "@fp32", "@int8", "--out-dir", "@text"], 4, "is a file, not a folder"),
+    (["report", "@fp32", "@int8", "--out-dir", "{tmp}/text.onnx/sub"], 4,
+     "text.onnx', which is a file, not a folder"),
 ])
 def test_bad_usage_and_unusable_models(files, tmp_path, argv, code, names):
     before = {name: hashlib.sha256(open(files[name], "rb").read()).hexdigest()

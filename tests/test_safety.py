@@ -365,6 +365,15 @@ def test_a_full_or_closed_stdout_is_exit_4_with_one_line(lab_pair):
     assert proc.returncode == 4
     assert proc.stderr == ("eprun: error: stdout is closed, so there is nowhere to write the "
                            "answer\n")
+    # --version too, which argparse runs while it parses
+    version_failed = ("eprun: error: cannot write the version to stdout (closed, full or a "
+                      "closed pipe)\n")
+    with open("/dev/full", "w") as full:
+        proc = run_raw(["--version"], stdout=full, stderr=subprocess.PIPE, text=True)
+    assert (proc.returncode, proc.stderr) == (4, version_failed)
+    proc = run_raw(["--version"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                   preexec_fn=lambda: os.close(1))
+    assert (proc.returncode, proc.stderr) == (4, version_failed)
 
 
 def test_a_closed_pipe_is_exit_4(lab_pair):

@@ -495,6 +495,18 @@ def require_file(path: str, what: str = "model") -> None:
 _SYSTEM_FOLDERS = ("/dev", "/proc", "/sys")
 
 
+def _name_max(folder: str) -> int:
+    try:
+        return os.pathconf(folder if os.path.isdir(folder) else ".", "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):
+        return 255
+
+
+def _shortened(path: str) -> str:
+    """A path fit for a one-line message."""
+    return path if len(path) <= 160 else f"{path[:100]}...{path[-40:]}"
+
+
 def write_target(path: str) -> str:
     """Where a write to ``path`` lands: a symbolic link is written through, to the file it
     points to, and stays a link (eprun replaces only what it writes)."""
@@ -538,6 +550,10 @@ def check_output(path: str, inputs: list[str]) -> None:
                              "path of a file")
     path = write_target(path)
     folder = os.path.dirname(os.path.abspath(path))
+    name = os.fsencode(os.path.basename(path))
+    if len(name) > _name_max(folder):
+        raise EprunError(f"cannot write {_shortened(path)!r}: its file name is {len(name)} "
+                         f"bytes, more than the {_name_max(folder)} a file name may have there")
     if not os.path.isdir(folder):
         raise EprunError(f"cannot write {path!r}: folder {folder!r} does not exist; create it "
                          "first", EXIT_MISSING)
@@ -1177,7 +1193,7 @@ def stage(data: bytes | Callable[[Any], None], path: str, make_folders: bool = F
         if handle is None:
             import tempfile
 
-            descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
+            descriptor, temporary = tempfile.mkstemp(prefix=f".{_hidden_stem(path)}.",
                                                      suffix=".tmp", dir=folder)
             _TEMPORARIES.add(temporary)
             os.chmod(temporary, 0o666 & ~_umask())
@@ -1267,8 +1283,9 @@ def commit(staged: list[Staged]) -> None:
                 renamed += 1
     except BaseException as exc:
         if isinstance(exc, OSError):
-            raise EprunError(f"cannot write {exc.filename or staged[0].path!r}: "
-                             f"{exc.strerror or one_line(exc)}") from exc
+            failed = staged[min(renamed, len(staged) - 1)].path  # exc.filename may be an fd
+            raise EprunError(f"cannot write {failed!r}: {exc.strerror or one_line(exc)}") \
+                from exc
         raise
     finally:
         for item in staged:
@@ -1310,7 +1327,7 @@ def _link_unnamed(handle: int, path: str) -> str:
     proc_fds = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         for attempt in range(100):
-            name = os.path.join(folder, f".{base}.{os.getpid()}.{attempt}.tmp")
+            name = os.path.join(folder, f".{_hidden_stem(base)}.{os.getpid()}.{attempt}.tmp")
             try:
                 os.link(str(handle), name, src_dir_fd=proc_fds, follow_symlinks=True)
                 return name
@@ -1319,6 +1336,12 @@ def _link_unnamed(handle: int, path: str) -> str:
     finally:
         os.close(proc_fds)
     raise OSError(errno.EEXIST, f"no free temporary name beside {path!r}")
+
+
+def _hidden_stem(path: str) -> str:
+    """The file name of ``path`` as the start of a hidden temporary's name beside it, cut to
+    200 bytes so that the temporary's name stays within the 255 a file system allows."""
+    return os.fsdecode(os.fsencode(os.path.basename(path))[:200])
 
 
 def _umask() -> int:
@@ -2884,6 +2907,7 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     """
     ort = import_ort()
     extra_arrays = extra_arrays or {}
+    _drop_unused_initializers(model)
     external = [tensor for tensor in external_tensors(model) if tensor.name not in extra_arrays]
     own = _in_file_references(model, model_path)
     if any(own):
@@ -2920,6 +2944,18 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     return session_with([tensor.name for tensor in external],
                         [ort.OrtValue.ortvalue_from_numpy(data) for data in maps],
                         folder_option=False)
+
+
+def _drop_unused_initializers(model) -> None:
+    """Remove the initializers nothing reads (no node, subgraph, graph input or output):
+    onnxruntime drops them while it resolves the graph, and then fails to find them when they
+    are handed over as arrays or maps ("Failed to find existing initializer")."""
+    graph = model.graph
+    used = {name for node in graph.node for name in _node_inputs(node)}
+    used.update(value.name for value in (*graph.input, *graph.output))
+    for index in reversed([index for index, tensor in enumerate(graph.initializer)
+                           if tensor.name not in used]):
+        del graph.initializer[index]
 
 
 # The first onnxruntime release that reads session.model_external_initializers_file_folder_path

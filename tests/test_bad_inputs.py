@@ -197,6 +197,8 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["expose", "@fp32", "{tmp}/folder"], 4, "directory"),
     (["expose", "@fp32", "/proc/eprun-out.onnx"], 4, "cannot write"),
     (["report", "@fp32", "@int8", "--out-dir", "@text"], 4, "is a file, not a folder"),
+    (["expose", "@fp32", "{tmp}/" + "a" * 256], 4, "its file name is 256 bytes, more than"),
+    (["expose", "@fp32", "{tmp}/" + "a" * 4000], 4, "its file name is 4000 bytes, more than"),
     (["report", "@fp32", "@int8", "--out-dir", "{tmp}/text.onnx/sub"], 4,
      "text.onnx', which is a file, not a folder"),
 ])
@@ -301,3 +303,23 @@ def test_a_bad_progress_delay_is_a_usage_error(files, value):
 def test_out_of_range_integer_bounds_are_clipped_to_the_type(eprun, files):
     answer = eprun("settings", files["int64_input"], "1", "--input-range", "x:-1e30,1e30")
     assert answer["inputs"][0]["source"] == f"integers[{-(1 << 63)}, {(1 << 63) - 1}]"
+
+
+def test_a_file_name_of_250_bytes_is_written(eprun, files, tmp_path):
+    """The hidden temporary beside it must fit the file system's 255 bytes too."""
+    out = tmp_path / ("a" * 246 + ".onnx")
+    assert eprun("expose", files["fp32"], out)["out"] == str(out)
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith("a")) == [
+        out.name]
+
+
+def test_an_initializer_nothing_reads_is_no_failure(eprun, tmp_path):
+    """onnxruntime drops it while resolving the graph and then cannot find it to hand it its
+    weights (1.16: "Failed to find existing initializer"); a large one is left in the file."""
+    model = models.chain(features=8, widths=(8, 4))
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((32, 32), np.float32),
+                                                           "unused"))
+    path = models.save(model, tmp_path / "unused.onnx")
+    answer = eprun("layers", path, path, "1")
+    assert answer["layer_count"] == 3 and all(entry["max_abs_error"] == 0.0
+                                              for entry in answer["layers"])

@@ -48,6 +48,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 
 def _startup_interrupt(signum: int, frame: object) -> None:
@@ -5444,8 +5445,6 @@ def _install_signal_handlers() -> dict:
     """eprun's handlers for SIGTERM, SIGHUP and SIGINT where they have their defaults; returns
     the handlers they replaced. Only the main thread may set handlers; from any other thread
     eprun runs without them."""
-    import threading
-
     replaced: dict = {}
     if threading.current_thread() is not threading.main_thread():
         return replaced
@@ -5461,8 +5460,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command: parse, compute with every stream held, print one JSON line or one
     error line; return the exit code (see the module docstring). Safe to call from any thread
     and from other Python code: signal handlers are set only in the main thread, and the
-    caller's come back before it returns."""
-    return _main(argv, restore_handlers=True)
+    caller's come back before it returns. Calls from several threads at once run one after
+    the other (``_ONE_AT_A_TIME``): eprun holds the process's file descriptors 1 and 2 while a
+    command runs, so two at once would take each other's answers."""
+    with _ONE_AT_A_TIME:
+        return _main(argv, restore_handlers=True)
+
+
+# main() is re-entered only by the command it runs: one call at a time, in any thread.
+_ONE_AT_A_TIME = threading.RLock()
 
 
 def _main(argv: list[str] | None, restore_handlers: bool) -> int:

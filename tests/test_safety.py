@@ -450,6 +450,26 @@ def test_main_runs_in_any_thread(lab_pair, capfd):
     assert json.loads(capfd.readouterr().out)["layer_count"] == 6
 
 
+def test_concurrent_calls_of_main_lose_no_answer(lab_pair, capfd):
+    """eprun holds fds 1 and 2 while a command runs; calls from several threads at once run
+    one after the other, each answer whole on its own line."""
+    import threading
+
+    import eprun as tool
+
+    fp32, int8 = lab_pair
+    codes = []
+    workers = [threading.Thread(target=lambda seed=seed: codes.append(
+        tool.main(["growth", str(fp32), str(int8), str(seed)]))) for seed in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert codes == [0, 0, 0, 0]
+    answers = [json.loads(line) for line in capfd.readouterr().out.splitlines()]
+    assert sorted(answer["seed"] for answer in answers) == [0, 1, 2, 3]
+
+
 # -- odd inputs --------------------------------------------------------------------------------
 
 def test_seeds_of_any_length(eprun, lab_pair):

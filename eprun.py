@@ -2921,6 +2921,8 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
             model.graph.initializer.append(_placeholder(name, array))
         names.append(name)
         arrays.append(array)
+    if ort_release() < _FOLDER_OPTION_SINCE:
+        _inline_subgraph_weights(model, data_path)
     serialized = model.SerializeToString()
     values = [ort.OrtValue.ortvalue_from_numpy(array) for array in arrays]
 
@@ -2945,6 +2947,25 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     return session_with([tensor.name for tensor in external],
                         [ort.OrtValue.ortvalue_from_numpy(data) for data in maps],
                         folder_option=False)
+
+
+def _inline_subgraph_weights(model, data_path: str) -> None:
+    """Put the external weights of If/Loop/Scan bodies back inline, for onnxruntime releases
+    before 1.21: they look for them relative to the working directory (where another file of
+    the same name may be), and ``add_external_initializers`` reaches the main graph only."""
+    from onnx.external_data_helper import uses_external_data
+
+    pending = [attribute for node in model.graph.node for attribute in node.attribute]
+    while pending:
+        attribute = pending.pop()
+        for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+            for tensor in body.initializer:
+                if uses_external_data(tensor):
+                    values = _map_external(tensor, data_path, read=True)
+                    del tensor.external_data[:]
+                    tensor.ClearField("data_location")
+                    tensor.raw_data = values.tobytes()
+            pending += [inner for node in body.node for inner in node.attribute]
 
 
 def _drop_unused_initializers(model) -> None:

@@ -465,3 +465,48 @@ def test_a_model_cut_short_while_its_graph_is_read_is_exit_4(tmp_path):
     assert result.returncode == 4, (result.returncode, result.stderr)
     assert result.stdout == "" and len(result.stderr.splitlines()) == 1
     assert "is not a loadable ONNX model" in result.stderr
+
+
+def loop_model() -> onnx.ModelProto:
+    """x -> MatMul -> Loop (3 times MatMul by its body's own weight Wb) -> y."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["h_in", "Wb"], ["h_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, ["N", 8])],
+        [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32) / 3, "Wb")])
+    inits = [numpy_helper.from_array(np.array(3, np.int64), "trip"),
+             numpy_helper.from_array(np.array(True), "cond"),
+             numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "W0")]
+    nodes = [helper.make_node("MatMul", ["x", "W0"], ["a"]),
+             helper.make_node("Loop", ["trip", "cond", "a"], ["y"], body=body)]
+    return models.finish(nodes, [models.float_input("x", 8)],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], inits)
+
+
+def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(tmp_path,
+                                                                           monkeypatch):
+    """onnxruntime before 1.21 looks for a body's external weights relative to the working
+    directory: a same-named file there, holding other weights, must not be read."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    path = folder / "loop.onnx"
+    onnx.save(loop_model(), str(path), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="loop.data", size_threshold=0)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "loop.data").write_bytes((folder / "loop.data").read_bytes()[::-1])  # decoy
+    monkeypatch.chdir(elsewhere)
+    result = run_eprun("layers", path, path, "2", "--metrics", "sqnr")
+    assert result.code == 0, result.stderr
+    x = models.contract_input(2, 8)
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    assert result.answer["layers"][-1]["scale"] == pytest.approx(
+        float(np.abs(expected).max()), rel=1e-6)

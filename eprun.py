@@ -646,14 +646,21 @@ def _read_graph(path: str):
         _safe_location(os.path.basename(path), path)  # refuses a name such as ..\m.onnx
         with open(path, "rb", buffering=0) as stream:
             stamp = _stamp(os.fstat(stream.fileno()))
-            serialized = _graph_with_references(_FileBytes(stream, stamp[2]),
-                                                os.path.basename(path).encode())
+            size = stamp[2]
+            # a small file is read whole (indexing bytes is fast), a large one on demand
+            data = stream.read() if size <= _READ_WHOLE_BYTES else _FileBytes(stream, size)
+            if len(data) != size:
+                return None  # cut short meanwhile: the ordinary parse says what it is now
+            serialized = _graph_with_references(data, os.path.basename(path).encode())
         model = ModelProto()
         model.ParseFromString(serialized)
     except Exception:  # any surprise: the ordinary parse decides
         return None
     _READ_STAMPS[os.path.realpath(path)] = stamp
     return model
+
+
+_READ_WHOLE_BYTES = 16 << 20
 
 
 class _FileBytes:

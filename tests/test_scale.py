@@ -453,6 +453,7 @@ def test_a_model_cut_short_while_its_graph_is_read_is_exit_4(tmp_path):
         "import os, sys\n"
         f"sys.path.insert(0, {str(EPRUN.parent)!r})\n"
         "import eprun as tool\n"
+        "tool._READ_WHOLE_BYTES = 0  # read on demand, as a large model is\n"
         "path = sys.argv[1]\n"
         "original = tool._graph_with_references\n"
         "def cut(data, location):\n"

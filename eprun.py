@@ -730,8 +730,10 @@ def _graph_with_references(data, location: bytes) -> bytes:
         graphs += 1
         graph = bytearray()
         for g_number, g_wire, g_start, g_body, g_end in _wire_fields(data, body, end):
+            # a tensor shorter than DETACH_MIN_BYTES holds no payload to refer to
             tensor = (_tensor_with_reference(data, g_body, g_end, location)
-                      if g_number == _GRAPH_INITIALIZER and g_wire == 2 else None)
+                      if g_number == _GRAPH_INITIALIZER and g_wire == 2
+                      and g_end - g_body >= DETACH_MIN_BYTES else None)
             graph += data[g_start:g_end] if tensor is None else _length_delimited(
                 _GRAPH_INITIALIZER, tensor)
         model += _length_delimited(_MODEL_GRAPH, bytes(graph))

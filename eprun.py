@@ -101,6 +101,11 @@ class EprunError(Exception):
         self.code = code
 
 
+class ProviderRefused(EprunError):
+    """A session that opened without a provider it was asked for (``require_got``): no other
+    way of opening it changes that."""
+
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]")
 
 
@@ -408,7 +413,7 @@ def _progress_after() -> float:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0:
+    if math.isnan(seconds) or seconds < 0:  # inf: never
         raise EprunError(f"EPRUN_PROGRESS_AFTER={text!r} is not a number of seconds (it sets "
                          "after how long progress is shown; unset it for the default, 2)",
                          EXIT_USAGE)
@@ -544,6 +549,8 @@ def check_output(path: str, inputs: list[str]) -> None:
     for where in _places_of(path):
         system = next((folder for folder in _SYSTEM_FOLDERS
                        if where == folder or where.startswith(folder + os.sep)), None)
+        if where.startswith("/dev/shm/"):  # a plain tmpfs folder, not a device
+            system = None
         if system is not None:
             how = "it is" if where == os.path.abspath(path) else f"it leads to {where!r},"
             raise EprunError(f"cannot write {path!r}: {how} under {system}, which eprun never "
@@ -1543,7 +1550,6 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
             else:
                 shape.append(DIM_DEFAULT)
                 defaulted.append(f"{spec.name}[{axis}]" + (f" ({dim!r})" if dim else ""))
-        require_room(spec, shape, path)
         array, source = _draw(rng, spec, tuple(shape), options.ranges.get(spec.name), path)
         arrays[spec.name] = np.asarray(array)  # a scalar input stays an array
         fed.append({"name": spec.name, "dtype": spec.dtype, "shape": shape, "source": source})
@@ -1619,6 +1625,7 @@ def _draw(rng, spec: InputSpec, shape: tuple, value_range: tuple | None, path: s
         raise EprunError(f"{path!r}: input {spec.name!r} has type {kind}, which eprun cannot "
                          "generate; give it with --inputs FILE.npz")
     dtype = np.dtype(kind)
+    require_room(spec, list(shape), path)
     if value_range is not None:
         low, high = value_range
         if dtype.kind == "f":
@@ -2210,19 +2217,20 @@ def provider_warnings(requested: list[str]) -> list[str]:
 
 
 def _closest_provider(name: str, known: list[str]) -> str | None:
-    """The known provider ``name`` was meant to be: by the whole name first (a typo inside
-    "ExecutionProvider" itself), then without that suffix ("OpenVino", "CUDA")."""
+    """The known provider ``name`` was meant to be, by the part before its "ExecutionProvider"
+    suffix, so that a typo in the suffix ("OpenVINOExecutionProvder") or a short form
+    ("OpenVino", "CUDA") still finds it, and the suffix alone makes no match
+    ("FooExecutionProvider")."""
     import difflib
 
-    suffix = "executionprovider"
-    whole = {known_name.lower(): known_name for known_name in known}
-    stems = {key.removesuffix(suffix): value for key, value in whole.items()}
-    typed = name.lower()
-    for names, text in ((whole, typed), (stems, typed.removesuffix(suffix))):
-        match = difflib.get_close_matches(text, list(names), n=1, cutoff=0.75)
-        if match:
-            return names[match[0]]
-    return None
+    def stem(text: str) -> str:  # the part before "Execution...", however that is spelt
+        return re.split(r"exec", text.lower(), maxsplit=1)[0] or text.lower()
+
+    stems: dict[str, str] = {}
+    for known_name in known:  # the first of a stem ("OpenVINOExecutionProvider", not ".AUTO")
+        stems.setdefault(stem(known_name), known_name)
+    match = difflib.get_close_matches(stem(name), list(stems), n=1, cutoff=0.75)
+    return stems[match[0]] if match else None
 
 
 def require_known_providers(requested: list[str]) -> None:
@@ -2240,7 +2248,7 @@ def require_got(session, on: ProviderRequest, what: str) -> None:
     missing = fallback_of(on.requested, actual)
     if missing:
         why = "".join(f" ({message})" for message in plugin_notes([missing]))
-        raise EprunError(f"{what} asked for {','.join(on.requested)} and got "
+        raise ProviderRefused(f"{what} asked for {','.join(on.requested)} and got "
                          f"{','.join(actual)} ({', '.join(missing)} missing{why}); a "
                          "measurement on other providers would answer another question: "
                          "install or fix the provider, or add --allow-fallback to measure on "
@@ -2813,6 +2821,7 @@ def plan_external_data(model, model_path: str, out_path: str) -> list[dict]:
     different file already at the target is refused before anything is written.
     """
     source_folder = os.path.dirname(os.path.abspath(model_path))
+    out_path = write_target(out_path)  # a link to the copy: the data goes beside the copy
     target_folder = os.path.dirname(os.path.abspath(out_path))
     shared = os.path.isdir(target_folder) and os.path.samefile(source_folder, target_folder)
     plan = []
@@ -2827,6 +2836,13 @@ def plan_external_data(model, model_path: str, out_path: str) -> list[dict]:
             raise EprunError(f"cannot write {out_path!r}: the model's weights must sit at that "
                              "same path; choose another output name", EXIT_USAGE)
         if os.path.lexists(target):
+            if os.path.islink(target):  # never written through: it may lead to the original
+                if os.path.exists(target) and _same_bytes(source, target):
+                    entry["how"] = "present"
+                    continue
+                raise EprunError(f"cannot write {out_path!r}: its weights must sit at "
+                                 f"{target!r}, a link to other data; choose another output "
+                                 "folder")
             if os.path.exists(target) and os.path.samefile(source, target):
                 continue  # a hard link: copied over, which gives the original its one link back
             if os.path.exists(target) and _same_bytes(source, target):
@@ -2930,8 +2946,7 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
             model.graph.initializer.append(_placeholder(name, array))
         names.append(name)
         arrays.append(array)
-    if ort_release() < _FOLDER_OPTION_SINCE:
-        _inline_subgraph_weights(model, data_path)
+    _inline_subgraph_weights(model, data_path)
     serialized = model.SerializeToString()
     values = [ort.OrtValue.ortvalue_from_numpy(array) for array in arrays]
 
@@ -2950,6 +2965,8 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     if external and ort_release() >= _FOLDER_OPTION_SINCE:
         try:
             return session_with([], [], folder_option=True)
+        except ProviderRefused:
+            raise
         except EprunError:  # a location it refuses (a link out of the folder): map the data
             pass
     maps = [_map_external(tensor, data_path) for tensor in external]
@@ -2959,9 +2976,10 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
 
 
 def _inline_subgraph_weights(model, data_path: str) -> None:
-    """Put the external weights of If/Loop/Scan bodies back inline, for onnxruntime releases
-    before 1.21: they look for them relative to the working directory (where another file of
-    the same name may be), and ``add_external_initializers`` reaches the main graph only."""
+    """Put the external weights of If/Loop/Scan bodies back inline: for a model given as
+    bytes without the folder option (releases before 1.21, or a main graph with no external
+    data), onnxruntime looks for them relative to the working directory, where another file
+    of the same name may be, and ``add_external_initializers`` reaches the main graph only."""
     from onnx.external_data_helper import uses_external_data
 
     pending = [attribute for node in model.graph.node for attribute in node.attribute]

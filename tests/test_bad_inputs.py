@@ -170,6 +170,7 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["layers", "@fp32", "@int8", "1", "--inputs", "@npz", "--rows", "3"], 2,
      "--rows 3 contradicts the batch of 5"),
     (["layers", "@string_input", "@string_input", "1"], 4, "cannot generate"),
+    (["settings", "@string_input", "1"], 4, "cannot generate"),
     (["layers", "@label_only", "@label_only", "1"], 4, "has no float output"),
     (["layers", "@fp32", "@short", "1", "--pair", "name"], 4, "--pair name: no boundary"),
     (["layers", "@fp32", "@int8", "1", "--pair", "names"], 2, "invalid choice"),

@@ -491,15 +491,29 @@ def loop_model() -> onnx.ModelProto:
                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], inits)
 
 
+@pytest.mark.parametrize("body_only", [False, True])
 def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(tmp_path,
-                                                                           monkeypatch):
-    """onnxruntime before 1.21 looks for a body's external weights relative to the working
-    directory: a same-named file there, holding other weights, must not be read."""
+                                                                           monkeypatch,
+                                                                           body_only):
+    """onnxruntime looks for a body's external weights relative to the working directory
+    (before 1.21, and on any release when the main graph has no external data): a same-named
+    file there, holding other weights, must not be read."""
     folder = tmp_path / "models"
     folder.mkdir()
     path = folder / "loop.onnx"
-    onnx.save(loop_model(), str(path), save_as_external_data=True,
-              all_tensors_to_one_file=True, location="loop.data", size_threshold=0)
+    model = loop_model()
+    if body_only:  # only the body's weight outside the file
+        from onnx.external_data_helper import set_external_data
+
+        body = model.graph.node[1].attribute[0].g
+        (folder / "loop.data").write_bytes(body.initializer[0].raw_data)
+        set_external_data(body.initializer[0], "loop.data")
+        body.initializer[0].ClearField("raw_data")
+        body.initializer[0].data_location = onnx.TensorProto.EXTERNAL
+        onnx.save(model, str(path))
+    else:
+        onnx.save(model, str(path), save_as_external_data=True,
+                  all_tensors_to_one_file=True, location="loop.data", size_threshold=0)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "loop.data").write_bytes((folder / "loop.data").read_bytes()[::-1])  # decoy
@@ -511,3 +525,27 @@ def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(tmp_
         None, {"x": x})[0]
     assert result.answer["layers"][-1]["scale"] == pytest.approx(
         float(np.abs(expected).max()), rel=1e-6)
+
+
+def test_external_data_beside_a_linked_output_and_a_linked_target(eprun, external_pair,
+                                                                 tmp_path):
+    """An output that is a link: the weights go beside the file it leads to. A data target
+    that is a link is never written through (it may lead to the user's own weights)."""
+    fp32 = external_pair[0]
+    data = fp32.parent / "fp32.data"
+    before = (data.stat().st_ino, data.read_bytes())
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    link = tmp_path / "links" / "exposed.onnx"
+    link.symlink_to(tmp_path / "real" / "exposed.onnx")
+    eprun("expose", fp32, link)
+    assert (tmp_path / "real" / "fp32.data").read_bytes() == before[1]
+    assert not (tmp_path / "links" / "fp32.data").exists()
+    ort.InferenceSession(str(tmp_path / "real" / "exposed.onnx"),
+                         providers=["CPUExecutionProvider"])
+    out = tmp_path / "other"
+    out.mkdir()
+    (out / "fp32.data").symlink_to(data)
+    answer = eprun("expose", fp32, out / "exposed.onnx")
+    assert answer["external_data"][0]["how"] == "present"
+    assert (data.stat().st_ino, data.read_bytes()) == before  # the user's file untouched

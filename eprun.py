@@ -558,10 +558,10 @@ def check_output(path: str, inputs: list[str]) -> None:
                              "path of a file")
     path = write_target(path)
     folder = os.path.dirname(os.path.abspath(path))
-    name = os.fsencode(os.path.basename(path))
-    if len(name) > _name_max(folder):
+    name, longest = os.fsencode(os.path.basename(path)), _name_max(folder)
+    if len(name) > longest:
         raise EprunError(f"cannot write {_shortened(path)!r}: its file name is {len(name)} "
-                         f"bytes, more than the {_name_max(folder)} a file name may have there")
+                         f"bytes, more than the {longest} a file name may have there")
     if not os.path.isdir(folder):
         raise EprunError(f"cannot write {path!r}: folder {folder!r} does not exist; create it "
                          "first", EXIT_MISSING)

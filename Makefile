@@ -52,7 +52,7 @@ NEED_PINNED_STACK = $(if $(filter requirements.txt,$(STACK_$(PY_VERSION))),,$(er
 # whatever its stamps say: FORCE makes its install rules run, and venv_install rebuilds it.
 VENV_STALE := $(if $(filter $(PY_VERSION),$(call PY_VERSION_OF,$(VENV)/bin/python)),,FORCE)
 
-.PHONY: lab models deliverables test lint test-current test-oldest test-ep bench bench-ep mutation clean FORCE
+.PHONY: lab models deliverables test lint test-current test-oldest test-ep bench bench-ep mutation same-answers clean FORCE
 
 lab: $(VENV)/.lab-installed
 	$(MAKE) --no-print-directory deliverables RUN=$(VENV)/bin/python
@@ -164,3 +164,12 @@ MUTANTS ?= 60
 
 mutation: $(VENV)/.dev-installed
 	$(VENV)/bin/python tests/mutation.py --sample $(MUTANTS) $(MUTATION_FLAGS)
+
+# A change meant to keep behaviour (a move, a rename, a split), proven: every command on the lab
+# models, every README example, the tests' real-shaped models and their quantized twins and the
+# usual mistakes, run by BEFORE's eprun.py and by the working tree's; stdout, stderr, exit codes
+# and written files must be the same bytes (bench/same_answers.py; about 4 minutes).
+BEFORE ?= HEAD
+
+same-answers: $(VENV)/.dev-installed
+	$(VENV)/bin/python bench/same_answers.py --before $(BEFORE)

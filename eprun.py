@@ -19,6 +19,17 @@ Every command that opens sessions runs them where ``--providers`` says (built-in
 plugin EPs through their devices, ``policy:NAME`` device policies; ``--ep-library``,
 ``--ep-option``), and refuses a measurement whose session did not get what was asked for.
 
+The file reads top-down in layers, each using only the layers above it:
+
+    1. Contract and declarations  exit codes, errors, argument parsers, commands, strict JSON
+    2. I/O safety  the stdout guard, progress, temporaries, signals, output paths, staging
+    3. Model access  graphs read without their weights, external data, the graph index, types
+    4. Sessions and providers  the one options builder and session opener, EPs, plugin EPs
+    5. Measurement core  feeds, golden files, boundaries, comparison, paired and local error
+    6. Rendering  answers into text: a verdict's line, the report's markdown and its chart
+    7. Commands  each command's function and its declaration, in the order listed above
+    8. Command line  the parser, main() and its run context, the one place failures are told
+
 Flow: parse the arguments -> read each model's graph only (weights stay on disk) -> expose the
 boundaries in memory -> one session per model, one model at a time -> compare with numpy ->
 one JSON line. Everything onnxruntime prints meanwhile is held back; a failure is one line.
@@ -80,6 +91,12 @@ __version__ = "0.9.0"
 __all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",
            "layers", "main", "partition", "placement", "providers", "report", "settings"]
 
+
+# == 1. Contract and declarations ==================================================================
+
+
+# -- exit codes and errors -------------------------------------------------------------------------
+
 EXIT_USAGE = 2
 EXIT_MISSING = 3
 EXIT_FAILURE = 4
@@ -88,9 +105,6 @@ ROWS = 64
 BOUNDARY_OPS = ("MatMul", "Gemm")
 SETTINGS_BASELINE = ("ORT_DISABLE_ALL", 1)
 SETTINGS_CASES = (("ORT_ENABLE_ALL", 1), ("ORT_DISABLE_ALL", 2), ("ORT_ENABLE_ALL", 2))
-# Initializers smaller than this keep their values in the weightless copy used for shape
-# inference: they are the shape and axis tensors that inference needs to read.
-SKELETON_KEEP_BYTES = 4096
 
 
 class EprunError(Exception):
@@ -106,6 +120,8 @@ class ProviderRefused(EprunError):
     way of opening it changes that."""
 
 
+# -- arguments -------------------------------------------------------------------------------------
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]")
 
 
@@ -118,8 +134,6 @@ def one_line(text: object) -> str:
     collapsed = " ".join(re.split(r"[ \t\n]+", str(text).strip(" \t\n")))
     return _CONTROL.sub(lambda match: repr(match.group())[1:-1], collapsed)
 
-
-# -- arguments ---------------------------------------------------------------------------------
 
 def parse_list(text: str) -> list[str]:
     """A comma-joined list argument: items stripped, empty items dropped, order kept."""
@@ -202,21 +216,12 @@ def parse_cosine(text: str) -> float:
     return value
 
 
-def parse_metrics(text: str) -> tuple[str, ...]:
-    metrics = tuple(parse_list(text))
-    unknown = [name for name in metrics if name not in METRICS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown metric {unknown[0]!r}; choose from "
-                                         f"{', '.join(METRICS)}")
-    return metrics
-
-
 def parse_boundary_ops(text: str) -> tuple[str, ...]:
     """``--boundary-ops Conv`` adds to MatMul and Gemm; it never removes them."""
     return BOUNDARY_OPS + tuple(op for op in parse_list(text) if op not in BOUNDARY_OPS)
 
 
-# -- command declarations ----------------------------------------------------------------------
+# -- command declarations --------------------------------------------------------------------------
 
 class Arg(NamedTuple):
     """One command-line argument: its names and ``ArgumentParser.add_argument`` options."""
@@ -282,7 +287,7 @@ FP32_INT8 = (arg("fp32", help="float model"),
              arg("int8", help="quantized model (QDQ, QOperator, dynamic or float16) of it"))
 
 
-# -- strict JSON -------------------------------------------------------------------------------
+# -- strict JSON -----------------------------------------------------------------------------------
 
 def _strict(value: Any) -> Any:
     """Map non-finite floats to ``None``; refuse anything that is not plain JSON data."""
@@ -304,7 +309,10 @@ def to_json(answer: dict) -> str:
     return json.dumps(_strict(answer), separators=(",", ":"), allow_nan=False)
 
 
-# -- the stdout guard --------------------------------------------------------------------------
+# == 2. I/O safety =================================================================================
+
+
+# -- the stdout guard ------------------------------------------------------------------------------
 
 def _flush_c_stdio() -> None:
     """Flush the C library's stdio buffers so native output lands while fd 1 is redirected."""
@@ -374,38 +382,46 @@ def captured_chatter() -> Iterator[Any]:
 _TERMINAL: list[int | None] = []
 # The real stderr while the outermost capture holds fd 2: where a signal's last word goes.
 _STDERR: list[int] = []
-# Named temporary files (where O_TMPFILE is missing) and scratch folders that exist right now:
-# removed on a signal.
-_TEMPORARIES: set[str] = set()
 
 
-@contextlib.contextmanager
-def scratch_folder(prefix: str) -> Iterator[str]:
-    """A temporary folder of eprun's own, removed when the block ends and on a signal too (the
-    signal path ends the process at once, so a ``TemporaryDirectory`` would stay behind)."""
-    import shutil
-    import tempfile
-
-    folder = tempfile.mkdtemp(prefix=prefix)
-    _TEMPORARIES.add(folder)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        _TEMPORARIES.discard(folder)
+def replay(store) -> None:
+    """Copy what ``captured_chatter`` held to stderr (nothing if stderr is closed)."""
+    if store is None:
+        return
+    store.seek(0)
+    while True:
+        chunk = store.read(1 << 16)
+        if not chunk or not write_fd(2, chunk):
+            return
 
 
-def remove_temporaries() -> None:
-    """What a signal leaves of eprun's temporaries: nothing."""
-    import shutil
+def write_fd(fd: int, data: bytes) -> bool:
+    """Write all of ``data`` to a file descriptor; False when it cannot take it."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return False
+    return True
 
-    for name in list(_TEMPORARIES):
-        if os.path.isdir(name) and not os.path.islink(name):
-            shutil.rmtree(name, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
 
+def say(line: str) -> None:
+    """One line on stderr, written to the descriptor so it works whatever ``sys.stderr`` is;
+    silence where stderr is closed or broken."""
+    write_fd(2, (line + "\n").encode("utf-8", "backslashreplace"))
+
+
+def note(message: str) -> None:
+    """One line on stderr that explains a result without changing it (held with the rest of
+    a command's chatter: shown after a success only)."""
+    with contextlib.suppress(Exception):
+        print(f"eprun: note: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+# -- progress --------------------------------------------------------------------------------------
 
 def _progress_after() -> float:
     text = os.environ.get("EPRUN_PROGRESS_AFTER", "2")
@@ -447,37 +463,95 @@ class Progress:
             write_fd(terminal, b"\r\x1b[K")
 
 
-def replay(store) -> None:
-    """Copy what ``captured_chatter`` held to stderr (nothing if stderr is closed)."""
-    if store is None:
+# -- temporaries -----------------------------------------------------------------------------------
+
+# Named temporary files (where O_TMPFILE is missing) and scratch folders that exist right now:
+# removed on a signal.
+_TEMPORARIES: set[str] = set()
+
+
+@contextlib.contextmanager
+def scratch_folder(prefix: str) -> Iterator[str]:
+    """A temporary folder of eprun's own, removed when the block ends and on a signal too (the
+    signal path ends the process at once, so a ``TemporaryDirectory`` would stay behind)."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=prefix)
+    _TEMPORARIES.add(folder)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        _TEMPORARIES.discard(folder)
+
+
+def remove_temporaries() -> None:
+    """What a signal leaves of eprun's temporaries: nothing."""
+    import shutil
+
+    for name in list(_TEMPORARIES):
+        if os.path.isdir(name) and not os.path.islink(name):
+            shutil.rmtree(name, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+
+# -- signals ---------------------------------------------------------------------------------------
+
+_INTERRUPTED: list[int] = []
+_ANSWERED: list[bool] = []
+# True when eprun runs as the program (cli), not inside someone else's Python.
+_PROGRAM: list[bool] = []
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """SIGINT, SIGTERM and SIGHUP. Inside ``signals_held`` the signal waits for the block to
+    end; once the answer is out it is ignored. Otherwise, as a program, eprun removes its
+    named temporary files, says "interrupted" for Ctrl-C on the real stderr and exits at once
+    (130, 143, 129): unwinding a Python exception through a C extension in the middle of its
+    import or of a protobuf call could crash the interpreter (SIGSEGV) or turn into another
+    error. Called from other Python code it raises KeyboardInterrupt or SystemExit instead,
+    and SIGINT is remembered, so that a library that turns the KeyboardInterrupt into another
+    error (numpy's import does) is still reported as an interruption."""
+    _INTERRUPTED.append(signum)
+    if _HELD:
+        _HELD[-1].append(signum)
         return
-    store.seek(0)
-    while True:
-        chunk = store.read(1 << 16)
-        if not chunk or not write_fd(2, chunk):
-            return
+    if _ANSWERED:  # the answer is out: finish as it says, not as an interruption
+        return
+    _act_on_signal(signum)
 
 
-def write_fd(fd: int, data: bytes) -> bool:
-    """Write all of ``data`` to a file descriptor; False when it cannot take it."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except InterruptedError:
-            continue
-        except OSError:
-            return False
-    return True
+def _act_on_signal(signum: int) -> None:
+    code = 130 if signum == signal.SIGINT else 128 + signum
+    if _PROGRAM:
+        remove_temporaries()
+        if signum == signal.SIGINT:
+            write_fd(_STDERR[0] if _STDERR else 2, b"eprun: error: interrupted\n")
+        os._exit(code)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(code)
 
 
-def say(line: str) -> None:
-    """One line on stderr, written to the descriptor so it works whatever ``sys.stderr`` is;
-    silence where stderr is closed or broken."""
-    write_fd(2, (line + "\n").encode("utf-8", "backslashreplace"))
+def _install_signal_handlers() -> dict:
+    """eprun's handlers for SIGTERM, SIGHUP and SIGINT where they have their defaults; returns
+    the handlers they replaced. Only the main thread may set handlers; from any other thread
+    eprun runs without them."""
+    replaced: dict = {}
+    if threading.current_thread() is not threading.main_thread():
+        return replaced
+    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) in (
+                signal.SIG_DFL, signal.default_int_handler, _startup_interrupt):
+            replaced[number] = signal.signal(number, _on_signal)
+    return replaced
 
 
-# -- files and models --------------------------------------------------------------------------
+# -- paths -----------------------------------------------------------------------------------------
 
 def require_file(path: str, what: str = "model") -> None:
     """Exit 3 for an input that is not there, before any library gets to raise about it; exit
@@ -534,6 +608,12 @@ def _places_of(path: str) -> list[str]:
     return list(dict.fromkeys([*places, os.path.realpath(path)]))
 
 
+def _same_file(first: str, second: str) -> bool:
+    if os.path.exists(second):
+        return os.path.samefile(first, second)
+    return os.path.realpath(first) == os.path.realpath(second)
+
+
 def check_output(path: str, inputs: list[str]) -> None:
     """Refuse an output path before anything is written: one that is (or resolves to) an input
     file, a model's external data included (exit 2); whose folder does not exist (exit 3, the
@@ -576,6 +656,253 @@ def check_output(path: str, inputs: list[str]) -> None:
             raise EprunError(f"cannot write {path!r}: it links to something that is not a "
                              "regular file; eprun replaces regular files only")
 
+
+def require_out_dir(out_dir: str) -> None:
+    """Before anything is measured: ``--out-dir`` must be, or be creatable as, a folder eprun
+    can write into (not a file, nor under one)."""
+    existing = os.path.abspath(out_dir)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is" if existing == os.path.abspath(out_dir) else f"is under {existing!r}, which is"
+        raise EprunError(f"--out-dir {out_dir!r} {where} a file, not a folder; choose another "
+                         "--out-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise EprunError(f"--out-dir {out_dir!r}: eprun may not write into {existing!r}; "
+                         "choose another --out-dir")
+
+
+# -- staging and commit ----------------------------------------------------------------------------
+
+class Staged(NamedTuple):
+    """A complete, synced file not yet at its path: an unnamed ``O_TMPFILE`` (``handle``) or a
+    hidden temporary file (``temporary``); ``folders``, the folders made for it (removed again
+    if it is not committed)."""
+
+    path: str
+    handle: int | None
+    temporary: str | None
+    folders: tuple[str, ...] = ()
+
+
+def stage(data: bytes | Callable[[Any], None], path: str, make_folders: bool = False
+          ) -> Staged:
+    """Write ``data`` (bytes, or a function that writes into the open file) beside ``path``
+    without giving it a name there yet; with ``make_folders``, the missing folders on the way
+    are made first.
+
+    On Linux the bytes go to an unnamed ``O_TMPFILE`` in the target folder, which vanishes by
+    itself if eprun dies, even by ``kill -9``. Elsewhere a hidden temporary file is used and
+    removed on any failure or signal eprun can catch.
+    """
+    path = write_target(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    handle, temporary, made = None, None, []
+    try:
+        if make_folders:
+            for missing in _missing_folders(folder)[::-1]:  # the shallowest first
+                os.mkdir(missing)
+                made.append(missing)
+        handle = _open_unnamed(folder)
+        if handle is None:
+            import tempfile
+
+            descriptor, temporary = tempfile.mkstemp(prefix=f".{_hidden_stem(path)}.",
+                                                     suffix=".tmp", dir=folder)
+            _TEMPORARIES.add(temporary)
+            os.chmod(temporary, 0o666 & ~_umask())
+        else:
+            descriptor = os.dup(handle)
+        with os.fdopen(descriptor, "wb") as stream:
+            if callable(data):
+                data(stream)
+            else:
+                stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        return Staged(path, handle, temporary, tuple(made))
+    except BaseException as exc:
+        discard([Staged(path, handle, temporary, tuple(made))])
+        if isinstance(exc, OSError):
+            raise EprunError(f"cannot write {path!r}: {exc.strerror or one_line(exc)}") from exc
+        raise
+
+
+def discard(staged: list[Staged]) -> None:
+    """Drop staged files that will not be committed."""
+    for item in reversed(staged):  # a folder made for the first is emptied by the later ones
+        if item.handle is not None:
+            with contextlib.suppress(OSError):
+                os.close(item.handle)
+        if item.temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(item.temporary)
+            _TEMPORARIES.discard(item.temporary)
+        _remove_folders(item.folders)
+
+
+def _missing_folders(folder: str) -> list[str]:
+    """The folders ``os.makedirs(folder)`` would create, the deepest first."""
+    missing = []
+    folder = os.path.abspath(folder)
+    while not os.path.isdir(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
+
+
+def _remove_folders(folders: tuple[str, ...]) -> None:
+    for folder in reversed(folders):  # the deepest first, each empty once the one below is gone
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+# Signals that arrived while a set of renames was being committed, delivered right after it.
+_HELD: list[list[int]] = []
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, so that an interrupt lands before
+    or after a set of renames, never between two of them.
+
+    onnxruntime's worker threads do not block signals, so the kernel may hand a signal to one
+    of them; eprun's handlers (see ``main``) therefore defer on their own while a block is
+    open, and the signal takes effect when it closes.
+    """
+    _HELD.append([])
+    try:
+        yield
+    finally:
+        pending = _HELD.pop()
+        if pending and not _HELD:
+            _act_on_signal(pending[0])
+
+
+def commit(staged: list[Staged]) -> None:
+    """Give every staged file its name, with signals held, so an interrupt lands before or
+    after the whole set; each rename is atomic within its folder, so a reader sees an old or a
+    new file, never a partial one. The folders made for a file that did not get its name are
+    removed again."""
+    names: list[str] = []
+    renamed = 0
+    try:
+        with signals_held():
+            for item in staged:  # named and renamed at once: no hidden name waits
+                names.append(item.temporary or _link_unnamed(item.handle, item.path))
+                os.replace(names[-1], item.path)
+                renamed += 1
+    except BaseException as exc:
+        if isinstance(exc, OSError):
+            failed = staged[min(renamed, len(staged) - 1)].path  # exc.filename may be an fd
+            raise EprunError(f"cannot write {failed!r}: {exc.strerror or one_line(exc)}") \
+                from exc
+        raise
+    finally:
+        for item in staged:
+            if item.handle is not None:
+                with contextlib.suppress(OSError):
+                    os.close(item.handle)
+        for name in {*names, *(item.temporary for item in staged)}:  # what was not renamed
+            if name and os.path.exists(name):
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+            _TEMPORARIES.discard(name)
+        for item in staged[renamed:]:
+            _remove_folders(item.folders)
+
+
+def write_atomically(data: bytes | Callable[[Any], None], path: str) -> None:
+    """Write ``data`` to ``path`` so that ``path`` is either untouched or complete (see
+    ``stage`` and ``commit``); two writers of the same path leave one complete file."""
+    commit([stage(data, path)])
+
+
+def _open_unnamed(folder: str) -> int | None:
+    """An unnamed file in ``folder`` (Linux ``O_TMPFILE``), or None where unsupported."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd") or os.link not in os.supports_dir_fd:
+        return None
+    try:
+        return os.open(folder, flag | os.O_WRONLY, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            return None  # the filesystem has no O_TMPFILE: use a named temporary file
+        raise
+
+
+def _link_unnamed(handle: int, path: str) -> str:
+    """Give the unnamed file a hidden name beside ``path``, to be renamed onto it at once."""
+    folder, base = os.path.split(os.path.abspath(path))
+    # os.link only asks linkat() to follow the /proc magic link when given a dir_fd.
+    proc_fds = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        for attempt in range(100):
+            name = os.path.join(folder, f".{_hidden_stem(base)}.{os.getpid()}.{attempt}.tmp")
+            try:
+                os.link(str(handle), name, src_dir_fd=proc_fds, follow_symlinks=True)
+                return name
+            except FileExistsError:
+                continue
+    finally:
+        os.close(proc_fds)
+    raise OSError(errno.EEXIST, f"no free temporary name beside {path!r}")
+
+
+def _hidden_stem(path: str) -> str:
+    """The file name of ``path`` as the start of a hidden temporary's name beside it, cut to
+    200 bytes so that the temporary's name stays within the 255 a file system allows."""
+    return os.fsdecode(os.fsencode(os.path.basename(path))[:200])
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+_COPY_SLICE = 8 << 20
+
+
+def _copier(source: str, how: list[str]) -> Callable[[Any], None]:
+    """A writer of a copy of ``source`` that appends to ``how`` the way it copied:
+    ``"reflink"`` where the file system shares the blocks (btrfs, XFS: no space, no time),
+    else ``"copy"``."""
+    import shutil
+    import stat
+
+    def copy(stream) -> None:
+        with open(source, "rb") as original:
+            # private weights stay private: the copy gets the original's permissions
+            os.fchmod(stream.fileno(), stat.S_IMODE(os.fstat(original.fileno()).st_mode))
+            if _reflink(original.fileno(), stream.fileno()):
+                how.append("reflink")
+                return
+            how.append("copy")
+            shutil.copyfileobj(original, stream, 16 << 20)
+    return copy
+
+
+def _reflink(source: int, target: int) -> bool:
+    """Make ``target`` share ``source``'s blocks (Linux ``FICLONE``); False where the file
+    system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import fcntl
+
+    try:
+        fcntl.ioctl(target, 0x40049409, source)  # FICLONE
+    except OSError:
+        return False
+    return True
+
+
+# == 3. Model access ===============================================================================
+
+
+# -- loading ---------------------------------------------------------------------------------------
 
 def load_model(path: str, inline_weights: bool = False, text_names: bool = False):
     """Parse an ONNX file's graph, turning every way it can be broken into one clear error.
@@ -626,6 +953,10 @@ def require_text_names(model, path: str) -> None:
 # Model files in onnx's text formats: everything else is read as protobuf.
 _TEXT_EXTENSIONS = frozenset({".txtpb", ".textproto", ".prototxt", ".pbtxt", ".json",
                               ".onnxjson", ".onnxtxt", ".onnxtext"})
+
+
+# -- the wire walker -------------------------------------------------------------------------------
+
 # Field numbers of the protobuf messages _read_graph walks: ModelProto.graph,
 # GraphProto.initializer, and TensorProto's raw_data, external_data and data_location.
 _MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
@@ -854,193 +1185,351 @@ def graph_inputs(model) -> list:
     return [value for value in model.graph.input if value.name not in initializers]
 
 
-# -- boundaries --------------------------------------------------------------------------------
+# -- external data ---------------------------------------------------------------------------------
 
-# The quantized forms of the boundary ops: their first input is the quantized activation, read
-# back as float with its own scale and zero point (see ``BoundaryReader``).
-QUANTIZED_FORMS = {"MatMul": ("QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul",
-                              "MatMulIntegerToFloat"),
-                   "Gemm": ("QGemm",),
-                   "Conv": ("QLinearConv", "ConvInteger")}
-# onnx element types that hold real numbers: FLOAT, FLOAT16, DOUBLE, BFLOAT16.
-FLOAT_TYPES = frozenset({1, 10, 11, 16})
-# Ops with weights whose input is worth a boundary when MatMul/Gemm give none (a CNN).
-_LINEAR_OPS = ("Conv", "ConvTranspose", "QLinearConv", "ConvInteger", "Einsum")
+def external_data_files(model, model_path: str) -> list[str]:
+    """The files a model's external weights live in (inputs to protect, as the model is)."""
+    locations = {_external_location(tensor).location for tensor in external_tensors(model)}
+    files = [_safe_location(location, model_path) for location in sorted(locations)]
+    # load_model's references into the model file itself are not files of their own.
+    return [path for path in files if not _same_file(model_path, path)]
 
 
-BOUNDARY_OPS_ARG = arg(
-    "--boundary-ops", type=parse_boundary_ops, default=BOUNDARY_OPS,
-    help="comma-joined op types whose first input is also a boundary, on top of MatMul and "
-         "Gemm (e.g. Conv); their quantized forms (QLinearConv, ...) count too")
+def plan_external_data(model, model_path: str, out_path: str) -> list[dict]:
+    """How a copy of ``model`` at ``out_path`` reaches each of its external data files:
+    ``{"source", "file", "how"}`` per file, ``how`` being ``"shared"`` (the copy sits in the
+    model's folder and reads the same file), ``"present"`` (the same bytes are already at
+    ``file``, a file of its own) or ``"copy"`` (to be copied there).
 
-
-def with_quantized_forms(boundary_ops: tuple[str, ...]) -> tuple[str, ...]:
-    extra = [form for op in boundary_ops for form in QUANTIZED_FORMS.get(op, ())]
-    return tuple(boundary_ops) + tuple(op for op in extra if op not in boundary_ops)
-
-
-def final_output(graph) -> str | None:
-    """The graph's first float output: the one whose error quantization is about (an int64
-    label in front of the probabilities is not); the first output when none is float."""
-    for value in graph.output:
-        if value.type.tensor_type.elem_type in FLOAT_TYPES:
-            return value.name
-    return graph.output[0].name if graph.output else None
-
-
-def find_boundaries(graph, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> list[str]:
-    """The first input of every MatMul/Gemm (or quantized form of one) in file order, then the
-    graph's first float output; each name once.
-
-    A MatMul's first input is the activation entering a layer; in a QDQ model it is the float
-    output of a DequantizeLinear, so the same rule finds comparable tensors in both models.
+    onnxruntime resolves external data only inside the model's own folder, so a copy written
+    elsewhere needs each data file beside it. It is copied, never hard-linked: a second link
+    to the user's weights makes onnx (1.23+) refuse them afterwards as a "potential hardlink
+    attack", the original model included. A hard link already at the target (an older
+    eprun's) is replaced by a copy. The original data is never moved or rewritten, and a
+    different file already at the target is refused before anything is written.
     """
-    ops = set(with_quantized_forms(boundary_ops))
-    candidates = [node.input[0] for node in graph.node
-                  if node.op_type in ops and node.input and node.input[0]]
-    final = final_output(graph)
-    return list(dict.fromkeys(candidates + ([final] if final else [])))
-
-
-def boundary_owners(graph, boundaries: list[str], boundary_ops: tuple[str, ...]) -> dict:
-    """Boundary -> name of the first boundary-op node that reads it (its layer's node)."""
-    ops = set(with_quantized_forms(boundary_ops))
-    wanted = set(boundaries)  # a set: a list made this quadratic on long chains
-    owners: dict[str, str] = {}
-    for node in graph.node:
-        if node.op_type in ops and node.input and node.input[0] in wanted:
-            owners.setdefault(node.input[0], node.name)
-    return owners
-
-
-# Suffixes onnxruntime's quantizer appends to the float tensor or node it quantizes.
-_TENSOR_SUFFIXES = re.compile(r"(_DequantizeLinear_Output|_QuantizeLinear_Output|_quantized|"
-                              r"_output_quantized|_dequantized)(_\d+)?$")
-_NODE_SUFFIXES = re.compile(r"(_quant|_QuantizeLinear|_DequantizeLinear)$")
-
-
-def float_tensor_name(name: str) -> str:
-    return _TENSOR_SUFFIXES.sub("", name)
-
-
-def pair_by_name(fp32: list[str], int8: list[str], fp32_owners: dict, int8_owners: dict
-                 ) -> dict[int, int]:
-    """fp32 boundary index -> int8 boundary index, where the names say which is which.
-
-    A quantized tensor is named after its float original, and a layer's node keeps its name
-    (``_quant`` appended in the QOperator form); the final outputs pair with each other. Of
-    several int8 boundaries naming one fp32 boundary (one tensor dequantized per consumer),
-    the first is taken.
-    """
-    fp32_index = {name: index for index, name in enumerate(fp32)}
-    owner_index = {owner: fp32_index[name] for name, owner in fp32_owners.items() if owner}
-    pairs: dict[int, int] = {}
-    if fp32 and int8:
-        pairs[len(fp32) - 1] = len(int8) - 1
-    for j, name in enumerate(int8[:-1]):
-        i = fp32_index.get(name, fp32_index.get(float_tensor_name(name)))
-        if i is None and int8_owners.get(name):
-            i = owner_index.get(_NODE_SUFFIXES.sub("", int8_owners[name]))
-        if i is not None and i != len(fp32) - 1 and i not in pairs:
-            pairs[i] = j
-    return pairs
-
-
-# Where a quantized op reads each quantized operand's scale and zero point: op type ->
-# (operand, scale, zero point) input positions. QLinearConcat lists (x, scale, zero point)
-# triples after its output's scale and zero point.
-_QUANTIZED_OPERANDS = {
-    "QLinearMatMul": ((0, 1, 2), (3, 4, 5)), "QLinearConv": ((0, 1, 2), (3, 4, 5)),
-    "QGemm": ((0, 1, 2), (3, 4, 5)), "QLinearAdd": ((0, 1, 2), (3, 4, 5)),
-    "QLinearMul": ((0, 1, 2), (3, 4, 5)), "QLinearSigmoid": ((0, 1, 2),),
-    "QLinearLeakyRelu": ((0, 1, 2),), "QLinearSoftmax": ((0, 1, 2),),
-    "QLinearGlobalAveragePool": ((0, 1, 2),), "QLinearAveragePool": ((0, 1, 2),),
-    "DequantizeLinear": ((0, 1, 2),),
-}
-
-
-class Quantization:
-    """How to read a model's quantized (8/16-bit) tensors back as float, and how to quantize
-    float values into them.
-
-    A tensor's scale and zero point are those of the QuantizeLinear or DynamicQuantizeLinear
-    that made it, else those of a quantized op that reads it (QLinearMatMul, QLinearAdd, ...).
-    Scales held in initializers are read once; scales computed at run time (dynamic
-    quantization) must be fetched with the tensor (``runtime``).
-    """
-
-    def __init__(self, model, model_path: str, types: dict, tensors: list[str]) -> None:
-        self.path, self.types = model_path, types
-        self.params: dict[str, tuple[str, str]] = {}
-        self.constants: dict = {}
-        quantized = [name for name in tensors if _is_integer(types, name)]
-        if not quantized:
-            return
-        graph = model.graph
-        producers = {output: node for node in graph.node for output in node.output}
-        readers: dict[str, tuple[str, str]] = {}
-        for node in graph.node:
-            layout = _QUANTIZED_OPERANDS.get(node.op_type, ())
-            if node.op_type == "QLinearConcat":
-                layout = tuple((k, k + 1, k + 2) for k in range(2, len(node.input) - 2, 3))
-            for operand, scale, zero in layout:
-                if operand < len(node.input) and scale < len(node.input):
-                    readers.setdefault(node.input[operand], (
-                        node.input[scale], node.input[zero] if zero < len(node.input) else ""))
-        initializers = {tensor.name: tensor for tensor in graph.initializer}
-        for name in quantized:
-            producer = producers.get(name)
-            if producer is not None and producer.op_type == "QuantizeLinear":
-                source = (producer.input[1], producer.input[2] if len(producer.input) > 2
-                          else "")
-            elif producer is not None and producer.op_type == "DynamicQuantizeLinear":
-                source = (producer.output[1], producer.output[2])
-            elif name in readers:
-                source = readers[name]
-            else:
+    source_folder = os.path.dirname(os.path.abspath(model_path))
+    out_path = write_target(out_path)  # a link to the copy: the data goes beside the copy
+    target_folder = os.path.dirname(os.path.abspath(out_path))
+    shared = os.path.isdir(target_folder) and os.path.samefile(source_folder, target_folder)
+    plan = []
+    for source in external_data_files(model, model_path):
+        target = os.path.join(target_folder, os.path.relpath(source, source_folder))
+        entry = {"source": source, "file": target, "how": "shared" if shared else "copy"}
+        plan.append(entry)
+        if shared:
+            continue
+        require_file(source, "external data")
+        if _same_file(target, out_path):
+            raise EprunError(f"cannot write {out_path!r}: the model's weights must sit at that "
+                             "same path; choose another output name", EXIT_USAGE)
+        if os.path.lexists(target):
+            if os.path.islink(target):  # never written through: it may lead to the original
+                if os.path.exists(target) and _same_bytes(source, target):
+                    entry["how"] = "present"
+                    continue
+                raise EprunError(f"cannot write {out_path!r}: its weights must sit at "
+                                 f"{target!r}, a link to other data; choose another output "
+                                 "folder")
+            if os.path.exists(target) and os.path.samefile(source, target):
+                continue  # a hard link: copied over, which gives the original its one link back
+            if os.path.exists(target) and _same_bytes(source, target):
+                entry["how"] = "present"
                 continue
-            for tensor in source:
-                if tensor in initializers and tensor not in self.constants:
-                    self.constants[tensor] = _initializer_array(initializers[tensor],
-                                                                model_path)
-            self.params[name] = source
+            raise EprunError(f"cannot write {out_path!r}: its weights must sit at {target!r}, "
+                             "which holds other data; choose another output folder")
+    return plan
 
-    def runtime(self, name: str) -> list[str]:
-        """The run-time scale and zero point of ``name`` (empty when they are constants)."""
-        return [tensor for tensor in self.params.get(name, ())
-                if tensor and tensor not in self.constants]
 
-    def _scale_zero(self, name: str, fetched: dict):
-        import numpy as np
+def _same_bytes(first: str, second: str) -> bool:
+    import filecmp
 
-        scale_name, zero_name = self.params[name]
-        scale = np.asarray(self.constants.get(scale_name, fetched.get(scale_name)), np.float64)
-        zero = (np.asarray(self.constants.get(zero_name, fetched.get(zero_name)), np.float64)
-                if zero_name else np.zeros(()))
-        if scale.size != 1 or zero.size != 1:
-            raise EprunError(f"{self.path!r}: {name!r} is quantized per channel; eprun reads "
-                             "back per-tensor quantized activations only")
-        return scale.reshape(()), zero.reshape(())
+    return filecmp.cmp(first, second, shallow=False)
 
-    def read(self, name: str, fetched: dict):
-        """The float value of ``name`` from the fetched tensors (dequantized if quantized)."""
-        value = fetched[name]
-        if name not in self.params:
-            return value
-        scale, zero = self._scale_zero(name, fetched)
-        return (value.astype("float64") - zero) * scale
 
-    def quantize(self, name: str, value):
-        """``value`` (float) quantized as the model quantizes ``name``: round half to even,
-        saturate, as QuantizeLinear does."""
-        import numpy as np
+def _estimated_bytes(value_type, rows: int) -> int | None:
+    """Bytes of a tensor of this type with the batch axis at ``rows``; None when unknown."""
+    if value_type is None or not value_type.HasField("tensor_type"):
+        return None
+    tensor = value_type.tensor_type
+    count = _ELEMENT_BYTES.get(tensor.elem_type)
+    if count is None or not tensor.HasField("shape"):
+        return None
+    for axis, dim in enumerate(tensor.shape.dim):
+        if dim.HasField("dim_value"):
+            count *= dim.dim_value
+        elif axis == 0:
+            count *= rows
+        else:
+            return None
+    return count
 
-        scale, zero = self._scale_zero(name, {})
-        dtype = np.dtype(_QUANTIZED_DTYPES[self.types[name].tensor_type.elem_type])
-        info = np.iinfo(dtype)
-        return np.asarray(np.clip(np.rint(np.asarray(value, np.float64) / scale) + zero,
-                                  info.min, info.max), dtype=dtype)
 
+def external_tensors(model) -> list:
+    from onnx.external_data_helper import uses_external_data
+
+    return [tensor for tensor in model.graph.initializer if uses_external_data(tensor)]
+
+
+def _external_location(tensor):
+    """Where an external tensor's bytes are (``location``, ``offset``, ``length``)."""
+    from onnx.external_data_helper import ExternalDataInfo
+
+    return ExternalDataInfo(tensor)
+
+
+def _safe_location(location: str, model_path: str) -> str:
+    """The file an external-data location names, refused (as onnxruntime does) outside the
+    model's folder."""
+    if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
+        raise EprunError(f"{model_path!r} keeps weights at {location!r}, outside its folder; "
+                         "onnxruntime refuses that location")
+    return os.path.join(os.path.dirname(os.path.abspath(model_path)), location)
+
+
+def _relink_own_references(model, model_path: str, own: list) -> str:
+    """The path external locations are relative to: ``model_path``, or, for a model file that
+    is a link and keeps no data in other files, the file it resolves to, with the references
+    ``load_model`` made into the model file (``own``, see ``_in_file_references``) renamed
+    after it."""
+    resolved = os.path.realpath(model_path)
+    if not any(own) or resolved == os.path.abspath(model_path) or \
+            external_data_files(model, model_path):
+        return model_path
+    for tensor, payload in zip(model.graph.initializer, own):
+        for entry in tensor.external_data if payload else ():
+            if entry.key == "location":
+                entry.value = os.path.basename(resolved)
+    return resolved
+
+
+# Inline initializers at least this large are handed to onnxruntime as arrays; smaller ones
+# (scales, zero points, shapes) stay in the graph where optimizers expect them.
+DETACH_MIN_BYTES = 1024
+
+
+def detach_initializers(model) -> tuple[list[str], list]:
+    """Move every large numeric inline initializer out of ``model`` into a numpy array.
+
+    Each tensor becomes a placeholder that declares its name, type and dims and points at
+    external data, the form ``add_external_initializers`` replaces. Tensors are converted one
+    at a time, so the weights exist about once, never as proto + bytes + parse.
+    """
+    from onnx import TensorProto, numpy_helper
+
+    names, arrays = [], []
+    for tensor in model.graph.initializer:
+        if (tensor.data_location == TensorProto.EXTERNAL
+                or tensor.data_type not in _DETACHABLE_TYPES
+                or _initializer_bytes(tensor) < DETACH_MIN_BYTES
+                or (tensor.raw_data and len(tensor.raw_data) != _initializer_bytes(tensor))):
+            continue  # (a payload of the wrong length stays, for onnxruntime to refuse)
+        array = numpy_helper.to_array(tensor)
+        tensor.CopyFrom(_placeholder(tensor.name, array))
+        names.append(tensor.name)
+        arrays.append(array)
+    return names, arrays
+
+
+def _placeholder(name: str, array):
+    """An initializer that only declares ``array``'s name, type and dims, pointing at external
+    data: the form ``add_external_initializers`` fills in."""
+    from onnx import TensorProto, helper
+
+    placeholder = TensorProto(name=name, dims=array.shape,
+                              data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                              data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "eprun-detached"), ("offset", "0"),
+                       ("length", str(array.nbytes))):
+        entry = placeholder.external_data.add()
+        entry.key, entry.value = key, value
+    return placeholder
+
+
+# Bytes per element of the numeric ONNX types whose numpy form onnxruntime takes as is (no
+# float16/bfloat16/4-bit mappings, which vary across onnx releases): FLOAT, UINT8, INT8,
+# UINT16, INT16, INT32, INT64, BOOL, DOUBLE, UINT32, UINT64.
+_ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 11: 8, 12: 4, 13: 8}
+_DETACHABLE_TYPES = frozenset(_ELEMENT_BYTES)
+# The types whose payloads load_model leaves in the file: those, and FLOAT16 (numpy's float16
+# on every onnx release, for the memory maps older onnxruntime releases are given).
+_REFERENCE_BYTES = {**_ELEMENT_BYTES, 10: 2}
+
+
+def _initializer_bytes(tensor) -> int:
+    """Size of an initializer's data from its dims, without touching the (large) payload;
+    0 for a type outside ``_ELEMENT_BYTES``."""
+    count = _ELEMENT_BYTES.get(tensor.data_type, 0)
+    for dim in tensor.dims:
+        count *= dim
+    return count
+
+
+def _map_external(tensor, model_path: str, read: bool = False):
+    """A read-only memory map of one external-data tensor, located as onnxruntime would; with
+    ``read``, its values read into memory instead (a file cut short is then an error, where
+    touching a map past its end is SIGBUS)."""
+    import numpy as np
+    from onnx import helper
+
+    location = _external_location(tensor)
+    path = _safe_location(location.location, model_path)
+    require_file(path, "external data")
+    if _same_file(model_path, path):
+        require_unchanged(model_path)
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        size = dtype.itemsize * math.prod(tensor.dims)
+        if location.length is not None and int(location.length) != size:
+            raise ValueError(f"{location.length} bytes where its dims {list(tensor.dims)} "
+                             f"make {size}")
+        if not read:
+            return np.memmap(path, dtype=dtype, mode="r", offset=int(location.offset or 0),
+                             shape=tuple(tensor.dims))
+        values = np.fromfile(path, dtype=dtype, count=math.prod(tensor.dims),
+                             offset=int(location.offset or 0))
+        if values.size != math.prod(tensor.dims):
+            raise ValueError("the file is shorter than its reference says")
+        return values.reshape(tuple(tensor.dims))
+    except (ValueError, OSError, KeyError, TypeError) as exc:
+        raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: "
+                         f"{one_line(exc)}") from exc
+
+
+def _inline_subgraph_weights(model, data_path: str) -> None:
+    """Put the external weights of If/Loop/Scan bodies back inline: for a model given as
+    bytes without the folder option (releases before 1.21, or a main graph with no external
+    data), onnxruntime looks for them relative to the working directory, where another file
+    of the same name may be, and ``add_external_initializers`` reaches the main graph only."""
+    from onnx.external_data_helper import uses_external_data
+
+    pending = [attribute for node in model.graph.node for attribute in node.attribute]
+    while pending:
+        attribute = pending.pop()
+        for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+            for tensor in body.initializer:
+                if uses_external_data(tensor):
+                    values = _map_external(tensor, data_path, read=True)
+                    del tensor.external_data[:]
+                    tensor.ClearField("data_location")
+                    tensor.raw_data = values.tobytes()
+            pending += [inner for node in body.node for inner in node.attribute]
+
+
+def _drop_unused_initializers(model) -> None:
+    """Remove the initializers nothing reads (no node, subgraph, graph input or output):
+    onnxruntime drops them while it resolves the graph, and then fails to find them when they
+    are handed over as arrays or maps ("Failed to find existing initializer")."""
+    graph = model.graph
+    used = {name for node in graph.node for name in _node_inputs(node)}
+    used.update(value.name for value in (*graph.input, *graph.output))
+    for index in reversed([index for index, tensor in enumerate(graph.initializer)
+                           if tensor.name not in used]):
+        del graph.initializer[index]
+
+
+def _in_file_references(model, model_path: str) -> list:
+    """For each initializer of the graph in order, ``(offset, length)`` of the payload
+    ``load_model`` left in the model file itself, else None."""
+    from onnx.external_data_helper import uses_external_data
+
+    own: list = []
+    for tensor in model.graph.initializer:
+        location = _external_location(tensor) if uses_external_data(tensor) else None
+        own.append((int(location.offset), int(location.length)) if location is not None and
+                   _same_file(model_path, _safe_location(location.location, model_path))
+                   else None)
+    return own
+
+
+def _inlined_tensor(data: bytes, body: int, end: int, payload: tuple[int, int]) -> list:
+    """The pieces of one serialized TensorProto with its reference replaced by its
+    ``raw_data`` (``(offset, length)`` in the model file), where field order puts it."""
+    pieces: list = []
+    raw = _encode_varint(_TENSOR_RAW_DATA << 3 | 2) + _encode_varint(payload[1])
+    for number, _, start, _, field_end in _wire_fields(data, body, end):
+        if number in (_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION):
+            continue
+        if number > _TENSOR_RAW_DATA and raw:
+            pieces += [raw, payload]
+            raw = b""
+        pieces.append(data[start:field_end])
+    if raw:
+        pieces += [raw, payload]
+    return pieces
+
+
+def _pieces_length(pieces: list) -> int:
+    return sum(len(piece) if isinstance(piece, bytes) else piece[1] for piece in pieces)
+
+
+def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
+    """A writer of ``model`` as protobuf would serialize it with every payload that
+    ``load_model`` left in ``model_path`` back inline: the same bytes as parsing the weights
+    and calling ``SerializeToString``, without either. The graph is serialized (small), and
+    each referring initializer gets its ``raw_data`` field back in field-number order, copied
+    from the file as it is written."""
+    serialized = model.SerializeToString()
+    own = _in_file_references(model, model_path)
+    if not any(own):
+        return lambda stream: stream.write(serialized)
+    payloads = iter(own)  # the graph's initializers, in the order they are serialized
+    pieces: list = []  # bytes, or (offset, length) of a payload in the model file
+    for number, wire, start, body, end in _wire_fields(serialized, 0, len(serialized)):
+        if number != _MODEL_GRAPH or wire != 2:
+            pieces.append(serialized[start:end])
+            continue
+        graph_pieces: list = []
+        for g_number, g_wire, g_start, g_body, g_end in _wire_fields(serialized, body, end):
+            tensor = (next(payloads) if g_number == _GRAPH_INITIALIZER and g_wire == 2
+                      else None)
+            if tensor is None:
+                graph_pieces.append(serialized[g_start:g_end])
+                continue
+            tensor_pieces = _inlined_tensor(serialized, g_body, g_end, tensor)
+            graph_pieces += [_encode_varint(_GRAPH_INITIALIZER << 3 | 2)
+                             + _encode_varint(_pieces_length(tensor_pieces)), *tensor_pieces]
+        pieces += [_encode_varint(_MODEL_GRAPH << 3 | 2)
+                   + _encode_varint(_pieces_length(graph_pieces)), *graph_pieces]
+
+    def write(stream) -> None:
+        with open(model_path, "rb") as source:
+            require_unchanged(model_path, os.fstat(source.fileno()))
+            for piece in pieces:
+                if isinstance(piece, bytes):
+                    stream.write(piece)
+                    continue
+                offset, length = piece  # read in slices: never the whole payload at once
+                source.seek(offset)
+                while length:
+                    chunk = source.read(min(_COPY_SLICE, length))
+                    if not chunk:
+                        raise EprunError(f"{model_path!r} changed while eprun read it")
+                    stream.write(chunk)
+                    length -= len(chunk)
+    return write
+
+
+# -- the graph index -------------------------------------------------------------------------------
+
+def _node_inputs(node) -> list[str]:
+    """A node's inputs, plus the outer-scope names its subgraphs read (implicit inputs)."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+            local = {name for inner in graph.node for name in inner.output}
+            local |= {value.name for value in graph.input}
+            local |= {tensor.name for tensor in graph.initializer}
+            names += [name for inner in graph.node for name in _node_inputs(inner)
+                      if name not in local]
+    return names
+
+
+# -- value types -----------------------------------------------------------------------------------
+
+# Initializers smaller than this keep their values in the weightless copy used for shape
+# inference: they are the shape and axis tensors that inference needs to read.
+SKELETON_KEEP_BYTES = 4096
 
 _QUANTIZED_DTYPES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16"}
 
@@ -1150,701 +1639,10 @@ def _element_type(types: dict, name: str) -> int:
     return value.tensor_type.elem_type if value is not None else 0
 
 
-def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS, extra: list[str] = (),
-                    types: dict | None = None, unknown_as_float: bool = True) -> list[str]:
-    """Add every boundary (then each name in ``extra``) that is not yet a graph output; return
-    the boundaries.
+# == 4. Sessions and providers =====================================================================
 
-    Each new output is declared with its inferred type, so an int8 tensor is never declared
-    float and the session still opens. A type nothing can infer is declared float in a saved
-    file (a graph output must have a type) and left to onnxruntime in memory
-    (``unknown_as_float=False``), which infers it when the session opens.
-    """
-    import onnx
 
-    boundaries = find_boundaries(model.graph, boundary_ops)
-    existing = {value.name for value in model.graph.output}
-    missing = [name for name in dict.fromkeys([*boundaries, *extra]) if name not in existing]
-    if missing:
-        types = types if types is not None else tensor_types(model)
-        for name in missing:
-            value = onnx.ValueInfoProto(name=name)
-            if name in types:
-                value.type.CopyFrom(types[name])
-            elif unknown_as_float:
-                value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
-            model.graph.output.append(value)
-    return boundaries
-
-
-class Staged(NamedTuple):
-    """A complete, synced file not yet at its path: an unnamed ``O_TMPFILE`` (``handle``) or a
-    hidden temporary file (``temporary``); ``folders``, the folders made for it (removed again
-    if it is not committed)."""
-
-    path: str
-    handle: int | None
-    temporary: str | None
-    folders: tuple[str, ...] = ()
-
-
-def stage(data: bytes | Callable[[Any], None], path: str, make_folders: bool = False
-          ) -> Staged:
-    """Write ``data`` (bytes, or a function that writes into the open file) beside ``path``
-    without giving it a name there yet; with ``make_folders``, the missing folders on the way
-    are made first.
-
-    On Linux the bytes go to an unnamed ``O_TMPFILE`` in the target folder, which vanishes by
-    itself if eprun dies, even by ``kill -9``. Elsewhere a hidden temporary file is used and
-    removed on any failure or signal eprun can catch.
-    """
-    path = write_target(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    handle, temporary, made = None, None, []
-    try:
-        if make_folders:
-            for missing in _missing_folders(folder)[::-1]:  # the shallowest first
-                os.mkdir(missing)
-                made.append(missing)
-        handle = _open_unnamed(folder)
-        if handle is None:
-            import tempfile
-
-            descriptor, temporary = tempfile.mkstemp(prefix=f".{_hidden_stem(path)}.",
-                                                     suffix=".tmp", dir=folder)
-            _TEMPORARIES.add(temporary)
-            os.chmod(temporary, 0o666 & ~_umask())
-        else:
-            descriptor = os.dup(handle)
-        with os.fdopen(descriptor, "wb") as stream:
-            if callable(data):
-                data(stream)
-            else:
-                stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        return Staged(path, handle, temporary, tuple(made))
-    except BaseException as exc:
-        discard([Staged(path, handle, temporary, tuple(made))])
-        if isinstance(exc, OSError):
-            raise EprunError(f"cannot write {path!r}: {exc.strerror or one_line(exc)}") from exc
-        raise
-
-
-def discard(staged: list[Staged]) -> None:
-    """Drop staged files that will not be committed."""
-    for item in reversed(staged):  # a folder made for the first is emptied by the later ones
-        if item.handle is not None:
-            with contextlib.suppress(OSError):
-                os.close(item.handle)
-        if item.temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(item.temporary)
-            _TEMPORARIES.discard(item.temporary)
-        _remove_folders(item.folders)
-
-
-def _missing_folders(folder: str) -> list[str]:
-    """The folders ``os.makedirs(folder)`` would create, the deepest first."""
-    missing = []
-    folder = os.path.abspath(folder)
-    while not os.path.isdir(folder):
-        missing.append(folder)
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
-    return missing
-
-
-def _remove_folders(folders: tuple[str, ...]) -> None:
-    for folder in reversed(folders):  # the deepest first, each empty once the one below is gone
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
-
-
-# Signals that arrived while a set of renames was being committed, delivered right after it.
-_HELD: list[list[int]] = []
-
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, so that an interrupt lands before
-    or after a set of renames, never between two of them.
-
-    onnxruntime's worker threads do not block signals, so the kernel may hand a signal to one
-    of them; eprun's handlers (see ``main``) therefore defer on their own while a block is
-    open, and the signal takes effect when it closes.
-    """
-    _HELD.append([])
-    try:
-        yield
-    finally:
-        pending = _HELD.pop()
-        if pending and not _HELD:
-            _act_on_signal(pending[0])
-
-
-def commit(staged: list[Staged]) -> None:
-    """Give every staged file its name, with signals held, so an interrupt lands before or
-    after the whole set; each rename is atomic within its folder, so a reader sees an old or a
-    new file, never a partial one. The folders made for a file that did not get its name are
-    removed again."""
-    names: list[str] = []
-    renamed = 0
-    try:
-        with signals_held():
-            for item in staged:  # named and renamed at once: no hidden name waits
-                names.append(item.temporary or _link_unnamed(item.handle, item.path))
-                os.replace(names[-1], item.path)
-                renamed += 1
-    except BaseException as exc:
-        if isinstance(exc, OSError):
-            failed = staged[min(renamed, len(staged) - 1)].path  # exc.filename may be an fd
-            raise EprunError(f"cannot write {failed!r}: {exc.strerror or one_line(exc)}") \
-                from exc
-        raise
-    finally:
-        for item in staged:
-            if item.handle is not None:
-                with contextlib.suppress(OSError):
-                    os.close(item.handle)
-        for name in {*names, *(item.temporary for item in staged)}:  # what was not renamed
-            if name and os.path.exists(name):
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
-            _TEMPORARIES.discard(name)
-        for item in staged[renamed:]:
-            _remove_folders(item.folders)
-
-
-def write_atomically(data: bytes | Callable[[Any], None], path: str) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is either untouched or complete (see
-    ``stage`` and ``commit``); two writers of the same path leave one complete file."""
-    commit([stage(data, path)])
-
-
-def _open_unnamed(folder: str) -> int | None:
-    """An unnamed file in ``folder`` (Linux ``O_TMPFILE``), or None where unsupported."""
-    flag = getattr(os, "O_TMPFILE", 0)
-    if not flag or not os.path.isdir("/proc/self/fd") or os.link not in os.supports_dir_fd:
-        return None
-    try:
-        return os.open(folder, flag | os.O_WRONLY, 0o666)
-    except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
-            return None  # the filesystem has no O_TMPFILE: use a named temporary file
-        raise
-
-
-def _link_unnamed(handle: int, path: str) -> str:
-    """Give the unnamed file a hidden name beside ``path``, to be renamed onto it at once."""
-    folder, base = os.path.split(os.path.abspath(path))
-    # os.link only asks linkat() to follow the /proc magic link when given a dir_fd.
-    proc_fds = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        for attempt in range(100):
-            name = os.path.join(folder, f".{_hidden_stem(base)}.{os.getpid()}.{attempt}.tmp")
-            try:
-                os.link(str(handle), name, src_dir_fd=proc_fds, follow_symlinks=True)
-                return name
-            except FileExistsError:
-                continue
-    finally:
-        os.close(proc_fds)
-    raise OSError(errno.EEXIST, f"no free temporary name beside {path!r}")
-
-
-def _hidden_stem(path: str) -> str:
-    """The file name of ``path`` as the start of a hidden temporary's name beside it, cut to
-    200 bytes so that the temporary's name stays within the 255 a file system allows."""
-    return os.fsdecode(os.fsencode(os.path.basename(path))[:200])
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-# -- inputs ------------------------------------------------------------------------------------
-
-# A symbolic dimension other than the batch takes this value unless --dim sets it: a multiple of
-# 32, so CNNs that downsample by up to 32 and sequence models both accept it.
-DIM_DEFAULT = 32
-
-
-class InputSpec(NamedTuple):
-    """What feeding one graph input takes: its numpy dtype, its dims (an int when fixed, a
-    symbol's name, or None when unnamed or unset) and, for integer indices into a Gather table,
-    the table's name and row count."""
-
-    name: str
-    dtype: str
-    dims: tuple
-    table: tuple[str, int] | None = None
-
-
-@dataclasses.dataclass
-class InputOptions:
-    """How the user shaped the inputs (``--rows``, ``--dim``, ``--input-range``, ``--inputs``).
-
-    ``rows=None`` means "not given": the contract's 64, or the model's own fixed batch.
-    """
-
-    rows: int | None = None
-    dims: dict = dataclasses.field(default_factory=dict)
-    ranges: dict = dataclasses.field(default_factory=dict)
-    file: str | None = None
-    arrays: dict | None = None  # inputs read from a golden file (``load_golden``)
-
-    @property
-    def shaped(self) -> bool:
-        return bool(self.dims or self.ranges or self.file or self.arrays is not None)
-
-
-class Feed(NamedTuple):
-    """The arrays fed to a model, by input name, and what the answer says about them."""
-
-    arrays: dict
-    rows: int
-    fed: list           # one {"name", "dtype", "shape", "source"} per input
-    contract_shaped: bool
-    defaulted: list     # "input[axis]" of each dimension eprun chose (for error hints)
-
-
-_INDEX_PATH_OPS = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
-
-
-def specs_from_model(model) -> list[InputSpec]:
-    """The graph inputs to feed, with the Gather table each integer input indexes."""
-    from onnx import helper
-
-    specs, types = [], None
-    for value in graph_inputs(model):
-        tensor = value.type.tensor_type
-        if not value.type.HasField("tensor_type"):
-            raise EprunError(f"input {value.name!r} is not a tensor; eprun feeds tensors only")
-        try:
-            dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
-        except (KeyError, TypeError, ValueError):
-            dtype = f"onnx type {tensor.elem_type}"
-        dims = tuple(dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0
-                     else (dim.dim_param or None)
-                     for dim in (tensor.shape.dim if tensor.HasField("shape") else ()))
-        table = None
-        if dtype.startswith(("int", "uint")):
-            types = types if types is not None else tensor_types(model)
-            table = _gather_table(model.graph, value.name, types)
-        specs.append(InputSpec(value.name, dtype, dims, table))
-    return specs
-
-
-def _gather_table(graph, name: str, types: dict) -> tuple[str, int] | None:
-    """``(table, rows)`` of the smallest Gather table ``name`` indexes, directly or through
-    casts and reshapes; None when it indexes none."""
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for position, tensor in enumerate(node.input):
-            consumers.setdefault(tensor, []).append((node, position))
-    best, frontier, seen = None, [name], {name}
-    while frontier:
-        current = frontier.pop()
-        for node, position in consumers.get(current, ()):
-            if node.op_type == "Gather" and position == 1:
-                axis = next((attribute.i for attribute in node.attribute
-                             if attribute.name == "axis"), 0)
-                table_type = types.get(node.input[0])
-                dims = (table_type.tensor_type.shape.dim
-                        if table_type is not None and table_type.tensor_type.HasField("shape")
-                        else [])
-                if -len(dims) <= axis < len(dims) and dims[axis].dim_value > 0:
-                    rows = dims[axis].dim_value
-                    if best is None or rows < best[1]:
-                        best = (float_tensor_name(node.input[0]), rows)
-            elif node.op_type in _INDEX_PATH_OPS and position == 0:
-                for output in node.output:
-                    if output not in seen:
-                        seen.add(output)
-                        frontier.append(output)
-    return best
-
-
-_SESSION_TYPES = {"float": "float32", "double": "float64", "float16": "float16",
-                  "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8",
-                  "uint64": "uint64", "uint32": "uint32", "uint16": "uint16", "uint8": "uint8",
-                  "bool": "bool"}
-
-
-def session_specs(session, model_path: str) -> list[InputSpec]:
-    """Input specs from a session's metadata; only a model with integer inputs has its graph
-    parsed (to find the Gather tables they index), so a float model needs no onnx import."""
-    values = session.get_inputs()
-    kinds = [value.type[len("tensor("):-1] if value.type.startswith("tensor(") else value.type
-             for value in values]
-    if any(kind.startswith(("int", "uint")) for kind in kinds):
-        return specs_from_model(load_model(model_path))
-    return [InputSpec(value.name, _SESSION_TYPES.get(kind, f"onnx type {value.type}"),
-                      tuple(dim if isinstance(dim, int) and dim > 0 else (dim or None)
-                            if isinstance(dim, str) else None for dim in value.shape))
-            for value, kind in zip(values, kinds)]
-
-
-def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None = None,
-               path: str = "model") -> Feed:
-    """Every input of a model, drawn by one ``default_rng(seed)`` in graph-input order.
-
-    Floats are standard normal, integers that index a Gather table uniform over its rows,
-    other integers and booleans 1 (an attention mask that attends); ``--input-range`` draws
-    one input uniformly instead and ``--inputs`` takes arrays from a file. The batch axis
-    (axis 0 when it is symbolic, unset, 0 or -1, and every dimension named like such an axis)
-    gets ``rows``; other symbols share one value each (``--dim``, else ``DIM_DEFAULT``). For the
-    contract's one float32 ``[batch, F]`` input this is exactly
-    ``default_rng(seed).standard_normal((64, F)).astype(float32)``.
-    """
-    import numpy as np
-
-    options = options or InputOptions()
-    names = [spec.name for spec in specs]
-    for name in options.ranges:
-        if name not in names:
-            raise EprunError(f"--input-range names {name!r}, which is not an input of {path!r} "
-                             f"(inputs: {', '.join(names) or 'none'})", EXIT_USAGE)
-    stored = (options.arrays if options.arrays is not None else
-              _load_inputs_file(options.file, names, path) if options.file else {})
-    batch_symbols = {spec.dims[0] for spec in specs
-                     if spec.dims and isinstance(spec.dims[0], str)}
-    for key in options.dims:
-        if key in batch_symbols or key.endswith(":0"):
-            raise EprunError(f"--dim {key}: that is the batch dimension; set it with --rows",
-                             EXIT_USAGE)
-    symbols = {dim for spec in specs for dim in spec.dims if isinstance(dim, str)}
-    unnamed = {f"{spec.name}:{axis}" for spec in specs for axis, dim in enumerate(spec.dims)
-               if dim is None}
-    for key in options.dims:
-        if key not in symbols and key not in unnamed:
-            known = sorted(symbols | unnamed)
-            raise EprunError(f"--dim names {key!r}, which is not a symbolic dimension of "
-                             f"{path!r} (its symbolic dimensions: {', '.join(known) or 'none'})",
-                             EXIT_USAGE)
-    rows = _feed_rows(specs, options, stored, path)
-
-    rng = np.random.default_rng(seed)
-    arrays, fed, defaulted = {}, [], []
-    for spec in specs:
-        if spec.name in stored:
-            array = stored[spec.name]
-            arrays[spec.name] = array
-            fed.append({"name": spec.name, "dtype": array.dtype.name, "shape": list(array.shape),
-                        "source": "file"})
-            continue
-        shape = []
-        for axis, dim in enumerate(spec.dims):
-            key = dim if isinstance(dim, str) else f"{spec.name}:{axis}"
-            if isinstance(dim, int):
-                shape.append(dim)
-            elif key in options.dims:
-                shape.append(options.dims[key])
-            elif axis == 0 or dim in batch_symbols:
-                shape.append(rows)
-            else:
-                shape.append(DIM_DEFAULT)
-                defaulted.append(f"{spec.name}[{axis}]" + (f" ({dim!r})" if dim else ""))
-        array, source = _draw(rng, spec, tuple(shape), options.ranges.get(spec.name), path)
-        arrays[spec.name] = np.asarray(array)  # a scalar input stays an array
-        fed.append({"name": spec.name, "dtype": spec.dtype, "shape": shape, "source": source})
-    only = specs[0] if len(specs) == 1 else None
-    contract_shaped = bool(only and only.dtype == "float32" and len(only.dims) >= 1
-                           and not isinstance(only.dims[0], int)
-                           and all(isinstance(dim, int) for dim in only.dims[1:])
-                           and not options.shaped)
-    return Feed(arrays, rows, fed, contract_shaped, defaulted)
-
-
-def require_room(spec: InputSpec, shape: list[int], path: str) -> None:
-    """Refuse an input this machine cannot hold before drawing it: a dim of 2**62 in the model,
-    ``--rows 10**12``. The draw makes float64 values first, so 8 bytes an element at least."""
-    import numpy as np
-
-    needed = math.prod(shape) * max(8, np.dtype(spec.dtype).itemsize)
-    memory = _physical_memory()
-    if needed > memory:
-        raise EprunError(f"{path!r}: input {spec.name!r} of shape {shape} would take "
-                         f"{_size_text(needed)}, more than this machine's "
-                         f"{_size_text(memory)} of memory; lower --rows, or set its dims with "
-                         "--dim (or give it with --inputs)")
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):  # not a POSIX system: numpy's own limit
-        return (1 << 63) - 1
-
-
-def _size_text(count: float) -> str:
-    if count < 1024:
-        return f"{count:.0f} bytes"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        count /= 1024
-        if count < 1024:
-            return f"{count:.1f} {unit}"
-    return f"{count / 1024:.3g} PiB"
-
-
-def _feed_rows(specs: list[InputSpec], options: InputOptions, stored: dict, path: str) -> int:
-    """The batch: ``--inputs``' arrays, else ``--rows``, else the model's own fixed batch,
-    else the contract's 64. A batch the model fixes cannot be overridden."""
-    fixed = next((spec.dims[0] for spec in specs
-                  if spec.dims and isinstance(spec.dims[0], int)), None)
-    batched = [spec for spec in specs if spec.dims and not isinstance(spec.dims[0], int)]
-    from_file = {stored[spec.name].shape[0] for spec in batched
-                 if spec.name in stored and stored[spec.name].ndim}
-    if len(from_file) > 1:
-        raise EprunError(f"the arrays in {options.file!r} disagree on the batch size "
-                         f"({', '.join(map(str, sorted(from_file)))})")
-    if from_file:
-        rows = from_file.pop()
-        if options.rows is not None and options.rows != rows:
-            raise EprunError(f"--rows {options.rows} contradicts the batch of {rows} in "
-                             f"{options.file!r}", EXIT_USAGE)
-        return rows
-    if fixed is not None and not batched:
-        if options.rows is not None and options.rows != fixed:
-            raise EprunError(f"{path!r} fixes the batch at {fixed}; --rows {options.rows} "
-                             "cannot change it", EXIT_USAGE)
-        return fixed
-    return options.rows if options.rows is not None else ROWS
-
-
-def _draw(rng, spec: InputSpec, shape: tuple, value_range: tuple | None, path: str):
-    import numpy as np
-
-    kind = spec.dtype
-    if not (kind == "bool" or kind.startswith(("float", "int", "uint"))):
-        raise EprunError(f"{path!r}: input {spec.name!r} has type {kind}, which eprun cannot "
-                         "generate; give it with --inputs FILE.npz")
-    dtype = np.dtype(kind)
-    require_room(spec, list(shape), path)
-    if value_range is not None:
-        low, high = value_range
-        if dtype.kind == "f":
-            return (rng.uniform(low, high, shape).astype(dtype),
-                    f"uniform[{low:g}, {high:g})")
-        low, high = math.ceil(low), math.floor(high)
-        if dtype.kind == "b":
-            low, high = max(low, 0), min(high, 1)
-        else:  # as far as the type (and the generator's int64) holds
-            info = np.iinfo(dtype)
-            low, high = max(low, info.min, -1 << 63), min(high, info.max, (1 << 63) - 1)
-        if low > high:
-            raise EprunError(f"--input-range for {spec.name!r} holds no {kind} value",
-                             EXIT_USAGE)
-        return (rng.integers(low, high, shape, endpoint=True).astype(dtype),
-                f"integers[{low}, {high}]")
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype), "standard_normal"
-    if spec.table is not None:
-        table, count = spec.table
-        return (rng.integers(0, count, shape).astype(dtype),
-                f"integers[0, {count - 1}] (rows of {table})")
-    return np.ones(shape, dtype), "ones"
-
-
-def _load_inputs_file(file: str, names: list[str], path: str) -> dict:
-    """The arrays of an ``.npz`` file, one per input name, exactly."""
-    import numpy as np
-
-    require_file(file, "inputs")
-    try:
-        with np.load(file, allow_pickle=False) as archive:
-            stored = {name: archive[name] for name in archive.files}
-    except Exception as exc:  # not a zip, a pickled object array, a damaged member
-        raise EprunError(f"cannot read the inputs file {file!r} ({type(exc).__name__}: "
-                         f"{one_line(exc)}); write it with numpy.savez") from exc
-    for name, array in stored.items():
-        if array.dtype.kind not in "biuf":
-            raise EprunError(f"{file!r}: {name!r} holds {array.dtype} values; the inputs must be "
-                             "numbers (bool, integer or float arrays)")
-        if array.ndim and array.shape[0] == 0:
-            raise EprunError(f"{file!r}: {name!r} has 0 rows (shape {list(array.shape)}); give "
-                             "at least one")
-    missing = [name for name in names if name not in stored]
-    extra = [name for name in stored if name not in names]
-    if missing or extra:
-        raise EprunError(f"{file!r} must hold one array per input of {path!r} "
-                         f"({', '.join(names)}): "
-                         + "; ".join(part for part in (
-                             f"missing {', '.join(missing)}" if missing else "",
-                             f"no input is called {', '.join(extra)}" if extra else "")
-                             if part))
-    return stored
-
-
-def feed_for(specs: list[InputSpec], other_path: str, feed: Feed) -> dict:
-    """``feed``'s arrays for a second model of a comparison: by input name when the names
-    agree, by position otherwise (a converted model may rename its inputs); cast where that
-    model takes another float or integer width (a float16 model)."""
-    names = [spec.name for spec in specs]
-    if set(names) == set(feed.arrays):
-        arrays = [feed.arrays[name] for name in names]
-    elif len(names) == len(feed.arrays):
-        arrays = list(feed.arrays.values())
-    else:
-        raise EprunError(f"{other_path!r} takes {len(names)} inputs ({', '.join(names)}), the "
-                         f"first model {len(feed.arrays)} ({', '.join(feed.arrays)}); both must "
-                         "take the same inputs")
-    fed = {}
-    for spec, given in zip(specs, arrays):
-        array = given
-        fixed = [(axis, dim) for axis, dim in enumerate(spec.dims) if isinstance(dim, int)]
-        if len(spec.dims) != array.ndim or any(array.shape[axis] != dim for axis, dim in fixed):
-            raise EprunError(f"the models take different input shapes: {other_path!r} wants "
-                             f"{spec.name!r} as {[d if d else '?' for d in spec.dims]}, the "
-                             f"first model takes {list(array.shape)}")
-        if spec.dtype != array.dtype.name and spec.dtype in _SESSION_TYPES.values():
-            array = array.astype(spec.dtype)
-        fed[spec.name] = array
-    return fed
-
-
-def input_args(rows_default: str = str(ROWS)) -> tuple:
-    """What every command that runs a model takes to shape its inputs (see ``make_feeds``)."""
-    return (arg("--rows", type=parse_rows,
-                help=f"batch size of the inputs (default {rows_default}; a model that fixes "
-                     "its batch gets that)"), *INPUT_ARGS[1:])
-
-
-INPUT_ARGS = (
-    arg("--rows", type=parse_rows,
-        help=f"batch size of the inputs (default {ROWS}; a model that fixes its batch gets "
-             "that)"),
-    arg("--dim", type=parse_dim, action="append", default=[], metavar="NAME=VALUE",
-        help=f"value of a symbolic dimension (default {DIM_DEFAULT}); an unnamed one is "
-             "INPUT:AXIS=VALUE; repeatable"),
-    arg("--input-range", type=parse_input_range, action="append", default=[],
-        metavar="NAME:LO,HI",
-        help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI inclusive); "
-             "repeatable"),
-    arg("--inputs", dest="inputs_file", metavar="FILE.npz",
-        help="feed these arrays (numpy.savez, one per input name) instead of generated ones; "
-             "their batch sets the rows"),
-)
-
-
-def inputs_from(args: argparse.Namespace) -> InputOptions:
-    return InputOptions(rows=args.rows, dims=dict(args.dim), ranges=dict(args.input_range),
-                        file=args.inputs_file)
-
-
-# -- golden files --------------------------------------------------------------------------------
-
-# The member of a golden .npz that says what it holds; the arrays are input_<i>, tensor_<i>.
-_GOLDEN_META = "eprun"
-
-
-def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *,
-                providers: list[str], seed: int) -> dict:
-    """Store reference tensors measured here (``kind`` "outputs" for check, "boundaries" for
-    layers) with the inputs they were measured on, for a run on another machine
-    (``load_golden``): the numbers a model gives depend on the machine, and the point is to
-    compare across machines. Written all or nothing; returns the answer's ``golden`` record."""
-    import json
-
-    import numpy as np
-
-    meta = {"eprun": __version__, "kind": kind, "model": os.path.basename(model),
-            "tensors": list(tensors), "inputs": list(inputs), "providers": providers,
-            "onnxruntime": import_ort().__version__, "machine": machine(), "seed": seed}
-    arrays = {f"input_{i}": np.asarray(value) for i, value in enumerate(inputs.values())}
-    arrays.update({f"tensor_{i}": np.asarray(value) for i, value in enumerate(tensors.values())})
-    arrays[_GOLDEN_META] = np.array(json.dumps(meta))
-    write_atomically(lambda stream: np.savez(stream, **arrays), path)
-    return {"saved": path}
-
-
-def machine() -> str:
-    """What the numbers of a CPU session depend on: the architecture, the processor and the
-    instruction sets its int8 and float kernels choose from (Linux names them)."""
-    import platform
-
-    described = [platform.machine() or "unknown"]
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            fields = dict(tuple(part.strip() for part in line.split(":", 1))
-                          for line in itertools.islice(info, 64) if ":" in line)
-        model = " ".join(fields.get("model name", "").split())
-        flags = set(fields.get("flags", "").split())
-        wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8")
-        described += [part for part in (model, " ".join(f for f in wanted if f in flags))
-                      if part]
-    return ", ".join(described)
-
-
-def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed: int
-                ) -> tuple[dict, dict, dict]:
-    """``(record, inputs, tensors)`` of a golden file, refused (exit 4) when it holds another
-    kind of tensors or other names than ``tensor_names`` (what ``model`` gives here): tensors
-    of another graph are not compared. The stored inputs are the ones measured on, so a
-    ``seed`` other than the one they were drawn with is said to be unused."""
-    import json
-
-    import numpy as np
-
-    require_file(path, "golden")
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            meta = json.loads(str(archive[_GOLDEN_META]))
-            inputs = {name: archive[f"input_{i}"] for i, name in enumerate(meta["inputs"])}
-            tensors = {name: archive[f"tensor_{i}"] for i, name in enumerate(meta["tensors"])}
-    except Exception as exc:
-        raise EprunError(f"{path!r} is not a golden file eprun wrote ({type(exc).__name__}: "
-                         f"{one_line(exc)}); write one with --save-outputs or "
-                         "--save-boundaries") from exc
-    if meta.get("kind") != kind:
-        raise EprunError(f"{path!r} holds {meta.get('kind')}, not {kind}; load it with the "
-                         "command that saved it")
-    if meta["tensors"] != list(tensor_names):
-        differ = next((f"{stored!r} where {model!r} has {here!r}" for stored, here in
-                       zip(meta["tensors"], tensor_names) if stored != here),
-                      f"{len(meta['tensors'])} tensors where {model!r} has "
-                      f"{len(tensor_names)}")
-        raise EprunError(f"{path!r} was saved from another graph than {model!r} "
-                         f"({differ}); refusing to compare")
-    if os.path.basename(model) != meta.get("model"):
-        note(f"{path!r} was saved from {meta.get('model')!r}, and is compared as "
-             f"{os.path.basename(model)!r}'s: the tensor names match")
-    if meta.get("seed") is not None and meta["seed"] != seed:
-        note(f"the inputs come from {path!r} (drawn there with seed {meta['seed']}), not from "
-             f"seed {seed}")
-    record = {"loaded": path, **{key: meta.get(key) for key in ("model", "providers",
-                                                               "onnxruntime", "machine")}}
-    return record, inputs, tensors
-
-
-def require_golden_inputs(path: str, stored: dict, graph, model: str) -> None:
-    """The stored inputs must be the model's inputs, by name: others would be drawn afresh
-    and compared with tensors computed from different values."""
-    names = [value.name for value in graph_inputs(graph)]
-    if sorted(stored) != sorted(names):
-        raise EprunError(f"{path!r} holds inputs {', '.join(stored) or 'none'}, but {model!r} "
-                         f"takes {', '.join(names) or 'none'}; refusing to compare")
-
-
-def golden_paths(save: str | None, load: str | None, inputs: list[str], option: str,
-                 shaped: InputOptions | None = None) -> None:
-    """Check a save/load pair before anything is measured."""
-    if save and load:
-        raise EprunError(f"--save-{option} and --load-{option} exclude each other: save on "
-                         "the machine that gives the reference, load on the other", EXIT_USAGE)
-    if load and shaped is not None and (shaped.file or shaped.rows is not None):
-        raise EprunError(f"--load-{option} feeds the inputs stored in {load!r}; drop --inputs "
-                         "and --rows", EXIT_USAGE)
-    if save:
-        check_output(save, inputs)
-
-
-# -- sessions ------------------------------------------------------------------------------------
+# -- sessions --------------------------------------------------------------------------------------
 
 def import_ort():
     """onnxruntime, imported on first use, with its warnings and native log quietened.
@@ -1922,15 +1720,45 @@ def run_session(session, output_names: list[str] | None, feed: dict, what: str =
                          f"{one_line(exc)}{hint}") from exc
 
 
-def dims_hint(feed: Feed) -> str:
-    """What to try when a run fails on dimensions eprun chose itself."""
-    if not feed.defaulted:
-        return ""
-    return (f" (eprun chose {DIM_DEFAULT} for {', '.join(feed.defaulted)}; set other values "
-            "with --dim NAME=VALUE)")
+# Errors worth another try: driver watchdog resets and timeouts while an EP compiles its graph.
+_TRANSIENT = re.compile(r"time ?out|timed out|TDR|DXGI_ERROR|device (was )?(lost|removed)|"
+                        r"temporarily unavailable", re.IGNORECASE)
 
 
-# -- execution providers -----------------------------------------------------------------------
+def _with_retries(action: Callable[[], Any], retries: int, pause: float, used: list,
+                  path: str) -> Any:
+    """Run ``action``, retrying transient provider errors only. ``used[0]`` counts the retries
+    spent so far; ``retries`` bounds them for the whole check."""
+    import time
+
+    while True:
+        try:
+            return action()
+        except EprunError as exc:
+            if used[0] >= retries or not is_transient(exc, path):
+                raise
+            used[0] += 1
+            print(f"eprun: transient provider error, retrying in {pause:g}s: {exc}",
+                  file=sys.stderr)
+            time.sleep(pause)
+
+
+def is_transient(exc: EprunError, path: str) -> bool:
+    """Is the onnxruntime error behind ``exc`` one worth another try? Only onnxruntime's own
+    exception is read, with the model's path taken out: a model called ``timeout.onnx`` that
+    is corrupt is not a timeout."""
+    cause = exc.__cause__
+    if cause is None:
+        return False
+    text = f"{type(cause).__name__}: {cause}"
+    for spelling in sorted({path, os.path.abspath(path), os.path.basename(path)}, key=len,
+                           reverse=True):
+        if spelling:
+            text = text.replace(spelling, "<model>")
+    return bool(_TRANSIENT.search(text))
+
+
+# -- execution providers ---------------------------------------------------------------------------
 
 CPU_EP = "CPUExecutionProvider"
 POLICY_PREFIX = "policy:"
@@ -2357,559 +2185,731 @@ def ep_options_from(args: argparse.Namespace) -> dict:
     return options
 
 
-# -- providers ---------------------------------------------------------------------------------
+def ort_release() -> tuple[int, int]:
+    major, minor = (int(part) for part in re.findall(r"\d+", import_ort().__version__)[:2])
+    return major, minor
 
-def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
-              ep_options: dict | None = None) -> dict:
-    """One session per requested list; what it actually holds, what was missing, and whether
-    it fell back. A model onnxruntime cannot open is reported per case, not as a failure.
 
-    Installed plugin EP packages and ``ep_library`` files are registered first, so
-    ``available`` lists the plugin EPs that offer a device here, and a plugin EP is asked for
-    through its devices (``ProviderRequest``). A provider that rejects its ``ep_options`` is
-    a failure (exit 4, with its message), not a case that quietly fell back."""
-    require_file(model)
-    ort = import_ort()
-    ep_options = ep_options or {}
-    prepare_providers(lists, ep_library, ep_options, discover=True)
-    available = list(ort.get_available_providers())
-    cases = []
-    for message in dict.fromkeys(m for requested in lists
-                                 for m in provider_warnings(requested)):
-        note(message)
-    for message in plugin_notes(lists):
-        note(message)
-    for requested in lists:
-        on = ProviderRequest(requested, options=ep_options)
+# The first onnxruntime release that reads session.model_external_initializers_file_folder_path
+# (onnxruntime #23557). Earlier ones ignore the unknown key and, for a model given as bytes,
+# look for external data relative to the working directory, where a file of the same name
+# may hold other weights: they are given the data as memory maps instead.
+_FOLDER_OPTION_SINCE = (1, 21)
+
+
+# == 5. Measurement core ===========================================================================
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+
+# A symbolic dimension other than the batch takes this value unless --dim sets it: a multiple of
+# 32, so CNNs that downsample by up to 32 and sequence models both accept it.
+DIM_DEFAULT = 32
+
+
+class InputSpec(NamedTuple):
+    """What feeding one graph input takes: its numpy dtype, its dims (an int when fixed, a
+    symbol's name, or None when unnamed or unset) and, for integer indices into a Gather table,
+    the table's name and row count."""
+
+    name: str
+    dtype: str
+    dims: tuple
+    table: tuple[str, int] | None = None
+
+
+@dataclasses.dataclass
+class InputOptions:
+    """How the user shaped the inputs (``--rows``, ``--dim``, ``--input-range``, ``--inputs``).
+
+    ``rows=None`` means "not given": the contract's 64, or the model's own fixed batch.
+    """
+
+    rows: int | None = None
+    dims: dict = dataclasses.field(default_factory=dict)
+    ranges: dict = dataclasses.field(default_factory=dict)
+    file: str | None = None
+    arrays: dict | None = None  # inputs read from a golden file (``load_golden``)
+
+    @property
+    def shaped(self) -> bool:
+        return bool(self.dims or self.ranges or self.file or self.arrays is not None)
+
+
+class Feed(NamedTuple):
+    """The arrays fed to a model, by input name, and what the answer says about them."""
+
+    arrays: dict
+    rows: int
+    fed: list           # one {"name", "dtype", "shape", "source"} per input
+    contract_shaped: bool
+    defaulted: list     # "input[axis]" of each dimension eprun chose (for error hints)
+
+
+_INDEX_PATH_OPS = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
+
+
+def specs_from_model(model) -> list[InputSpec]:
+    """The graph inputs to feed, with the Gather table each integer input indexes."""
+    from onnx import helper
+
+    specs, types = [], None
+    for value in graph_inputs(model):
+        tensor = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            raise EprunError(f"input {value.name!r} is not a tensor; eprun feeds tensors only")
         try:
-            session = open_session(model, on=on)
-            actual, error = list(session.get_providers()), None
-            del session
-        except EprunError as exc:  # the contract's error: onnxruntime's exception class
-            actual, error = [], type(exc.__cause__).__name__
-        rejected = [name for name in fallback_of(requested, actual)
-                    if name in ep_options and name in available]
-        if rejected and not error:  # onnxruntime dropped it and went on: ask for its reason
-            try:
-                open_session(model, what=repr(model), on=dataclasses.replace(on, strict=True))
-            except EprunError as exc:
-                raise EprunError(f"{', '.join(rejected)} does not start with the options "
-                                 f"given ({_options_text(ep_options, rejected)}): "
-                                 f"{type(exc.__cause__).__name__}: "
-                                 f"{one_line(exc.__cause__)}") from exc
-        cases.append({
-            "requested": requested,
-            "actual": actual,
-            "missing": [name for name in requested
-                        if name not in available and not name.startswith(POLICY_PREFIX)],
-            "fell_back": actual != requested,
-            "error": error,
-        })
-    return {"model": model, "available": available, "cases": cases}
+            dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+        except (KeyError, TypeError, ValueError):
+            dtype = f"onnx type {tensor.elem_type}"
+        dims = tuple(dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0
+                     else (dim.dim_param or None)
+                     for dim in (tensor.shape.dim if tensor.HasField("shape") else ()))
+        table = None
+        if dtype.startswith(("int", "uint")):
+            types = types if types is not None else tensor_types(model)
+            table = _gather_table(model.graph, value.name, types)
+        specs.append(InputSpec(value.name, dtype, dims, table))
+    return specs
 
 
-def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
-    """``--fail-on-fallback``: which cases did not get a provider they asked for."""
-    fell = [(index, case) for index, case in enumerate(answer["cases"])
-            if fallback_of(case["requested"], case["actual"])]
-    if not args.fail_on_fallback or not fell:
-        return None
-    return "fallback: " + "; ".join(
-        f"case {index} asked for {','.join(case['requested'])} and got "
-        f"{','.join(case['actual']) or 'no session'}" for index, case in fell)
+def _gather_table(graph, name: str, types: dict) -> tuple[str, int] | None:
+    """``(table, rows)`` of the smallest Gather table ``name`` indexes, directly or through
+    casts and reshapes; None when it indexes none."""
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for position, tensor in enumerate(node.input):
+            consumers.setdefault(tensor, []).append((node, position))
+    best, frontier, seen = None, [name], {name}
+    while frontier:
+        current = frontier.pop()
+        for node, position in consumers.get(current, ()):
+            if node.op_type == "Gather" and position == 1:
+                axis = next((attribute.i for attribute in node.attribute
+                             if attribute.name == "axis"), 0)
+                table_type = types.get(node.input[0])
+                dims = (table_type.tensor_type.shape.dim
+                        if table_type is not None and table_type.tensor_type.HasField("shape")
+                        else [])
+                if -len(dims) <= axis < len(dims) and dims[axis].dim_value > 0:
+                    rows = dims[axis].dim_value
+                    if best is None or rows < best[1]:
+                        best = (float_tensor_name(node.input[0]), rows)
+            elif node.op_type in _INDEX_PATH_OPS and position == 0:
+                for output in node.output:
+                    if output not in seen:
+                        seen.add(output)
+                        frontier.append(output)
+    return best
 
 
-PROVIDERS = declare(Command(
-    name="providers",
-    summary="requested vs. actual execution providers, one session per list",
-    run=providers,
-    arguments=(MODEL,
-               arg("lists", nargs="+", type=parse_list, metavar="list",
-                   help="comma-joined provider names, e.g. "
-                        "CUDAExecutionProvider,CPUExecutionProvider, or one device policy "
-                        f"policy:NAME ({', '.join(DEVICE_POLICIES)}; onnxruntime 1.22+)"),
-               *EP_ARGS,
-               arg("--fail-on-fallback", action="store_true",
-                   help="exit 1 (after printing the answer) when a case did not get a provider "
-                        "it asked for (onnxruntime adding the CPU provider is not a fallback)")),
-    fields=("model", "available", "cases"),
-    detail='cases: [{"requested", "actual", "missing", "fell_back", "error"}]',
-    example="eprun.py providers model.onnx CUDAExecutionProvider,CPUExecutionProvider "
-            "CPUExecutionProvider",
-    verdict=providers_verdict))
+_SESSION_TYPES = {"float": "float32", "double": "float64", "float16": "float16",
+                  "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8",
+                  "uint64": "uint64", "uint32": "uint32", "uint16": "uint16", "uint8": "uint8",
+                  "bool": "bool"}
 
 
-# -- partition ---------------------------------------------------------------------------------
+def session_specs(session, model_path: str) -> list[InputSpec]:
+    """Input specs from a session's metadata; only a model with integer inputs has its graph
+    parsed (to find the Gather tables they index), so a float model needs no onnx import."""
+    values = session.get_inputs()
+    kinds = [value.type[len("tensor("):-1] if value.type.startswith("tensor(") else value.type
+             for value in values]
+    if any(kind.startswith(("int", "uint")) for kind in kinds):
+        return specs_from_model(load_model(model_path))
+    return [InputSpec(value.name, _SESSION_TYPES.get(kind, f"onnx type {value.type}"),
+                      tuple(dim if isinstance(dim, int) and dim > 0 else (dim or None)
+                            if isinstance(dim, str) else None for dim in value.shape))
+            for value, kind in zip(values, kinds)]
 
-def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, list[int]]]:
-    """onnxruntime's ``CreateSupportedPartitionNodeGroups``, on node indices.
 
-    A Kahn-style topological walk in waves: every supported node that becomes ready joins the
-    current group; an unsupported node that consumes a member of the group (the group's
-    border) waits for the next wave, and the group closes when a wave runs dry. Independent
-    branches therefore merge into one group whatever their order in the file. Each unsupported
-    node is emitted when it is processed and each group where it closes, which is a valid
-    execution order; the caller merges runs of unsupported nodes into CPU partitions.
+def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None = None,
+               path: str = "model") -> Feed:
+    """Every input of a model, drawn by one ``default_rng(seed)`` in graph-input order.
+
+    Floats are standard normal, integers that index a Gather table uniform over its rows,
+    other integers and booleans 1 (an attention mask that attends); ``--input-range`` draws
+    one input uniformly instead and ``--inputs`` takes arrays from a file. The batch axis
+    (axis 0 when it is symbolic, unset, 0 or -1, and every dimension named like such an axis)
+    gets ``rows``; other symbols share one value each (``--dim``, else ``DIM_DEFAULT``). For the
+    contract's one float32 ``[batch, F]`` input this is exactly
+    ``default_rng(seed).standard_normal((64, F)).astype(float32)``.
     """
-    from collections import deque
+    import numpy as np
 
-    producer_of = {output: index for index, node in enumerate(nodes)
-                   for output in node.output if output}
-    producers = [sorted({producer_of[name] for name in _node_inputs(node)
-                         if name in producer_of}) for node in nodes]
-    for index, sources in enumerate(producers):
-        if index in sources:  # Add(x, a) -> a reads its own output
-            raise _cycle_error(nodes[index])
-    consumers: list[list[int]] = [[] for _ in nodes]
-    for index, sources in enumerate(producers):
-        for source in sources:
-            consumers[source].append(index)
-    in_degree = [len(sources) for sources in producers]
-    supported_set = set(supported)
-    ready = deque(index for index, degree in enumerate(in_degree) if degree == 0)
-    next_wave: deque = deque()
-    units: list[tuple[str, list[int]]] = []
-    group: list[int] = []
-    border: set[int] = set()
-    while ready or next_wave:
-        if not ready:
-            if group:
-                units.append(("ep", group))
-            group, border = [], set()
-            ready, next_wave = next_wave, deque()
+    options = options or InputOptions()
+    names = [spec.name for spec in specs]
+    for name in options.ranges:
+        if name not in names:
+            raise EprunError(f"--input-range names {name!r}, which is not an input of {path!r} "
+                             f"(inputs: {', '.join(names) or 'none'})", EXIT_USAGE)
+    stored = (options.arrays if options.arrays is not None else
+              _load_inputs_file(options.file, names, path) if options.file else {})
+    batch_symbols = {spec.dims[0] for spec in specs
+                     if spec.dims and isinstance(spec.dims[0], str)}
+    for key in options.dims:
+        if key in batch_symbols or key.endswith(":0"):
+            raise EprunError(f"--dim {key}: that is the batch dimension; set it with --rows",
+                             EXIT_USAGE)
+    symbols = {dim for spec in specs for dim in spec.dims if isinstance(dim, str)}
+    unnamed = {f"{spec.name}:{axis}" for spec in specs for axis, dim in enumerate(spec.dims)
+               if dim is None}
+    for key in options.dims:
+        if key not in symbols and key not in unnamed:
+            known = sorted(symbols | unnamed)
+            raise EprunError(f"--dim names {key!r}, which is not a symbolic dimension of "
+                             f"{path!r} (its symbolic dimensions: {', '.join(known) or 'none'})",
+                             EXIT_USAGE)
+    rows = _feed_rows(specs, options, stored, path)
+
+    rng = np.random.default_rng(seed)
+    arrays, fed, defaulted = {}, [], []
+    for spec in specs:
+        if spec.name in stored:
+            array = stored[spec.name]
+            arrays[spec.name] = array
+            fed.append({"name": spec.name, "dtype": array.dtype.name, "shape": list(array.shape),
+                        "source": "file"})
             continue
-        index = ready.popleft()
-        if nodes[index].op_type in supported_set:
-            group.append(index)
-            border.discard(index)
-            border.update(consumers[index])
-        elif index in border:
-            next_wave.append(index)
-            continue
-        else:
-            units.append(("cpu", [index]))
-        for consumer in consumers[index]:
-            in_degree[consumer] -= 1
-            if in_degree[consumer] == 0:
-                ready.append(consumer)
-    if group:
-        units.append(("ep", group))
-    placed = sum(len(members) for _, members in units)
-    if placed != len(nodes):
-        raise _cycle_error(next(node for index, node in enumerate(nodes)
-                                if in_degree[index] > 0))
-    return units
+        shape = []
+        for axis, dim in enumerate(spec.dims):
+            key = dim if isinstance(dim, str) else f"{spec.name}:{axis}"
+            if isinstance(dim, int):
+                shape.append(dim)
+            elif key in options.dims:
+                shape.append(options.dims[key])
+            elif axis == 0 or dim in batch_symbols:
+                shape.append(rows)
+            else:
+                shape.append(DIM_DEFAULT)
+                defaulted.append(f"{spec.name}[{axis}]" + (f" ({dim!r})" if dim else ""))
+        array, source = _draw(rng, spec, tuple(shape), options.ranges.get(spec.name), path)
+        arrays[spec.name] = np.asarray(array)  # a scalar input stays an array
+        fed.append({"name": spec.name, "dtype": spec.dtype, "shape": shape, "source": source})
+    only = specs[0] if len(specs) == 1 else None
+    contract_shaped = bool(only and only.dtype == "float32" and len(only.dims) >= 1
+                           and not isinstance(only.dims[0], int)
+                           and all(isinstance(dim, int) for dim in only.dims[1:])
+                           and not options.shaped)
+    return Feed(arrays, rows, fed, contract_shaped, defaulted)
 
 
-def _cycle_error(stuck) -> EprunError:
-    return EprunError(f"the graph has a cycle (node {stuck.name or stuck.op_type!r} waits on "
-                      "its own output): it is not a valid ONNX graph")
+def require_room(spec: InputSpec, shape: list[int], path: str) -> None:
+    """Refuse an input this machine cannot hold before drawing it: a dim of 2**62 in the model,
+    ``--rows 10**12``. The draw makes float64 values first, so 8 bytes an element at least."""
+    import numpy as np
+
+    needed = math.prod(shape) * max(8, np.dtype(spec.dtype).itemsize)
+    memory = _physical_memory()
+    if needed > memory:
+        raise EprunError(f"{path!r}: input {spec.name!r} of shape {shape} would take "
+                         f"{_size_text(needed)}, more than this machine's "
+                         f"{_size_text(memory)} of memory; lower --rows, or set its dims with "
+                         "--dim (or give it with --inputs)")
 
 
-def _node_inputs(node) -> list[str]:
-    """A node's inputs, plus the outer-scope names its subgraphs read (implicit inputs)."""
-    names = list(node.input)
-    for attribute in node.attribute:
-        for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-            local = {name for inner in graph.node for name in inner.output}
-            local |= {value.name for value in graph.input}
-            local |= {tensor.name for tensor in graph.initializer}
-            names += [name for inner in graph.node for name in _node_inputs(inner)
-                      if name not in local]
-    return names
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # not a POSIX system: numpy's own limit
+        return (1 << 63) - 1
 
 
-def partition(model: str, supported: list[str], mode: str = "file", parsed=None) -> dict:
-    """Which pieces an EP supporting only ``supported`` would get; needs only onnx.
-
-    ``file`` (the contract): runs of consecutive nodes in file order. ``ort``: the groups
-    onnxruntime's own partitioner forms, with the unsupported nodes between them merged; as
-    onnxruntime partitions each If/Loop/Scan body on its own (a group never crosses into a
-    subgraph), each body is partitioned alone, listed under ``subgraphs`` and added into
-    ``totals``. ``parsed`` is the already parsed graph of ``model``, when the caller has it.
-    """
-    if parsed is None:
-        parsed = load_model(model)
-    _check_op_list(parsed, supported, model)
-    answer = {"model": model, "supported": supported,
-              **_partition_graph(parsed.graph, supported, mode)}
-    if mode == "ort":
-        subgraphs = _partition_subgraphs(parsed.graph, supported)
-        if subgraphs:
-            answer["subgraphs"] = subgraphs
-            answer["totals"] = _partition_totals(answer)
-    return answer
+def _size_text(count: float) -> str:
+    if count < 1024:
+        return f"{count:.0f} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        count /= 1024
+        if count < 1024:
+            return f"{count:.1f} {unit}"
+    return f"{count / 1024:.3g} PiB"
 
 
-def _check_op_list(parsed, supported: list[str], model: str) -> None:
-    """A note when no listed op type occurs in the model (op types are case-sensitive), with
-    the near misses and the model's own op types."""
-    import difflib
+def _feed_rows(specs: list[InputSpec], options: InputOptions, stored: dict, path: str) -> int:
+    """The batch: ``--inputs``' arrays, else ``--rows``, else the model's own fixed batch,
+    else the contract's 64. A batch the model fixes cannot be overridden."""
+    fixed = next((spec.dims[0] for spec in specs
+                  if spec.dims and isinstance(spec.dims[0], int)), None)
+    batched = [spec for spec in specs if spec.dims and not isinstance(spec.dims[0], int)]
+    from_file = {stored[spec.name].shape[0] for spec in batched
+                 if spec.name in stored and stored[spec.name].ndim}
+    if len(from_file) > 1:
+        raise EprunError(f"the arrays in {options.file!r} disagree on the batch size "
+                         f"({', '.join(map(str, sorted(from_file)))})")
+    if from_file:
+        rows = from_file.pop()
+        if options.rows is not None and options.rows != rows:
+            raise EprunError(f"--rows {options.rows} contradicts the batch of {rows} in "
+                             f"{options.file!r}", EXIT_USAGE)
+        return rows
+    if fixed is not None and not batched:
+        if options.rows is not None and options.rows != fixed:
+            raise EprunError(f"{path!r} fixes the batch at {fixed}; --rows {options.rows} "
+                             "cannot change it", EXIT_USAGE)
+        return fixed
+    return options.rows if options.rows is not None else ROWS
 
-    present = list(dict.fromkeys(node.op_type for node in parsed.graph.node))
-    if not supported or set(supported) & set(present):
-        return
-    lower = {op.lower(): op for op in present}
-    near = [lower.get(op.lower()) or next(iter(difflib.get_close_matches(op, present, 1, 0.7)),
-                                          None) for op in supported]
-    misses = [f"{op} -> {guess}" for op, guess in zip(supported, near) if guess]
-    note(f"no op type in {','.join(supported)!r} occurs in {model!r} (op types are "
-         f"case-sensitive){'; did you mean ' + ', '.join(misses) + '?' if misses else ''} Its "
-         f"op types: {', '.join(present) or 'none'}")
+
+def _draw(rng, spec: InputSpec, shape: tuple, value_range: tuple | None, path: str):
+    import numpy as np
+
+    kind = spec.dtype
+    if not (kind == "bool" or kind.startswith(("float", "int", "uint"))):
+        raise EprunError(f"{path!r}: input {spec.name!r} has type {kind}, which eprun cannot "
+                         "generate; give it with --inputs FILE.npz")
+    dtype = np.dtype(kind)
+    require_room(spec, list(shape), path)
+    if value_range is not None:
+        low, high = value_range
+        if dtype.kind == "f":
+            return (rng.uniform(low, high, shape).astype(dtype),
+                    f"uniform[{low:g}, {high:g})")
+        low, high = math.ceil(low), math.floor(high)
+        if dtype.kind == "b":
+            low, high = max(low, 0), min(high, 1)
+        else:  # as far as the type (and the generator's int64) holds
+            info = np.iinfo(dtype)
+            low, high = max(low, info.min, -1 << 63), min(high, info.max, (1 << 63) - 1)
+        if low > high:
+            raise EprunError(f"--input-range for {spec.name!r} holds no {kind} value",
+                             EXIT_USAGE)
+        return (rng.integers(low, high, shape, endpoint=True).astype(dtype),
+                f"integers[{low}, {high}]")
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype), "standard_normal"
+    if spec.table is not None:
+        table, count = spec.table
+        return (rng.integers(0, count, shape).astype(dtype),
+                f"integers[0, {count - 1}] (rows of {table})")
+    return np.ones(shape, dtype), "ones"
 
 
-def _partition_graph(graph, supported: list[str], mode: str) -> dict:
-    nodes = list(graph.node)
-    if mode == "ort":
-        units = ort_partition_units(nodes, supported)
+def _load_inputs_file(file: str, names: list[str], path: str) -> dict:
+    """The arrays of an ``.npz`` file, one per input name, exactly."""
+    import numpy as np
+
+    require_file(file, "inputs")
+    try:
+        with np.load(file, allow_pickle=False) as archive:
+            stored = {name: archive[name] for name in archive.files}
+    except Exception as exc:  # not a zip, a pickled object array, a damaged member
+        raise EprunError(f"cannot read the inputs file {file!r} ({type(exc).__name__}: "
+                         f"{one_line(exc)}); write it with numpy.savez") from exc
+    for name, array in stored.items():
+        if array.dtype.kind not in "biuf":
+            raise EprunError(f"{file!r}: {name!r} holds {array.dtype} values; the inputs must be "
+                             "numbers (bool, integer or float arrays)")
+        if array.ndim and array.shape[0] == 0:
+            raise EprunError(f"{file!r}: {name!r} has 0 rows (shape {list(array.shape)}); give "
+                             "at least one")
+    missing = [name for name in names if name not in stored]
+    extra = [name for name in stored if name not in names]
+    if missing or extra:
+        raise EprunError(f"{file!r} must hold one array per input of {path!r} "
+                         f"({', '.join(names)}): "
+                         + "; ".join(part for part in (
+                             f"missing {', '.join(missing)}" if missing else "",
+                             f"no input is called {', '.join(extra)}" if extra else "")
+                             if part))
+    return stored
+
+
+def feed_for(specs: list[InputSpec], other_path: str, feed: Feed) -> dict:
+    """``feed``'s arrays for a second model of a comparison: by input name when the names
+    agree, by position otherwise (a converted model may rename its inputs); cast where that
+    model takes another float or integer width (a float16 model)."""
+    names = [spec.name for spec in specs]
+    if set(names) == set(feed.arrays):
+        arrays = [feed.arrays[name] for name in names]
+    elif len(names) == len(feed.arrays):
+        arrays = list(feed.arrays.values())
     else:
-        supported_set = set(supported)
-        units = [("ep" if node.op_type in supported_set else "cpu", [index])
-                 for index, node in enumerate(nodes)]
-    # Runs of units with one owner form one partition. onnxruntime's groups are never
-    # adjacent (a new wave starts with the unsupported nodes the last group held back), so
-    # in ort mode only unsupported nodes merge.
-    from itertools import groupby
-
-    merged = [(owner, [index for _, members in run for index in members])
-              for owner, run in groupby(units, key=lambda unit: unit[0])]
-    partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
-                   "size": len(members)} for owner, members in merged]
-    return {
-        "nodes": len(nodes),
-        "claimed": sum(part["size"] for part in partitions if part["owner"] == "ep"),
-        "partition_count": len(partitions),
-        "handoffs": max(len(partitions) - 1, 0),
-        "partitions": partitions,
-    }
+        raise EprunError(f"{other_path!r} takes {len(names)} inputs ({', '.join(names)}), the "
+                         f"first model {len(feed.arrays)} ({', '.join(feed.arrays)}); both must "
+                         "take the same inputs")
+    fed = {}
+    for spec, given in zip(specs, arrays):
+        array = given
+        fixed = [(axis, dim) for axis, dim in enumerate(spec.dims) if isinstance(dim, int)]
+        if len(spec.dims) != array.ndim or any(array.shape[axis] != dim for axis, dim in fixed):
+            raise EprunError(f"the models take different input shapes: {other_path!r} wants "
+                             f"{spec.name!r} as {[d if d else '?' for d in spec.dims]}, the "
+                             f"first model takes {list(array.shape)}")
+        if spec.dtype != array.dtype.name and spec.dtype in _SESSION_TYPES.values():
+            array = array.astype(spec.dtype)
+        fed[spec.name] = array
+    return fed
 
 
-def _partition_subgraphs(graph, supported: list[str]) -> list[dict]:
-    """Each graph attribute of each node (If branches, Loop and Scan bodies), depth first."""
-    found = []
-    for index, node in enumerate(graph.node):
-        for attribute in node.attribute:
-            bodies = ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
-            for body in bodies:
-                entry = {"node": node.name or f"{node.op_type}_{index}", "op_type": node.op_type,
-                         "attribute": attribute.name, **_partition_graph(body, supported, "ort")}
-                inner = _partition_subgraphs(body, supported)
-                if inner:
-                    entry["subgraphs"] = inner
-                found.append(entry)
-    return found
+def input_args(rows_default: str = str(ROWS)) -> tuple:
+    """What every command that runs a model takes to shape its inputs (see ``make_feeds``)."""
+    return (arg("--rows", type=parse_rows,
+                help=f"batch size of the inputs (default {rows_default}; a model that fixes "
+                     "its batch gets that)"), *INPUT_ARGS[1:])
 
 
-def _partition_totals(answer: dict) -> dict:
-    """Nodes, claimed nodes and EP partitions summed over the graph and every subgraph (the
-    counts onnxruntime's own usability checker reports)."""
-    levels, pending = [], [answer]
-    while pending:
-        level = pending.pop()
-        levels.append(level)
-        pending.extend(level.get("subgraphs", ()))
-    return {"graphs": len(levels),
-            "nodes": sum(level["nodes"] for level in levels),
-            "claimed": sum(level["claimed"] for level in levels),
-            "ep_partitions": sum(1 for level in levels for part in level["partitions"]
-                                 if part["owner"] == "ep")}
+INPUT_ARGS = (
+    arg("--rows", type=parse_rows,
+        help=f"batch size of the inputs (default {ROWS}; a model that fixes its batch gets "
+             "that)"),
+    arg("--dim", type=parse_dim, action="append", default=[], metavar="NAME=VALUE",
+        help=f"value of a symbolic dimension (default {DIM_DEFAULT}); an unnamed one is "
+             "INPUT:AXIS=VALUE; repeatable"),
+    arg("--input-range", type=parse_input_range, action="append", default=[],
+        metavar="NAME:LO,HI",
+        help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI inclusive); "
+             "repeatable"),
+    arg("--inputs", dest="inputs_file", metavar="FILE.npz",
+        help="feed these arrays (numpy.savez, one per input name) instead of generated ones; "
+             "their batch sets the rows"),
+)
 
 
-PARTITION = declare(Command(
-    name="partition",
-    summary="file-order simulation of the partitions an EP supporting only the listed ops "
-            "would form (no session)",
-    run=partition,
-    arguments=(MODEL,
-               arg("supported", type=parse_list, help="comma-joined op types, e.g. MatMul,Add"),
-               arg("--mode", choices=("file", "ort"), default="file",
-                   help="file: runs of consecutive nodes in file order (the lab's rule, "
-                        "default); ort: the groups onnxruntime's partitioner forms "
-                        "(topological, branches merge, each If/Loop/Scan body on its own)")),
-    fields=("model", "supported", "nodes", "claimed", "partition_count", "handoffs",
-            "partitions"),
-    detail='partitions: [{"owner", "nodes", "size"}]; --mode ort adds "subgraphs" and '
-           '"totals" when the model has If/Loop/Scan bodies',
-    example="eprun.py partition model.onnx MatMul,Add,Relu --mode ort"))
+def inputs_from(args: argparse.Namespace) -> InputOptions:
+    return InputOptions(rows=args.rows, dims=dict(args.dim), ranges=dict(args.input_range),
+                        file=args.inputs_file)
 
 
-# -- expose ------------------------------------------------------------------------------------
-
-def _same_file(first: str, second: str) -> bool:
-    if os.path.exists(second):
-        return os.path.samefile(first, second)
-    return os.path.realpath(first) == os.path.realpath(second)
-
-
-def expose(model: str, out: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> dict:
-    """Save a copy of the model whose outputs include every boundary; the input is untouched."""
-    answer, staged = prepare_expose(model, out, boundary_ops)
-    commit(staged)
-    return answer
+def dims_hint(feed: Feed) -> str:
+    """What to try when a run fails on dimensions eprun chose itself."""
+    if not feed.defaulted:
+        return ""
+    return (f" (eprun chose {DIM_DEFAULT} for {', '.join(feed.defaulted)}; set other values "
+            "with --dim NAME=VALUE)")
 
 
-def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-                   copied: dict | None = None) -> tuple[dict, list[Staged]]:
-    """Everything ``expose`` writes, checked and staged but not yet visible: the answer and
-    the staged files (see ``commit``). A model keeping its weights in other files gets
-    ``"external_data"`` in the answer: how the copy reaches each file (see
-    ``plan_external_data``). ``copied`` (target: how) skips the files another staging of
-    the same run already copies."""
-    model = load_model(model_path, text_names=True)
-    check_output(out_path, [model_path, *external_data_files(model, model_path)])
-    boundaries = expose_in_place(model, boundary_ops)
-    plan = plan_external_data(model, model_path, out_path)
-    copied = {} if copied is None else copied
-    staged: list[Staged] = []
+def _require_numeric(value, name: str, path: str, command: str = "check") -> None:
+    """``check`` and ``settings`` compare numeric tensors; a sequence, map or string output
+    is refused."""
+    import numpy as np
+
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc":
+        kind = (f"a {value.dtype} tensor" if isinstance(value, np.ndarray)
+                else f"a {type(value).__name__} (not a tensor)")
+        raise EprunError(f"{path!r}: output {name!r} is {kind}; {command} compares numeric "
+                         "tensors only")
+
+
+# -- golden files ----------------------------------------------------------------------------------
+
+# The member of a golden .npz that says what it holds; the arrays are input_<i>, tensor_<i>.
+_GOLDEN_META = "eprun"
+
+
+def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *,
+                providers: list[str], seed: int) -> dict:
+    """Store reference tensors measured here (``kind`` "outputs" for check, "boundaries" for
+    layers) with the inputs they were measured on, for a run on another machine
+    (``load_golden``): the numbers a model gives depend on the machine, and the point is to
+    compare across machines. Written all or nothing; returns the answer's ``golden`` record."""
+    import json
+
+    import numpy as np
+
+    meta = {"eprun": __version__, "kind": kind, "model": os.path.basename(model),
+            "tensors": list(tensors), "inputs": list(inputs), "providers": providers,
+            "onnxruntime": import_ort().__version__, "machine": machine(), "seed": seed}
+    arrays = {f"input_{i}": np.asarray(value) for i, value in enumerate(inputs.values())}
+    arrays.update({f"tensor_{i}": np.asarray(value) for i, value in enumerate(tensors.values())})
+    arrays[_GOLDEN_META] = np.array(json.dumps(meta))
+    write_atomically(lambda stream: np.savez(stream, **arrays), path)
+    return {"saved": path}
+
+
+def machine() -> str:
+    """What the numbers of a CPU session depend on: the architecture, the processor and the
+    instruction sets its int8 and float kernels choose from (Linux names them)."""
+    import platform
+
+    described = [platform.machine() or "unknown"]
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            fields = dict(tuple(part.strip() for part in line.split(":", 1))
+                          for line in itertools.islice(info, 64) if ":" in line)
+        model = " ".join(fields.get("model name", "").split())
+        flags = set(fields.get("flags", "").split())
+        wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8")
+        described += [part for part in (model, " ".join(f for f in wanted if f in flags))
+                      if part]
+    return ", ".join(described)
+
+
+def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed: int
+                ) -> tuple[dict, dict, dict]:
+    """``(record, inputs, tensors)`` of a golden file, refused (exit 4) when it holds another
+    kind of tensors or other names than ``tensor_names`` (what ``model`` gives here): tensors
+    of another graph are not compared. The stored inputs are the ones measured on, so a
+    ``seed`` other than the one they were drawn with is said to be unused."""
+    import json
+
+    import numpy as np
+
+    require_file(path, "golden")
     try:
-        for entry in plan:
-            if entry["how"] == "copy" and entry["file"] in copied:
-                entry["how"] = copied[entry["file"]]
-            elif entry["how"] == "copy":
-                how: list[str] = []
-                staged.append(stage(_copier(entry["source"], how), entry["file"],
-                                    make_folders=True))
-                entry["how"] = copied[entry["file"]] = how[0]
-        staged.append(stage(_inline_writer(model, model_path), out_path))
-    except BaseException:
-        discard(staged)
-        raise
-    answer = {"model": model_path, "out": out_path, "boundaries": boundaries,
-              "outputs": [value.name for value in model.graph.output]}
-    if plan:
-        answer["external_data"] = plan
-    return answer, staged
+        with np.load(path, allow_pickle=False) as archive:
+            meta = json.loads(str(archive[_GOLDEN_META]))
+            inputs = {name: archive[f"input_{i}"] for i, name in enumerate(meta["inputs"])}
+            tensors = {name: archive[f"tensor_{i}"] for i, name in enumerate(meta["tensors"])}
+    except Exception as exc:
+        raise EprunError(f"{path!r} is not a golden file eprun wrote ({type(exc).__name__}: "
+                         f"{one_line(exc)}); write one with --save-outputs or "
+                         "--save-boundaries") from exc
+    if meta.get("kind") != kind:
+        raise EprunError(f"{path!r} holds {meta.get('kind')}, not {kind}; load it with the "
+                         "command that saved it")
+    if meta["tensors"] != list(tensor_names):
+        differ = next((f"{stored!r} where {model!r} has {here!r}" for stored, here in
+                       zip(meta["tensors"], tensor_names) if stored != here),
+                      f"{len(meta['tensors'])} tensors where {model!r} has "
+                      f"{len(tensor_names)}")
+        raise EprunError(f"{path!r} was saved from another graph than {model!r} "
+                         f"({differ}); refusing to compare")
+    if os.path.basename(model) != meta.get("model"):
+        note(f"{path!r} was saved from {meta.get('model')!r}, and is compared as "
+             f"{os.path.basename(model)!r}'s: the tensor names match")
+    if meta.get("seed") is not None and meta["seed"] != seed:
+        note(f"the inputs come from {path!r} (drawn there with seed {meta['seed']}), not from "
+             f"seed {seed}")
+    record = {"loaded": path, **{key: meta.get(key) for key in ("model", "providers",
+                                                               "onnxruntime", "machine")}}
+    return record, inputs, tensors
 
 
-def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
-    """A writer of ``model`` as protobuf would serialize it with every payload that
-    ``load_model`` left in ``model_path`` back inline: the same bytes as parsing the weights
-    and calling ``SerializeToString``, without either. The graph is serialized (small), and
-    each referring initializer gets its ``raw_data`` field back in field-number order, copied
-    from the file as it is written."""
-    serialized = model.SerializeToString()
-    own = _in_file_references(model, model_path)
-    if not any(own):
-        return lambda stream: stream.write(serialized)
-    payloads = iter(own)  # the graph's initializers, in the order they are serialized
-    pieces: list = []  # bytes, or (offset, length) of a payload in the model file
-    for number, wire, start, body, end in _wire_fields(serialized, 0, len(serialized)):
-        if number != _MODEL_GRAPH or wire != 2:
-            pieces.append(serialized[start:end])
-            continue
-        graph_pieces: list = []
-        for g_number, g_wire, g_start, g_body, g_end in _wire_fields(serialized, body, end):
-            tensor = (next(payloads) if g_number == _GRAPH_INITIALIZER and g_wire == 2
-                      else None)
-            if tensor is None:
-                graph_pieces.append(serialized[g_start:g_end])
-                continue
-            tensor_pieces = _inlined_tensor(serialized, g_body, g_end, tensor)
-            graph_pieces += [_encode_varint(_GRAPH_INITIALIZER << 3 | 2)
-                             + _encode_varint(_pieces_length(tensor_pieces)), *tensor_pieces]
-        pieces += [_encode_varint(_MODEL_GRAPH << 3 | 2)
-                   + _encode_varint(_pieces_length(graph_pieces)), *graph_pieces]
-
-    def write(stream) -> None:
-        with open(model_path, "rb") as source:
-            require_unchanged(model_path, os.fstat(source.fileno()))
-            for piece in pieces:
-                if isinstance(piece, bytes):
-                    stream.write(piece)
-                    continue
-                offset, length = piece  # read in slices: never the whole payload at once
-                source.seek(offset)
-                while length:
-                    chunk = source.read(min(_COPY_SLICE, length))
-                    if not chunk:
-                        raise EprunError(f"{model_path!r} changed while eprun read it")
-                    stream.write(chunk)
-                    length -= len(chunk)
-    return write
+def require_golden_inputs(path: str, stored: dict, graph, model: str) -> None:
+    """The stored inputs must be the model's inputs, by name: others would be drawn afresh
+    and compared with tensors computed from different values."""
+    names = [value.name for value in graph_inputs(graph)]
+    if sorted(stored) != sorted(names):
+        raise EprunError(f"{path!r} holds inputs {', '.join(stored) or 'none'}, but {model!r} "
+                         f"takes {', '.join(names) or 'none'}; refusing to compare")
 
 
-_COPY_SLICE = 8 << 20
+def golden_paths(save: str | None, load: str | None, inputs: list[str], option: str,
+                 shaped: InputOptions | None = None) -> None:
+    """Check a save/load pair before anything is measured."""
+    if save and load:
+        raise EprunError(f"--save-{option} and --load-{option} exclude each other: save on "
+                         "the machine that gives the reference, load on the other", EXIT_USAGE)
+    if load and shaped is not None and (shaped.file or shaped.rows is not None):
+        raise EprunError(f"--load-{option} feeds the inputs stored in {load!r}; drop --inputs "
+                         "and --rows", EXIT_USAGE)
+    if save:
+        check_output(save, inputs)
 
 
-def _in_file_references(model, model_path: str) -> list:
-    """For each initializer of the graph in order, ``(offset, length)`` of the payload
-    ``load_model`` left in the model file itself, else None."""
-    from onnx.external_data_helper import uses_external_data
+# -- boundaries ------------------------------------------------------------------------------------
 
-    own: list = []
-    for tensor in model.graph.initializer:
-        location = _external_location(tensor) if uses_external_data(tensor) else None
-        own.append((int(location.offset), int(location.length)) if location is not None and
-                   _same_file(model_path, _safe_location(location.location, model_path))
-                   else None)
-    return own
-
-
-def _inlined_tensor(data: bytes, body: int, end: int, payload: tuple[int, int]) -> list:
-    """The pieces of one serialized TensorProto with its reference replaced by its
-    ``raw_data`` (``(offset, length)`` in the model file), where field order puts it."""
-    pieces: list = []
-    raw = _encode_varint(_TENSOR_RAW_DATA << 3 | 2) + _encode_varint(payload[1])
-    for number, _, start, _, field_end in _wire_fields(data, body, end):
-        if number in (_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION):
-            continue
-        if number > _TENSOR_RAW_DATA and raw:
-            pieces += [raw, payload]
-            raw = b""
-        pieces.append(data[start:field_end])
-    if raw:
-        pieces += [raw, payload]
-    return pieces
+# The quantized forms of the boundary ops: their first input is the quantized activation, read
+# back as float with its own scale and zero point (see ``BoundaryReader``).
+QUANTIZED_FORMS = {"MatMul": ("QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul",
+                              "MatMulIntegerToFloat"),
+                   "Gemm": ("QGemm",),
+                   "Conv": ("QLinearConv", "ConvInteger")}
+# onnx element types that hold real numbers: FLOAT, FLOAT16, DOUBLE, BFLOAT16.
+FLOAT_TYPES = frozenset({1, 10, 11, 16})
+# Ops with weights whose input is worth a boundary when MatMul/Gemm give none (a CNN).
+_LINEAR_OPS = ("Conv", "ConvTranspose", "QLinearConv", "ConvInteger", "Einsum")
 
 
-def _pieces_length(pieces: list) -> int:
-    return sum(len(piece) if isinstance(piece, bytes) else piece[1] for piece in pieces)
+BOUNDARY_OPS_ARG = arg(
+    "--boundary-ops", type=parse_boundary_ops, default=BOUNDARY_OPS,
+    help="comma-joined op types whose first input is also a boundary, on top of MatMul and "
+         "Gemm (e.g. Conv); their quantized forms (QLinearConv, ...) count too")
 
 
-def _copier(source: str, how: list[str]) -> Callable[[Any], None]:
-    """A writer of a copy of ``source`` that appends to ``how`` the way it copied:
-    ``"reflink"`` where the file system shares the blocks (btrfs, XFS: no space, no time),
-    else ``"copy"``."""
-    import shutil
-    import stat
-
-    def copy(stream) -> None:
-        with open(source, "rb") as original:
-            # private weights stay private: the copy gets the original's permissions
-            os.fchmod(stream.fileno(), stat.S_IMODE(os.fstat(original.fileno()).st_mode))
-            if _reflink(original.fileno(), stream.fileno()):
-                how.append("reflink")
-                return
-            how.append("copy")
-            shutil.copyfileobj(original, stream, 16 << 20)
-    return copy
+def with_quantized_forms(boundary_ops: tuple[str, ...]) -> tuple[str, ...]:
+    extra = [form for op in boundary_ops for form in QUANTIZED_FORMS.get(op, ())]
+    return tuple(boundary_ops) + tuple(op for op in extra if op not in boundary_ops)
 
 
-def _reflink(source: int, target: int) -> bool:
-    """Make ``target`` share ``source``'s blocks (Linux ``FICLONE``); False where the file
-    system cannot."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import fcntl
-
-    try:
-        fcntl.ioctl(target, 0x40049409, source)  # FICLONE
-    except OSError:
-        return False
-    return True
+def final_output(graph) -> str | None:
+    """The graph's first float output: the one whose error quantization is about (an int64
+    label in front of the probabilities is not); the first output when none is float."""
+    for value in graph.output:
+        if value.type.tensor_type.elem_type in FLOAT_TYPES:
+            return value.name
+    return graph.output[0].name if graph.output else None
 
 
-def external_data_files(model, model_path: str) -> list[str]:
-    """The files a model's external weights live in (inputs to protect, as the model is)."""
-    locations = {_external_location(tensor).location for tensor in external_tensors(model)}
-    files = [_safe_location(location, model_path) for location in sorted(locations)]
-    # load_model's references into the model file itself are not files of their own.
-    return [path for path in files if not _same_file(model_path, path)]
+def find_boundaries(graph, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> list[str]:
+    """The first input of every MatMul/Gemm (or quantized form of one) in file order, then the
+    graph's first float output; each name once.
 
-
-def plan_external_data(model, model_path: str, out_path: str) -> list[dict]:
-    """How a copy of ``model`` at ``out_path`` reaches each of its external data files:
-    ``{"source", "file", "how"}`` per file, ``how`` being ``"shared"`` (the copy sits in the
-    model's folder and reads the same file), ``"present"`` (the same bytes are already at
-    ``file``, a file of its own) or ``"copy"`` (to be copied there).
-
-    onnxruntime resolves external data only inside the model's own folder, so a copy written
-    elsewhere needs each data file beside it. It is copied, never hard-linked: a second link
-    to the user's weights makes onnx (1.23+) refuse them afterwards as a "potential hardlink
-    attack", the original model included. A hard link already at the target (an older
-    eprun's) is replaced by a copy. The original data is never moved or rewritten, and a
-    different file already at the target is refused before anything is written.
+    A MatMul's first input is the activation entering a layer; in a QDQ model it is the float
+    output of a DequantizeLinear, so the same rule finds comparable tensors in both models.
     """
-    source_folder = os.path.dirname(os.path.abspath(model_path))
-    out_path = write_target(out_path)  # a link to the copy: the data goes beside the copy
-    target_folder = os.path.dirname(os.path.abspath(out_path))
-    shared = os.path.isdir(target_folder) and os.path.samefile(source_folder, target_folder)
-    plan = []
-    for source in external_data_files(model, model_path):
-        target = os.path.join(target_folder, os.path.relpath(source, source_folder))
-        entry = {"source": source, "file": target, "how": "shared" if shared else "copy"}
-        plan.append(entry)
-        if shared:
-            continue
-        require_file(source, "external data")
-        if _same_file(target, out_path):
-            raise EprunError(f"cannot write {out_path!r}: the model's weights must sit at that "
-                             "same path; choose another output name", EXIT_USAGE)
-        if os.path.lexists(target):
-            if os.path.islink(target):  # never written through: it may lead to the original
-                if os.path.exists(target) and _same_bytes(source, target):
-                    entry["how"] = "present"
-                    continue
-                raise EprunError(f"cannot write {out_path!r}: its weights must sit at "
-                                 f"{target!r}, a link to other data; choose another output "
-                                 "folder")
-            if os.path.exists(target) and os.path.samefile(source, target):
-                continue  # a hard link: copied over, which gives the original its one link back
-            if os.path.exists(target) and _same_bytes(source, target):
-                entry["how"] = "present"
+    ops = set(with_quantized_forms(boundary_ops))
+    candidates = [node.input[0] for node in graph.node
+                  if node.op_type in ops and node.input and node.input[0]]
+    final = final_output(graph)
+    return list(dict.fromkeys(candidates + ([final] if final else [])))
+
+
+def boundary_owners(graph, boundaries: list[str], boundary_ops: tuple[str, ...]) -> dict:
+    """Boundary -> name of the first boundary-op node that reads it (its layer's node)."""
+    ops = set(with_quantized_forms(boundary_ops))
+    wanted = set(boundaries)  # a set: a list made this quadratic on long chains
+    owners: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type in ops and node.input and node.input[0] in wanted:
+            owners.setdefault(node.input[0], node.name)
+    return owners
+
+
+# Suffixes onnxruntime's quantizer appends to the float tensor or node it quantizes.
+_TENSOR_SUFFIXES = re.compile(r"(_DequantizeLinear_Output|_QuantizeLinear_Output|_quantized|"
+                              r"_output_quantized|_dequantized)(_\d+)?$")
+_NODE_SUFFIXES = re.compile(r"(_quant|_QuantizeLinear|_DequantizeLinear)$")
+
+
+def float_tensor_name(name: str) -> str:
+    return _TENSOR_SUFFIXES.sub("", name)
+
+
+def pair_by_name(fp32: list[str], int8: list[str], fp32_owners: dict, int8_owners: dict
+                 ) -> dict[int, int]:
+    """fp32 boundary index -> int8 boundary index, where the names say which is which.
+
+    A quantized tensor is named after its float original, and a layer's node keeps its name
+    (``_quant`` appended in the QOperator form); the final outputs pair with each other. Of
+    several int8 boundaries naming one fp32 boundary (one tensor dequantized per consumer),
+    the first is taken.
+    """
+    fp32_index = {name: index for index, name in enumerate(fp32)}
+    owner_index = {owner: fp32_index[name] for name, owner in fp32_owners.items() if owner}
+    pairs: dict[int, int] = {}
+    if fp32 and int8:
+        pairs[len(fp32) - 1] = len(int8) - 1
+    for j, name in enumerate(int8[:-1]):
+        i = fp32_index.get(name, fp32_index.get(float_tensor_name(name)))
+        if i is None and int8_owners.get(name):
+            i = owner_index.get(_NODE_SUFFIXES.sub("", int8_owners[name]))
+        if i is not None and i != len(fp32) - 1 and i not in pairs:
+            pairs[i] = j
+    return pairs
+
+
+# Where a quantized op reads each quantized operand's scale and zero point: op type ->
+# (operand, scale, zero point) input positions. QLinearConcat lists (x, scale, zero point)
+# triples after its output's scale and zero point.
+_QUANTIZED_OPERANDS = {
+    "QLinearMatMul": ((0, 1, 2), (3, 4, 5)), "QLinearConv": ((0, 1, 2), (3, 4, 5)),
+    "QGemm": ((0, 1, 2), (3, 4, 5)), "QLinearAdd": ((0, 1, 2), (3, 4, 5)),
+    "QLinearMul": ((0, 1, 2), (3, 4, 5)), "QLinearSigmoid": ((0, 1, 2),),
+    "QLinearLeakyRelu": ((0, 1, 2),), "QLinearSoftmax": ((0, 1, 2),),
+    "QLinearGlobalAveragePool": ((0, 1, 2),), "QLinearAveragePool": ((0, 1, 2),),
+    "DequantizeLinear": ((0, 1, 2),),
+}
+
+
+class Quantization:
+    """How to read a model's quantized (8/16-bit) tensors back as float, and how to quantize
+    float values into them.
+
+    A tensor's scale and zero point are those of the QuantizeLinear or DynamicQuantizeLinear
+    that made it, else those of a quantized op that reads it (QLinearMatMul, QLinearAdd, ...).
+    Scales held in initializers are read once; scales computed at run time (dynamic
+    quantization) must be fetched with the tensor (``runtime``).
+    """
+
+    def __init__(self, model, model_path: str, types: dict, tensors: list[str]) -> None:
+        self.path, self.types = model_path, types
+        self.params: dict[str, tuple[str, str]] = {}
+        self.constants: dict = {}
+        quantized = [name for name in tensors if _is_integer(types, name)]
+        if not quantized:
+            return
+        graph = model.graph
+        producers = {output: node for node in graph.node for output in node.output}
+        readers: dict[str, tuple[str, str]] = {}
+        for node in graph.node:
+            layout = _QUANTIZED_OPERANDS.get(node.op_type, ())
+            if node.op_type == "QLinearConcat":
+                layout = tuple((k, k + 1, k + 2) for k in range(2, len(node.input) - 2, 3))
+            for operand, scale, zero in layout:
+                if operand < len(node.input) and scale < len(node.input):
+                    readers.setdefault(node.input[operand], (
+                        node.input[scale], node.input[zero] if zero < len(node.input) else ""))
+        initializers = {tensor.name: tensor for tensor in graph.initializer}
+        for name in quantized:
+            producer = producers.get(name)
+            if producer is not None and producer.op_type == "QuantizeLinear":
+                source = (producer.input[1], producer.input[2] if len(producer.input) > 2
+                          else "")
+            elif producer is not None and producer.op_type == "DynamicQuantizeLinear":
+                source = (producer.output[1], producer.output[2])
+            elif name in readers:
+                source = readers[name]
+            else:
                 continue
-            raise EprunError(f"cannot write {out_path!r}: its weights must sit at {target!r}, "
-                             "which holds other data; choose another output folder")
-    return plan
+            for tensor in source:
+                if tensor in initializers and tensor not in self.constants:
+                    self.constants[tensor] = _initializer_array(initializers[tensor],
+                                                                model_path)
+            self.params[name] = source
+
+    def runtime(self, name: str) -> list[str]:
+        """The run-time scale and zero point of ``name`` (empty when they are constants)."""
+        return [tensor for tensor in self.params.get(name, ())
+                if tensor and tensor not in self.constants]
+
+    def _scale_zero(self, name: str, fetched: dict):
+        import numpy as np
+
+        scale_name, zero_name = self.params[name]
+        scale = np.asarray(self.constants.get(scale_name, fetched.get(scale_name)), np.float64)
+        zero = (np.asarray(self.constants.get(zero_name, fetched.get(zero_name)), np.float64)
+                if zero_name else np.zeros(()))
+        if scale.size != 1 or zero.size != 1:
+            raise EprunError(f"{self.path!r}: {name!r} is quantized per channel; eprun reads "
+                             "back per-tensor quantized activations only")
+        return scale.reshape(()), zero.reshape(())
+
+    def read(self, name: str, fetched: dict):
+        """The float value of ``name`` from the fetched tensors (dequantized if quantized)."""
+        value = fetched[name]
+        if name not in self.params:
+            return value
+        scale, zero = self._scale_zero(name, fetched)
+        return (value.astype("float64") - zero) * scale
+
+    def quantize(self, name: str, value):
+        """``value`` (float) quantized as the model quantizes ``name``: round half to even,
+        saturate, as QuantizeLinear does."""
+        import numpy as np
+
+        scale, zero = self._scale_zero(name, {})
+        dtype = np.dtype(_QUANTIZED_DTYPES[self.types[name].tensor_type.elem_type])
+        info = np.iinfo(dtype)
+        return np.asarray(np.clip(np.rint(np.asarray(value, np.float64) / scale) + zero,
+                                  info.min, info.max), dtype=dtype)
 
 
-def _same_bytes(first: str, second: str) -> bool:
-    import filecmp
+def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS, extra: list[str] = (),
+                    types: dict | None = None, unknown_as_float: bool = True) -> list[str]:
+    """Add every boundary (then each name in ``extra``) that is not yet a graph output; return
+    the boundaries.
 
-    return filecmp.cmp(first, second, shallow=False)
+    Each new output is declared with its inferred type, so an int8 tensor is never declared
+    float and the session still opens. A type nothing can infer is declared float in a saved
+    file (a graph output must have a type) and left to onnxruntime in memory
+    (``unknown_as_float=False``), which infers it when the session opens.
+    """
+    import onnx
 
-
-EXPOSE = declare(Command(
-    name="expose",
-    summary="save a copy whose graph outputs include every layer boundary (first input of each "
-            "MatMul/Gemm, then the first float output)",
-    run=expose,
-    arguments=(arg("model", help="ONNX model file (never modified)"),
-               arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG),
-    fields=("model", "out", "boundaries", "outputs"),
-    example="eprun.py expose int8.onnx int8_exposed.onnx"))
-
-
-# -- layers and growth -------------------------------------------------------------------------
-
-def _estimated_bytes(value_type, rows: int) -> int | None:
-    """Bytes of a tensor of this type with the batch axis at ``rows``; None when unknown."""
-    if value_type is None or not value_type.HasField("tensor_type"):
-        return None
-    tensor = value_type.tensor_type
-    count = _ELEMENT_BYTES.get(tensor.elem_type)
-    if count is None or not tensor.HasField("shape"):
-        return None
-    for axis, dim in enumerate(tensor.shape.dim):
-        if dim.HasField("dim_value"):
-            count *= dim.dim_value
-        elif axis == 0:
-            count *= rows
-        else:
-            return None
-    return count
-
-
-def external_tensors(model) -> list:
-    from onnx.external_data_helper import uses_external_data
-
-    return [tensor for tensor in model.graph.initializer if uses_external_data(tensor)]
-
-
-def _external_location(tensor):
-    """Where an external tensor's bytes are (``location``, ``offset``, ``length``)."""
-    from onnx.external_data_helper import ExternalDataInfo
-
-    return ExternalDataInfo(tensor)
-
-
-def _safe_location(location: str, model_path: str) -> str:
-    """The file an external-data location names, refused (as onnxruntime does) outside the
-    model's folder."""
-    if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
-        raise EprunError(f"{model_path!r} keeps weights at {location!r}, outside its folder; "
-                         "onnxruntime refuses that location")
-    return os.path.join(os.path.dirname(os.path.abspath(model_path)), location)
+    boundaries = find_boundaries(model.graph, boundary_ops)
+    existing = {value.name for value in model.graph.output}
+    missing = [name for name in dict.fromkeys([*boundaries, *extra]) if name not in existing]
+    if missing:
+        types = types if types is not None else tensor_types(model)
+        for name in missing:
+            value = onnx.ValueInfoProto(name=name)
+            if name in types:
+                value.type.CopyFrom(types[name])
+            elif unknown_as_float:
+                value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+            model.graph.output.append(value)
+    return boundaries
 
 
 def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None = None,
@@ -2975,153 +2975,7 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
                         folder_option=False)
 
 
-def _inline_subgraph_weights(model, data_path: str) -> None:
-    """Put the external weights of If/Loop/Scan bodies back inline: for a model given as
-    bytes without the folder option (releases before 1.21, or a main graph with no external
-    data), onnxruntime looks for them relative to the working directory, where another file
-    of the same name may be, and ``add_external_initializers`` reaches the main graph only."""
-    from onnx.external_data_helper import uses_external_data
-
-    pending = [attribute for node in model.graph.node for attribute in node.attribute]
-    while pending:
-        attribute = pending.pop()
-        for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-            for tensor in body.initializer:
-                if uses_external_data(tensor):
-                    values = _map_external(tensor, data_path, read=True)
-                    del tensor.external_data[:]
-                    tensor.ClearField("data_location")
-                    tensor.raw_data = values.tobytes()
-            pending += [inner for node in body.node for inner in node.attribute]
-
-
-def _drop_unused_initializers(model) -> None:
-    """Remove the initializers nothing reads (no node, subgraph, graph input or output):
-    onnxruntime drops them while it resolves the graph, and then fails to find them when they
-    are handed over as arrays or maps ("Failed to find existing initializer")."""
-    graph = model.graph
-    used = {name for node in graph.node for name in _node_inputs(node)}
-    used.update(value.name for value in (*graph.input, *graph.output))
-    for index in reversed([index for index, tensor in enumerate(graph.initializer)
-                           if tensor.name not in used]):
-        del graph.initializer[index]
-
-
-# The first onnxruntime release that reads session.model_external_initializers_file_folder_path
-# (onnxruntime #23557). Earlier ones ignore the unknown key and, for a model given as bytes,
-# look for external data relative to the working directory, where a file of the same name
-# may hold other weights: they are given the data as memory maps instead.
-_FOLDER_OPTION_SINCE = (1, 21)
-
-
-def _relink_own_references(model, model_path: str, own: list) -> str:
-    """The path external locations are relative to: ``model_path``, or, for a model file that
-    is a link and keeps no data in other files, the file it resolves to, with the references
-    ``load_model`` made into the model file (``own``, see ``_in_file_references``) renamed
-    after it."""
-    resolved = os.path.realpath(model_path)
-    if not any(own) or resolved == os.path.abspath(model_path) or \
-            external_data_files(model, model_path):
-        return model_path
-    for tensor, payload in zip(model.graph.initializer, own):
-        for entry in tensor.external_data if payload else ():
-            if entry.key == "location":
-                entry.value = os.path.basename(resolved)
-    return resolved
-
-
-# Inline initializers at least this large are handed to onnxruntime as arrays; smaller ones
-# (scales, zero points, shapes) stay in the graph where optimizers expect them.
-DETACH_MIN_BYTES = 1024
-
-
-def detach_initializers(model) -> tuple[list[str], list]:
-    """Move every large numeric inline initializer out of ``model`` into a numpy array.
-
-    Each tensor becomes a placeholder that declares its name, type and dims and points at
-    external data, the form ``add_external_initializers`` replaces. Tensors are converted one
-    at a time, so the weights exist about once, never as proto + bytes + parse.
-    """
-    from onnx import TensorProto, numpy_helper
-
-    names, arrays = [], []
-    for tensor in model.graph.initializer:
-        if (tensor.data_location == TensorProto.EXTERNAL
-                or tensor.data_type not in _DETACHABLE_TYPES
-                or _initializer_bytes(tensor) < DETACH_MIN_BYTES
-                or (tensor.raw_data and len(tensor.raw_data) != _initializer_bytes(tensor))):
-            continue  # (a payload of the wrong length stays, for onnxruntime to refuse)
-        array = numpy_helper.to_array(tensor)
-        tensor.CopyFrom(_placeholder(tensor.name, array))
-        names.append(tensor.name)
-        arrays.append(array)
-    return names, arrays
-
-
-def _placeholder(name: str, array):
-    """An initializer that only declares ``array``'s name, type and dims, pointing at external
-    data: the form ``add_external_initializers`` fills in."""
-    from onnx import TensorProto, helper
-
-    placeholder = TensorProto(name=name, dims=array.shape,
-                              data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
-                              data_location=TensorProto.EXTERNAL)
-    for key, value in (("location", "eprun-detached"), ("offset", "0"),
-                       ("length", str(array.nbytes))):
-        entry = placeholder.external_data.add()
-        entry.key, entry.value = key, value
-    return placeholder
-
-
-# Bytes per element of the numeric ONNX types whose numpy form onnxruntime takes as is (no
-# float16/bfloat16/4-bit mappings, which vary across onnx releases): FLOAT, UINT8, INT8,
-# UINT16, INT16, INT32, INT64, BOOL, DOUBLE, UINT32, UINT64.
-_ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 11: 8, 12: 4, 13: 8}
-_DETACHABLE_TYPES = frozenset(_ELEMENT_BYTES)
-# The types whose payloads load_model leaves in the file: those, and FLOAT16 (numpy's float16
-# on every onnx release, for the memory maps older onnxruntime releases are given).
-_REFERENCE_BYTES = {**_ELEMENT_BYTES, 10: 2}
-
-
-def _initializer_bytes(tensor) -> int:
-    """Size of an initializer's data from its dims, without touching the (large) payload;
-    0 for a type outside ``_ELEMENT_BYTES``."""
-    count = _ELEMENT_BYTES.get(tensor.data_type, 0)
-    for dim in tensor.dims:
-        count *= dim
-    return count
-
-
-def _map_external(tensor, model_path: str, read: bool = False):
-    """A read-only memory map of one external-data tensor, located as onnxruntime would; with
-    ``read``, its values read into memory instead (a file cut short is then an error, where
-    touching a map past its end is SIGBUS)."""
-    import numpy as np
-    from onnx import helper
-
-    location = _external_location(tensor)
-    path = _safe_location(location.location, model_path)
-    require_file(path, "external data")
-    if _same_file(model_path, path):
-        require_unchanged(model_path)
-    try:
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        size = dtype.itemsize * math.prod(tensor.dims)
-        if location.length is not None and int(location.length) != size:
-            raise ValueError(f"{location.length} bytes where its dims {list(tensor.dims)} "
-                             f"make {size}")
-        if not read:
-            return np.memmap(path, dtype=dtype, mode="r", offset=int(location.offset or 0),
-                             shape=tuple(tensor.dims))
-        values = np.fromfile(path, dtype=dtype, count=math.prod(tensor.dims),
-                             offset=int(location.offset or 0))
-        if values.size != math.prod(tensor.dims):
-            raise ValueError("the file is shorter than its reference says")
-        return values.reshape(tuple(tensor.dims))
-    except (ValueError, OSError, KeyError, TypeError) as exc:
-        raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: "
-                         f"{one_line(exc)}") from exc
-
+# -- comparison ------------------------------------------------------------------------------------
 
 def differences(reference, candidate):
     """The one comparison core: ``(reference, candidate, |candidate - reference|)`` in
@@ -3203,6 +3057,22 @@ def _mse(reference, diff) -> dict:
 # --metrics NAME -> the function adding its field(s) to a boundary's entry.
 METRICS: dict[str, Callable[[Any, Any], dict]] = {"sqnr": _sqnr, "mse": _mse}
 
+
+def parse_metrics(text: str) -> tuple[str, ...]:
+    metrics = tuple(parse_list(text))
+    unknown = [name for name in metrics if name not in METRICS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown metric {unknown[0]!r}; choose from "
+                                         f"{', '.join(METRICS)}")
+    return metrics
+
+
+def bitwise_equal(reference, candidate) -> bool:
+    return (reference.shape == candidate.shape and reference.dtype == candidate.dtype
+            and reference.tobytes() == candidate.tobytes())
+
+
+# -- paired boundaries -----------------------------------------------------------------------------
 
 class PairedModel:
     """One side of a ``layers`` comparison: the parsed graph (weights left on disk), its
@@ -3449,13 +3319,6 @@ def _suggest_boundary_ops(fp32: PairedModel, boundary_ops: tuple[str, ...]) -> N
              f"--boundary-ops {','.join(present)} to compare the input of each")
 
 
-def note(message: str) -> None:
-    """One line on stderr that explains a result without changing it (held with the rest of
-    a command's chatter: shown after a success only)."""
-    with contextlib.suppress(Exception):
-        print(f"eprun: note: {one_line(message)}", file=sys.stderr, flush=True)
-
-
 def plan_batches(sizes: list[int | None], budget: int | None) -> list[list[int]]:
     """Consecutive boundary indices grouped so each group's estimated bytes fit ``budget``."""
     if budget is None:
@@ -3472,6 +3335,8 @@ def plan_batches(sizes: list[int | None], budget: int | None) -> list[list[int]]
             used = cost
     return batches
 
+
+# -- local error -----------------------------------------------------------------------------------
 
 def quantizing_chain(name: str, producers: dict) -> tuple[str, list]:
     """``(float tensor, nodes)``: the QuantizeLinear [-> DequantizeLinear] or
@@ -3671,24 +3536,7 @@ class LocalSegments:
                                 self.rows, self.metrics)
 
 
-def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
-           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-           local: bool = False, max_memory: int | None = None, pair: str = "position",
-           providers: list[str] | None = None, reference_providers: list[str] | None = None,
-           allow_fallback: bool = False, ep_library: list[str] = (),
-           ep_options: dict | None = None, save_boundaries: str | None = None,
-           load_boundaries: str | None = None) -> dict:
-    """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
-    twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
-    require_file(fp32)
-    require_file(int8)
-    targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
-                           ep_options)
-    return measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
-                          metrics=metrics, local=local, max_memory=max_memory, pair=pair,
-                          targets=targets, save_boundaries=save_boundaries,
-                          load_boundaries=load_boundaries)[0]
-
+# -- growth ----------------------------------------------------------------------------------------
 
 def growth_from(rel_errors: list[float]) -> dict:
     """Ratios of consecutive relative errors, monotonicity, total growth and the largest jump.
@@ -3744,6 +3592,574 @@ def growth_of(measured: dict) -> dict:
         if key in measured:
             answer[key] = measured[key]
     return answer
+
+
+# == 6. Rendering ==================================================================================
+
+def check_verdict(args: argparse.Namespace, answer: dict) -> str | None:
+    """Why the gate failed, in one line for the CI log (the JSON answer has the details)."""
+    if answer["passed"]:
+        return None
+    reasons = []
+    for failure in answer["failures"]:
+        bound = failure["bound"]
+        if bound == "tolerance":
+            reasons.append(f"{failure['output']}: {failure['violations']} of "
+                           f"{failure['elements']} elements outside atol + rtol*|ref|, worst at "
+                           f"{failure['worst']['index']}")
+        elif bound == "min_cos":
+            reasons.append(f"{failure['output']}: cosine {failure['cosine']:.6g} below "
+                           f"{failure['min_cos']:g}")
+        elif bound == "shape":
+            reasons.append(f"{failure['output']}: shape {failure['candidate']} instead of "
+                           f"{failure['reference']}")
+        else:
+            reasons.append(f"providers: asked for {','.join(failure['requested'])}, got "
+                           f"{','.join(failure['actual'])}")
+    return "check failed: " + "; ".join(reasons)
+
+
+def _gate_line(gate: dict) -> str:
+    """The ``check`` verdict as one bullet: what was compared, and why it failed if it did."""
+    tolerance = gate["tolerance"]
+    reasons = []
+    for failure in gate["failures"]:
+        if failure["bound"] == "tolerance":
+            reasons.append(f"`{failure['output']}`: {failure['violations']} of "
+                           f"{failure['elements']} elements outside atol + rtol·|ref|")
+        elif failure["bound"] == "min_cos":
+            reasons.append(f"`{failure['output']}`: cosine {_num(failure['cosine'], 6)} below "
+                           f"{failure['min_cos']:g}")
+        else:
+            reasons.append(f"{failure['bound']} ({failure.get('output', 'session')})")
+    return (f"- **Gate**: `check` of the int8 model against the fp32 one under the "
+            f"{gate['profile']} profile (rtol {tolerance['rtol']:g}, atol {tolerance['atol']:g}, "
+            f"cosine ≥ {tolerance['min_cos']:g}) on {_ops(gate['providers']['actual'])}: "
+            + ("**passed**." if gate["passed"] else "**failed**: " + "; ".join(reasons) + "."))
+
+
+def _plain(value: float) -> str:
+    """Six significant digits in plain decimal notation (Mermaid's charts take no exponent)."""
+    import numpy as np
+
+    return np.format_float_positional(value, precision=6, unique=False, fractional=False,
+                                      trim="-")
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    return "null" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
+
+
+def _ops(names: list[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names) if names else "(none)"
+
+
+def _partition_prose(splits: list[dict], measured: dict, facts: dict) -> str:
+    """What the partition table shows, said only as far as the numbers and the graph show it."""
+    compute, every_op = splits[0], splits[1]
+    int8_compute, int8_float_ops, int8_all = splits[2], splits[3], splits[4]
+    names = ", ".join(f"`{op}`" for op in compute["supported"])
+    text = (f"With only {names} supported the float model splits into "
+            f"{compute['partition_count']} partitions and the int8 model into "
+            f"{int8_compute['partition_count']}")
+    boundaries = len(measured["layers"]) - 1
+    wrapped = boundaries > 0 and all(k in facts["requantized"] for k in range(boundaries))
+    if (wrapped and int8_all["partition_count"] == 1
+            and int8_float_ops["partition_count"] > every_op["partition_count"]):
+        return (text + ": QDQ puts a QuantizeLinear/DequantizeLinear pair between every two "
+                "compute ops, so an EP that does not claim Q/DQ hands the tensor back and forth "
+                "at each of them; claiming Q/DQ as well is what lets the quantized graph stay "
+                "in one piece.")
+    return (text + f". Claiming every op type of the float model leaves the float model in "
+            f"{every_op['partition_count']} and the int8 model in "
+            f"{int8_float_ops['partition_count']} partitions; adding the int8 model's own "
+            f"quantization ops gives {int8_all['partition_count']}.")
+
+
+def _sensitivity_section(ranked: dict) -> str:
+    """The optional fifth section of ``ep_report.md`` (``report --sensitivity``)."""
+    quantized = ranked["quantized"]
+    lines = ["", "## Sensitivity (optional: report --sensitivity)", "",
+             ("Each quantized unit restored to float alone (as quantize_static's "
+             "nodes_to_exclude would leave it), measured on the final output "
+             f"`{ranked['output']}` against the fp32 model; the fully quantized model has "
+             f"SQNR {_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}."),
+             "", "| rank | unit | op | SQNR (dB) | gain (dB) | rel error |",
+             "|---|---|---|---|---|---|"]
+    for rank, unit in enumerate(ranked["units"][:10], start=1):
+        lines.append(f"| {rank} | `{unit['name']}` | {unit['op_type']} | "
+                     f"{_num(unit['sqnr_db'])} | {_num(unit['gain_db'])} | "
+                     f"{_num(unit['rel_error'])} |")
+    recommendation = ranked["recommendation"]
+    reached = recommendation["steps"][-1] if recommendation["steps"] else quantized
+    lines += ["", f"Recommended `nodes_to_exclude` ({len(recommendation['nodes_to_exclude'])}): "
+              f"{_ops(recommendation['nodes_to_exclude'])}; the combined graph reaches "
+              + (f"SQNR {_num(reached['sqnr_db'])} dB" if reached["sqnr_db"] is not None
+                 else "the fp32 output exactly") + ", and the target "
+              f"{'is' if recommendation['met'] else 'is **not**'} met.", ""]
+    return "\n".join(lines)
+
+
+def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict,
+                    growth_answer: dict, settings_answer: dict, exposure: dict, gate: dict,
+                    facts: dict) -> str:
+    """``ep_report.md``: the four headings of the contract, every number from a measurement."""
+    import platform
+
+    import numpy
+    import onnxruntime
+
+    available = provider_answer["available"]
+    fell_back = [case for case in provider_answer["cases"] if case["fell_back"]]
+    errors = [case for case in provider_answer["cases"] if case["error"]]
+    lines = [(f"eprun report, generated by `python eprun.py report {provider_answer['model']} "
+             f"{settings_answer['model']} --seed {settings_answer['seed']}`; the JSON files "
+             "beside this report hold every number in full precision."), "",
+             "## 무엇을 요청했고 무엇을 쥐었나", "",
+             (f"This onnxruntime ({onnxruntime.__version__}) offers **{len(available)}** "
+             f"execution providers: {_ops(available)}. Each requested list below got its own "
+             f"session on `{provider_answer['model']}` (`providers.json`)."), "",
+             "| requested | actual (`get_providers()`) | missing | fell back | error |",
+             "|---|---|---|---|---|"]
+    for case in provider_answer["cases"]:
+        lines.append(f"| {_ops(case['requested'])} | {_ops(case['actual'])} | "
+                     f"{_ops(case['missing'])} | {'yes' if case['fell_back'] else 'no'} | "
+                     f"{case['error'] or '—'} |")
+    lines += ["", f"{len(fell_back)} of {len(provider_answer['cases'])} requests did not get "
+              "exactly what they asked for, and "
+              + ("none of them raised an exception: a missing provider is silently dropped, so "
+                 "only the session can say what is running."
+                 if not errors else f"{len(errors)} raised an exception at session creation."),
+              ""]
+
+    lines += ["## 그래프가 쪼개지는 자리", "",
+              ("A simulation in file order, not real placement: a node is the EP's when its op "
+              "type is in the supported list, and each run of consecutive nodes with one owner "
+              "is one partition (`eprun.py partition`)."), "",
+              "| model | supported ops | nodes | claimed by EP | partitions | hand-offs |",
+              "|---|---|---|---|---|---|"]
+    for split in splits:
+        lines.append(f"| `{split['model']}` | {_ops(split['supported'])} | {split['nodes']} | "
+                     f"{split['claimed']} | {split['partition_count']} | {split['handoffs']} |")
+    lines += ["", _partition_prose(splits, measured, facts), ""]
+
+    rel_error = growth_answer["rel_error"]
+    ratios = [None] + growth_answer["ratios"]
+    fed = (f"`default_rng({measured['seed']}).standard_normal(({measured['rows']}, F))`"
+           if "inputs" not in measured else
+           f"one `default_rng({measured['seed']})` in input order: " + "; ".join(
+               f"`{item['name']}` {item['dtype']} {item['shape']} from {item['source']}"
+               for item in measured["inputs"]))
+    lines += ["## 층을 거듭하며 자란 오차", "",
+              (f"Input: {fed}, both models exposed in memory and run on the CPU provider with "
+              "default session options; boundary k pairs the k-th tensor of each model"
+              f"{'' if facts['in_order'] else ' named after it'} (`growth.json`)."), "",
+              ("| boundary | fp32 tensor | int8 tensor | max abs error | scale | rel error | "
+              "cos min | ratio to previous |"), "|---|---|---|---|---|---|---|---|"]
+    for entry, ratio in zip(measured["layers"], ratios):
+        lines.append(f"| {entry['index']} | `{entry['fp32']}` | `{entry['int8']}` | "
+                     f"{_num(entry['max_abs_error'])} | {_num(entry['scale'])} | "
+                     f"{_num(entry['rel_error'])} | {_num(entry['cos_min'], 6)} | "
+                     f"{'—' if entry['index'] == 0 else _num(ratio)} |")
+    total = growth_answer["total_growth"]
+    jump = growth_answer["max_ratio"]
+    drops = [k for k in range(1, len(rel_error)) if not rel_error[k] >= rel_error[k - 1]]
+    lines += ["", f"Total growth factor, last relative error over the first: **{_num(total)}** "
+              f"(`total_growth` = {total!r} in `growth.json`)." if total is not None else
+              "Total growth factor: null (the first relative error is 0).", ""]
+    if jump:
+        lines.append(f"Largest jump: into boundary {jump['index']} "
+                     f"(`{measured['layers'][jump['index']]['fp32']}`), ×{_num(jump['ratio'])}.")
+    lines.append("Growth was monotone: the relative error never decreased." if not drops else
+                 "Growth was not monotone: the relative error fell at boundar"
+                 f"{'y' if len(drops) == 1 else 'ies'} {', '.join(map(str, drops))}"
+                 + (" (the int8 model requantizes each of those tensors with its own "
+                    "scale)."
+                    if set(drops) <= set(facts["requantized"]) else "."))
+    if all(value is not None and math.isfinite(value) for value in rel_error):
+        lines += ["", "```mermaid", "xychart-beta",
+                  '    title "Relative error per boundary (int8 vs fp32)"',
+                  "    x-axis \"boundary\" [" + ", ".join(f'"{k}"' for k in range(len(rel_error)))
+                  + "]", '    y-axis "max abs error / scale"',
+                  "    line [" + ", ".join(map(_plain, rel_error)) + "]", "```"]
+    lines.append("")
+
+    base = settings_answer["baseline"]
+    differing = [case for case in settings_answer["cases"] if not case["bitwise_equal"]]
+    lines += ["## 이 기계에서만 참인 것", "",
+              ("These results hold for this machine's provider set and settings, and may differ "
+              "elsewhere:"), "",
+              (f"- **Providers**: {len(available)} available ({_ops(available)}). Which lists fell "
+              "back, and to what, is a property of this onnxruntime build: on a machine with "
+              "CUDA the CUDA request would hold."),
+              (f"- **Software**: onnxruntime {onnxruntime.__version__}, numpy {numpy.__version__}, "
+              f"Python {platform.python_version()} on {platform.machine() or 'unknown'} with "
+              f"{os.cpu_count()} logical CPUs. The error table used onnxruntime's default "
+              "session options (all graph optimizations, default thread count); other kernels "
+              "round differently, so the error values in the last digits are this stack's."),
+              f"- **Settings** (`settings.json`, int8 model, seed {settings_answer['seed']}): "
+              + ("all three cases (ORT_ENABLE_ALL with 1 thread, ORT_DISABLE_ALL with 2, "
+                 "ORT_ENABLE_ALL with 2) were bitwise equal to the single-threaded unoptimized "
+                 "baseline here. That is a measurement of this machine, not a guarantee."
+                 if not differing else
+                 "these cases differed from the single-threaded unoptimized baseline: "
+                 + "; ".join(f"{case['level']} with {case['intra_op']} threads (max abs diff "
+                             f"{_num(case['max_abs_diff'])})" for case in differing) + "."),
+              (f"  Baseline output: max |y| = {_num(base['max_abs_output'])}, "
+              f"mean = {_num(base['mean_output'])}."),
+              "- **Exposure**: exposing the int8 boundary tensors as outputs can change which "
+              "fused kernels onnxruntime picks (a DequantizeLinear whose output is a graph "
+              "output cannot be folded into a QLinearMatMul). Here the exposed int8 model's "
+              f"final output `{exposure['output']}` was "
+              + ("bitwise equal to the plain model's, so the error table describes the model "
+                 "as deployed."
+                 if exposure["bitwise_equal"] else
+                 f"**not** equal to the plain model's (max abs diff "
+                 f"{_num(exposure['max_abs_diff'])}): the error table describes the exposed "
+                 "graph, whose kernels differ from the model as deployed."),
+              _gate_line(gate),
+              ("- **No timing was measured.** Nothing here says anything about speed; latency on "
+              "this machine would not carry over to an accelerator anyway."), ""]
+    return "\n".join(lines)
+
+
+# == 7. Commands ===================================================================================
+
+
+# -- providers -------------------------------------------------------------------------------------
+
+def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
+              ep_options: dict | None = None) -> dict:
+    """One session per requested list; what it actually holds, what was missing, and whether
+    it fell back. A model onnxruntime cannot open is reported per case, not as a failure.
+
+    Installed plugin EP packages and ``ep_library`` files are registered first, so
+    ``available`` lists the plugin EPs that offer a device here, and a plugin EP is asked for
+    through its devices (``ProviderRequest``). A provider that rejects its ``ep_options`` is
+    a failure (exit 4, with its message), not a case that quietly fell back."""
+    require_file(model)
+    ort = import_ort()
+    ep_options = ep_options or {}
+    prepare_providers(lists, ep_library, ep_options, discover=True)
+    available = list(ort.get_available_providers())
+    cases = []
+    for message in dict.fromkeys(m for requested in lists
+                                 for m in provider_warnings(requested)):
+        note(message)
+    for message in plugin_notes(lists):
+        note(message)
+    for requested in lists:
+        on = ProviderRequest(requested, options=ep_options)
+        try:
+            session = open_session(model, on=on)
+            actual, error = list(session.get_providers()), None
+            del session
+        except EprunError as exc:  # the contract's error: onnxruntime's exception class
+            actual, error = [], type(exc.__cause__).__name__
+        rejected = [name for name in fallback_of(requested, actual)
+                    if name in ep_options and name in available]
+        if rejected and not error:  # onnxruntime dropped it and went on: ask for its reason
+            try:
+                open_session(model, what=repr(model), on=dataclasses.replace(on, strict=True))
+            except EprunError as exc:
+                raise EprunError(f"{', '.join(rejected)} does not start with the options "
+                                 f"given ({_options_text(ep_options, rejected)}): "
+                                 f"{type(exc.__cause__).__name__}: "
+                                 f"{one_line(exc.__cause__)}") from exc
+        cases.append({
+            "requested": requested,
+            "actual": actual,
+            "missing": [name for name in requested
+                        if name not in available and not name.startswith(POLICY_PREFIX)],
+            "fell_back": actual != requested,
+            "error": error,
+        })
+    return {"model": model, "available": available, "cases": cases}
+
+
+def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
+    """``--fail-on-fallback``: which cases did not get a provider they asked for."""
+    fell = [(index, case) for index, case in enumerate(answer["cases"])
+            if fallback_of(case["requested"], case["actual"])]
+    if not args.fail_on_fallback or not fell:
+        return None
+    return "fallback: " + "; ".join(
+        f"case {index} asked for {','.join(case['requested'])} and got "
+        f"{','.join(case['actual']) or 'no session'}" for index, case in fell)
+
+
+PROVIDERS = declare(Command(
+    name="providers",
+    summary="requested vs. actual execution providers, one session per list",
+    run=providers,
+    arguments=(MODEL,
+               arg("lists", nargs="+", type=parse_list, metavar="list",
+                   help="comma-joined provider names, e.g. "
+                        "CUDAExecutionProvider,CPUExecutionProvider, or one device policy "
+                        f"policy:NAME ({', '.join(DEVICE_POLICIES)}; onnxruntime 1.22+)"),
+               *EP_ARGS,
+               arg("--fail-on-fallback", action="store_true",
+                   help="exit 1 (after printing the answer) when a case did not get a provider "
+                        "it asked for (onnxruntime adding the CPU provider is not a fallback)")),
+    fields=("model", "available", "cases"),
+    detail='cases: [{"requested", "actual", "missing", "fell_back", "error"}]',
+    example="eprun.py providers model.onnx CUDAExecutionProvider,CPUExecutionProvider "
+            "CPUExecutionProvider",
+    verdict=providers_verdict))
+
+
+# -- partition -------------------------------------------------------------------------------------
+
+def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, list[int]]]:
+    """onnxruntime's ``CreateSupportedPartitionNodeGroups``, on node indices.
+
+    A Kahn-style topological walk in waves: every supported node that becomes ready joins the
+    current group; an unsupported node that consumes a member of the group (the group's
+    border) waits for the next wave, and the group closes when a wave runs dry. Independent
+    branches therefore merge into one group whatever their order in the file. Each unsupported
+    node is emitted when it is processed and each group where it closes, which is a valid
+    execution order; the caller merges runs of unsupported nodes into CPU partitions.
+    """
+    from collections import deque
+
+    producer_of = {output: index for index, node in enumerate(nodes)
+                   for output in node.output if output}
+    producers = [sorted({producer_of[name] for name in _node_inputs(node)
+                         if name in producer_of}) for node in nodes]
+    for index, sources in enumerate(producers):
+        if index in sources:  # Add(x, a) -> a reads its own output
+            raise _cycle_error(nodes[index])
+    consumers: list[list[int]] = [[] for _ in nodes]
+    for index, sources in enumerate(producers):
+        for source in sources:
+            consumers[source].append(index)
+    in_degree = [len(sources) for sources in producers]
+    supported_set = set(supported)
+    ready = deque(index for index, degree in enumerate(in_degree) if degree == 0)
+    next_wave: deque = deque()
+    units: list[tuple[str, list[int]]] = []
+    group: list[int] = []
+    border: set[int] = set()
+    while ready or next_wave:
+        if not ready:
+            if group:
+                units.append(("ep", group))
+            group, border = [], set()
+            ready, next_wave = next_wave, deque()
+            continue
+        index = ready.popleft()
+        if nodes[index].op_type in supported_set:
+            group.append(index)
+            border.discard(index)
+            border.update(consumers[index])
+        elif index in border:
+            next_wave.append(index)
+            continue
+        else:
+            units.append(("cpu", [index]))
+        for consumer in consumers[index]:
+            in_degree[consumer] -= 1
+            if in_degree[consumer] == 0:
+                ready.append(consumer)
+    if group:
+        units.append(("ep", group))
+    placed = sum(len(members) for _, members in units)
+    if placed != len(nodes):
+        raise _cycle_error(next(node for index, node in enumerate(nodes)
+                                if in_degree[index] > 0))
+    return units
+
+
+def _cycle_error(stuck) -> EprunError:
+    return EprunError(f"the graph has a cycle (node {stuck.name or stuck.op_type!r} waits on "
+                      "its own output): it is not a valid ONNX graph")
+
+
+def partition(model: str, supported: list[str], mode: str = "file", parsed=None) -> dict:
+    """Which pieces an EP supporting only ``supported`` would get; needs only onnx.
+
+    ``file`` (the contract): runs of consecutive nodes in file order. ``ort``: the groups
+    onnxruntime's own partitioner forms, with the unsupported nodes between them merged; as
+    onnxruntime partitions each If/Loop/Scan body on its own (a group never crosses into a
+    subgraph), each body is partitioned alone, listed under ``subgraphs`` and added into
+    ``totals``. ``parsed`` is the already parsed graph of ``model``, when the caller has it.
+    """
+    if parsed is None:
+        parsed = load_model(model)
+    _check_op_list(parsed, supported, model)
+    answer = {"model": model, "supported": supported,
+              **_partition_graph(parsed.graph, supported, mode)}
+    if mode == "ort":
+        subgraphs = _partition_subgraphs(parsed.graph, supported)
+        if subgraphs:
+            answer["subgraphs"] = subgraphs
+            answer["totals"] = _partition_totals(answer)
+    return answer
+
+
+def _check_op_list(parsed, supported: list[str], model: str) -> None:
+    """A note when no listed op type occurs in the model (op types are case-sensitive), with
+    the near misses and the model's own op types."""
+    import difflib
+
+    present = list(dict.fromkeys(node.op_type for node in parsed.graph.node))
+    if not supported or set(supported) & set(present):
+        return
+    lower = {op.lower(): op for op in present}
+    near = [lower.get(op.lower()) or next(iter(difflib.get_close_matches(op, present, 1, 0.7)),
+                                          None) for op in supported]
+    misses = [f"{op} -> {guess}" for op, guess in zip(supported, near) if guess]
+    note(f"no op type in {','.join(supported)!r} occurs in {model!r} (op types are "
+         f"case-sensitive){'; did you mean ' + ', '.join(misses) + '?' if misses else ''} Its "
+         f"op types: {', '.join(present) or 'none'}")
+
+
+def _partition_graph(graph, supported: list[str], mode: str) -> dict:
+    nodes = list(graph.node)
+    if mode == "ort":
+        units = ort_partition_units(nodes, supported)
+    else:
+        supported_set = set(supported)
+        units = [("ep" if node.op_type in supported_set else "cpu", [index])
+                 for index, node in enumerate(nodes)]
+    # Runs of units with one owner form one partition. onnxruntime's groups are never
+    # adjacent (a new wave starts with the unsupported nodes the last group held back), so
+    # in ort mode only unsupported nodes merge.
+    from itertools import groupby
+
+    merged = [(owner, [index for _, members in run for index in members])
+              for owner, run in groupby(units, key=lambda unit: unit[0])]
+    partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
+                   "size": len(members)} for owner, members in merged]
+    return {
+        "nodes": len(nodes),
+        "claimed": sum(part["size"] for part in partitions if part["owner"] == "ep"),
+        "partition_count": len(partitions),
+        "handoffs": max(len(partitions) - 1, 0),
+        "partitions": partitions,
+    }
+
+
+def _partition_subgraphs(graph, supported: list[str]) -> list[dict]:
+    """Each graph attribute of each node (If branches, Loop and Scan bodies), depth first."""
+    found = []
+    for index, node in enumerate(graph.node):
+        for attribute in node.attribute:
+            bodies = ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
+            for body in bodies:
+                entry = {"node": node.name or f"{node.op_type}_{index}", "op_type": node.op_type,
+                         "attribute": attribute.name, **_partition_graph(body, supported, "ort")}
+                inner = _partition_subgraphs(body, supported)
+                if inner:
+                    entry["subgraphs"] = inner
+                found.append(entry)
+    return found
+
+
+def _partition_totals(answer: dict) -> dict:
+    """Nodes, claimed nodes and EP partitions summed over the graph and every subgraph (the
+    counts onnxruntime's own usability checker reports)."""
+    levels, pending = [], [answer]
+    while pending:
+        level = pending.pop()
+        levels.append(level)
+        pending.extend(level.get("subgraphs", ()))
+    return {"graphs": len(levels),
+            "nodes": sum(level["nodes"] for level in levels),
+            "claimed": sum(level["claimed"] for level in levels),
+            "ep_partitions": sum(1 for level in levels for part in level["partitions"]
+                                 if part["owner"] == "ep")}
+
+
+PARTITION = declare(Command(
+    name="partition",
+    summary="file-order simulation of the partitions an EP supporting only the listed ops "
+            "would form (no session)",
+    run=partition,
+    arguments=(MODEL,
+               arg("supported", type=parse_list, help="comma-joined op types, e.g. MatMul,Add"),
+               arg("--mode", choices=("file", "ort"), default="file",
+                   help="file: runs of consecutive nodes in file order (the lab's rule, "
+                        "default); ort: the groups onnxruntime's partitioner forms "
+                        "(topological, branches merge, each If/Loop/Scan body on its own)")),
+    fields=("model", "supported", "nodes", "claimed", "partition_count", "handoffs",
+            "partitions"),
+    detail='partitions: [{"owner", "nodes", "size"}]; --mode ort adds "subgraphs" and '
+           '"totals" when the model has If/Loop/Scan bodies',
+    example="eprun.py partition model.onnx MatMul,Add,Relu --mode ort"))
+
+
+# -- expose ----------------------------------------------------------------------------------------
+
+def expose(model: str, out: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> dict:
+    """Save a copy of the model whose outputs include every boundary; the input is untouched."""
+    answer, staged = prepare_expose(model, out, boundary_ops)
+    commit(staged)
+    return answer
+
+
+def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
+                   copied: dict | None = None) -> tuple[dict, list[Staged]]:
+    """Everything ``expose`` writes, checked and staged but not yet visible: the answer and
+    the staged files (see ``commit``). A model keeping its weights in other files gets
+    ``"external_data"`` in the answer: how the copy reaches each file (see
+    ``plan_external_data``). ``copied`` (target: how) skips the files another staging of
+    the same run already copies."""
+    model = load_model(model_path, text_names=True)
+    check_output(out_path, [model_path, *external_data_files(model, model_path)])
+    boundaries = expose_in_place(model, boundary_ops)
+    plan = plan_external_data(model, model_path, out_path)
+    copied = {} if copied is None else copied
+    staged: list[Staged] = []
+    try:
+        for entry in plan:
+            if entry["how"] == "copy" and entry["file"] in copied:
+                entry["how"] = copied[entry["file"]]
+            elif entry["how"] == "copy":
+                how: list[str] = []
+                staged.append(stage(_copier(entry["source"], how), entry["file"],
+                                    make_folders=True))
+                entry["how"] = copied[entry["file"]] = how[0]
+        staged.append(stage(_inline_writer(model, model_path), out_path))
+    except BaseException:
+        discard(staged)
+        raise
+    answer = {"model": model_path, "out": out_path, "boundaries": boundaries,
+              "outputs": [value.name for value in model.graph.output]}
+    if plan:
+        answer["external_data"] = plan
+    return answer, staged
+
+EXPOSE = declare(Command(
+    name="expose",
+    summary="save a copy whose graph outputs include every layer boundary (first input of each "
+            "MatMul/Gemm, then the first float output)",
+    run=expose,
+    arguments=(arg("model", help="ONNX model file (never modified)"),
+               arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG),
+    fields=("model", "out", "boundaries", "outputs"),
+    example="eprun.py expose int8.onnx int8_exposed.onnx"))
+
+
+# -- layers and growth -----------------------------------------------------------------------------
+
+def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
+           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
+           local: bool = False, max_memory: int | None = None, pair: str = "position",
+           providers: list[str] | None = None, reference_providers: list[str] | None = None,
+           allow_fallback: bool = False, ep_library: list[str] = (),
+           ep_options: dict | None = None, save_boundaries: str | None = None,
+           load_boundaries: str | None = None) -> dict:
+    """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
+    twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
+    require_file(fp32)
+    require_file(int8)
+    targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
+                           ep_options)
+    return measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
+                          metrics=metrics, local=local, max_memory=max_memory, pair=pair,
+                          targets=targets, save_boundaries=save_boundaries,
+                          load_boundaries=load_boundaries)[0]
 
 
 def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
@@ -3814,7 +4230,7 @@ GROWTH = declare(Command(
     example="eprun.py growth fp32.onnx int8.onnx 2026"))
 
 
-# -- settings ----------------------------------------------------------------------------------
+# -- settings --------------------------------------------------------------------------------------
 
 class SettingsRunner:
     """One model's first output under given session settings, always on the same inputs."""
@@ -3855,11 +4271,6 @@ class SettingsRunner:
 
     def output(self, level: str, intra_op: int, disabled: list[str] = ()):
         return self.run(self.session(level, intra_op, disabled))
-
-
-def bitwise_equal(reference, candidate) -> bool:
-    return (reference.shape == candidate.shape and reference.dtype == candidate.dtype
-            and reference.tobytes() == candidate.tobytes())
 
 
 def settings(model: str, seed: int, inputs: InputOptions | None = None,
@@ -3910,7 +4321,7 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
     return answer
 
 
-# -- settings --explain ------------------------------------------------------------------------
+# -- settings --explain ----------------------------------------------------------------------------
 
 # onnxruntime's graph transformers and rewrite rules, by the name ``disabled_optimizers``
 # matches: (name, level, first release, last release or None for "still there"). The level is
@@ -3995,11 +4406,6 @@ REWRITE_RULES = (
 # The levels a case is bisected over, in order, with the transformer level each one adds.
 OPTIMIZATION_LEVELS = (("ORT_ENABLE_BASIC", 1), ("ORT_ENABLE_EXTENDED", 2),
                        ("ORT_ENABLE_LAYOUT", 3), ("ORT_ENABLE_ALL", 4))
-
-
-def ort_release() -> tuple[int, int]:
-    major, minor = (int(part) for part in re.findall(r"\d+", import_ort().__version__)[:2])
-    return major, minor
 
 
 def known_names(table: tuple, up_to_level: int) -> list[str]:
@@ -4180,7 +4586,7 @@ SETTINGS = declare(Command(
     example="eprun.py settings int8.onnx 2026"))
 
 
-# -- placement ---------------------------------------------------------------------------------
+# -- placement -------------------------------------------------------------------------------------
 
 def placement(model: str, providers: list[str], seed: int = 0,
               inputs: InputOptions | None = None, *, ep_library: list[str] = (),
@@ -4258,81 +4664,10 @@ PLACEMENT = declare(Command(
     example="eprun.py placement int8.onnx CUDAExecutionProvider,CPUExecutionProvider"))
 
 
-# -- check -------------------------------------------------------------------------------------
+# -- check -----------------------------------------------------------------------------------------
 
 TOLERANCE_PROFILES = {"fp16": {"rtol": 1e-2, "atol": 1e-3, "min_cos": 0.999},
                       "int8": {"rtol": 1e-1, "atol": 5e-2, "min_cos": 0.990}}
-# Errors worth another try: driver watchdog resets and timeouts while an EP compiles its graph.
-_TRANSIENT = re.compile(r"time ?out|timed out|TDR|DXGI_ERROR|device (was )?(lost|removed)|"
-                        r"temporarily unavailable", re.IGNORECASE)
-
-
-def _with_retries(action: Callable[[], Any], retries: int, pause: float, used: list,
-                  path: str) -> Any:
-    """Run ``action``, retrying transient provider errors only. ``used[0]`` counts the retries
-    spent so far; ``retries`` bounds them for the whole check."""
-    import time
-
-    while True:
-        try:
-            return action()
-        except EprunError as exc:
-            if used[0] >= retries or not is_transient(exc, path):
-                raise
-            used[0] += 1
-            print(f"eprun: transient provider error, retrying in {pause:g}s: {exc}",
-                  file=sys.stderr)
-            time.sleep(pause)
-
-
-def _require_numeric(value, name: str, path: str, command: str = "check") -> None:
-    """``check`` and ``settings`` compare numeric tensors; a sequence, map or string output
-    is refused."""
-    import numpy as np
-
-    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc":
-        kind = (f"a {value.dtype} tensor" if isinstance(value, np.ndarray)
-                else f"a {type(value).__name__} (not a tensor)")
-        raise EprunError(f"{path!r}: output {name!r} is {kind}; {command} compares numeric "
-                         "tensors only")
-
-
-def is_transient(exc: EprunError, path: str) -> bool:
-    """Is the onnxruntime error behind ``exc`` one worth another try? Only onnxruntime's own
-    exception is read, with the model's path taken out: a model called ``timeout.onnx`` that
-    is corrupt is not a timeout."""
-    cause = exc.__cause__
-    if cause is None:
-        return False
-    text = f"{type(cause).__name__}: {cause}"
-    for spelling in sorted({path, os.path.abspath(path), os.path.basename(path)}, key=len,
-                           reverse=True):
-        if spelling:
-            text = text.replace(spelling, "<model>")
-    return bool(_TRANSIENT.search(text))
-
-
-def check_verdict(args: argparse.Namespace, answer: dict) -> str | None:
-    """Why the gate failed, in one line for the CI log (the JSON answer has the details)."""
-    if answer["passed"]:
-        return None
-    reasons = []
-    for failure in answer["failures"]:
-        bound = failure["bound"]
-        if bound == "tolerance":
-            reasons.append(f"{failure['output']}: {failure['violations']} of "
-                           f"{failure['elements']} elements outside atol + rtol*|ref|, worst at "
-                           f"{failure['worst']['index']}")
-        elif bound == "min_cos":
-            reasons.append(f"{failure['output']}: cosine {failure['cosine']:.6g} below "
-                           f"{failure['min_cos']:g}")
-        elif bound == "shape":
-            reasons.append(f"{failure['output']}: shape {failure['candidate']} instead of "
-                           f"{failure['reference']}")
-        else:
-            reasons.append(f"providers: asked for {','.join(failure['requested'])}, got "
-                           f"{','.join(failure['actual'])}")
-    return "check failed: " + "; ".join(reasons)
 
 
 def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
@@ -4540,7 +4875,7 @@ CHECK = declare(Command(
     verdict=check_verdict))
 
 
-# -- sensitivity -------------------------------------------------------------------------------
+# -- sensitivity -----------------------------------------------------------------------------------
 
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 
@@ -4916,7 +5251,7 @@ SENSITIVITY = declare(Command(
     example="eprun.py sensitivity fp32.onnx int8.onnx 2026 --target-sqnr 30"))
 
 
-# -- report ------------------------------------------------------------------------------------
+# -- report ----------------------------------------------------------------------------------------
 
 REPORT_REQUESTS = (["CPUExecutionProvider"], ["AzureExecutionProvider"],
                    ["CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -5100,21 +5435,6 @@ def _check_report_targets(paths: dict, graphs: dict, paths_of: dict, force: bool
             targets[target] = source
 
 
-def require_out_dir(out_dir: str) -> None:
-    """Before anything is measured: ``--out-dir`` must be, or be creatable as, a folder eprun
-    can write into (not a file, nor under one)."""
-    existing = os.path.abspath(out_dir)
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        where = "is" if existing == os.path.abspath(out_dir) else f"is under {existing!r}, which is"
-        raise EprunError(f"--out-dir {out_dir!r} {where} a file, not a folder; choose another "
-                         "--out-dir")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise EprunError(f"--out-dir {out_dir!r}: eprun may not write into {existing!r}; "
-                         "choose another --out-dir")
-
-
 def _written_by_eprun(name: str, path: str) -> bool:
     """Does the file at a deliverable's path look like eprun's own (so replacing it loses
     nothing eprun cannot write again)?"""
@@ -5166,211 +5486,7 @@ def _exposure_effect(int8_path: str, seed: int, output: str, exposed, *,
             "max_abs_diff": largest_of(differences(plain, exposed)[2])}
 
 
-def _plain(value: float) -> str:
-    """Six significant digits in plain decimal notation (Mermaid's charts take no exponent)."""
-    import numpy as np
-
-    return np.format_float_positional(value, precision=6, unique=False, fractional=False,
-                                      trim="-")
-
-
-def _partition_prose(splits: list[dict], measured: dict, facts: dict) -> str:
-    """What the partition table shows, said only as far as the numbers and the graph show it."""
-    compute, every_op = splits[0], splits[1]
-    int8_compute, int8_float_ops, int8_all = splits[2], splits[3], splits[4]
-    names = ", ".join(f"`{op}`" for op in compute["supported"])
-    text = (f"With only {names} supported the float model splits into "
-            f"{compute['partition_count']} partitions and the int8 model into "
-            f"{int8_compute['partition_count']}")
-    boundaries = len(measured["layers"]) - 1
-    wrapped = boundaries > 0 and all(k in facts["requantized"] for k in range(boundaries))
-    if (wrapped and int8_all["partition_count"] == 1
-            and int8_float_ops["partition_count"] > every_op["partition_count"]):
-        return (text + ": QDQ puts a QuantizeLinear/DequantizeLinear pair between every two "
-                "compute ops, so an EP that does not claim Q/DQ hands the tensor back and forth "
-                "at each of them; claiming Q/DQ as well is what lets the quantized graph stay "
-                "in one piece.")
-    return (text + f". Claiming every op type of the float model leaves the float model in "
-            f"{every_op['partition_count']} and the int8 model in "
-            f"{int8_float_ops['partition_count']} partitions; adding the int8 model's own "
-            f"quantization ops gives {int8_all['partition_count']}.")
-
-
-def _sensitivity_section(ranked: dict) -> str:
-    """The optional fifth section of ``ep_report.md`` (``report --sensitivity``)."""
-    quantized = ranked["quantized"]
-    lines = ["", "## Sensitivity (optional: report --sensitivity)", "",
-             ("Each quantized unit restored to float alone (as quantize_static's "
-             "nodes_to_exclude would leave it), measured on the final output "
-             f"`{ranked['output']}` against the fp32 model; the fully quantized model has "
-             f"SQNR {_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}."),
-             "", "| rank | unit | op | SQNR (dB) | gain (dB) | rel error |",
-             "|---|---|---|---|---|---|"]
-    for rank, unit in enumerate(ranked["units"][:10], start=1):
-        lines.append(f"| {rank} | `{unit['name']}` | {unit['op_type']} | "
-                     f"{_num(unit['sqnr_db'])} | {_num(unit['gain_db'])} | "
-                     f"{_num(unit['rel_error'])} |")
-    recommendation = ranked["recommendation"]
-    reached = recommendation["steps"][-1] if recommendation["steps"] else quantized
-    lines += ["", f"Recommended `nodes_to_exclude` ({len(recommendation['nodes_to_exclude'])}): "
-              f"{_ops(recommendation['nodes_to_exclude'])}; the combined graph reaches "
-              + (f"SQNR {_num(reached['sqnr_db'])} dB" if reached["sqnr_db"] is not None
-                 else "the fp32 output exactly") + ", and the target "
-              f"{'is' if recommendation['met'] else 'is **not**'} met.", ""]
-    return "\n".join(lines)
-
-
-def _gate_line(gate: dict) -> str:
-    """The ``check`` verdict as one bullet: what was compared, and why it failed if it did."""
-    tolerance = gate["tolerance"]
-    reasons = []
-    for failure in gate["failures"]:
-        if failure["bound"] == "tolerance":
-            reasons.append(f"`{failure['output']}`: {failure['violations']} of "
-                           f"{failure['elements']} elements outside atol + rtol·|ref|")
-        elif failure["bound"] == "min_cos":
-            reasons.append(f"`{failure['output']}`: cosine {_num(failure['cosine'], 6)} below "
-                           f"{failure['min_cos']:g}")
-        else:
-            reasons.append(f"{failure['bound']} ({failure.get('output', 'session')})")
-    return (f"- **Gate**: `check` of the int8 model against the fp32 one under the "
-            f"{gate['profile']} profile (rtol {tolerance['rtol']:g}, atol {tolerance['atol']:g}, "
-            f"cosine ≥ {tolerance['min_cos']:g}) on {_ops(gate['providers']['actual'])}: "
-            + ("**passed**." if gate["passed"] else "**failed**: " + "; ".join(reasons) + "."))
-
-
-def _num(value: float | None, digits: int = 4) -> str:
-    return "null" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
-
-
-def _ops(names: list[str]) -> str:
-    return ", ".join(f"`{name}`" for name in names) if names else "(none)"
-
-
-def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict,
-                    growth_answer: dict, settings_answer: dict, exposure: dict, gate: dict,
-                    facts: dict) -> str:
-    """``ep_report.md``: the four headings of the contract, every number from a measurement."""
-    import platform
-
-    import numpy
-    import onnxruntime
-
-    available = provider_answer["available"]
-    fell_back = [case for case in provider_answer["cases"] if case["fell_back"]]
-    errors = [case for case in provider_answer["cases"] if case["error"]]
-    lines = [(f"eprun report, generated by `python eprun.py report {provider_answer['model']} "
-             f"{settings_answer['model']} --seed {settings_answer['seed']}`; the JSON files "
-             "beside this report hold every number in full precision."), "",
-             "## 무엇을 요청했고 무엇을 쥐었나", "",
-             (f"This onnxruntime ({onnxruntime.__version__}) offers **{len(available)}** "
-             f"execution providers: {_ops(available)}. Each requested list below got its own "
-             f"session on `{provider_answer['model']}` (`providers.json`)."), "",
-             "| requested | actual (`get_providers()`) | missing | fell back | error |",
-             "|---|---|---|---|---|"]
-    for case in provider_answer["cases"]:
-        lines.append(f"| {_ops(case['requested'])} | {_ops(case['actual'])} | "
-                     f"{_ops(case['missing'])} | {'yes' if case['fell_back'] else 'no'} | "
-                     f"{case['error'] or '—'} |")
-    lines += ["", f"{len(fell_back)} of {len(provider_answer['cases'])} requests did not get "
-              "exactly what they asked for, and "
-              + ("none of them raised an exception: a missing provider is silently dropped, so "
-                 "only the session can say what is running."
-                 if not errors else f"{len(errors)} raised an exception at session creation."),
-              ""]
-
-    lines += ["## 그래프가 쪼개지는 자리", "",
-              ("A simulation in file order, not real placement: a node is the EP's when its op "
-              "type is in the supported list, and each run of consecutive nodes with one owner "
-              "is one partition (`eprun.py partition`)."), "",
-              "| model | supported ops | nodes | claimed by EP | partitions | hand-offs |",
-              "|---|---|---|---|---|---|"]
-    for split in splits:
-        lines.append(f"| `{split['model']}` | {_ops(split['supported'])} | {split['nodes']} | "
-                     f"{split['claimed']} | {split['partition_count']} | {split['handoffs']} |")
-    lines += ["", _partition_prose(splits, measured, facts), ""]
-
-    rel_error = growth_answer["rel_error"]
-    ratios = [None] + growth_answer["ratios"]
-    fed = (f"`default_rng({measured['seed']}).standard_normal(({measured['rows']}, F))`"
-           if "inputs" not in measured else
-           f"one `default_rng({measured['seed']})` in input order: " + "; ".join(
-               f"`{item['name']}` {item['dtype']} {item['shape']} from {item['source']}"
-               for item in measured["inputs"]))
-    lines += ["## 층을 거듭하며 자란 오차", "",
-              (f"Input: {fed}, both models exposed in memory and run on the CPU provider with "
-              "default session options; boundary k pairs the k-th tensor of each model"
-              f"{'' if facts['in_order'] else ' named after it'} (`growth.json`)."), "",
-              ("| boundary | fp32 tensor | int8 tensor | max abs error | scale | rel error | "
-              "cos min | ratio to previous |"), "|---|---|---|---|---|---|---|---|"]
-    for entry, ratio in zip(measured["layers"], ratios):
-        lines.append(f"| {entry['index']} | `{entry['fp32']}` | `{entry['int8']}` | "
-                     f"{_num(entry['max_abs_error'])} | {_num(entry['scale'])} | "
-                     f"{_num(entry['rel_error'])} | {_num(entry['cos_min'], 6)} | "
-                     f"{'—' if entry['index'] == 0 else _num(ratio)} |")
-    total = growth_answer["total_growth"]
-    jump = growth_answer["max_ratio"]
-    drops = [k for k in range(1, len(rel_error)) if not rel_error[k] >= rel_error[k - 1]]
-    lines += ["", f"Total growth factor, last relative error over the first: **{_num(total)}** "
-              f"(`total_growth` = {total!r} in `growth.json`)." if total is not None else
-              "Total growth factor: null (the first relative error is 0).", ""]
-    if jump:
-        lines.append(f"Largest jump: into boundary {jump['index']} "
-                     f"(`{measured['layers'][jump['index']]['fp32']}`), ×{_num(jump['ratio'])}.")
-    lines.append("Growth was monotone: the relative error never decreased." if not drops else
-                 "Growth was not monotone: the relative error fell at boundar"
-                 f"{'y' if len(drops) == 1 else 'ies'} {', '.join(map(str, drops))}"
-                 + (" (the int8 model requantizes each of those tensors with its own "
-                    "scale)."
-                    if set(drops) <= set(facts["requantized"]) else "."))
-    if all(value is not None and math.isfinite(value) for value in rel_error):
-        lines += ["", "```mermaid", "xychart-beta",
-                  '    title "Relative error per boundary (int8 vs fp32)"',
-                  "    x-axis \"boundary\" [" + ", ".join(f'"{k}"' for k in range(len(rel_error)))
-                  + "]", '    y-axis "max abs error / scale"',
-                  "    line [" + ", ".join(map(_plain, rel_error)) + "]", "```"]
-    lines.append("")
-
-    base = settings_answer["baseline"]
-    differing = [case for case in settings_answer["cases"] if not case["bitwise_equal"]]
-    lines += ["## 이 기계에서만 참인 것", "",
-              ("These results hold for this machine's provider set and settings, and may differ "
-              "elsewhere:"), "",
-              (f"- **Providers**: {len(available)} available ({_ops(available)}). Which lists fell "
-              "back, and to what, is a property of this onnxruntime build: on a machine with "
-              "CUDA the CUDA request would hold."),
-              (f"- **Software**: onnxruntime {onnxruntime.__version__}, numpy {numpy.__version__}, "
-              f"Python {platform.python_version()} on {platform.machine() or 'unknown'} with "
-              f"{os.cpu_count()} logical CPUs. The error table used onnxruntime's default "
-              "session options (all graph optimizations, default thread count); other kernels "
-              "round differently, so the error values in the last digits are this stack's."),
-              f"- **Settings** (`settings.json`, int8 model, seed {settings_answer['seed']}): "
-              + ("all three cases (ORT_ENABLE_ALL with 1 thread, ORT_DISABLE_ALL with 2, "
-                 "ORT_ENABLE_ALL with 2) were bitwise equal to the single-threaded unoptimized "
-                 "baseline here. That is a measurement of this machine, not a guarantee."
-                 if not differing else
-                 "these cases differed from the single-threaded unoptimized baseline: "
-                 + "; ".join(f"{case['level']} with {case['intra_op']} threads (max abs diff "
-                             f"{_num(case['max_abs_diff'])})" for case in differing) + "."),
-              (f"  Baseline output: max |y| = {_num(base['max_abs_output'])}, "
-              f"mean = {_num(base['mean_output'])}."),
-              "- **Exposure**: exposing the int8 boundary tensors as outputs can change which "
-              "fused kernels onnxruntime picks (a DequantizeLinear whose output is a graph "
-              "output cannot be folded into a QLinearMatMul). Here the exposed int8 model's "
-              f"final output `{exposure['output']}` was "
-              + ("bitwise equal to the plain model's, so the error table describes the model "
-                 "as deployed."
-                 if exposure["bitwise_equal"] else
-                 f"**not** equal to the plain model's (max abs diff "
-                 f"{_num(exposure['max_abs_diff'])}): the error table describes the exposed "
-                 "graph, whose kernels differ from the model as deployed."),
-              _gate_line(gate),
-              ("- **No timing was measured.** Nothing here says anything about speed; latency on "
-              "this machine would not carry over to an accelerator anyway."), ""]
-    return "\n".join(lines)
-
-
-# -- command line ------------------------------------------------------------------------------
+# == 8. Command line ===============================================================================
 
 class _Parser(argparse.ArgumentParser):
     """argparse with eprun's one-line usage errors (exit 2, nothing on stdout)."""
@@ -5451,57 +5567,6 @@ def invoke(command: Command, args: argparse.Namespace) -> dict:
         values = {**values, "ep_options": ep_options_from(args)}
     wanted = inspect.signature(command.run).parameters
     return command.run(**{name: values[name] for name in wanted if name in values})
-
-
-_INTERRUPTED: list[int] = []
-_ANSWERED: list[bool] = []
-# True when eprun runs as the program (cli), not inside someone else's Python.
-_PROGRAM: list[bool] = []
-
-
-def _on_signal(signum: int, frame: object) -> None:
-    """SIGINT, SIGTERM and SIGHUP. Inside ``signals_held`` the signal waits for the block to
-    end; once the answer is out it is ignored. Otherwise, as a program, eprun removes its
-    named temporary files, says "interrupted" for Ctrl-C on the real stderr and exits at once
-    (130, 143, 129): unwinding a Python exception through a C extension in the middle of its
-    import or of a protobuf call could crash the interpreter (SIGSEGV) or turn into another
-    error. Called from other Python code it raises KeyboardInterrupt or SystemExit instead,
-    and SIGINT is remembered, so that a library that turns the KeyboardInterrupt into another
-    error (numpy's import does) is still reported as an interruption."""
-    _INTERRUPTED.append(signum)
-    if _HELD:
-        _HELD[-1].append(signum)
-        return
-    if _ANSWERED:  # the answer is out: finish as it says, not as an interruption
-        return
-    _act_on_signal(signum)
-
-
-def _act_on_signal(signum: int) -> None:
-    code = 130 if signum == signal.SIGINT else 128 + signum
-    if _PROGRAM:
-        remove_temporaries()
-        if signum == signal.SIGINT:
-            write_fd(_STDERR[0] if _STDERR else 2, b"eprun: error: interrupted\n")
-        os._exit(code)
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise SystemExit(code)
-
-
-def _install_signal_handlers() -> dict:
-    """eprun's handlers for SIGTERM, SIGHUP and SIGINT where they have their defaults; returns
-    the handlers they replaced. Only the main thread may set handlers; from any other thread
-    eprun runs without them."""
-    replaced: dict = {}
-    if threading.current_thread() is not threading.main_thread():
-        return replaced
-    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
-        number = getattr(signal, name, None)
-        if number is not None and signal.getsignal(number) in (
-                signal.SIG_DFL, signal.default_int_handler, _startup_interrupt):
-            replaced[number] = signal.signal(number, _on_signal)
-    return replaced
 
 
 def main(argv: list[str] | None = None) -> int:

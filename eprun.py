@@ -964,6 +964,33 @@ _TENSOR_DIMS, _TENSOR_DATA_TYPE = 1, 2
 _TENSOR_RAW_DATA, _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 9, 13, 14
 
 
+# Inline initializers at least this large are handed to onnxruntime as arrays; smaller ones
+# (scales, zero points, shapes) stay in the graph where optimizers expect them.
+DETACH_MIN_BYTES = 1024
+
+
+# Bytes per element of the numeric ONNX types whose numpy form onnxruntime takes as is (no
+# float16/bfloat16/4-bit mappings, which vary across onnx releases): FLOAT, UINT8, INT8,
+# UINT16, INT16, INT32, INT64, BOOL, DOUBLE, UINT32, UINT64.
+_ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 11: 8, 12: 4, 13: 8}
+
+_DETACHABLE_TYPES = frozenset(_ELEMENT_BYTES)
+
+
+# The types whose payloads load_model leaves in the file: those, and FLOAT16 (numpy's float16
+# on every onnx release, for the memory maps older onnxruntime releases are given).
+_REFERENCE_BYTES = {**_ELEMENT_BYTES, 10: 2}
+
+
+def _safe_location(location: str, model_path: str) -> str:
+    """The file an external-data location names, refused (as onnxruntime does) outside the
+    model's folder."""
+    if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
+        raise EprunError(f"{model_path!r} keeps weights at {location!r}, outside its folder; "
+                         "onnxruntime refuses that location")
+    return os.path.join(os.path.dirname(os.path.abspath(model_path)), location)
+
+
 def _read_graph(path: str):
     """The model at ``path`` with every large inline weight left in the file: each
     ``raw_data`` payload of at least ``DETACH_MIN_BYTES`` of a ``_REFERENCE_BYTES`` type
@@ -1185,6 +1212,64 @@ def graph_inputs(model) -> list:
     return [value for value in model.graph.input if value.name not in initializers]
 
 
+# -- the graph index -------------------------------------------------------------------------------
+
+def _node_inputs(node) -> list[str]:
+    """A node's inputs, plus the outer-scope names its subgraphs read (implicit inputs)."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+            local = {name for inner in graph.node for name in inner.output}
+            local |= {value.name for value in graph.input}
+            local |= {tensor.name for tensor in graph.initializer}
+            names += [name for inner in graph.node for name in _node_inputs(inner)
+                      if name not in local]
+    return names
+
+
+class GraphIndex:
+    """One graph's nodes by the tensors they write and read, its initializers and, where the
+    caller has them, its value types: built once for a graph and passed to what walks it.
+
+    ``producer(name)`` is the node that writes ``name`` (the last one, in a graph that writes a
+    name twice, and the "" of an omitted optional output like any other name);
+    ``consumers[name]`` the indices of the nodes that read it, outer-scope reads of their
+    subgraphs included (a node reading it twice is listed twice); ``readers[name]`` the
+    ``(node index, input position)`` of each direct read. The maps are of the nodes as they
+    were when the index was built."""
+
+    def __init__(self, nodes, initializers=(), types: dict | None = None) -> None:
+        self.nodes = list(nodes)
+        self.producer_index = {output: index for index, node in enumerate(self.nodes)
+                               for output in node.output}
+        self.initializers = {tensor.name: tensor for tensor in initializers}
+        self.types = types
+
+    @classmethod
+    def of(cls, graph, types: dict | None = None) -> GraphIndex:
+        return cls(graph.node, graph.initializer, types)
+
+    def producer(self, name: str):
+        index = self.producer_index.get(name)
+        return None if index is None else self.nodes[index]
+
+    @functools.cached_property
+    def consumers(self) -> dict[str, list[int]]:
+        found: dict[str, list[int]] = {}
+        for index, node in enumerate(self.nodes):
+            for name in _node_inputs(node):
+                found.setdefault(name, []).append(index)
+        return found
+
+    @functools.cached_property
+    def readers(self) -> dict[str, list[tuple[int, int]]]:
+        found: dict[str, list[tuple[int, int]]] = {}
+        for index, node in enumerate(self.nodes):
+            for position, name in enumerate(node.input):
+                found.setdefault(name, []).append((index, position))
+        return found
+
+
 # -- external data ---------------------------------------------------------------------------------
 
 def external_data_files(model, model_path: str) -> list[str]:
@@ -1278,15 +1363,6 @@ def _external_location(tensor):
     return ExternalDataInfo(tensor)
 
 
-def _safe_location(location: str, model_path: str) -> str:
-    """The file an external-data location names, refused (as onnxruntime does) outside the
-    model's folder."""
-    if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
-        raise EprunError(f"{model_path!r} keeps weights at {location!r}, outside its folder; "
-                         "onnxruntime refuses that location")
-    return os.path.join(os.path.dirname(os.path.abspath(model_path)), location)
-
-
 def _relink_own_references(model, model_path: str, own: list) -> str:
     """The path external locations are relative to: ``model_path``, or, for a model file that
     is a link and keeps no data in other files, the file it resolves to, with the references
@@ -1301,11 +1377,6 @@ def _relink_own_references(model, model_path: str, own: list) -> str:
             if entry.key == "location":
                 entry.value = os.path.basename(resolved)
     return resolved
-
-
-# Inline initializers at least this large are handed to onnxruntime as arrays; smaller ones
-# (scales, zero points, shapes) stay in the graph where optimizers expect them.
-DETACH_MIN_BYTES = 1024
 
 
 def detach_initializers(model) -> tuple[list[str], list]:
@@ -1344,16 +1415,6 @@ def _placeholder(name: str, array):
         entry = placeholder.external_data.add()
         entry.key, entry.value = key, value
     return placeholder
-
-
-# Bytes per element of the numeric ONNX types whose numpy form onnxruntime takes as is (no
-# float16/bfloat16/4-bit mappings, which vary across onnx releases): FLOAT, UINT8, INT8,
-# UINT16, INT16, INT32, INT64, BOOL, DOUBLE, UINT32, UINT64.
-_ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 11: 8, 12: 4, 13: 8}
-_DETACHABLE_TYPES = frozenset(_ELEMENT_BYTES)
-# The types whose payloads load_model leaves in the file: those, and FLOAT16 (numpy's float16
-# on every onnx release, for the memory maps older onnxruntime releases are given).
-_REFERENCE_BYTES = {**_ELEMENT_BYTES, 10: 2}
 
 
 def _initializer_bytes(tensor) -> int:
@@ -1510,21 +1571,6 @@ def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
     return write
 
 
-# -- the graph index -------------------------------------------------------------------------------
-
-def _node_inputs(node) -> list[str]:
-    """A node's inputs, plus the outer-scope names its subgraphs read (implicit inputs)."""
-    names = list(node.input)
-    for attribute in node.attribute:
-        for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-            local = {name for inner in graph.node for name in inner.output}
-            local |= {value.name for value in graph.input}
-            local |= {tensor.name for tensor in graph.initializer}
-            names += [name for inner in graph.node for name in _node_inputs(inner)
-                      if name not in local]
-    return names
-
-
 # -- value types -----------------------------------------------------------------------------------
 
 # Initializers smaller than this keep their values in the weightless copy used for shape
@@ -1642,7 +1688,7 @@ def _element_type(types: dict, name: str) -> int:
 # == 4. Sessions and providers =====================================================================
 
 
-# -- sessions --------------------------------------------------------------------------------------
+# -- onnxruntime, imported on first use ------------------------------------------------------------
 
 def import_ort():
     """onnxruntime, imported on first use, with its warnings and native log quietened.
@@ -1661,101 +1707,9 @@ def import_ort():
     return onnxruntime
 
 
-def open_session(source, options=None, what: str = "model", disabled: list[str] = (), *,
-                 on: ProviderRequest | None = None):
-    """The one way eprun opens a session: from a path or serialized bytes, on the CPU unless
-    ``on`` says otherwise (see ``ProviderRequest``), with the graph transformers named in
-    ``disabled`` turned off; any failure becomes one clear error whose cause is onnxruntime's
-    own exception, and a session without a provider ``on`` requires is refused
-    (``require_got``)."""
-    ort = import_ort()
-    on = on or ProviderRequest([CPU_EP])
-    extra = {"disabled_optimizers": list(disabled)} if disabled else {}
-    if on.strict:  # an EP that fails to start is the answer, not a quiet retry on the CPU
-        extra["enable_fallback"] = 0
-    if on.by_devices():
-        options = options if options is not None else ort.SessionOptions()
-        on.add_to(options)
-    else:
-        extra["providers"] = on.names
-        if on.options:
-            extra["provider_options"] = [dict(on.options.get(name, {})) for name in on.names]
-    return_freed_memory()  # what sessions released before this one, so peaks do not stack
-    try:
-        session = ort.InferenceSession(source, sess_options=options, **extra)
-    except Exception as exc:
-        asked = "" if on.requested == [CPU_EP] else f" with providers {on.requested}"
-        raise EprunError(f"onnxruntime cannot open {what}{asked}: "
-                         f"{type(exc).__name__}: {one_line(exc)}") from exc
-    if not on.allow_fallback:
-        require_got(session, on, what)
-    return session
-
-
-def return_freed_memory() -> None:
-    """Hand the heap pages freed since the last call back to the system (glibc's
-    ``malloc_trim``; elsewhere nothing). glibc keeps most of what a closed session freed, and
-    the next session's weights would otherwise be counted on top of it."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim():
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError, TypeError):  # not glibc (musl, macOS, Windows)
-        return None
-
-
-def run_session(session, output_names: list[str] | None, feed: dict, what: str = "model",
-                hint: str = "") -> list:
-    try:
-        return session.run(output_names, feed)
-    except Exception as exc:
-        raise EprunError(f"onnxruntime failed to run {what}: {type(exc).__name__}: "
-                         f"{one_line(exc)}{hint}") from exc
-
-
-# Errors worth another try: driver watchdog resets and timeouts while an EP compiles its graph.
-_TRANSIENT = re.compile(r"time ?out|timed out|TDR|DXGI_ERROR|device (was )?(lost|removed)|"
-                        r"temporarily unavailable", re.IGNORECASE)
-
-
-def _with_retries(action: Callable[[], Any], retries: int, pause: float, used: list,
-                  path: str) -> Any:
-    """Run ``action``, retrying transient provider errors only. ``used[0]`` counts the retries
-    spent so far; ``retries`` bounds them for the whole check."""
-    import time
-
-    while True:
-        try:
-            return action()
-        except EprunError as exc:
-            if used[0] >= retries or not is_transient(exc, path):
-                raise
-            used[0] += 1
-            print(f"eprun: transient provider error, retrying in {pause:g}s: {exc}",
-                  file=sys.stderr)
-            time.sleep(pause)
-
-
-def is_transient(exc: EprunError, path: str) -> bool:
-    """Is the onnxruntime error behind ``exc`` one worth another try? Only onnxruntime's own
-    exception is read, with the model's path taken out: a model called ``timeout.onnx`` that
-    is corrupt is not a timeout."""
-    cause = exc.__cause__
-    if cause is None:
-        return False
-    text = f"{type(cause).__name__}: {cause}"
-    for spelling in sorted({path, os.path.abspath(path), os.path.basename(path)}, key=len,
-                           reverse=True):
-        if spelling:
-            text = text.replace(spelling, "<model>")
-    return bool(_TRANSIENT.search(text))
+def ort_release() -> tuple[int, int]:
+    major, minor = (int(part) for part in re.findall(r"\d+", import_ort().__version__)[:2])
+    return major, minor
 
 
 # -- execution providers ---------------------------------------------------------------------------
@@ -1833,6 +1787,13 @@ class ProviderRequest:
                 options.add_provider_for_devices(own, settings)
             elif name in available and name not in PLUGINS.names():
                 options.add_provider(name, settings)
+
+
+def differs_from_request(requested: list[str], actual: list[str]) -> bool:
+    """The contract's ``fell_back`` field: the session's providers are not the requested list,
+    compared as lists (onnxruntime appending the CPU provider counts). It is a record, not a
+    verdict: what eprun refuses, and calls a fallback, is ``fallback_of``."""
+    return actual != requested
 
 
 def fallback_of(requested: list[str], actual: list[str]) -> list[str]:
@@ -2113,7 +2074,8 @@ class Targets(NamedTuple):
     def field(self, actual: list[str], reference_actual: list[str]) -> dict:
         """The answer's ``providers`` record: what was asked, what each side's session got."""
         requested = (self.candidate.requested if self.candidate else [CPU_EP])
-        record = {"requested": requested, "actual": actual, "fell_back": actual != requested,
+        record = {"requested": requested, "actual": actual,
+                  "fell_back": differs_from_request(requested, actual),
                   "missing": fallback_of(requested, actual), "reference": reference_actual}
         options = (self.candidate or self.reference).options
         if options:
@@ -2185,16 +2147,134 @@ def ep_options_from(args: argparse.Namespace) -> dict:
     return options
 
 
-def ort_release() -> tuple[int, int]:
-    major, minor = (int(part) for part in re.findall(r"\d+", import_ort().__version__)[:2])
-    return major, minor
-
+# -- sessions --------------------------------------------------------------------------------------
 
 # The first onnxruntime release that reads session.model_external_initializers_file_folder_path
 # (onnxruntime #23557). Earlier ones ignore the unknown key and, for a model given as bytes,
 # look for external data relative to the working directory, where a file of the same name
 # may hold other weights: they are given the data as memory maps instead.
 _FOLDER_OPTION_SINCE = (1, 21)
+
+
+def session_options(*, level: str | None = None, threads: int | None = None,
+                    optimized_path: str | None = None, config: dict | None = None,
+                    profile_prefix: str | None = None):
+    """The one place eprun builds onnxruntime's SessionOptions: an optimization level by its
+    ``GraphOptimizationLevel`` name, a number of intra-op threads (inter-op then one), a file
+    to save the optimized graph in, session config entries, and profiling into files named
+    ``profile_prefix...``. What is not given stays onnxruntime's default."""
+    ort = import_ort()
+    options = ort.SessionOptions()
+    if level is not None:
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    if optimized_path:
+        options.optimized_model_filepath = optimized_path
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    return options
+
+
+def open_session(source, options=None, what: str = "model", disabled: list[str] = (), *,
+                 on: ProviderRequest | None = None):
+    """The one way eprun opens a session: from a path or serialized bytes, on the CPU unless
+    ``on`` says otherwise (see ``ProviderRequest``), with the graph transformers named in
+    ``disabled`` turned off; any failure becomes one clear error whose cause is onnxruntime's
+    own exception, and a session without a provider ``on`` requires is refused
+    (``require_got``)."""
+    ort = import_ort()
+    on = on or ProviderRequest([CPU_EP])
+    extra = {"disabled_optimizers": list(disabled)} if disabled else {}
+    if on.strict:  # an EP that fails to start is the answer, not a quiet retry on the CPU
+        extra["enable_fallback"] = 0
+    if on.by_devices():
+        options = options if options is not None else session_options()
+        on.add_to(options)
+    else:
+        extra["providers"] = on.names
+        if on.options:
+            extra["provider_options"] = [dict(on.options.get(name, {})) for name in on.names]
+    return_freed_memory()  # what sessions released before this one, so peaks do not stack
+    try:
+        session = ort.InferenceSession(source, sess_options=options, **extra)
+    except Exception as exc:
+        asked = "" if on.requested == [CPU_EP] else f" with providers {on.requested}"
+        raise EprunError(f"onnxruntime cannot open {what}{asked}: "
+                         f"{type(exc).__name__}: {one_line(exc)}") from exc
+    if not on.allow_fallback:
+        require_got(session, on, what)
+    return session
+
+
+def return_freed_memory() -> None:
+    """Hand the heap pages freed since the last call back to the system (glibc's
+    ``malloc_trim``; elsewhere nothing). glibc keeps most of what a closed session freed, and
+    the next session's weights would otherwise be counted on top of it."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError, TypeError):  # not glibc (musl, macOS, Windows)
+        return None
+
+
+def run_session(session, output_names: list[str] | None, feed: dict, what: str = "model",
+                hint: str = "") -> list:
+    try:
+        return session.run(output_names, feed)
+    except Exception as exc:
+        raise EprunError(f"onnxruntime failed to run {what}: {type(exc).__name__}: "
+                         f"{one_line(exc)}{hint}") from exc
+
+
+# Errors worth another try: driver watchdog resets and timeouts while an EP compiles its graph.
+_TRANSIENT = re.compile(r"time ?out|timed out|TDR|DXGI_ERROR|device (was )?(lost|removed)|"
+                        r"temporarily unavailable", re.IGNORECASE)
+
+
+def _with_retries(action: Callable[[], Any], retries: int, pause: float, used: list,
+                  path: str) -> Any:
+    """Run ``action``, retrying transient provider errors only. ``used[0]`` counts the retries
+    spent so far; ``retries`` bounds them for the whole check."""
+    import time
+
+    while True:
+        try:
+            return action()
+        except EprunError as exc:
+            if used[0] >= retries or not is_transient(exc, path):
+                raise
+            used[0] += 1
+            print(f"eprun: transient provider error, retrying in {pause:g}s: {exc}",
+                  file=sys.stderr)
+            time.sleep(pause)
+
+
+def is_transient(exc: EprunError, path: str) -> bool:
+    """Is the onnxruntime error behind ``exc`` one worth another try? Only onnxruntime's own
+    exception is read, with the model's path taken out: a model called ``timeout.onnx`` that
+    is corrupt is not a timeout."""
+    cause = exc.__cause__
+    if cause is None:
+        return False
+    text = f"{type(cause).__name__}: {cause}"
+    for spelling in sorted({path, os.path.abspath(path), os.path.basename(path)}, key=len,
+                           reverse=True):
+        if spelling:
+            text = text.replace(spelling, "<model>")
+    return bool(_TRANSIENT.search(text))
 
 
 # == 5. Measurement core ===========================================================================
@@ -2253,7 +2333,7 @@ def specs_from_model(model) -> list[InputSpec]:
     """The graph inputs to feed, with the Gather table each integer input indexes."""
     from onnx import helper
 
-    specs, types = [], None
+    specs, index = [], None
     for value in graph_inputs(model):
         tensor = value.type.tensor_type
         if not value.type.HasField("tensor_type"):
@@ -2267,23 +2347,21 @@ def specs_from_model(model) -> list[InputSpec]:
                      for dim in (tensor.shape.dim if tensor.HasField("shape") else ()))
         table = None
         if dtype.startswith(("int", "uint")):
-            types = types if types is not None else tensor_types(model)
-            table = _gather_table(model.graph, value.name, types)
+            index = index or GraphIndex.of(model.graph, tensor_types(model))
+            table = _gather_table(index, value.name)
         specs.append(InputSpec(value.name, dtype, dims, table))
     return specs
 
 
-def _gather_table(graph, name: str, types: dict) -> tuple[str, int] | None:
+def _gather_table(index: GraphIndex, name: str) -> tuple[str, int] | None:
     """``(table, rows)`` of the smallest Gather table ``name`` indexes, directly or through
-    casts and reshapes; None when it indexes none."""
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for position, tensor in enumerate(node.input):
-            consumers.setdefault(tensor, []).append((node, position))
+    casts and reshapes; None when it indexes none. ``index`` carries the value types."""
+    types = index.types
     best, frontier, seen = None, [name], {name}
     while frontier:
         current = frontier.pop()
-        for node, position in consumers.get(current, ()):
+        for reader, position in index.readers.get(current, ()):
+            node = index.nodes[reader]
             if node.op_type == "Gather" and position == 1:
                 axis = next((attribute.i for attribute in node.attribute
                              if attribute.name == "axis"), 0)
@@ -2543,26 +2621,24 @@ def feed_for(specs: list[InputSpec], other_path: str, feed: Feed) -> dict:
 
 def input_args(rows_default: str = str(ROWS)) -> tuple:
     """What every command that runs a model takes to shape its inputs (see ``make_feeds``)."""
-    return (arg("--rows", type=parse_rows,
-                help=f"batch size of the inputs (default {rows_default}; a model that fixes "
-                     "its batch gets that)"), *INPUT_ARGS[1:])
+    return (
+        arg("--rows", type=parse_rows,
+            help=f"batch size of the inputs (default {rows_default}; a model that fixes its "
+                 "batch gets that)"),
+        arg("--dim", type=parse_dim, action="append", default=[], metavar="NAME=VALUE",
+            help=f"value of a symbolic dimension (default {DIM_DEFAULT}); an unnamed one is "
+                 "INPUT:AXIS=VALUE; repeatable"),
+        arg("--input-range", type=parse_input_range, action="append", default=[],
+            metavar="NAME:LO,HI",
+            help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI "
+                 "inclusive); repeatable"),
+        arg("--inputs", dest="inputs_file", metavar="FILE.npz",
+            help="feed these arrays (numpy.savez, one per input name) instead of generated "
+                 "ones; their batch sets the rows"),
+    )
 
 
-INPUT_ARGS = (
-    arg("--rows", type=parse_rows,
-        help=f"batch size of the inputs (default {ROWS}; a model that fixes its batch gets "
-             "that)"),
-    arg("--dim", type=parse_dim, action="append", default=[], metavar="NAME=VALUE",
-        help=f"value of a symbolic dimension (default {DIM_DEFAULT}); an unnamed one is "
-             "INPUT:AXIS=VALUE; repeatable"),
-    arg("--input-range", type=parse_input_range, action="append", default=[],
-        metavar="NAME:LO,HI",
-        help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI inclusive); "
-             "repeatable"),
-    arg("--inputs", dest="inputs_file", metavar="FILE.npz",
-        help="feed these arrays (numpy.savez, one per input name) instead of generated ones; "
-             "their batch sets the rows"),
-)
+INPUT_ARGS = input_args()
 
 
 def inputs_from(args: argparse.Namespace) -> InputOptions:
@@ -2812,17 +2888,17 @@ class Quantization:
     quantization) must be fetched with the tensor (``runtime``).
     """
 
-    def __init__(self, model, model_path: str, types: dict, tensors: list[str]) -> None:
+    def __init__(self, model, model_path: str, types: dict, tensors: list[str],
+                 index: GraphIndex | None = None) -> None:
         self.path, self.types = model_path, types
         self.params: dict[str, tuple[str, str]] = {}
         self.constants: dict = {}
         quantized = [name for name in tensors if _is_integer(types, name)]
         if not quantized:
             return
-        graph = model.graph
-        producers = {output: node for node in graph.node for output in node.output}
+        index = index or GraphIndex.of(model.graph)
         readers: dict[str, tuple[str, str]] = {}
-        for node in graph.node:
+        for node in index.nodes:
             layout = _QUANTIZED_OPERANDS.get(node.op_type, ())
             if node.op_type == "QLinearConcat":
                 layout = tuple((k, k + 1, k + 2) for k in range(2, len(node.input) - 2, 3))
@@ -2830,9 +2906,9 @@ class Quantization:
                 if operand < len(node.input) and scale < len(node.input):
                     readers.setdefault(node.input[operand], (
                         node.input[scale], node.input[zero] if zero < len(node.input) else ""))
-        initializers = {tensor.name: tensor for tensor in graph.initializer}
+        initializers = index.initializers
         for name in quantized:
-            producer = producers.get(name)
+            producer = index.producer(name)
             if producer is not None and producer.op_type == "QuantizeLinear":
                 source = (producer.input[1], producer.input[2] if len(producer.input) > 2
                           else "")
@@ -2912,7 +2988,7 @@ def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS, extra: 
     return boundaries
 
 
-def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None = None,
+def open_exposed(model, model_path: str, settings: dict | None = None,
                  extra_arrays: dict | None = None, on: ProviderRequest | None = None):
     """A session with default options for an in-memory (exposed) copy of ``model_path``, on
     the CPU unless ``on`` says otherwise.
@@ -2927,7 +3003,7 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     Large inline initializers left in ``model`` are moved out into arrays and handed over
     with ``add_external_initializers``, which puts them back before any graph optimization,
     so the graph onnxruntime optimizes is the one in the file. ``model`` is consumed.
-    ``configure`` may set other session options (an optimization level, thread counts);
+    ``settings`` are other session options (``session_options``: ``level``, ``threads``);
     ``extra_arrays`` adds initializers by name, handed over as arrays (weights taken from
     another model).
     """
@@ -2951,13 +3027,9 @@ def open_exposed(model, model_path: str, configure: Callable[[Any], None] | None
     values = [ort.OrtValue.ortvalue_from_numpy(array) for array in arrays]
 
     def session_with(extra_names: list[str], extra_values: list, folder_option: bool):
-        options = ort.SessionOptions()
-        if configure is not None:
-            configure(options)
-        if folder_option:
-            options.add_session_config_entry(
-                "session.model_external_initializers_file_folder_path",
-                os.path.dirname(os.path.abspath(data_path)))
+        folder = {"session.model_external_initializers_file_folder_path":
+                  os.path.dirname(os.path.abspath(data_path))} if folder_option else None
+        options = session_options(**(settings or {}), config=folder)
         if names or extra_names:
             options.add_external_initializers(names + extra_names, values + extra_values)
         return open_session(serialized, options, what=repr(model_path), on=on)
@@ -3072,6 +3144,40 @@ def bitwise_equal(reference, candidate) -> bool:
             and reference.tobytes() == candidate.tobytes())
 
 
+TOLERANCE_PROFILES = {"fp16": {"rtol": 1e-2, "atol": 1e-3, "min_cos": 0.999},
+                      "int8": {"rtol": 1e-1, "atol": 5e-2, "min_cos": 0.990}}
+
+
+def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
+    """Element-wise ``|candidate - reference| <= atol + rtol * |reference|`` (numpy's allclose
+    with the reference as the desired value), the global cosine and the worst element."""
+    import numpy as np
+
+    b, a, diff = differences(reference, candidate)
+    with np.errstate(all="ignore"):
+        allowed = atol + rtol * np.abs(b)
+        excess = np.where(np.isnan(diff), np.inf, diff - allowed)
+        violations = int(np.count_nonzero(~np.isclose(a, b, rtol=rtol, atol=atol)))
+        norms = float(np.linalg.norm(a.ravel()) * np.linalg.norm(b.ravel()))
+        both_zero = not np.any(a) and not np.any(b)
+        cosine = 1.0 if both_zero else (float(np.dot(a.ravel(), b.ravel()) / norms)
+                                        if norms else 0.0)
+        if math.isfinite(cosine):  # rounding gives 1.0000000000000002 for equal outputs
+            cosine = min(1.0, max(-1.0, cosine))
+        worst = None
+        if a.size:
+            position = np.unravel_index(int(np.argmax(excess)), a.shape)
+            worst = {"index": [int(i) for i in position], "reference": float(b[position]),
+                     "candidate": float(a[position]), "abs_diff": float(diff[position]),
+                     "allowed": float(allowed[position]), "excess": float(excess[position])}
+        # an element equal in both has no relative difference, even where it is 0 (0/0)
+        relative = np.where(diff == 0, 0.0, diff / np.abs(b))
+        max_rel = float(np.max(relative)) if a.size else 0.0
+    return {"max_abs_diff": largest_of(diff), "max_rel_diff": max_rel,
+            "cosine": cosine, "elements": int(a.size), "violations": violations,
+            "worst": worst}
+
+
 # -- paired boundaries -----------------------------------------------------------------------------
 
 class PairedModel:
@@ -3094,7 +3200,8 @@ class PairedModel:
             outputs = ", ".join(value.name for value in self.model.graph.output)
             raise EprunError(f"{path!r} has no float output (outputs: {outputs}); eprun "
                              "measures quantization error on the first float output")
-        self.quantization = Quantization(self.model, path, self.types, self.boundaries)
+        self.quantization = Quantization(self.model, path, self.types, self.boundaries,
+                                         GraphIndex.of(self.model.graph, self.types))
         unread = [name for name in self.boundaries if _is_integer(self.types, name)
                   and name not in self.quantization.params]
         if unread:
@@ -3338,15 +3445,15 @@ def plan_batches(sizes: list[int | None], budget: int | None) -> list[list[int]]
 
 # -- local error -----------------------------------------------------------------------------------
 
-def quantizing_chain(name: str, producers: dict) -> tuple[str, list]:
+def quantizing_chain(name: str, index: GraphIndex) -> tuple[str, list]:
     """``(float tensor, nodes)``: the QuantizeLinear [-> DequantizeLinear] or
     DynamicQuantizeLinear that turned a float tensor into ``name``; ``(name, [])`` when none
-    did. ``producers`` maps each tensor to the node that writes it."""
+    did."""
     chain = []
-    node = producers.get(name)
+    node = index.producer(name)
     if node is not None and node.op_type == "DequantizeLinear":
         chain.append(node)
-        node = producers.get(node.input[0])
+        node = index.producer(node.input[0])
     if node is not None and node.op_type in ("QuantizeLinear", "DynamicQuantizeLinear"):
         return node.input[0], [*chain, node]
     return name, []
@@ -3370,47 +3477,60 @@ class Segment(NamedTuple):
     reason: str | None
 
 
-def cut_segment(model, start: str, end: str, *, types: dict, fp32_names: set,
-                input_names: set, extra_outputs: list[str] = ()) -> Segment:
+def cut_segment(model, start: str, end: str, *, index: GraphIndex, types: dict,
+                fp32_names: set, input_names: set, extra_outputs: list[str] = ()) -> Segment:
     """The nodes that compute ``end`` from ``start`` and from fp32 values of what else they read.
 
     Walking back from ``end``, a tensor that does not descend from ``start`` is not the
     segment's to compute: it is fed its fp32 value, taken in front of the QuantizeLinear ->
     DequantizeLinear pair that quantizes it (the pair stays in the segment) or where it is
     (a graph input, a float tensor both models have). Only what has no fp32 counterpart is
-    computed by the segment itself (shape arithmetic, dequantized weights).
+    computed by the segment itself (shape arithmetic, dequantized weights). ``index`` is
+    ``model``'s graph index.
     """
-    from onnx import helper
+    outputs = [end, *extra_outputs]
+    taken, sides, reason = _segment_nodes(index, start, outputs, types=types,
+                                          fp32_names=fp32_names, input_names=input_names)
+    members = [index.nodes[i] for i in sorted(taken)]
+    used = {name for node in members for name in _node_inputs(node)}
+    if start not in used:  # a parallel branch: its inputs are all sides
+        start = ""
+    segment = _segment_model(model, index, members, [start, *sorted(sides)], outputs,
+                             used=used, types=types)
+    return Segment(segment, start, outputs, sides, reason)
 
-    nodes = list(model.graph.node)
-    producers = {output: index for index, node in enumerate(nodes) for output in node.output}
-    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
-    descendants, frontier = {start}, [start]
-    consumers: dict[str, list[int]] = {}
-    for index, node in enumerate(nodes):
-        for name in _node_inputs(node):
-            consumers.setdefault(name, []).append(index)
+
+def _descendants(index: GraphIndex, start: str) -> set[str]:
+    """``start`` and every tensor computed from it."""
+    found, frontier = {start}, [start]
     while frontier:
-        for index in consumers.get(frontier.pop(), ()):
-            for output in nodes[index].output:
-                if output and output not in descendants:
-                    descendants.add(output)
+        for i in index.consumers.get(frontier.pop(), ()):
+            for output in index.nodes[i].output:
+                if output and output not in found:
+                    found.add(output)
                     frontier.append(output)
+    return found
 
+
+def _segment_nodes(index: GraphIndex, start: str, outputs: list[str], *, types: dict,
+                   fp32_names: set, input_names: set) -> tuple[set[int], dict, str | None]:
+    """``(node indices, sides, reason)``: the walk back from ``outputs`` (the segment's end
+    first) that ``cut_segment`` describes; ``reason`` says where it had to stop."""
+    end, extra_outputs = outputs[0], outputs[1:]
+    descendants = _descendants(index, start)
     taken: set[int] = set()
     fed_through: set[int] = set()  # the Q/DQ nodes in front of a fed side tensor
     sides: dict[str, str] = {}
     seen: set[str] = set()
-    stack, reason = [end, *extra_outputs], None
-    writers = {output: nodes[index] for output, index in producers.items()}
-    index_of = {id(node): index for index, node in enumerate(nodes)}
+    stack, reason = list(outputs), None
+    index_of = {id(node): i for i, node in enumerate(index.nodes)}
     while stack:
         name = stack.pop()
-        if name in seen or name == start or name in initializers:
+        if name in seen or name == start or name in index.initializers:
             continue
         seen.add(name)
         if name != end and name not in descendants and name not in extra_outputs:
-            fed_at, chain = quantizing_chain(name, writers)
+            fed_at, chain = quantizing_chain(name, index)
             if chain and (fed_at in fp32_names or fed_at in input_names):
                 fed_through.update(index_of[id(node)] for node in chain)
                 stack.extend(n for node in chain for n in node.input[1:] if n)
@@ -3422,40 +3542,40 @@ def cut_segment(model, start: str, end: str, *, types: dict, fp32_names: set,
             if _is_integer(types, name) and float_tensor_name(name) in fp32_names:
                 sides[name] = float_tensor_name(name)  # quantized from fp32 when fed
                 continue
-        if name not in producers:
+        if name not in index.producer_index:
             reason = f"{end!r} reads {name!r}, which no node computes"
             break
-        node = nodes[producers[name]]
+        node = index.nodes[index.producer_index[name]]
         if name not in descendants and name != end and _quantizes(node):
             reason = (f"{end!r} reads {name!r}, which the int8 model computes before the "
                       "previous boundary and the fp32 model has no tensor of that name for")
             break
-        taken.add(producers[name])
+        taken.add(index.producer_index[name])
         stack.extend(n for n in _node_inputs(node) if n)
-    taken |= fed_through
-    members = [nodes[index] for index in sorted(taken)]
-    used = {name for node in members for name in _node_inputs(node)}
-    if start not in used:  # a parallel branch: its inputs are all sides
-        start = ""
+    return taken | fed_through, sides, reason
+
+
+def _segment_model(model, index: GraphIndex, members: list, inputs: list[str],
+                   outputs: list[str], *, used: set, types: dict):
+    """``members`` as a model of their own, with ``model``'s opsets and functions: inputs
+    typed as declared (an unknown one float, where eprun feeds fp32), outputs left to
+    onnxruntime to infer where their type is unknown, and the initializers they read."""
+    from onnx import ValueInfoProto, helper
 
     def value(name: str, fed: bool):
-        """Declared type; an unknown one is float where eprun feeds fp32, onnxruntime's
-        to infer on an output."""
         if name in types:
             return helper.make_value_info(name, types[name])
         return helper.make_tensor_value_info(name, 1, None) if fed else ValueInfoProto(name=name)
 
-    from onnx import ValueInfoProto
-
-    outputs = [end, *extra_outputs]
-    graph = helper.make_graph(members, f"segment_{end}",
-                              [value(name, True) for name in [start, *sorted(sides)] if name],
+    initializers = index.initializers
+    graph = helper.make_graph(members, f"segment_{outputs[0]}",
+                              [value(name, True) for name in inputs if name],
                               [value(name, False) for name in outputs],
                               [initializers[name] for name in sorted(used & set(initializers))])
     segment = helper.make_model(graph, opset_imports=list(model.opset_import))
     segment.ir_version = model.ir_version
     segment.functions.extend(model.functions)
-    return Segment(segment, start, outputs, sides, reason)
+    return segment
 
 
 def _quantizes(node) -> bool:
@@ -3481,11 +3601,11 @@ class LocalSegments:
         self.on = int8.on  # segments run where the int8 model runs (--providers)
         self.unavailable: list[dict] = []
         model = load_model(int8.path)
-        producers = {output: node for node in model.graph.node for output in node.output}
+        index = GraphIndex.of(model.graph, int8.types)
         self.segments: dict[int, Segment] = {}
         for k in range(1, len(boundaries)):
-            start = quantizing_chain(boundaries[k - 1], producers)[0]
-            segment = cut_segment(model, start, boundaries[k], types=int8.types,
+            start = quantizing_chain(boundaries[k - 1], index)[0]
+            segment = cut_segment(model, start, boundaries[k], index=index, types=int8.types,
                                   fp32_names=fp32_names, input_names=input_names,
                                   extra_outputs=int8.quantization.runtime(boundaries[k]))
             if segment.reason:
@@ -3494,7 +3614,8 @@ class LocalSegments:
                 self.segments[k] = segment
         fed = [name for segment in self.segments.values()
                for name in [segment.start, *segment.sides] if name]
-        self.quantization = Quantization(model, int8.path, int8.types, [*fed, *boundaries])
+        self.quantization = Quantization(model, int8.path, int8.types, [*fed, *boundaries],
+                                         index)
         for k, segment in list(self.segments.items()):
             unread = [name for name in fed if _is_integer(int8.types, name)
                       and name in [segment.start, *segment.sides]
@@ -3596,42 +3717,44 @@ def growth_of(measured: dict) -> dict:
 
 # == 6. Rendering ==================================================================================
 
-def check_verdict(args: argparse.Namespace, answer: dict) -> str | None:
-    """Why the gate failed, in one line for the CI log (the JSON answer has the details)."""
-    if answer["passed"]:
-        return None
+def failure_reasons(failures: list[dict], markdown: bool = False) -> list[str]:
+    """Each failed bound of a ``check`` answer, in words: plain for the CI log line
+    (``check_verdict``), or for the report's markdown (``_gate_line``), which names what it
+    cannot show in a line."""
     reasons = []
-    for failure in answer["failures"]:
+    for failure in failures:
         bound = failure["bound"]
+        output = f"`{failure.get('output')}`" if markdown else failure.get("output")
         if bound == "tolerance":
-            reasons.append(f"{failure['output']}: {failure['violations']} of "
-                           f"{failure['elements']} elements outside atol + rtol*|ref|, worst at "
-                           f"{failure['worst']['index']}")
+            reason = (f"{output}: {failure['violations']} of {failure['elements']} elements "
+                      f"outside atol + rtol{'·' if markdown else '*'}|ref|")
+            reasons.append(reason if markdown else
+                           f"{reason}, worst at {failure['worst']['index']}")
         elif bound == "min_cos":
-            reasons.append(f"{failure['output']}: cosine {failure['cosine']:.6g} below "
-                           f"{failure['min_cos']:g}")
+            cosine = _num(failure["cosine"], 6) if markdown else f"{failure['cosine']:.6g}"
+            reasons.append(f"{output}: cosine {cosine} below {failure['min_cos']:g}")
+        elif markdown:
+            reasons.append(f"{bound} ({failure.get('output', 'session')})")
         elif bound == "shape":
-            reasons.append(f"{failure['output']}: shape {failure['candidate']} instead of "
+            reasons.append(f"{output}: shape {failure['candidate']} instead of "
                            f"{failure['reference']}")
         else:
             reasons.append(f"providers: asked for {','.join(failure['requested'])}, got "
                            f"{','.join(failure['actual'])}")
-    return "check failed: " + "; ".join(reasons)
+    return reasons
+
+
+def check_verdict(args: argparse.Namespace, answer: dict) -> str | None:
+    """Why the gate failed, in one line for the CI log (the JSON answer has the details)."""
+    if answer["passed"]:
+        return None
+    return "check failed: " + "; ".join(failure_reasons(answer["failures"]))
 
 
 def _gate_line(gate: dict) -> str:
     """The ``check`` verdict as one bullet: what was compared, and why it failed if it did."""
     tolerance = gate["tolerance"]
-    reasons = []
-    for failure in gate["failures"]:
-        if failure["bound"] == "tolerance":
-            reasons.append(f"`{failure['output']}`: {failure['violations']} of "
-                           f"{failure['elements']} elements outside atol + rtol·|ref|")
-        elif failure["bound"] == "min_cos":
-            reasons.append(f"`{failure['output']}`: cosine {_num(failure['cosine'], 6)} below "
-                           f"{failure['min_cos']:g}")
-        else:
-            reasons.append(f"{failure['bound']} ({failure.get('output', 'session')})")
+    reasons = failure_reasons(gate["failures"], markdown=True)
     return (f"- **Gate**: `check` of the int8 model against the fp32 one under the "
             f"{gate['profile']} profile (rtol {tolerance['rtol']:g}, atol {tolerance['atol']:g}, "
             f"cosine ≥ {tolerance['min_cos']:g}) on {_ops(gate['providers']['actual'])}: "
@@ -3871,7 +3994,7 @@ def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
             "actual": actual,
             "missing": [name for name in requested
                         if name not in available and not name.startswith(POLICY_PREFIX)],
-            "fell_back": actual != requested,
+            "fell_back": differs_from_request(requested, actual),
             "error": error,
         })
     return {"model": model, "available": available, "cases": cases}
@@ -3922,10 +4045,9 @@ def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, li
     """
     from collections import deque
 
-    producer_of = {output: index for index, node in enumerate(nodes)
-                   for output in node.output if output}
+    producer_of = GraphIndex(nodes).producer_index  # "" (an omitted input) is nobody's output
     producers = [sorted({producer_of[name] for name in _node_inputs(node)
-                         if name in producer_of}) for node in nodes]
+                         if name and name in producer_of}) for node in nodes]
     for index, sources in enumerate(producers):
         if index in sources:  # Add(x, a) -> a reads its own output
             raise _cycle_error(nodes[index])
@@ -4242,20 +4364,11 @@ class SettingsRunner:
         self.on = (targets or Targets()).candidate
         self.actual: list[str] = []
 
-    def options(self, level: str, intra_op: int, optimized_path: str | None = None):
-        ort = import_ort()
-        options = ort.SessionOptions()
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-        options.intra_op_num_threads = intra_op
-        options.inter_op_num_threads = 1
-        if optimized_path:
-            options.optimized_model_filepath = optimized_path
-        return options
-
     def session(self, level: str, intra_op: int, disabled: list[str] = (),
                 optimized_path: str | None = None):
-        session = open_session(self.model, self.options(level, intra_op, optimized_path),
-                               what=repr(self.model), disabled=disabled, on=self.on)
+        options = session_options(level=level, threads=intra_op, optimized_path=optimized_path)
+        session = open_session(self.model, options, what=repr(self.model), disabled=disabled,
+                               on=self.on)
         self.actual = list(session.get_providers())
         if self.feed is None:  # from the first session's metadata: a float model needs no onnx
             self.feed = make_feeds(session_specs(session, self.model), self.seed, self.inputs,
@@ -4321,7 +4434,7 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
     return answer
 
 
-# -- settings --explain ----------------------------------------------------------------------------
+# -- settings: --explain, which transformer makes the difference -----------------------------------
 
 # onnxruntime's graph transformers and rewrite rules, by the name ``disabled_optimizers``
 # matches: (name, level, first release, last release or None for "still there"). The level is
@@ -4529,13 +4642,8 @@ def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -
         model = load_model(runner.model)
         boundaries = expose_in_place(model, BOUNDARY_OPS, unknown_as_float=False)
 
-        def configure(options) -> None:
-            options.graph_optimization_level = getattr(import_ort().GraphOptimizationLevel,
-                                                       settings_level)
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-
-        session = open_exposed(model, runner.model, configure, on=runner.on)
+        session = open_exposed(model, runner.model, {"level": settings_level, "threads": threads},
+                               on=runner.on)
         return boundaries, run_session(session, boundaries, runner.feed.arrays,
                                        what=repr(runner.model))
 
@@ -4549,11 +4657,11 @@ def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -
     original = {(node.name, node.op_type) for node in
                 load_model(runner.model).graph.node}
     optimized = _optimized_nodes(runner, level)
-    producers = {output: node for node in optimized for output in node.output}
+    optimized_index = GraphIndex(optimized)
     stop = set(boundaries[:index]) | set(runner.feed.arrays)
     fused, pending, seen = [], [boundaries[index]], set()
     while pending:
-        node = producers.get(pending.pop())
+        node = optimized_index.producer(pending.pop())
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
@@ -4601,16 +4709,12 @@ def placement(model: str, providers: list[str], seed: int = 0,
     require_file(model)
     prepare_providers([providers], ep_library, ep_options)
     require_known_providers(providers)
-    ort = import_ort()
-    options = ort.SessionOptions()
-    source = "profiling"
-    if hasattr(ort.InferenceSession, "get_provider_graph_assignment_info"):
-        options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-        source = "graph_assignment_info"
+    recorded = hasattr(import_ort().InferenceSession, "get_provider_graph_assignment_info")
+    source = "graph_assignment_info" if recorded else "profiling"
     with scratch_folder("eprun-profile-") as scratch:
-        if source == "profiling":
-            options.enable_profiling = True
-            options.profile_file_prefix = os.path.join(scratch, "profile")
+        options = session_options(
+            config={"session.record_ep_graph_assignment_info": "1"} if recorded else None,
+            profile_prefix=None if recorded else os.path.join(scratch, "profile"))
         # an EP that fails to start (an option it rejects) is an error, not a CPU placement
         session = open_session(model, options, repr(model),
                                on=ProviderRequest(providers, options=ep_options or {},
@@ -4633,8 +4737,8 @@ def placement(model: str, providers: list[str], seed: int = 0,
                          itertools.groupby(node["provider"] for node in nodes)]
     counts = dict(collections.Counter(node["provider"] for node in nodes))
     return {"model": model, "requested": providers, "actual": actual,
-            "fell_back": actual != providers, "source": source, "counts": counts,
-            "nodes": nodes, "subgraphs": dict(collections.Counter(subgraphs))}
+            "fell_back": differs_from_request(providers, actual), "source": source,
+            "counts": counts, "nodes": nodes, "subgraphs": dict(collections.Counter(subgraphs))}
 
 
 def _profiled_nodes(profile_path: str) -> list[dict]:
@@ -4665,40 +4769,6 @@ PLACEMENT = declare(Command(
 
 
 # -- check -----------------------------------------------------------------------------------------
-
-TOLERANCE_PROFILES = {"fp16": {"rtol": 1e-2, "atol": 1e-3, "min_cos": 0.999},
-                      "int8": {"rtol": 1e-1, "atol": 5e-2, "min_cos": 0.990}}
-
-
-def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
-    """Element-wise ``|candidate - reference| <= atol + rtol * |reference|`` (numpy's allclose
-    with the reference as the desired value), the global cosine and the worst element."""
-    import numpy as np
-
-    b, a, diff = differences(reference, candidate)
-    with np.errstate(all="ignore"):
-        allowed = atol + rtol * np.abs(b)
-        excess = np.where(np.isnan(diff), np.inf, diff - allowed)
-        violations = int(np.count_nonzero(~np.isclose(a, b, rtol=rtol, atol=atol)))
-        norms = float(np.linalg.norm(a.ravel()) * np.linalg.norm(b.ravel()))
-        both_zero = not np.any(a) and not np.any(b)
-        cosine = 1.0 if both_zero else (float(np.dot(a.ravel(), b.ravel()) / norms)
-                                        if norms else 0.0)
-        if math.isfinite(cosine):  # rounding gives 1.0000000000000002 for equal outputs
-            cosine = min(1.0, max(-1.0, cosine))
-        worst = None
-        if a.size:
-            position = np.unravel_index(int(np.argmax(excess)), a.shape)
-            worst = {"index": [int(i) for i in position], "reference": float(b[position]),
-                     "candidate": float(a[position]), "abs_diff": float(diff[position]),
-                     "allowed": float(allowed[position]), "excess": float(excess[position])}
-        # an element equal in both has no relative difference, even where it is 0 (0/0)
-        relative = np.where(diff == 0, 0.0, diff / np.abs(b))
-        max_rel = float(np.max(relative)) if a.size else 0.0
-    return {"max_abs_diff": largest_of(diff), "max_rel_diff": max_rel,
-            "cosine": cosine, "elements": int(a.size), "violations": violations,
-            "worst": worst}
-
 
 def check(reference: str, candidate: str, *, providers: list[str] | None = None,
           reference_providers: list[str] | None = None, profile: str | None = None,
@@ -4813,7 +4883,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         answer["inputs"] = feed.fed
     return {**answer, "profile": profile, "tolerance": tolerance,
             "providers": {"requested": providers, "actual": actual,
-                          "fell_back": actual != providers,
+                          "fell_back": differs_from_request(providers, actual),
                           "reference": reference_actual,
                           **({"options": ep_options} if ep_options else {})},
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
@@ -4892,12 +4962,12 @@ class Unit(NamedTuple):
     fp32_index: int
 
 
-def quantized_units(fp32_model, int8_model) -> list[Unit]:
+def quantized_units(fp32_model, int8_model, int8_index: GraphIndex | None = None) -> list[Unit]:
     """The compute nodes of a QDQ model that read a DequantizeLinear output or feed a
     QuantizeLinear, paired with their float nodes: by name, else (unnamed nodes) the k-th
     unnamed node of the same op type in each model."""
-    int8_nodes, fp32_nodes = list(int8_model.graph.node), list(fp32_model.graph.node)
-    producers = {output: node for node in int8_nodes for output in node.output}
+    int8_index = int8_index or GraphIndex.of(int8_model.graph)
+    int8_nodes, fp32_nodes = int8_index.nodes, list(fp32_model.graph.node)
     feeds_quantize = {node.input[0] for node in int8_nodes if node.op_type == "QuantizeLinear"}
     by_name = {node.name: index for index, node in enumerate(fp32_nodes) if node.name}
     unnamed: dict[str, list[int]] = {}
@@ -4910,8 +4980,9 @@ def quantized_units(fp32_model, int8_model) -> list[Unit]:
     for index, node in enumerate(int8_nodes):
         if node.op_type in _QDQ_OPS or (quantizable and node.op_type not in quantizable):
             continue
-        wrapped = any(producers.get(name) is not None
-                      and producers[name].op_type == "DequantizeLinear" for name in node.input)
+        wrapped = any(int8_index.producer(name) is not None
+                      and int8_index.producer(name).op_type == "DequantizeLinear"
+                      for name in node.input)
         if not wrapped and not feeds_quantize.intersection(node.output):
             continue
         if node.name:
@@ -4950,7 +5021,8 @@ def _quantizer_op_types() -> set[str]:
     return {name for name, first in QUANTIZER_OP_TYPES if first <= release}
 
 
-def restore_to_float(int8_model, fp32_model, units: list[Unit], fp32_path: str):
+def restore_to_float(int8_model, fp32_model, units: list[Unit], fp32_path: str,
+                     every_unit: list[Unit] | None = None):
     """The int8 graph with ``units`` back in float, as ``quantize_static(...,
     nodes_to_exclude=[...])`` writes it (checked against it in the tests): each unit reads its
     float weights and biases instead of their DequantizeLinear; an input the quantizer only
@@ -4965,90 +5037,147 @@ def restore_to_float(int8_model, fp32_model, units: list[Unit], fp32_path: str):
 
     model = ModelProto()
     model.CopyFrom(int8_model)  # graph only: weights stay on disk or in placeholders later
-    nodes = list(model.graph.node)
-    fp32_nodes = list(fp32_model.graph.node)
-    fp32_weights = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
-    int8_weights = {tensor.name for tensor in model.graph.initializer}
-    excluded = {unit.int8_index for unit in units}
-    # Units register their outputs for quantization; any other producer (a graph input, an
-    # op the quantizer leaves in float) had its output quantized only for its consumers.
-    wrapped = {unit.int8_index for unit in quantized_units(fp32_model, int8_model)}
-    removed: set[int] = set()
-    arrays: dict = {}
-    inserted: dict[int, list] = {}
-
-    def consumers(name: str) -> list[int]:
-        return [i for i, node in enumerate(nodes) if i not in removed and name in node.input]
-
-    producer_index = {output: i for i, node in enumerate(nodes) for output in node.output}
-    fp32_readers: dict[str, list] = {}
-    for candidate in fp32_nodes:
-        for name in candidate.input:
-            fp32_readers.setdefault(name, []).append(candidate)
+    if every_unit is None:
+        every_unit = quantized_units(fp32_model, int8_model)
+    restoring = _Restoring(model, fp32_model, units, fp32_path, every_unit)
     for unit in units:
-        node, original = nodes[unit.int8_index], fp32_nodes[unit.fp32_index]
+        restoring.unit_inputs(unit)
+        restoring.unit_output(unit)
+        restoring.folded_activation(unit)
+    restoring.write_back()
+    return model, restoring.arrays
+
+
+class _Restoring:
+    """``restore_to_float`` at work on a copy of the int8 graph: its nodes as they are
+    rewired, those removed, the float weights to hand over and the activations put back.
+
+    Units register their outputs for quantization; any other producer (a graph input, an op
+    the quantizer leaves in float) had its output quantized only for its consumers. Who reads
+    each tensor is kept up to date as inputs are rewired; who writes it is the graph's as it
+    was."""
+
+    def __init__(self, model, fp32_model, units: list[Unit], fp32_path: str,
+                 every_unit: list[Unit]) -> None:
+        self.model, self.fp32_path = model, fp32_path
+        self.nodes = list(model.graph.node)
+        self.fp32_nodes = list(fp32_model.graph.node)
+        self.fp32_weights = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
+        self.int8_weights = {tensor.name for tensor in model.graph.initializer}
+        self.excluded = {unit.int8_index for unit in units}
+        self.wrapped = {unit.int8_index for unit in every_unit}
+        self.removed: set[int] = set()
+        self.arrays: dict = {}
+        self.inserted: dict[int, list] = {}
+        self.producer_index = GraphIndex(self.nodes).producer_index
+        self.readers: dict[str, set[int]] = {}
+        for index, node in enumerate(self.nodes):
+            for name in node.input:
+                self.readers.setdefault(name, set()).add(index)
+        self.fp32_readers: dict[str, list] = {}
+        for candidate in self.fp32_nodes:
+            for name in candidate.input:
+                self.fp32_readers.setdefault(name, []).append(candidate)
+
+    def consumers(self, name: str) -> set[int]:
+        return {index for index in self.readers.get(name, ()) if index not in self.removed}
+
+    def rename(self, old: str, new: str) -> None:
+        """Every node that reads ``old`` reads ``new`` instead."""
+        for index in self.readers.pop(old, set()):
+            other = self.nodes[index]
+            other.input[:] = [new if item == old else item for item in other.input]
+            self.readers.setdefault(new, set()).add(index)
+
+    def set_input(self, index: int, position: int, new: str) -> None:
+        node = self.nodes[index]
+        old = node.input[position]
+        node.input[position] = new
+        if old not in node.input:
+            self.readers[old].discard(index)
+        self.readers.setdefault(new, set()).add(index)
+
+    def unit_inputs(self, unit: Unit) -> None:
+        """The unit reads its float weights and biases, and an activation quantized only for
+        it loses its Q/DQ pair."""
+        nodes = self.nodes
+        node, original = nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
         for position, name in enumerate(list(node.input)):
-            source = producer_index.get(name)
+            source = self.producer_index.get(name)
             if source is None or nodes[source].op_type != "DequantizeLinear" or \
                     position >= len(original.input):
                 continue
             dequantize = nodes[source]
-            if dequantize.input[0] in int8_weights:  # a quantized weight or bias
+            if dequantize.input[0] in self.int8_weights:  # a quantized weight or bias
                 float_name = original.input[position]
-                if float_name not in fp32_weights:
+                if float_name not in self.fp32_weights:
                     continue
-                alone = set(consumers(name)) <= excluded
+                alone = self.consumers(name) <= self.excluded
                 if alone:
-                    removed.add(source)
+                    self.removed.add(source)
                 target = float_name if alone or float_name != name else f"{float_name}_float"
-                arrays[target] = _initializer_array(fp32_weights[float_name], fp32_path)
-                node.input[position] = target
+                self.arrays[target] = _initializer_array(self.fp32_weights[float_name],
+                                                         self.fp32_path)
+                self.set_input(unit.int8_index, position, target)
                 continue
-            quantize_at = producer_index.get(dequantize.input[0])
+            quantize_at = self.producer_index.get(dequantize.input[0])
             quantize = nodes[quantize_at] if quantize_at is not None else None
-            upstream = (producer_index.get(quantize.input[0]) if quantize is not None
+            upstream = (self.producer_index.get(quantize.input[0]) if quantize is not None
                         else None)
             if (quantize is not None and quantize.op_type == "QuantizeLinear"
-                    and (upstream is None or upstream not in wrapped)
-                    and set(consumers(name)) & wrapped <= excluded
-                    and set(consumers(quantize.output[0])) <= {source}):
-                for other in nodes:  # every reader now reads the float tensor
-                    other.input[:] = [quantize.input[0] if item == name else item
-                                      for item in other.input]
-                removed.update((source, quantize_at))
-        output_pair = _output_pair(nodes, node.output[0], removed)
-        if output_pair is not None and set(consumers(nodes[output_pair[1]].output[0])) & \
-                wrapped <= excluded:
-            # the pair quantized the unit's own output for nobody else (a graph output)
-            quantize_at, dequantize_at = output_pair
-            if nodes[dequantize_at].output[0] == original.output[0]:
-                node.output[0] = original.output[0]
-            else:
-                for other in nodes:
-                    other.input[:] = [node.output[0] if name == nodes[dequantize_at].output[0]
-                                      else name for name in other.input]
-            removed.update(output_pair)
-        if node.output[0] != original.output[0]:  # a folded activation comes back
-            chain, current = [], original.output[0]
-            while current != node.output[0] and len(fp32_readers.get(current, ())) == 1:
-                follower = fp32_readers[current][0]
-                chain.append(follower)
-                current = follower.output[0]
-            if current == node.output[0]:
-                node.output[0] = original.output[0]
-                inserted[unit.int8_index] = chain
-    ordered = []
-    for index, node in enumerate(nodes):
-        if index not in removed:
-            ordered.append(node)
-            ordered += inserted.get(index, [])
-    del model.graph.node[:]
-    model.graph.node.extend(ordered)
-    used = {name for node in ordered for name in _node_inputs(node)}
-    kept = [tensor for tensor in model.graph.initializer if tensor.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)  # onnxruntime drops unused ones before they arrive
-    return model, arrays
+                    and (upstream is None or upstream not in self.wrapped)
+                    and self.consumers(name) & self.wrapped <= self.excluded
+                    and self.consumers(quantize.output[0]) <= {source}):
+                self.rename(name, quantize.input[0])  # every reader reads the float tensor
+                self.removed.update((source, quantize_at))
+
+    def unit_output(self, unit: Unit) -> None:
+        """The Q/DQ pair that quantized the unit's own output for nobody else (a graph
+        output) goes."""
+        nodes = self.nodes
+        node, original = nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
+        output_pair = _output_pair(nodes, node.output[0], self.removed)
+        if output_pair is None or not (
+                self.consumers(nodes[output_pair[1]].output[0]) & self.wrapped
+                <= self.excluded):
+            return
+        dequantize_at = output_pair[1]
+        if nodes[dequantize_at].output[0] == original.output[0]:
+            node.output[0] = original.output[0]
+        else:
+            self.rename(nodes[dequantize_at].output[0], node.output[0])
+        self.removed.update(output_pair)
+
+    def folded_activation(self, unit: Unit) -> None:
+        """An activation the quantizer folded into the unit's output (a Relu after a MatMul +
+        Add) comes back as the float node it was."""
+        node, original = self.nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
+        if node.output[0] == original.output[0]:
+            return
+        chain, current = [], original.output[0]
+        while current != node.output[0] and len(self.fp32_readers.get(current, ())) == 1:
+            follower = self.fp32_readers[current][0]
+            chain.append(follower)
+            current = follower.output[0]
+        if current == node.output[0]:
+            node.output[0] = original.output[0]
+            self.inserted[unit.int8_index] = chain
+
+    def write_back(self) -> None:
+        """The kept nodes in order, each followed by the activations put back after it, and
+        only the initializers they read (onnxruntime drops unused ones before they arrive)."""
+        ordered = []
+        for index, node in enumerate(self.nodes):
+            if index not in self.removed:
+                ordered.append(node)
+                ordered += self.inserted.get(index, [])
+        graph = self.model.graph
+        del graph.node[:]
+        graph.node.extend(ordered)
+        used = {name for node in ordered for name in _node_inputs(node)}
+        kept = [tensor for tensor in graph.initializer if tensor.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
 
 
 def _output_pair(nodes: list, name: str, removed: set) -> tuple[int, int] | None:
@@ -5062,20 +5191,21 @@ def _output_pair(nodes: list, name: str, removed: set) -> tuple[int, int] | None
     return None
 
 
-def _data_dependent(int8_model, unit: Unit) -> str | None:
+def _data_dependent(index: GraphIndex, unit: Unit) -> str | None:
     """Why restoring ``unit`` cannot match quantize_static exactly, if it cannot: the quantizer
-    then quantizes the unit's output from calibration data eprun does not have."""
-    node = int8_model.graph.node[unit.int8_index]
+    then quantizes the unit's output from calibration data eprun does not have. ``index`` is
+    the int8 graph's."""
+    nodes = index.nodes
+    node = nodes[unit.int8_index]
     if node.op_type == "Softmax":
         return ("a quantized Softmax's output range is fixed to [0, 1]; left in float, its "
                 "output is calibrated from data, so its scale is not known here")
-    nodes = list(int8_model.graph.node)
-    producers = {output: item for item in nodes for output in item.output}
     pair = _output_pair(nodes, node.output[0], set())
-    weights = {tensor.name for tensor in int8_model.graph.initializer}
-    table_scales = {producers[name].input[1] for name in node.input
-                    if name in producers and producers[name].op_type == "DequantizeLinear"
-                    and producers[name].input[0] in weights}
+    weights = index.initializers
+    table_scales = {index.producer(name).input[1] for name in node.input
+                    if name in index.producer_index
+                    and index.producer(name).op_type == "DequantizeLinear"
+                    and index.producer(name).input[0] in weights}
     if pair is not None and nodes[pair[0]].input[1] in table_scales:
         return (f"a quantized {node.op_type} passes its table's scale on to its output; left "
                 "in float, its output is calibrated from data, so its scale is not known here")
@@ -5107,10 +5237,11 @@ class SensitivityRun:
                              "QuantFormat.QDQ)")
         self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
         self.int8_feed = feed_for(specs_from_model(self.int8_model), int8, self.feed)
-        self.units = quantized_units(self.fp32_model, self.int8_model)
         # Inline int8 weights become arrays once (large ones are read from the file by
         # each session); each rebuilt graph copies placeholders only.
         self.int8_weights = dict(zip(*detach_initializers(self.int8_model)))
+        self.int8_index = GraphIndex.of(self.int8_model.graph)
+        self.units = quantized_units(self.fp32_model, self.int8_model, self.int8_index)
         fp32_output = _final(self.fp32_model)
         self.output = _final(self.int8_model)
         model = load_model(fp32)
@@ -5122,7 +5253,8 @@ class SensitivityRun:
         self.sessions = 0
 
     def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
-        model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored, self.fp32)
+        model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored, self.fp32,
+                                         self.units)
         used = {tensor.name for tensor in model.graph.initializer}
         weights = {name: array for name, array in self.int8_weights.items() if name in used}
         session = open_exposed(model, self.int8, extra_arrays={**weights, **arrays},
@@ -5185,7 +5317,7 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
         entry = {"name": unit.name, "op_type": unit.op_type, "named": unit.named,
                  "rel_error": measured["rel_error"], "cos_min": measured["cos_min"],
                  "sqnr_db": measured["sqnr_db"], "gain_db": gain}
-        inexact = _data_dependent(run.int8_model, unit)
+        inexact = _data_dependent(run.int8_index, unit)
         if inexact:
             entry["inexact"] = inexact
         ranked.append(entry)
@@ -5467,9 +5599,9 @@ def _name_pairs(fp32_graph, int8_graph, boundary_ops: tuple[str, ...]) -> dict |
 def _report_facts(int8_model, measured: dict) -> dict:
     """What the graph says about the measured boundaries, for the report's prose: which int8
     boundaries a QuantizeLinear -> DequantizeLinear pair requantizes."""
-    producers = {output: node for node in int8_model.graph.node for output in node.output}
+    index = GraphIndex.of(int8_model.graph)
     requantized = [entry["index"] for entry in measured["layers"]
-                   if len(quantizing_chain(entry["int8"], producers)[1]) == 2]
+                   if len(quantizing_chain(entry["int8"], index)[1]) == 2]
     return {"requantized": requantized}
 
 

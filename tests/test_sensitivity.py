@@ -84,7 +84,7 @@ def test_emulation_equals_quantize_static_for_every_unit(tmp_path, case):
         real = final_output(excluded, run.int8_feed)
         deviation = float(np.abs(emulated.astype(np.float64) - real).max()
                           / (np.abs(real).max() or 1.0))
-        reason = tool._data_dependent(run.int8_model, unit)
+        reason = tool._data_dependent(run.int8_index, unit)
         if reason is None:
             assert deviation < 1e-5, (unit.name, deviation)
         else:  # what the quantizer decides from calibration data: measured, and said

@@ -22,13 +22,14 @@ plugin EPs through their devices, ``policy:NAME`` device policies; ``--ep-librar
 The file reads top-down in layers, each using only the layers above it:
 
     1. Contract and declarations  exit codes, errors, argument parsers, commands, strict JSON
-    2. I/O safety  the stdout guard, progress, temporaries, signals, output paths, staging
+    2. I/O safety  a run's state, the stdout guard, progress, temporaries, signals, paths,
+       staging and commit
     3. Model access  graphs read without their weights, external data, the graph index, types
     4. Sessions and providers  the one options builder and session opener, EPs, plugin EPs
     5. Measurement core  feeds, golden files, boundaries, comparison, paired and local error
     6. Rendering  answers into text: a verdict's line, the report's markdown and its chart
     7. Commands  each command's function and its declaration, in the order listed above
-    8. Command line  the parser, main() and its run context, the one place failures are told
+    8. Command line  the parser, main() (which owns each run's state), the one failure report
 
 Flow: parse the arguments -> read each model's graph only (weights stay on disk) -> expose the
 boundaries in memory -> one session per model, one model at a time -> compare with numpy ->
@@ -312,6 +313,58 @@ def to_json(answer: dict) -> str:
 # == 2. I/O safety =================================================================================
 
 
+# -- the run's state -------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Run:
+    """Everything one call of ``main`` keeps while it works, in one place instead of module
+    globals. ``main`` (and ``cli``) make one and install it for the call (``running``);
+    eprun's functions called directly from other Python code share the one made at import.
+
+    ``program``: eprun is the process (``cli``), not a library in someone else's Python.
+    ``argv``: the arguments being parsed, for usage hints. ``terminals``: the terminal that
+    stderr was on before each ``captured_chatter`` took it over (None if not a terminal),
+    innermost last: where progress goes. ``stderr``: the real stderr while the outermost
+    capture holds fd 2: where a signal's last word goes. ``temporaries``: named temporary
+    files and folders, removed if a signal ends the process. ``read_stamps``: each model
+    file's stamp when its graph was read (``require_unchanged``). ``held``: the signals
+    waiting for each open ``signals_held`` block. ``interrupted``: the signals received.
+    ``answered``: the answer is out. ``quiet_ort``: onnxruntime's log and warnings are
+    silenced for this run (not with ``EPRUN_DEBUG``); ``quieted``: that was done."""
+
+    program: bool = False
+    argv: tuple = ()
+    terminals: list = dataclasses.field(default_factory=list)
+    stderr: int | None = None
+    temporaries: set = dataclasses.field(default_factory=set)
+    read_stamps: dict = dataclasses.field(default_factory=dict)
+    held: list = dataclasses.field(default_factory=list)
+    interrupted: list = dataclasses.field(default_factory=list)
+    answered: bool = False
+    quiet_ort: bool = False
+    quieted: bool = False
+
+
+_RUNS = [Run()]  # the run in progress last; the first is that of direct calls
+
+
+def current_run() -> Run:
+    return _RUNS[-1]
+
+
+@contextlib.contextmanager
+def running(run: Run, *, stays: bool = False) -> Iterator[Run]:
+    """``run`` is the current one for the block; after it the previous one is back, unless
+    ``stays`` (``cli``: the process ends with it, and a late signal must still find that the
+    answer is out)."""
+    _RUNS.append(run)
+    try:
+        yield run
+    finally:
+        if not stays:
+            _RUNS.remove(run)
+
+
 # -- the stdout guard ------------------------------------------------------------------------------
 
 def _flush_c_stdio() -> None:
@@ -354,16 +407,17 @@ def captured_chatter() -> Iterator[Any]:
         with contextlib.suppress(OSError):
             os.dup2(target if target is not None else 2, fd)
     terminal = saved.get(2)
-    _TERMINAL.append(terminal if terminal is not None and os.isatty(terminal) else None)
-    if not _STDERR and terminal is not None:
-        _STDERR.append(terminal)
+    run = current_run()
+    run.terminals.append(terminal if terminal is not None and os.isatty(terminal) else None)
+    if run.stderr is None and terminal is not None:
+        run.stderr = terminal
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield store
     finally:
-        _TERMINAL.pop()
-        if _STDERR and _STDERR[0] == terminal and not _TERMINAL:
-            _STDERR.clear()
+        run.terminals.pop()
+        if run.stderr is not None and run.stderr == terminal and not run.terminals:
+            run.stderr = None
         for stream in (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__):
             with contextlib.suppress(Exception):  # what was buffered goes to the store too
                 stream.flush()
@@ -375,13 +429,6 @@ def captured_chatter() -> Iterator[Any]:
             else:
                 os.dup2(copy, fd)
                 os.close(copy)
-
-
-# The terminal stderr was on before captured_chatter took the stream over (None if it is not a
-# terminal), innermost capture last: where progress goes.
-_TERMINAL: list[int | None] = []
-# The real stderr while the outermost capture holds fd 2: where a signal's last word goes.
-_STDERR: list[int] = []
 
 
 def replay(store) -> None:
@@ -451,24 +498,19 @@ class Progress:
     def step(self, done: int) -> None:
         import time
 
-        terminal = _TERMINAL[-1] if _TERMINAL else None
+        terminal = current_run().terminals[-1] if current_run().terminals else None
         if terminal is not None and time.monotonic() - self.start >= self.after:
             of = f" of {self.total}" if self.total else ""
             line = f"\reprun: {self.what}: step {done}{of}\x1b[K"
             self.shown = write_fd(terminal, line.encode()) or self.shown
 
     def close(self) -> None:
-        terminal = _TERMINAL[-1] if _TERMINAL else None
+        terminal = current_run().terminals[-1] if current_run().terminals else None
         if self.shown and terminal is not None:
             write_fd(terminal, b"\r\x1b[K")
 
 
 # -- temporaries -----------------------------------------------------------------------------------
-
-# Named temporary files (where O_TMPFILE is missing) and scratch folders that exist right now:
-# removed on a signal.
-_TEMPORARIES: set[str] = set()
-
 
 @contextlib.contextmanager
 def scratch_folder(prefix: str) -> Iterator[str]:
@@ -478,19 +520,20 @@ def scratch_folder(prefix: str) -> Iterator[str]:
     import tempfile
 
     folder = tempfile.mkdtemp(prefix=prefix)
-    _TEMPORARIES.add(folder)
+    temporaries = current_run().temporaries
+    temporaries.add(folder)
     try:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-        _TEMPORARIES.discard(folder)
+        temporaries.discard(folder)
 
 
 def remove_temporaries() -> None:
     """What a signal leaves of eprun's temporaries: nothing."""
     import shutil
 
-    for name in list(_TEMPORARIES):
+    for name in list(current_run().temporaries):
         if os.path.isdir(name) and not os.path.islink(name):
             shutil.rmtree(name, ignore_errors=True)
         else:
@@ -499,12 +542,6 @@ def remove_temporaries() -> None:
 
 
 # -- signals ---------------------------------------------------------------------------------------
-
-_INTERRUPTED: list[int] = []
-_ANSWERED: list[bool] = []
-# True when eprun runs as the program (cli), not inside someone else's Python.
-_PROGRAM: list[bool] = []
-
 
 def _on_signal(signum: int, frame: object) -> None:
     """SIGINT, SIGTERM and SIGHUP. Inside ``signals_held`` the signal waits for the block to
@@ -515,21 +552,23 @@ def _on_signal(signum: int, frame: object) -> None:
     error. Called from other Python code it raises KeyboardInterrupt or SystemExit instead,
     and SIGINT is remembered, so that a library that turns the KeyboardInterrupt into another
     error (numpy's import does) is still reported as an interruption."""
-    _INTERRUPTED.append(signum)
-    if _HELD:
-        _HELD[-1].append(signum)
+    run = current_run()
+    run.interrupted.append(signum)
+    if run.held:
+        run.held[-1].append(signum)
         return
-    if _ANSWERED:  # the answer is out: finish as it says, not as an interruption
+    if run.answered:  # the answer is out: finish as it says, not as an interruption
         return
     _act_on_signal(signum)
 
 
 def _act_on_signal(signum: int) -> None:
     code = 130 if signum == signal.SIGINT else 128 + signum
-    if _PROGRAM:
+    run = current_run()
+    if run.program:
         remove_temporaries()
         if signum == signal.SIGINT:
-            write_fd(_STDERR[0] if _STDERR else 2, b"eprun: error: interrupted\n")
+            write_fd(run.stderr if run.stderr is not None else 2, b"eprun: error: interrupted\n")
         os._exit(code)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
@@ -709,7 +748,7 @@ def stage(data: bytes | Callable[[Any], None], path: str, make_folders: bool = F
 
             descriptor, temporary = tempfile.mkstemp(prefix=f".{_hidden_stem(path)}.",
                                                      suffix=".tmp", dir=folder)
-            _TEMPORARIES.add(temporary)
+            current_run().temporaries.add(temporary)
             os.chmod(temporary, 0o666 & ~_umask())
         else:
             descriptor = os.dup(handle)
@@ -737,7 +776,7 @@ def discard(staged: list[Staged]) -> None:
         if item.temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(item.temporary)
-            _TEMPORARIES.discard(item.temporary)
+            current_run().temporaries.discard(item.temporary)
         _remove_folders(item.folders)
 
 
@@ -760,10 +799,6 @@ def _remove_folders(folders: tuple[str, ...]) -> None:
             os.rmdir(folder)
 
 
-# Signals that arrived while a set of renames was being committed, delivered right after it.
-_HELD: list[list[int]] = []
-
-
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
     """Hold SIGINT, SIGTERM and SIGHUP until the block ends, so that an interrupt lands before
@@ -773,12 +808,13 @@ def signals_held() -> Iterator[None]:
     of them; eprun's handlers (see ``main``) therefore defer on their own while a block is
     open, and the signal takes effect when it closes.
     """
-    _HELD.append([])
+    held = current_run().held
+    held.append([])
     try:
         yield
     finally:
-        pending = _HELD.pop()
-        if pending and not _HELD:
+        pending = held.pop()
+        if pending and not held:
             _act_on_signal(pending[0])
 
 
@@ -810,7 +846,7 @@ def commit(staged: list[Staged]) -> None:
             if name and os.path.exists(name):
                 with contextlib.suppress(OSError):
                     os.unlink(name)
-            _TEMPORARIES.discard(name)
+            current_run().temporaries.discard(name)
         for item in staged[renamed:]:
             _remove_folders(item.folders)
 
@@ -1021,7 +1057,7 @@ def _read_graph(path: str):
         model.ParseFromString(serialized)
     except Exception:  # any surprise: the ordinary parse decides
         return None
-    _READ_STAMPS[os.path.realpath(path)] = stamp
+    current_run().read_stamps[os.path.realpath(path)] = stamp  # see require_unchanged
     return model
 
 
@@ -1064,10 +1100,6 @@ class _FileBytes:
         return data
 
 
-# Each model file _read_graph read, by real path: what it was then (see require_unchanged).
-_READ_STAMPS: dict = {}
-
-
 def _stamp(status: os.stat_result) -> tuple:
     return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
 
@@ -1075,7 +1107,7 @@ def _stamp(status: os.stat_result) -> tuple:
 def require_unchanged(path: str, status: os.stat_result | None = None) -> None:
     """Refuse to read weights from a model file that changed since its graph was read: its
     payloads would be taken at offsets that now hold something else."""
-    stamp = _READ_STAMPS.get(os.path.realpath(path))
+    stamp = current_run().read_stamps.get(os.path.realpath(path))
     try:
         now = _stamp(status or os.stat(path))
     except OSError:
@@ -1691,19 +1723,20 @@ def _element_type(types: dict, name: str) -> int:
 # -- onnxruntime, imported on first use ------------------------------------------------------------
 
 def import_ort():
-    """onnxruntime, imported on first use, with its warnings and native log quietened.
+    """onnxruntime, imported on first use; within ``main`` its native log is quietened.
 
-    Its warnings ("Specified provider ... is not in available provider names") only repeat
-    what the JSON answer states, and its error log would duplicate the one-line error eprun
-    prints; ``EPRUN_DEBUG=1`` keeps both. The fallback banner it prints still goes to stderr.
+    Its error log would duplicate the one-line error eprun prints; ``EPRUN_DEBUG=1`` keeps it
+    (and its Python warnings, which ``main`` otherwise ignores for the run). The level is
+    onnxruntime's process-wide one: ``main`` puts back onnxruntime's default when it returns
+    (the caller's own level cannot be read back). Direct calls of eprun's functions leave it
+    alone. The fallback banner onnxruntime prints still goes to stderr.
     """
-    import warnings
-
     import onnxruntime
 
-    if not os.environ.get("EPRUN_DEBUG"):
+    run = current_run()
+    if run.quiet_ort and not run.quieted:
         onnxruntime.set_default_logger_severity(4)
-        warnings.filterwarnings("ignore", category=UserWarning, module="onnxruntime")
+        run.quieted = True
     return onnxruntime
 
 
@@ -3268,12 +3301,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     pairs = plan_pairs(fp32, int8, pair)
     golden, stored = None, {}
     if load_boundaries:
-        golden, stored_inputs, stored = load_golden(
-            load_boundaries, "boundaries", [fp32.boundaries[i] for i, _ in pairs], fp32_path,
-            seed)
-        require_golden_inputs(load_boundaries, stored_inputs, fp32.model, fp32_path)
-        inputs = dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs)
-        fp32.actual = golden["providers"]
+        golden, stored, inputs = _stored_boundaries(load_boundaries, fp32, pairs, seed, inputs)
     feed = make_feeds(specs_from_model(fp32.model), seed, inputs, fp32_path)
     int8_feed = feed_for(specs_from_model(int8.model), int8_path, feed)
     rows = feed.rows
@@ -3292,33 +3320,20 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
                           for f, q in zip(fp32_names, int8_names))]
     batches = plan_batches(sizes, budget)
 
-    def fetch(side: PairedModel, session, names: list[str], feeds: dict) -> dict:
-        wanted = list(dict.fromkeys(names + side.runtime))
-        values = run_session(session, wanted, feeds, what=repr(side.path))
-        fetched = dict(zip(wanted, values))
-        return {name: side.quantization.read(name, fetched) for name in names}
-
     side_values = segments.fp32_values(fp32, feed.arrays) if segments else {}
     entries, final, previous = [], None, None
     progress = Progress("comparing boundaries", len(pairs))
     kept = {}  # the fp32 tensors --save-boundaries stores
     for batch in batches:  # one session at a time, released before the next opens
         a_values = ({fp32_names[k]: stored[fp32_names[k]] for k in batch} if load_boundaries
-                    else fetch(fp32, fp32.session(fp32.runtime),
-                               [fp32_names[k] for k in batch], feed.arrays))
+                    else _boundary_values(fp32, [fp32_names[k] for k in batch], feed.arrays))
         if save_boundaries:
             kept.update(a_values)
-        b_values = fetch(int8, int8.session(int8.runtime), [int8_names[k] for k in batch],
-                         int8_feed)
+        b_values = _boundary_values(int8, [int8_names[k] for k in batch], int8_feed)
         for k in batch:
             fp32_name, int8_name = fp32_names[k], int8_names[k]
             a, b = a_values[fp32_name], b_values[int8_name]
-            if a.shape != b.shape or a.size % rows:
-                raise EprunError(f"boundary {k} ({fp32_name!r} vs. {int8_name!r}): shapes "
-                                 f"{list(a.shape)} and {list(b.shape)} cannot be compared row "
-                                 f"by row over {rows} rows")
-            entry = {"index": k, "fp32": fp32_name, "int8": int8_name,
-                     **compare_boundary(a, b, rows, metrics)}
+            entry = _boundary_entry(k, (fp32_name, int8_name), (a, b), rows, metrics)
             if segments is not None:
                 entry["local"] = (segments.measure(k, previous, a, side_values) if k else
                                   {key: value for key, value in entry.items()
@@ -3347,6 +3362,39 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if golden:
         answer["golden"] = golden
     return answer, final
+
+
+def _stored_boundaries(path: str, fp32: PairedModel, pairs: list, seed: int,
+                       inputs: InputOptions | None) -> tuple[dict, dict, InputOptions]:
+    """``(golden record, fp32 boundary tensors, inputs)`` from a ``--save-boundaries`` file,
+    checked against the fp32 model; its inputs are the ones to feed the int8 model."""
+    golden, stored_inputs, stored = load_golden(
+        path, "boundaries", [fp32.boundaries[i] for i, _ in pairs], fp32.path, seed)
+    require_golden_inputs(path, stored_inputs, fp32.model, fp32.path)
+    fp32.actual = golden["providers"]
+    return golden, stored, dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs)
+
+
+def _boundary_values(side: PairedModel, names: list[str], feeds: dict) -> dict:
+    """The float values of boundaries ``names`` of one side, from a session opened for them
+    (quantized ones read back through their scale and zero point)."""
+    wanted = list(dict.fromkeys(names + side.runtime))
+    values = run_session(side.session(side.runtime), wanted, feeds, what=repr(side.path))
+    fetched = dict(zip(wanted, values))
+    return {name: side.quantization.read(name, fetched) for name in names}
+
+
+def _boundary_entry(k: int, names: tuple[str, str], values: tuple, rows: int,
+                    metrics: tuple[str, ...]) -> dict:
+    """Boundary ``k``'s entry of the ``layers`` answer: its (fp32, int8) names and how far
+    apart their values are, row by row."""
+    (fp32_name, int8_name), (a, b) = names, values
+    if a.shape != b.shape or a.size % rows:
+        raise EprunError(f"boundary {k} ({fp32_name!r} vs. {int8_name!r}): shapes "
+                         f"{list(a.shape)} and {list(b.shape)} cannot be compared row "
+                         f"by row over {rows} rows")
+    return {"index": k, "fp32": fp32_name, "int8": int8_name,
+            **compare_boundary(a, b, rows, metrics)}
 
 
 def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict) -> dict:
@@ -3827,18 +3875,24 @@ def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict
                     growth_answer: dict, settings_answer: dict, exposure: dict, gate: dict,
                     facts: dict) -> str:
     """``ep_report.md``: the four headings of the contract, every number from a measurement."""
-    import platform
+    lines = [(f"eprun report, generated by `python eprun.py report {provider_answer['model']} "
+             f"{settings_answer['model']} --seed {settings_answer['seed']}`; the JSON files "
+             "beside this report hold every number in full precision."), ""]
+    lines += _providers_section(provider_answer)
+    lines += _partition_section(splits, measured, facts)
+    lines += _growth_section(measured, growth_answer, facts)
+    lines += _machine_section(provider_answer, settings_answer, exposure, gate)
+    return "\n".join(lines)
 
-    import numpy
+
+def _providers_section(provider_answer: dict) -> list[str]:
+    """What was requested and what each session got."""
     import onnxruntime
 
     available = provider_answer["available"]
     fell_back = [case for case in provider_answer["cases"] if case["fell_back"]]
     errors = [case for case in provider_answer["cases"] if case["error"]]
-    lines = [(f"eprun report, generated by `python eprun.py report {provider_answer['model']} "
-             f"{settings_answer['model']} --seed {settings_answer['seed']}`; the JSON files "
-             "beside this report hold every number in full precision."), "",
-             "## 무엇을 요청했고 무엇을 쥐었나", "",
+    lines = ["## 무엇을 요청했고 무엇을 쥐었나", "",
              (f"This onnxruntime ({onnxruntime.__version__}) offers **{len(available)}** "
              f"execution providers: {_ops(available)}. Each requested list below got its own "
              f"session on `{provider_answer['model']}` (`providers.json`)."), "",
@@ -3854,8 +3908,12 @@ def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict
                  "only the session can say what is running."
                  if not errors else f"{len(errors)} raised an exception at session creation."),
               ""]
+    return lines
 
-    lines += ["## 그래프가 쪼개지는 자리", "",
+
+def _partition_section(splits: list[dict], measured: dict, facts: dict) -> list[str]:
+    """Where the graph splits, for each op list the report tried."""
+    lines = ["## 그래프가 쪼개지는 자리", "",
               ("A simulation in file order, not real placement: a node is the EP's when its op "
               "type is in the supported list, and each run of consecutive nodes with one owner "
               "is one partition (`eprun.py partition`)."), "",
@@ -3865,7 +3923,11 @@ def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict
         lines.append(f"| `{split['model']}` | {_ops(split['supported'])} | {split['nodes']} | "
                      f"{split['claimed']} | {split['partition_count']} | {split['handoffs']} |")
     lines += ["", _partition_prose(splits, measured, facts), ""]
+    return lines
 
+
+def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[str]:
+    """The error at every boundary, how it grew, and its chart."""
     rel_error = growth_answer["rel_error"]
     ratios = [None] + growth_answer["ratios"]
     fed = (f"`default_rng({measured['seed']}).standard_normal(({measured['rows']}, F))`"
@@ -3873,7 +3935,7 @@ def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict
            f"one `default_rng({measured['seed']})` in input order: " + "; ".join(
                f"`{item['name']}` {item['dtype']} {item['shape']} from {item['source']}"
                for item in measured["inputs"]))
-    lines += ["## 층을 거듭하며 자란 오차", "",
+    lines = ["## 층을 거듭하며 자란 오차", "",
               (f"Input: {fed}, both models exposed in memory and run on the CPU provider with "
               "default session options; boundary k pairs the k-th tensor of each model"
               f"{'' if facts['in_order'] else ' named after it'} (`growth.json`)."), "",
@@ -3906,10 +3968,21 @@ def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict
                   + "]", '    y-axis "max abs error / scale"',
                   "    line [" + ", ".join(map(_plain, rel_error)) + "]", "```"]
     lines.append("")
+    return lines
 
+
+def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dict,
+                     gate: dict) -> list[str]:
+    """What holds on this machine only: providers, software, settings, exposure, the gate."""
+    import platform
+
+    import numpy
+    import onnxruntime
+
+    available = provider_answer["available"]
     base = settings_answer["baseline"]
     differing = [case for case in settings_answer["cases"] if not case["bitwise_equal"]]
-    lines += ["## 이 기계에서만 참인 것", "",
+    lines = ["## 이 기계에서만 참인 것", "",
               ("These results hold for this machine's provider set and settings, and may differ "
               "elsewhere:"), "",
               (f"- **Providers**: {len(available)} available ({_ops(available)}). Which lists fell "
@@ -3943,7 +4016,7 @@ def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict
               _gate_line(gate),
               ("- **No timing was measured.** Nothing here says anything about speed; latency on "
               "this machine would not carry over to an accelerator anyway."), ""]
-    return "\n".join(lines)
+    return lines
 
 
 # == 7. Commands ===================================================================================
@@ -4804,27 +4877,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     tolerance.update({key: value for key, value in
                       (("rtol", rtol), ("atol", atol), ("min_cos", min_cos)) if value is not None})
     retries_used = [0]
-    golden = None
-    if load_outputs:  # the reference ran elsewhere: its graph says what the file must hold
-        graph = load_model(reference)
-        reference_names = [value.name for value in graph.graph.output]
-        golden, stored_inputs, stored = load_golden(load_outputs, "outputs", reference_names,
-                                                    reference, seed)
-        require_golden_inputs(load_outputs, stored_inputs, graph, reference)
-        feed = make_feeds(specs_from_model(graph), seed,
-                          dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs),
-                          reference)
-        reference_outputs = [stored[name] for name in reference_names]
-        reference_actual = golden["providers"]
-    else:
-        reference_session = open_session(reference, what=repr(reference), on=reference_on)
-        feed = make_feeds(session_specs(reference_session, reference), seed, inputs,
-                          reference)
-        reference_outputs = run_session(reference_session, None, feed.arrays,
-                                        what=repr(reference), hint=dims_hint(feed))
-        reference_names = [value.name for value in reference_session.get_outputs()]
-        reference_actual = list(reference_session.get_providers())
-        del reference_session  # its outputs are all the rest needs: one model at a time
+    golden, feed, reference_names, reference_outputs, reference_actual = _reference_run(
+        reference, seed, inputs, reference_on, load_outputs)
     candidate_session = _with_retries(
         lambda: open_session(candidate, what=repr(candidate), on=on),
         retries, retry_pause, retries_used, candidate)
@@ -4846,29 +4900,10 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     if outputs_into is not None:
         outputs_into.update(zip((value.name for value in candidate_session.get_outputs()),
                                 candidate_outputs))
-    outputs, failures = [], []
     candidate_names = [value.name for value in candidate_session.get_outputs()]
-    for index, (expected, got) in enumerate(zip(reference_outputs, candidate_outputs)):
-        for value, name, path in ((expected, reference_names[index], reference),
-                                  (got, candidate_names[index], candidate)):
-            _require_numeric(value, name, path)
-        entry = {"reference": reference_names[index], "candidate": candidate_names[index],
-                 "shape": list(expected.shape)}
-        if expected.shape != got.shape:
-            failures.append({"output": entry["reference"], "bound": "shape",
-                             "reference": list(expected.shape), "candidate": list(got.shape)})
-            outputs.append(entry)
-            continue
-        entry.update(compare_outputs(expected, got, tolerance["rtol"], tolerance["atol"]))
-        outputs.append(entry)
-        if entry["violations"]:
-            failures.append({"output": entry["reference"], "bound": "tolerance",
-                             "violations": entry["violations"], "elements": entry["elements"],
-                             "worst": entry["worst"]})
-        if not entry["cosine"] >= tolerance["min_cos"]:
-            failures.append({"output": entry["reference"], "bound": "min_cos",
-                             "cosine": entry["cosine"], "min_cos": tolerance["min_cos"],
-                             "by": tolerance["min_cos"] - entry["cosine"]})
+    outputs, failures = _gate_outputs(
+        zip(reference_names, reference_outputs), zip(candidate_names, candidate_outputs),
+        (reference, candidate), tolerance)
     missing = fallback_of(providers, actual)
     if (require_providers and actual != providers) or (missing and not allow_fallback):
         failures.append({"bound": "providers", "requested": providers, "actual": actual,
@@ -4889,6 +4924,60 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
             "failures": failures, "passed": not failures,
             **({"golden": golden} if golden else {})}
+
+
+def _reference_run(reference: str, seed: int, inputs: InputOptions | None,
+                   on: ProviderRequest, load_outputs: str | None) -> tuple:
+    """``(golden, feed, output names, outputs, providers)`` of the reference: run here on
+    ``on``, or read from the ``--load-outputs`` file made elsewhere (``golden`` its record,
+    else None), whose inputs then feed the candidate."""
+    if load_outputs:  # the reference ran elsewhere: its graph says what the file must hold
+        graph = load_model(reference)
+        names = [value.name for value in graph.graph.output]
+        golden, stored_inputs, stored = load_golden(load_outputs, "outputs", names, reference,
+                                                    seed)
+        require_golden_inputs(load_outputs, stored_inputs, graph, reference)
+        feed = make_feeds(specs_from_model(graph), seed,
+                          dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs),
+                          reference)
+        return golden, feed, names, [stored[name] for name in names], golden["providers"]
+    session = open_session(reference, what=repr(reference), on=on)
+    feed = make_feeds(session_specs(session, reference), seed, inputs, reference)
+    outputs = run_session(session, None, feed.arrays, what=repr(reference),
+                          hint=dims_hint(feed))
+    names = [value.name for value in session.get_outputs()]
+    # its outputs are all the rest needs: the session goes before the candidate's opens
+    return None, feed, names, outputs, list(session.get_providers())
+
+
+def _gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
+                  tolerance: dict) -> tuple[list[dict], list[dict]]:
+    """``(outputs, failures)``: each (name, value) of the reference against the candidate's
+    at the same position, and every bound it breaks (shape, tolerance, cosine)."""
+    outputs, failures = [], []
+    for (reference_name, expected), (candidate_name, got) in zip(expected_outputs,
+                                                                 got_outputs):
+        for value, name, path in ((expected, reference_name, paths[0]),
+                                  (got, candidate_name, paths[1])):
+            _require_numeric(value, name, path)
+        entry = {"reference": reference_name, "candidate": candidate_name,
+                 "shape": list(expected.shape)}
+        if expected.shape != got.shape:
+            failures.append({"output": reference_name, "bound": "shape",
+                             "reference": list(expected.shape), "candidate": list(got.shape)})
+            outputs.append(entry)
+            continue
+        entry.update(compare_outputs(expected, got, tolerance["rtol"], tolerance["atol"]))
+        outputs.append(entry)
+        if entry["violations"]:
+            failures.append({"output": reference_name, "bound": "tolerance",
+                             "violations": entry["violations"], "elements": entry["elements"],
+                             "worst": entry["worst"]})
+        if not entry["cosine"] >= tolerance["min_cos"]:
+            failures.append({"output": reference_name, "bound": "min_cos",
+                             "cosine": entry["cosine"], "min_cos": tolerance["min_cos"],
+                             "by": tolerance["min_cos"] - entry["cosine"]})
+    return outputs, failures
 
 
 CHECK = declare(Command(
@@ -5478,28 +5567,10 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     if ranked is not None:
         markdown += _sensitivity_section(ranked)
 
-    created = _missing_folders(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    staged: list[Staged] = []
-    copied: dict[str, str] = {}  # both models' weights may be one file: copied once
-    external: list[dict] = []
-    try:
-        for which in ("fp32", "int8"):
-            exposed, files = prepare_expose(paths_of[which], paths[f"{which}_exposed.onnx"],
-                                            boundary_ops, copied)
-            staged += files
-            external += exposed.get("external_data", [])
-        for name, answer in (("providers.json", provider_answer),
-                             ("growth.json", growth_answer), ("settings.json", settings_answer)):
-            staged.append(stage((to_json(answer) + "\n").encode(), paths[name]))
-        staged.append(stage(markdown.encode("utf-8"), paths["ep_report.md"]))
-        commit(staged)
-    except BaseException:
-        discard(staged)
-        for folder in created:  # the deepest first: each is empty once the one below is gone
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
-        raise
+    external = _write_deliverables(
+        out_dir, paths, paths_of, boundary_ops,
+        {"providers.json": provider_answer, "growth.json": growth_answer,
+         "settings.json": settings_answer, "ep_report.md": markdown})
     answer = {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES],
               "pairing": pairing,
               "check": {key: gate[key] for key in ("profile", "tolerance", "providers",
@@ -5509,6 +5580,36 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     if external:
         answer["external_data"] = external
     return answer
+
+
+def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: tuple,
+                        contents: dict) -> list[dict]:
+    """Stage both exposed models and the ``contents`` (answers as JSON, the report's text),
+    then commit them as one set; on any failure, or a signal, nothing is left: no staged file
+    and no folder the report made. Returns the exposed models' ``external_data`` entries."""
+    created = _missing_folders(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    staged: list[Staged] = []
+    copied: dict[str, str] = {}  # both models' weights may be one file: copied once
+    external: list[dict] = []
+    try:
+        for which in ("fp32", "int8"):
+            exposed, files = prepare_expose(models[which], paths[f"{which}_exposed.onnx"],
+                                            boundary_ops, copied)
+            staged += files
+            external += exposed.get("external_data", [])
+        for name, content in contents.items():
+            data = (content.encode("utf-8") if isinstance(content, str)
+                    else (to_json(content) + "\n").encode())
+            staged.append(stage(data, paths[name]))
+        commit(staged)
+    except BaseException:
+        discard(staged)
+        for folder in created:  # the deepest first: each is empty once the one below is gone
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+    return external
 
 
 # What each deliverable starts with when eprun wrote it: JSON keys, or the report's first words.
@@ -5623,13 +5724,12 @@ def _exposure_effect(int8_path: str, seed: int, output: str, exposed, *,
 class _Parser(argparse.ArgumentParser):
     """argparse with eprun's one-line usage errors (exit 2, nothing on stdout)."""
 
-    argv: tuple[str, ...] = ()  # what main() parses, for hints
-
     def error(self, message: str) -> None:  # type: ignore[override]
         hint = ""
-        command = next((COMMANDS[word] for word in _Parser.argv if word in COMMANDS), None)
+        argv = current_run().argv
+        command = next((COMMANDS[word] for word in argv if word in COMMANDS), None)
         if command is not None and SEED in command.arguments and any(
-                word == "--seed" or word.startswith("--seed=") for word in _Parser.argv):
+                word == "--seed" or word.startswith("--seed=") for word in argv):
             positionals = [argument.names[0].upper() for argument in command.arguments
                            if not argument.names[0].startswith("-")]
             hint = (f"; the seed is positional in {command.name}: eprun.py {command.name} "
@@ -5705,10 +5805,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command: parse, compute with every stream held, print one JSON line or one
     error line; return the exit code (see the module docstring). Safe to call from any thread
     and from other Python code: signal handlers are set only in the main thread, and the
-    caller's come back before it returns. Calls from several threads at once run one after
-    the other (``_ONE_AT_A_TIME``): eprun holds the process's file descriptors 1 and 2 while a
-    command runs, so two at once would take each other's answers."""
-    with _ONE_AT_A_TIME:
+    caller's come back before it returns. Each call has a state of its own (``Run``). Calls
+    from several threads at once run one after the other (``_ONE_AT_A_TIME``): eprun holds
+    the process's file descriptors 1 and 2 while a command runs, so two at once would take
+    each other's answers."""
+    with _ONE_AT_A_TIME, running(Run()):
         return _main(argv, restore_handlers=True)
 
 
@@ -5717,26 +5818,33 @@ _ONE_AT_A_TIME = threading.RLock()
 
 
 def _main(argv: list[str] | None, restore_handlers: bool) -> int:
+    import warnings
+
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)  # seeds of any length, in and out
     closed = _hold_closed_streams()
-    _ANSWERED.clear()
-    _INTERRUPTED.clear()
+    run = current_run()
     replaced: dict = {}
     try:
         replaced = _install_signal_handlers()
-        _Parser.argv = tuple(sys.argv[1:] if argv is None else argv)
+        run.argv = tuple(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
         if 1 in closed:
             say("eprun: error: stdout is closed, so there is nowhere to write the answer")
             return EXIT_FAILURE
-        return _run(args)
+        with warnings.catch_warnings():
+            run.quiet_ort = not os.environ.get("EPRUN_DEBUG")
+            if run.quiet_ort:  # "Specified provider ... is not in available provider names"
+                warnings.filterwarnings("ignore", category=UserWarning, module="onnxruntime")
+            return _run(args)
     except KeyboardInterrupt:
         say("eprun: error: interrupted")
         return 130
     finally:
         for number, previous in replaced.items() if restore_handlers else ():
             signal.signal(number, previous)
+        if run.quieted and not run.program:  # onnxruntime's default level (warnings) again
+            sys.modules["onnxruntime"].set_default_logger_severity(2)
 
 
 def cli() -> None:
@@ -5747,8 +5855,8 @@ def cli() -> None:
     eprun's own process unless the user set ``ORT_DISABLE_TELEMETRY``: a tool that leaves
     nothing behind."""
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-    _PROGRAM.append(True)
-    code = _main(None, restore_handlers=False)
+    with running(Run(program=True), stays=True):
+        code = _main(None, restore_handlers=False)
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             with contextlib.suppress(ValueError, OSError):  # not the main thread
@@ -5770,7 +5878,7 @@ def _run(args: argparse.Namespace) -> int:
             _report_failure(EprunError("interrupted"), store)
             return 130
         except Exception as exc:  # the one place every other failure is reported
-            if _INTERRUPTED and _INTERRUPTED[-1] == signal.SIGINT:
+            if current_run().interrupted and current_run().interrupted[-1] == signal.SIGINT:
                 _report_failure(EprunError("interrupted"), store)
                 return 130
             if isinstance(exc, MemoryError):
@@ -5788,7 +5896,7 @@ def _run(args: argparse.Namespace) -> int:
         replay(store)
         reason = args.declared.verdict(args, answer) if args.declared.verdict else None
         written = write_fd(1, (text + "\n").encode())
-        _ANSWERED.append(True)
+        current_run().answered = True
         if not written:
             say("eprun: error: cannot write the answer to stdout (closed, full or a closed pipe)")
             _silence_stdout()

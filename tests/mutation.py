@@ -633,7 +633,7 @@ PLANTED = [
             _missing_wrapped("reversed")),
     Planted("all-equal-first-case", ("settings",), "`all_equal` looks at the first case only",
             _all_equal_first_case),
-    Planted("no-optimization-level", ("SettingsRunner.options", "settings"),
+    Planted("no-optimization-level", ("session_options", "SettingsRunner.options", "settings"),
             "settings' sessions never get the case's graph optimization level",
             _no_optimization_level),
     Planted("boundaries-keep-duplicates", ("find_boundaries",),

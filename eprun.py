@@ -42,7 +42,8 @@ Exit codes:
          on stdout, one line on stderr saying why
     2    wrong usage: unknown command or option, wrong argument count, a seed that is not a
          non-negative integer, a provider or ``policy:NAME`` onnxruntime does not know, a
-         malformed ``--ep-option``, an output that is one of the inputs (or their weights)
+         malformed ``--ep-option``, an output that is one of the inputs (or their weights),
+         a pair that looks swapped (the quantized model first) without ``--swapped-ok``
     3    a path that is not there: a missing input file (or a directory), an output's folder
     4    any other failure: a file that is not a loadable ONNX model, a session that did not
          get a requested provider (``--providers`` without ``--allow-fallback``), a provider
@@ -282,8 +283,14 @@ EXIT_CODES = (
 
 # Argument groups several commands share.
 MODEL = arg("model", help="ONNX model file")
-SEED = arg("seed", type=parse_seed,
-           help="non-negative integer; the inputs are drawn by numpy.random.default_rng(seed)")
+SEED = arg("seed", type=parse_seed, nargs="?",
+           help="non-negative integer; the inputs are drawn by numpy.random.default_rng(seed) "
+                "(or give it as --seed)")
+SEED_OPTION = arg("--seed", dest="seed_option", type=parse_seed, metavar="SEED",
+                  help="the seed as an option, the same as the positional one")
+# Where --seed is the usual form (default 0), a positional seed after the models is taken too.
+SEED_POSITIONAL = arg("seed_positional", type=parse_seed, nargs="?", metavar="seed",
+                      help="the seed as a positional argument, the same as --seed")
 FP32_INT8 = (arg("fp32", help="float model"),
              arg("int8", help="quantized model (QDQ, QOperator, dynamic or float16) of it"))
 
@@ -3139,7 +3146,24 @@ def compare_boundary(reference, candidate, rows: int = ROWS,
                     "cos_min": cos_min}
         for name in metrics:
             measured.update(METRICS[name](a, diff))
+    counts = nonfinite_counts(a, b)
+    if any(counts):
+        measured["nonfinite"] = {"fp32": counts[0], "int8": counts[1]}
     return measured
+
+
+def nonfinite_counts(*arrays) -> tuple[int, ...]:
+    """How many NaN and infinite values each array holds (counted a slice at a time, so no
+    array of the tensor's size is made)."""
+    import numpy as np
+
+    counts, step = [], 1 << 20
+    for array in arrays:
+        flat = array.reshape(-1)
+        finite = sum(int(np.count_nonzero(np.isfinite(flat[start:start + step])))
+                     for start in range(0, flat.size, step))
+        counts.append(flat.size - finite)
+    return tuple(counts)
 
 
 def _sqnr(reference, diff) -> dict:
@@ -3206,9 +3230,13 @@ def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
         # an element equal in both has no relative difference, even where it is 0 (0/0)
         relative = np.where(diff == 0, 0.0, diff / np.abs(b))
         max_rel = float(np.max(relative)) if a.size else 0.0
-    return {"max_abs_diff": largest_of(diff), "max_rel_diff": max_rel,
-            "cosine": cosine, "elements": int(a.size), "violations": violations,
-            "worst": worst}
+    answer = {"max_abs_diff": largest_of(diff), "max_rel_diff": max_rel,
+              "cosine": cosine, "elements": int(a.size), "violations": violations,
+              "worst": worst}
+    counts = nonfinite_counts(b, a)
+    if any(counts):
+        answer["nonfinite"] = {"reference": counts[0], "candidate": counts[1]}
+    return answer
 
 
 # -- paired boundaries -----------------------------------------------------------------------------
@@ -3274,7 +3302,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
                    boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
                    local: bool = False, max_memory: int | None = None, pair: str = "position",
                    targets: Targets | None = None, save_boundaries: str | None = None,
-                   load_boundaries: str | None = None):
+                   load_boundaries: str | None = None, swapped_ok: bool = False):
     """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
 
     One model is in memory at a time: the fp32 session runs once for every boundary and is
@@ -3298,6 +3326,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     targets = targets or Targets()
     fp32 = PairedModel(fp32_path, boundary_ops, targets.reference)
     int8 = PairedModel(int8_path, boundary_ops, targets.candidate)
+    require_in_order((fp32.model, int8.model), (fp32_path, int8_path), swapped_ok)
     pairs = plan_pairs(fp32, int8, pair)
     golden, stored = None, {}
     if load_boundaries:
@@ -3306,7 +3335,6 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     int8_feed = feed_for(specs_from_model(int8.model), int8_path, feed)
     rows = feed.rows
     _suggest_boundary_ops(fp32, boundary_ops)
-    _warn_if_swapped(fp32, int8)
     segments = (LocalSegments(int8, [int8.boundaries[j] for _, j in pairs],
                               fp32_names=fp32.tensor_names, input_names=set(feed.arrays),
                               rows=rows, metrics=metrics)
@@ -3334,6 +3362,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
             fp32_name, int8_name = fp32_names[k], int8_names[k]
             a, b = a_values[fp32_name], b_values[int8_name]
             entry = _boundary_entry(k, (fp32_name, int8_name), (a, b), rows, metrics)
+            _note_nonfinite(entry.get("nonfinite"), f"boundary {k}",
+                            {"fp32": fp32_name, "int8": int8_name})
             if segments is not None:
                 entry["local"] = (segments.measure(k, previous, a, side_values) if k else
                                   {key: value for key, value in entry.items()
@@ -3382,6 +3412,15 @@ def _boundary_values(side: PairedModel, names: list[str], feeds: dict) -> dict:
     values = run_session(side.session(side.runtime), wanted, feeds, what=repr(side.path))
     fetched = dict(zip(wanted, values))
     return {name: side.quantization.read(name, fetched) for name in names}
+
+
+def _note_nonfinite(counts: dict | None, where: str, names: dict) -> None:
+    """Name on stderr each tensor that held NaN or infinite values (the answer counts them in
+    ``nonfinite``; the numbers they touch are null)."""
+    for side, count in (counts or {}).items():
+        if count:
+            note(f"{where}: the {side} tensor {names[side]!r} holds {count} NaN or infinite "
+                 f"value{'s' if count > 1 else ''}; the numbers it touches are null")
 
 
 def _boundary_entry(k: int, names: tuple[str, str], values: tuple, rows: int,
@@ -3455,11 +3494,26 @@ def _quantization_ops(model) -> int:
                for node in model.graph.node)
 
 
-def _warn_if_swapped(fp32: PairedModel, int8: PairedModel) -> None:
-    """The float model goes first: say so when the "fp32" one is quantized and the other not."""
-    if _quantization_ops(fp32.model) and not _quantization_ops(int8.model):
-        note(f"the models look swapped: {fp32.path!r} has quantization nodes and "
-             f"{int8.path!r} has none; the float model goes first (fp32 int8 seed)")
+SWAPPED_OK_ARG = arg(
+    "--swapped-ok", action="store_true",
+    help="compare the pair as given even when the first model is quantized and the second is "
+         "not (eprun otherwise stops with exit 2: they look swapped)")
+
+
+def require_in_order(models: tuple, paths: tuple[str, str], swapped_ok: bool,
+                     roles: tuple[str, str] = ("fp32", "int8")) -> None:
+    """The float model goes first. A first model that quantizes (Q/DQ, QLinear*, integer
+    ops) beside a second that does not is a swapped pair: measured as given, every scale and
+    every verdict would be the wrong way round, so it is wrong usage unless ``swapped_ok``."""
+    if swapped_ok:
+        return
+    first = _quantization_ops(models[0])
+    if first and not _quantization_ops(models[1]):
+        raise EprunError(
+            f"the models look swapped: {paths[0]!r}, given as the {roles[0]} model, has "
+            f"{first} quantization node{'s' if first > 1 else ''} and {paths[1]!r}, the "
+            f"{roles[1]} one, has none; give them the other way round ({paths[1]} "
+            f"{paths[0]}), or add --swapped-ok to compare them as given", EXIT_USAGE)
 
 
 def _suggest_boundary_ops(fp32: PairedModel, boundary_ops: tuple[str, ...]) -> None:
@@ -3778,6 +3832,10 @@ def failure_reasons(failures: list[dict], markdown: bool = False) -> list[str]:
                       f"outside atol + rtol{'·' if markdown else '*'}|ref|")
             reasons.append(reason if markdown else
                            f"{reason}, worst at {failure['worst']['index']}")
+        elif bound == "min_cos" and not math.isfinite(failure["cosine"]):
+            held = sum(failure.get("nonfinite", {}).values())
+            reasons.append(f"{output}: no cosine, the outputs hold {held} NaN or infinite "
+                           "values")
         elif bound == "min_cos":
             cosine = _num(failure["cosine"], 6) if markdown else f"{failure['cosine']:.6g}"
             reasons.append(f"{output}: cosine {cosine} below {failure['min_cos']:g}")
@@ -4344,7 +4402,7 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            providers: list[str] | None = None, reference_providers: list[str] | None = None,
            allow_fallback: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, save_boundaries: str | None = None,
-           load_boundaries: str | None = None) -> dict:
+           load_boundaries: str | None = None, swapped_ok: bool = False) -> dict:
     """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
     twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
     require_file(fp32)
@@ -4354,7 +4412,7 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
     return measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
                           metrics=metrics, local=local, max_memory=max_memory, pair=pair,
                           targets=targets, save_boundaries=save_boundaries,
-                          load_boundaries=load_boundaries)[0]
+                          load_boundaries=load_boundaries, swapped_ok=swapped_ok)[0]
 
 
 def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
@@ -4363,19 +4421,19 @@ def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            providers: list[str] | None = None, reference_providers: list[str] | None = None,
            allow_fallback: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, save_boundaries: str | None = None,
-           load_boundaries: str | None = None) -> dict:
+           load_boundaries: str | None = None, swapped_ok: bool = False) -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
     return growth_of(layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
                             local=local, max_memory=max_memory, pair=pair, providers=providers,
                             reference_providers=reference_providers,
                             allow_fallback=allow_fallback, ep_library=ep_library,
                             ep_options=ep_options, save_boundaries=save_boundaries,
-                            load_boundaries=load_boundaries))
+                            load_boundaries=load_boundaries, swapped_ok=swapped_ok))
 
 
 # What layers and growth both take.
 PAIR_ARGS = (
-    *FP32_INT8, SEED, *INPUT_ARGS, BOUNDARY_OPS_ARG,
+    *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS, BOUNDARY_OPS_ARG,
     arg("--pair", choices=("position", "name"), default="position",
         help="position: the k-th boundary of each model (the lab's rule, default; a warning "
              "when the names disagree); name: by the names quantizers keep "
@@ -4388,6 +4446,7 @@ PAIR_ARGS = (
         help="also feed each int8 segment the fp32 tensors before it, to separate the error a "
              "layer introduces from the error it inherits"),
     *measure_ep_args(),
+    SWAPPED_OK_ARG,
     arg("--save-boundaries", metavar="FILE.npz",
         help="also store the fp32 model's boundary tensors and the inputs, for "
              "--load-boundaries on another machine"),
@@ -4751,7 +4810,7 @@ SETTINGS = declare(Command(
     summary="the first output under other optimization levels and thread counts, compared "
             "with a single-threaded unoptimized baseline",
     run=settings,
-    arguments=(MODEL, SEED, *INPUT_ARGS,
+    arguments=(MODEL, SEED, SEED_OPTION, *INPUT_ARGS,
                arg("--explain", action="store_true",
                    help="for each case that differs: the optimization level that introduces "
                         "it, a minimal set of graph transformers whose disabling restores the "
@@ -4809,6 +4868,10 @@ def placement(model: str, providers: list[str], seed: int = 0,
             subgraphs = [provider for provider, _ in
                          itertools.groupby(node["provider"] for node in nodes)]
     counts = dict(collections.Counter(node["provider"] for node in nodes))
+    missing = fallback_of(providers, actual)
+    if missing:
+        note(f"the session did not get {', '.join(missing)}: its nodes ran on what "
+             f"onnxruntime fell back to, {', '.join(actual)}")
     return {"model": model, "requested": providers, "actual": actual,
             "fell_back": differs_from_request(providers, actual), "source": source,
             "counts": counts, "nodes": nodes, "subgraphs": dict(collections.Counter(subgraphs))}
@@ -4850,7 +4913,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
           retries: int = 2, retry_pause: float = 2.0, require_providers: bool = False,
           allow_fallback: bool = False, outputs_into: dict | None = None,
           ep_library: list[str] = (), ep_options: dict | None = None,
-          save_outputs: str | None = None, load_outputs: str | None = None) -> dict:
+          save_outputs: str | None = None, load_outputs: str | None = None,
+          swapped_ok: bool = False) -> dict:
     """The CI gate: does the candidate (model and providers) match the reference within
     tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
     provider the candidate's session did not get) unless ``allow_fallback``;
@@ -4861,6 +4925,10 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     require_file(reference)
     require_file(candidate)
     golden_paths(save_outputs, load_outputs, [reference, candidate], "outputs", inputs)
+    graphs = [_graph_or_none(path) for path in (reference, candidate)]
+    if None not in graphs:  # a file that is no model gets onnxruntime's own words below
+        require_in_order(graphs, (reference, candidate), swapped_ok, ("reference", "candidate"))
+    del graphs
     providers = ["CPUExecutionProvider"] if providers is None else providers
     reference_providers = (["CPUExecutionProvider"] if reference_providers is None
                            else reference_providers)
@@ -4926,6 +4994,14 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
             **({"golden": golden} if golden else {})}
 
 
+def _graph_or_none(path: str):
+    """The graph of ``path`` (weights left on disk), or None where it is not one eprun reads."""
+    try:
+        return load_model(path)
+    except EprunError:
+        return None
+
+
 def _reference_run(reference: str, seed: int, inputs: InputOptions | None,
                    on: ProviderRequest, load_outputs: str | None) -> tuple:
     """``(golden, feed, output names, outputs, providers)`` of the reference: run here on
@@ -4968,6 +5044,8 @@ def _gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
             outputs.append(entry)
             continue
         entry.update(compare_outputs(expected, got, tolerance["rtol"], tolerance["atol"]))
+        _note_nonfinite(entry.get("nonfinite"), f"output {reference_name!r}",
+                        {"reference": reference_name, "candidate": candidate_name})
         outputs.append(entry)
         if entry["violations"]:
             failures.append({"output": reference_name, "bound": "tolerance",
@@ -4976,7 +5054,9 @@ def _gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
         if not entry["cosine"] >= tolerance["min_cos"]:
             failures.append({"output": reference_name, "bound": "min_cos",
                              "cosine": entry["cosine"], "min_cos": tolerance["min_cos"],
-                             "by": tolerance["min_cos"] - entry["cosine"]})
+                             "by": tolerance["min_cos"] - entry["cosine"],
+                             **({"nonfinite": entry["nonfinite"]} if "nonfinite" in entry
+                                else {})})
     return outputs, failures
 
 
@@ -5001,7 +5081,8 @@ CHECK = declare(Command(
         arg("--min-cos", type=parse_cosine,
             help="smallest allowed cosine between the flattened outputs"),
         *INPUT_ARGS,
-        arg("--seed", type=parse_seed, default=0, help="input seed (default 0)"),
+        SEED_POSITIONAL,
+        arg("--seed", type=parse_seed, help="input seed (default 0)"),
         arg("--warmup", type=parse_count, default=1,
             help="candidate runs before the measured one (default 1)"),
         arg("--retries", type=parse_count, default=2,
@@ -5022,7 +5103,7 @@ CHECK = declare(Command(
             help="compare with the reference outputs stored by --save-outputs (on their "
                  "inputs) instead of running the reference; refused if the reference model's "
                  "outputs are not the stored ones"),
-        *EP_ARGS),
+        *EP_ARGS, SWAPPED_OK_ARG),
     fields=("reference", "candidate", "seed", "rows", "profile", "tolerance", "providers",
             "warmup", "retries_used", "outputs", "failures", "passed"),
     detail='providers: {"requested", "actual", "fell_back", "reference"}; outputs: '
@@ -5312,7 +5393,7 @@ class SensitivityRun:
     """The fp32 model's final output, and the int8 model's with any set of units restored."""
 
     def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
-                 targets: Targets | None = None) -> None:
+                 targets: Targets | None = None, *, swapped_ok: bool = False) -> None:
         require_file(fp32)
         require_file(int8)
         self.fp32, self.int8 = fp32, int8
@@ -5320,6 +5401,7 @@ class SensitivityRun:
         self.actual: list[str] = []
         self.fp32_model = load_model(fp32, text_names=True)
         self.int8_model = load_model(int8, text_names=True)
+        require_in_order((self.fp32_model, self.int8_model), (fp32, int8), swapped_ok)
         if not any(node.op_type in _QDQ_OPS for node in self.int8_model.graph.node):
             raise EprunError(f"{int8!r} has no QuantizeLinear/DequantizeLinear nodes; "
                              "sensitivity restores units of a QDQ model (quantize_static with "
@@ -5369,7 +5451,8 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                 profile: str | None = None, max_units: int | None = None,
                 units: list[str] | None = None, providers: list[str] | None = None,
                 reference_providers: list[str] | None = None, allow_fallback: bool = False,
-                ep_library: list[str] = (), ep_options: dict | None = None) -> dict:
+                ep_library: list[str] = (), ep_options: dict | None = None,
+                swapped_ok: bool = False) -> dict:
     """Which quantized units to keep in float: each restored alone (``restore_to_float``) and
     measured on the final float output against the fp32 model, ranked by the SQNR it gains,
     then a verified recommendation: the best-ranked units added one at a time, the combined
@@ -5379,7 +5462,7 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
     require_file(int8)
     targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
                            ep_options)
-    run = SensitivityRun(fp32, int8, seed, inputs, targets)
+    run = SensitivityRun(fp32, int8, seed, inputs, targets, swapped_ok=swapped_ok)
     chosen = run.units
     if units is not None:
         known = {unit.name for unit in run.units}
@@ -5452,7 +5535,7 @@ SENSITIVITY = declare(Command(
             "final output, ranked, and a verified nodes_to_exclude list",
     run=sensitivity,
     arguments=(
-        *FP32_INT8, SEED, *INPUT_ARGS,
+        *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS,
         arg("--target-sqnr", type=parse_tolerance, metavar="DB",
             help="stop adding units once the final output's SQNR reaches DB"),
         arg("--target-rel-error", type=parse_tolerance, metavar="X",
@@ -5463,7 +5546,7 @@ SENSITIVITY = declare(Command(
             help="recommend at most N units"),
         arg("--units", type=parse_list, metavar="NAME,...",
             help="restore only these units (float node names) one at a time"),
-        *measure_ep_args()),
+        *measure_ep_args(), SWAPPED_OK_ARG),
     fields=("seed", "rows", "output", "quantized", "units", "target", "recommendation",
             "sessions"),
     detail='units: [{"name", "op_type", "named", "rel_error", "cos_min", "sqnr_db", '
@@ -5509,7 +5592,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            inputs: InputOptions | None = None, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
            target_providers: list[str] | None = None, force: bool = False,
            sensitivity_section: bool = False, ep_library: list[str] = (),
-           ep_options: dict | None = None) -> dict:
+           ep_options: dict | None = None, swapped_ok: bool = False) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -5527,6 +5610,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     paths = {name: os.path.join(out_dir, name) for name in REPORT_FILES}
     paths_of = {"fp32": fp32, "int8": int8}
     graphs = {which: load_model(path, text_names=True) for which, path in paths_of.items()}
+    require_in_order((graphs["fp32"], graphs["int8"]), (fp32, int8), swapped_ok)
     _check_report_targets(paths, graphs, paths_of, force)
     requests = [list(request) for request in REPORT_REQUESTS]
     if target_providers is not None and target_providers not in requests:
@@ -5542,14 +5626,16 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     pairing = "name" if named is not None else "position"
     progress.step(2)
     measured, int8_final = measure_layers(fp32, int8, seed, inputs=inputs,
-                                          boundary_ops=boundary_ops, pair=pairing)
+                                          boundary_ops=boundary_ops, pair=pairing,
+                                          swapped_ok=swapped_ok)
     growth_answer = growth_of(measured)
     progress.step(3)
     settings_answer = settings(int8, seed, inputs)
     progress.step(4)
     candidate: dict = {}
     gate = check(fp32, int8, providers=target_providers, profile="int8", inputs=inputs,
-                 seed=seed, outputs_into=candidate, ep_options=ep_options)
+                 seed=seed, outputs_into=candidate, ep_options=ep_options,
+                 swapped_ok=swapped_ok)
     progress.step(5)
     final = measured["layers"][-1]["int8"]
     plain = (candidate.get(final) if gate["providers"]["actual"] == ["CPUExecutionProvider"]
@@ -5557,7 +5643,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     exposure = _exposure_effect(int8, seed, final, int8_final, inputs=inputs, plain=plain)
     progress.step(6)
     progress.close()
-    ranked = sensitivity(fp32, int8, seed, inputs=inputs) if sensitivity_section else None
+    ranked = (sensitivity(fp32, int8, seed, inputs=inputs, swapped_ok=swapped_ok)
+              if sensitivity_section else None)
     facts = {**_report_facts(graphs["int8"], measured),
              "in_order": named is None or all(i == j for i, j in named.items())}
     markdown = report_markdown(provider_answer=provider_answer, splits=splits,
@@ -5625,7 +5712,8 @@ REPORT = declare(Command(
     run=report,
     arguments=(
         *FP32_INT8,
-        arg("--seed", type=parse_seed, default=0, help="input seed (default 0)"),
+        SEED_POSITIONAL,
+        arg("--seed", type=parse_seed, help="input seed (default 0)"),
         arg("--out-dir", help="folder to write into (default: the fp32 model's folder)"),
         arg("--force", action="store_true",
             help="replace files at the deliverables' paths that eprun did not write"),
@@ -5635,7 +5723,7 @@ REPORT = declare(Command(
         arg("--providers", type=parse_list, dest="target_providers",
             help="your target's providers: a row of the providers table, and the ones the "
                  "check verdict runs the int8 model on (default: CPU)"),
-        *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS),
+        *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG),
     fields=("out_dir", "files", "pairing", "check"),
     detail='check: {"profile", "tolerance", "providers", "failures", "passed"}; the JSON files '
            'hold the command answers, providers.json adds "note"',
@@ -5725,17 +5813,52 @@ class _Parser(argparse.ArgumentParser):
     """argparse with eprun's one-line usage errors (exit 2, nothing on stdout)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        hint = ""
-        argv = current_run().argv
-        command = next((COMMANDS[word] for word in argv if word in COMMANDS), None)
-        if command is not None and SEED in command.arguments and any(
-                word == "--seed" or word.startswith("--seed=") for word in argv):
-            positionals = [argument.names[0].upper() for argument in command.arguments
-                           if not argument.names[0].startswith("-")]
-            hint = (f"; the seed is positional in {command.name}: eprun.py {command.name} "
-                    f"{' '.join(positionals)}, without --seed")
-        self.exit(EXIT_USAGE, f"eprun: error: {one_line(message)}{hint} (see '{self.prog} "
-                  "--help')\n")
+        self.exit(EXIT_USAGE, f"eprun: error: {one_line(message)}{_usage_hint(message)} (see "
+                  f"'{self.prog} --help')\n")
+
+
+def _usage_hint(message: str) -> str:
+    """What to type instead, where argparse's message alone would leave the user guessing: a
+    command name that is nearly one, a list given as several arguments."""
+    import difflib
+
+    argv = list(current_run().argv)
+    wrong = re.search(r"invalid choice: '([^']*)'", message)
+    if wrong and message.startswith("argument <command>"):
+        close = difflib.get_close_matches(wrong.group(1), list(COMMANDS), n=1, cutoff=0.6)
+        return f"; did you mean {close[0]!r}?" if close else ""
+    command = next((COMMANDS[word] for word in argv if word in COMMANDS), None)
+    extra = re.match(r"unrecognized arguments: (.*)$", message)
+    lists = [argument for argument in (command.arguments if command else ())
+             if not argument.names[0].startswith("-")
+             and argument.options.get("type") is parse_list]
+    if extra and lists and argv:
+        words = extra.group(1).split()
+        start = next((k for k in range(len(argv)) if argv[k:k + len(words)] == words), None)
+        if start and not any(word.startswith("-") for word in words):
+            joined = ",".join([argv[start - 1], *words])
+            return f"; a list is one argument, its items joined with commas: {joined}"
+    return ""
+
+
+def settle_seed(args: argparse.Namespace) -> str | None:
+    """The seed is taken in both forms, positional and ``--seed``, by every command that has
+    one; leaves it in ``args.seed`` and returns what is wrong, if anything (none given where
+    it is required, or two that differ)."""
+    values = vars(args)
+    if "seed_option" in values:  # positional first: one of the two is required
+        given = [value for value in (values.pop("seed_option"), args.seed) if value is not None]
+        if not given:
+            return "the following arguments are required: seed (or --seed SEED)"
+    elif "seed_positional" in values:  # --seed first, default 0
+        given = [value for value in (args.seed, values.pop("seed_positional"))
+                 if value is not None] or [0]
+    else:
+        return None
+    if len(set(given)) > 1:
+        return f"the seed is given twice, as {given[0]} and {given[1]}: give it once"
+    args.seed = given[0]
+    return None
 
 
 class _VersionAction(argparse.Action):
@@ -5765,7 +5888,8 @@ def build_parser() -> argparse.ArgumentParser:
     import textwrap
 
     codes = ", ".join(f"{code} {name}" for code, name, _ in EXIT_CODES)
-    parser = _Parser(prog="eprun.py", description=__doc__.split("\n\n")[0],
+    program = program_name()
+    parser = _Parser(prog=program, description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog=textwrap.fill(f"Exit codes: {codes}.", 79))
     parser.add_argument("--version", action=_VersionAction, nargs=0,
@@ -5779,13 +5903,21 @@ def build_parser() -> argparse.ArgumentParser:
             textwrap.fill("JSON: {" + ", ".join(f'"{field}"' for field in command.fields)
                           + "}" + (f"; {command.detail}" if command.detail else ""), 79,
                           subsequent_indent="  ")) if part)
+        example = re.sub(r"^eprun\.py\b", program, command.example)
         sub = subparsers.add_parser(command.name, help=command.summary, description=description,
-                                    epilog=f"example:\n  {command.example}",
+                                    epilog=f"example:\n  {example}",
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         for argument in command.arguments:
             sub.add_argument(*argument.names, **argument.options)
-        sub.set_defaults(declared=command)
+        sub.set_defaults(declared=command, command_parser=sub)
     return parser
+
+
+def program_name() -> str:
+    """The name the user typed eprun by: ``eprun`` for the installed command, ``eprun.py``
+    when run as a file (and from other Python code), so that help and hints can be pasted."""
+    typed = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "eprun" if typed in ("eprun", "eprun.exe") else "eprun.py"
 
 
 def invoke(command: Command, args: argparse.Namespace) -> dict:
@@ -5828,7 +5960,14 @@ def _main(argv: list[str] | None, restore_handlers: bool) -> int:
     try:
         replaced = _install_signal_handlers()
         run.argv = tuple(sys.argv[1:] if argv is None else argv)
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        if not run.argv:  # bare eprun: what it can do, then why nothing ran
+            parser.print_help(sys.stderr)
+            parser.error("no command given")
+        args = parser.parse_args(argv)
+        problem = settle_seed(args)
+        if problem:
+            args.command_parser.error(problem)
         if 1 in closed:
             say("eprun: error: stdout is closed, so there is nowhere to write the answer")
             return EXIT_FAILURE

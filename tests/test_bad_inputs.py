@@ -185,7 +185,6 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["settings", "@fp32", "٣"], 2, "is not a non-negative integer"),
     (["report", "@fp32", "@int8", "--seed", "x"], 2, "'x'"),
     (["frobnicate", "@fp32"], 2, "frobnicate"),
-    ([], 2, "required"),
     (["layers", "@fp32", "@int8"], 2, "required"),
     (["layers", "@fp32", "@int8", "1", "2"], 2, "unrecognized"),
     (["settings", "@fp32"], 2, "required"),

@@ -71,15 +71,6 @@ def test_every_exit_code_is_documented_in_help_docstring_and_readme():
         assert re.search(rf"^\| {code}\b", table, re.MULTILINE), code
 
 
-def test_a_misplaced_seed_option_says_where_the_seed_goes(lab_pair):
-    fp32, int8 = lab_pair
-    result = run_eprun("layers", fp32, int8, "--seed", "2026")
-    assert result.code == 2 and result.stdout == ""
-    assert ("the seed is positional in layers: eprun.py layers FP32 INT8 SEED, without --seed"
-            in result.stderr)
-    assert len(result.stderr.splitlines()) == 1
-
-
 def test_an_op_list_that_matches_nothing_gets_near_misses(lab_pair):
     fp32, _ = lab_pair
     result = run_eprun("partition", fp32, "matmul,Addd")
@@ -88,15 +79,6 @@ def test_an_op_list_that_matches_nothing_gets_near_misses(lab_pair):
     assert "did you mean matmul -> MatMul, Addd -> Add?" in result.stderr
     assert "Its op types: MatMul, Add, Relu" in result.stderr
     assert "note" not in run_eprun("partition", fp32, "MatMul,Conv").stderr
-
-
-def test_a_swapped_pair_is_pointed_out(lab_pair):
-    fp32, int8 = lab_pair
-    result = run_eprun("layers", int8, fp32, "1")
-    assert result.code == 0
-    assert (f"eprun: note: the models look swapped: {str(int8)!r} has quantization nodes and "
-            f"{str(fp32)!r} has none" in result.stderr)
-    assert "swapped" not in run_eprun("layers", fp32, int8, "1").stderr
 
 
 BLOCK_ONNX = """

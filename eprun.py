@@ -182,6 +182,20 @@ def parse_tolerance(text: str) -> float:
     return value
 
 
+def parse_output_tolerance(text: str) -> tuple[str, float]:
+    """``VALUE`` (every output) or ``NAME:VALUE`` (one output; a name may hold colons)."""
+    name, colon, value = text.rpartition(":")
+    if not colon:
+        return "", parse_tolerance(text)
+    if not name:
+        raise argparse.ArgumentTypeError(f"{text!r} has no output name before the colon")
+    try:
+        return name, parse_tolerance(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not VALUE or NAME:VALUE with a non-negative number") from None
+
+
 def parse_dim(text: str) -> tuple[str, int]:
     """``NAME=VALUE``: a symbolic dimension's name (or ``INPUT:AXIS``) and a positive size."""
     name, _, value = text.rpartition("=")
@@ -293,6 +307,13 @@ SEED_POSITIONAL = arg("seed_positional", type=parse_seed, nargs="?", metavar="se
                       help="the seed as a positional argument, the same as --seed")
 FP32_INT8 = (arg("fp32", help="float model"),
              arg("int8", help="quantized model (QDQ, QOperator, dynamic or float16) of it"))
+
+
+def program_name() -> str:
+    """The name the user typed eprun by: ``eprun`` for the installed command, ``eprun.py``
+    when run as a file (and from other Python code), so that help and hints can be pasted."""
+    typed = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "eprun" if typed in ("eprun", "eprun.exe") else "eprun.py"
 
 
 # -- strict JSON -----------------------------------------------------------------------------------
@@ -2485,6 +2506,8 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
     for spec in specs:
         if spec.name in stored:
             array = stored[spec.name]
+            if options.file and options.arrays is None:
+                _require_fitting(array, spec, options.file, path)
             arrays[spec.name] = array
             fed.append({"name": spec.name, "dtype": array.dtype.name, "shape": list(array.shape),
                         "source": "file"})
@@ -2600,6 +2623,20 @@ def _draw(rng, spec: InputSpec, shape: tuple, value_range: tuple | None, path: s
         return (rng.integers(0, count, shape).astype(dtype),
                 f"integers[0, {count - 1}] (rows of {table})")
     return np.ones(shape, dtype), "ones"
+
+
+def _require_fitting(array, spec: InputSpec, file: str, path: str) -> None:
+    """An array of the ``--inputs`` file has the rank of the input it feeds and its fixed
+    dims: a wrong one is the file's mistake, said as such before onnxruntime blames a model."""
+    if not spec.dims:  # a scalar, or an input whose shape the model does not declare
+        return
+    declared = [dim if isinstance(dim, int) else (dim or "?") for dim in spec.dims]
+    wrong = len(array.shape) != len(spec.dims) or any(
+        isinstance(dim, int) and dim != size for dim, size in zip(spec.dims, array.shape))
+    if wrong:
+        raise EprunError(f"{file!r}: {spec.name!r} has shape {list(array.shape)}, but "
+                         f"{path!r} takes {spec.name!r} as {declared}; fix the array in the "
+                         "--inputs file")
 
 
 def _load_inputs_file(file: str, names: list[str], path: str) -> dict:
@@ -3230,7 +3267,11 @@ def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
         # an element equal in both has no relative difference, even where it is 0 (0/0)
         relative = np.where(diff == 0, 0.0, diff / np.abs(b))
         max_rel = float(np.max(relative)) if a.size else 0.0
-    answer = {"max_abs_diff": largest_of(diff), "max_rel_diff": max_rel,
+        spread = ({"mean_abs_diff": float(np.mean(diff)),
+                   "median_abs_diff": float(np.median(diff)),
+                   "p99_abs_diff": float(np.quantile(diff, 0.99))} if a.size else
+                  dict.fromkeys(("mean_abs_diff", "median_abs_diff", "p99_abs_diff"), 0.0))
+    answer = {"max_abs_diff": largest_of(diff), **spread, "max_rel_diff": max_rel,
               "cosine": cosine, "elements": int(a.size), "violations": violations,
               "worst": worst}
     counts = nonfinite_counts(b, a)
@@ -3302,7 +3343,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
                    boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
                    local: bool = False, max_memory: int | None = None, pair: str = "position",
                    targets: Targets | None = None, save_boundaries: str | None = None,
-                   load_boundaries: str | None = None, swapped_ok: bool = False):
+                   load_boundaries: str | None = None, swapped_ok: bool = False,
+                   clipping: bool = False):
     """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
 
     One model is in memory at a time: the fp32 session runs once for every boundary and is
@@ -3315,6 +3357,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     final output there (``exposure``): an EP compiles the exposed graph differently.
     ``save_boundaries`` stores the fp32 side's boundary tensors and inputs; ``load_boundaries``
     takes them from such a file (made on another machine) instead of running the fp32 model.
+    ``clipping`` (for ``report``) adds each entry's ``clipped``: the fraction of the fp32
+    values outside the range the int8 model's QuantizeLinear there can represent.
     """
     require_file(fp32_path)
     require_file(int8_path)
@@ -3342,6 +3386,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
 
     fp32_names = [fp32.boundaries[i] for i, _ in pairs]
     int8_names = [int8.boundaries[j] for _, j in pairs]
+    ranges = quantized_ranges(int8_path, int8_names) if clipping else {}
     budget = None if max_memory is None else max_memory << 20
     sizes = [None if a is None or b is None else a + b
              for a, b in ((fp32.boundary_bytes(f, rows), int8.boundary_bytes(q, rows))
@@ -3362,6 +3407,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
             fp32_name, int8_name = fp32_names[k], int8_names[k]
             a, b = a_values[fp32_name], b_values[int8_name]
             entry = _boundary_entry(k, (fp32_name, int8_name), (a, b), rows, metrics)
+            if clipping:
+                entry["clipped"] = clipped_fraction(a, ranges.get(int8_name))
             _note_nonfinite(entry.get("nonfinite"), f"boundary {k}",
                             {"fp32": fp32_name, "int8": int8_name})
             if segments is not None:
@@ -3421,6 +3468,44 @@ def _note_nonfinite(counts: dict | None, where: str, names: dict) -> None:
         if count:
             note(f"{where}: the {side} tensor {names[side]!r} holds {count} NaN or infinite "
                  f"value{'s' if count > 1 else ''}; the numbers it touches are null")
+
+
+def quantized_ranges(path: str, names: list[str]) -> dict:
+    """For each boundary of the int8 model at ``path``, the float range its QuantizeLinear
+    can represent, ``((qmin - zero) * scale, (qmax - zero) * scale)`` for a per-tensor scale
+    and zero point held in initializers; None where no such QuantizeLinear makes it."""
+    import numpy as np
+
+    model = load_model(path)
+    index = GraphIndex.of(model.graph)
+    ranges: dict = {}
+    for name in names:
+        quantize = next((node for node in quantizing_chain(name, index)[1]
+                         if node.op_type == "QuantizeLinear"), None)
+        ranges[name] = None
+        if quantize is None or len(quantize.input) < 2 or \
+                quantize.input[1] not in index.initializers:
+            continue
+        scale = _initializer_array(index.initializers[quantize.input[1]], path)
+        zero = (_initializer_array(index.initializers[quantize.input[2]], path)
+                if len(quantize.input) > 2 and quantize.input[2] in index.initializers
+                else np.zeros((), np.uint8))
+        if scale.size != 1 or zero.size != 1 or not np.issubdtype(zero.dtype, np.integer):
+            continue
+        limits = np.iinfo(zero.dtype)
+        step, offset = float(scale.reshape(())), int(zero.reshape(()))
+        ranges[name] = ((limits.min - offset) * step, (limits.max - offset) * step)
+    return ranges
+
+
+def clipped_fraction(values, bounds: tuple[float, float] | None) -> float | None:
+    """The fraction of ``values`` outside ``bounds`` (None without bounds)."""
+    import numpy as np
+
+    if bounds is None or not values.size:
+        return None
+    outside = np.count_nonzero((values < bounds[0]) | (values > bounds[1]))
+    return int(outside) / int(values.size)
 
 
 def _boundary_entry(k: int, names: tuple[str, str], values: tuple, rows: int,
@@ -3929,13 +4014,25 @@ def _sensitivity_section(ranked: dict) -> str:
     return "\n".join(lines)
 
 
+def _report_command(provider_answer: dict, settings_answer: dict) -> str:
+    """The command line that wrote the report, every option as typed (from ``main``), or the
+    equivalent one for a report made by calling ``report`` from Python."""
+    import shlex
+
+    argv = current_run().argv
+    if argv and argv[0] == "report":
+        program = program_name()
+        return shlex.join([*(["python"] if program.endswith(".py") else []), program, *argv])
+    return (f"python eprun.py report {provider_answer['model']} {settings_answer['model']} "
+            f"--seed {settings_answer['seed']}")
+
+
 def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict,
                     growth_answer: dict, settings_answer: dict, exposure: dict, gate: dict,
                     facts: dict) -> str:
     """``ep_report.md``: the four headings of the contract, every number from a measurement."""
-    lines = [(f"eprun report, generated by `python eprun.py report {provider_answer['model']} "
-             f"{settings_answer['model']} --seed {settings_answer['seed']}`; the JSON files "
-             "beside this report hold every number in full precision."), ""]
+    lines = [(f"eprun report, generated by `{_report_command(provider_answer, settings_answer)}`"
+              "; the JSON files beside this report hold every number in full precision."), ""]
     lines += _providers_section(provider_answer)
     lines += _partition_section(splits, measured, facts)
     lines += _growth_section(measured, growth_answer, facts)
@@ -3998,17 +4095,23 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
               "default session options; boundary k pairs the k-th tensor of each model"
               f"{'' if facts['in_order'] else ' named after it'} (`growth.json`)."), "",
               ("| boundary | fp32 tensor | int8 tensor | max abs error | scale | rel error | "
-              "cos min | ratio to previous |"), "|---|---|---|---|---|---|---|---|"]
+              "cos min | ratio to previous | clipped |"),
+              "|---|---|---|---|---|---|---|---|---|"]
     for entry, ratio in zip(measured["layers"], ratios):
+        clipped = entry.get("clipped")
         lines.append(f"| {entry['index']} | `{entry['fp32']}` | `{entry['int8']}` | "
                      f"{_num(entry['max_abs_error'])} | {_num(entry['scale'])} | "
                      f"{_num(entry['rel_error'])} | {_num(entry['cos_min'], 6)} | "
-                     f"{'—' if entry['index'] == 0 else _num(ratio)} |")
+                     f"{'—' if entry['index'] == 0 else _num(ratio)} | "
+                     f"{'—' if clipped is None else f'{clipped:.2%}'} |")
+    lines += ["", _clipping_prose(measured["layers"])]
     total = growth_answer["total_growth"]
     jump = growth_answer["max_ratio"]
     drops = [k for k in range(1, len(rel_error)) if not rel_error[k] >= rel_error[k - 1]]
     lines += ["", f"Total growth factor, last relative error over the first: **{_num(total)}** "
-              f"(`total_growth` = {total!r} in `growth.json`)." if total is not None else
+              f"(`total_growth` = {total!r} in `growth.json`): the error "
+              f"{'grew' if total > 1 else 'shrank' if total < 1 else 'stayed the same'}."
+              if total is not None else
               "Total growth factor: null (the first relative error is 0).", ""]
     if jump:
         lines.append(f"Largest jump: into boundary {jump['index']} "
@@ -4020,13 +4123,33 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
                     "scale)."
                     if set(drops) <= set(facts["requantized"]) else "."))
     if all(value is not None and math.isfinite(value) for value in rel_error):
+        names = [entry["fp32"].replace('"', "'") for entry in measured["layers"]]
         lines += ["", "```mermaid", "xychart-beta",
                   '    title "Relative error per boundary (int8 vs fp32)"',
-                  "    x-axis \"boundary\" [" + ", ".join(f'"{k}"' for k in range(len(rel_error)))
-                  + "]", '    y-axis "max abs error / scale"',
+                  "    x-axis \"fp32 tensor at the boundary\" ["
+                  + ", ".join(f'"{name}"' for name in names) + "]",
+                  f'    y-axis "max abs error / scale" 0 --> {_plain(max(rel_error) * 1.1 or 1.0)}',
                   "    line [" + ", ".join(map(_plain, rel_error)) + "]", "```"]
     lines.append("")
     return lines
+
+
+def _clipping_prose(entries: list[dict]) -> str:
+    """What the ``clipped`` column says: where the int8 range first cuts off fp32 values."""
+    clipping = [entry for entry in entries if entry.get("clipped")]
+    if not clipping:
+        return ("`clipped` is the share of the fp32 values outside the range the int8 model's "
+                "QuantizeLinear at that boundary can represent (its calibration range); none "
+                "is clipped here, so the error is rounding, not saturation.")
+    first = clipping[0]
+    return ("`clipped` is the share of the fp32 values outside the range the int8 model's "
+            "QuantizeLinear at that boundary can represent (its calibration range). The "
+            f"damage starts at boundary {first['index']} (`{first['fp32']}`): "
+            f"{first['clipped']:.2%} of its values are clipped there, so part of its error is "
+            "saturation, not rounding"
+            + (f"; boundar{'ies' if len(clipping) > 2 else 'y'} "
+               f"{', '.join(str(entry['index']) for entry in clipping[1:])} clip too."
+               if len(clipping) > 1 else "."))
 
 
 def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dict,
@@ -4075,6 +4198,159 @@ def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dic
               ("- **No timing was measured.** Nothing here says anything about speed; latency on "
               "this machine would not carry over to an accelerator anyway."), ""]
     return lines
+
+
+# -- tables --------------------------------------------------------------------------------------
+
+FORMAT_ARG = arg("--format", choices=("json", "table"), default="json",
+                 help="json: one JSON line (default, the contract's form); table: aligned "
+                      "columns for people, the worst row marked")
+
+
+def _cell(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return _num(value)
+    return "—" if value is None else str(value)
+
+
+def aligned(headers: list[str], rows: list[list], worst: int | None = None,
+            colour: bool = False) -> list[str]:
+    """``rows`` under ``headers`` in aligned columns (numbers to four significant digits,
+    right-aligned); row ``worst`` marked with ``<- worst``, in red where ``colour``."""
+    cells = [[_cell(value) for value in row] for row in rows]
+    numeric = [all(row[k] is None or (isinstance(row[k], (int, float))
+                                      and not isinstance(row[k], bool)) for row in rows)
+               for k in range(len(headers))]
+    widths = [max([len(header)] + [len(row[k]) for row in cells])
+              for k, header in enumerate(headers)]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(value.rjust(width) if numeric[k] else value.ljust(width)
+                         for k, (value, width) in enumerate(zip(values, widths))).rstrip()
+
+    lines = [line(headers), line(["-" * width for width in widths])]
+    for k, row in enumerate(cells):
+        text = line(row)
+        if k == worst:
+            text += "  <- worst"
+            if colour:
+                text = f"\033[1;31m{text}\033[0m"
+        lines.append(text)
+    return lines
+
+
+def _worst(values: list, largest: bool = True) -> int | None:
+    """The index of the largest (or smallest) finite value, None when there is none."""
+    finite = [(value, k) for k, value in enumerate(values)
+              if isinstance(value, (int, float)) and math.isfinite(value)]
+    if not finite:
+        return None
+    return (max(finite, key=lambda item: (item[0], -item[1])) if largest
+            else min(finite, key=lambda item: (item[0], item[1])))[1]
+
+
+def render_table(command: str, answer: dict, colour: bool = False) -> str:
+    """``answer`` of ``command`` (layers, growth, check, settings, sensitivity) as text a
+    person reads at a terminal: what was measured, one aligned row per boundary, output,
+    case or unit, the worst one marked, and the verdict or summary under it."""
+    return "\n".join(_TABLES[command](answer, colour))
+
+
+def _layers_table(answer: dict, colour: bool) -> list[str]:
+    entries = answer["layers"]
+    extra = [key for key in ("sqnr_db", "mse") if any(key in entry for entry in entries)]
+    local = any("local" in entry for entry in entries)
+    headers = ["boundary", "fp32 tensor", "int8 tensor", "max abs error", "scale",
+               "rel error", "cos min", *extra, *(["local rel error"] if local else [])]
+    rows = [[entry["index"], entry["fp32"], entry["int8"], entry["max_abs_error"],
+             entry["scale"], entry["rel_error"], entry["cos_min"],
+             *[entry.get(key) for key in extra],
+             *([(entry.get("local") or {}).get("rel_error")] if local else [])]
+            for entry in entries]
+    lines = [(f"layers: seed {answer['seed']}, {answer['rows']} rows, "
+              f"{answer['layer_count']} boundaries")]
+    lines += aligned(headers, rows, _worst([entry["rel_error"] for entry in entries]), colour)
+    for entry in entries:
+        if entry.get("nonfinite"):
+            lines.append(f"boundary {entry['index']}: NaN or infinite values "
+                         f"{entry['nonfinite']}")
+    return lines
+
+
+def _growth_table(answer: dict, colour: bool) -> list[str]:
+    ratios = [None, *answer["ratios"]]
+    rows = [[k, error, ratio] for k, (error, ratio) in enumerate(zip(answer["rel_error"],
+                                                                    ratios))]
+    jump = answer["max_ratio"]
+    lines = [f"growth: seed {answer['seed']}, {answer['layer_count']} boundaries"]
+    lines += aligned(["boundary", "rel error", "ratio to previous"], rows,
+                     jump["index"] if jump else None, colour)
+    total = answer["total_growth"]
+    if total is None:
+        lines.append("total growth: none (the first relative error is 0)")
+    else:
+        said = ("the error grew" if total > 1 else "the error shrank" if total < 1
+                else "the error stayed the same")
+        lines.append(f"total growth {_num(total)}: {said}; "
+                     f"{'monotone' if answer['monotone'] else 'not monotone'}")
+    return lines
+
+
+def _check_table(answer: dict, colour: bool) -> list[str]:
+    tolerance = answer["tolerance"]
+    outputs = answer["outputs"]
+    rows = [[entry["reference"], entry["candidate"], "x".join(map(str, entry["shape"])),
+             entry.get("max_abs_diff"), entry.get("mean_abs_diff"), entry.get("p99_abs_diff"),
+             entry.get("max_rel_diff"), entry.get("cosine"), entry.get("violations"),
+             entry.get("elements")] for entry in outputs]
+    lines = [(f"check: {answer['candidate']} against {answer['reference']}, "
+              f"{answer['profile']} profile (|c - r| <= {tolerance['atol']:g} + "
+              f"{tolerance['rtol']:g}*|r| per element, cosine >= {tolerance['min_cos']:g}), "
+              f"on {','.join(answer['providers']['actual'])}")]
+    lines += aligned(["reference", "candidate", "shape", "max abs diff", "mean abs diff",
+                      "p99 abs diff", "max rel diff", "cosine", "violations", "elements"], rows,
+                     _worst([entry.get("violations") for entry in outputs])
+                     if not answer["passed"] else None, colour)
+    lines.append("passed" if answer["passed"] else
+                 "failed: " + "; ".join(failure_reasons(answer["failures"])))
+    return lines
+
+
+def _settings_table(answer: dict, colour: bool) -> list[str]:
+    base = answer["baseline"]
+    cases = answer["cases"]
+    rows = [[base["level"], base["intra_op"], 0.0, True],
+            *[[case["level"], case["intra_op"], case["max_abs_diff"], case["bitwise_equal"]]
+              for case in cases]]
+    differing = [case["max_abs_diff"] if not case["bitwise_equal"] else None for case in cases]
+    worst = _worst(differing)
+    lines = [f"settings: {answer['model']}, seed {answer['seed']}, against the first row"]
+    lines += aligned(["level", "threads", "max abs diff", "bitwise equal"], rows,
+                     None if worst is None else worst + 1, colour)
+    lines.append("all equal" if answer["all_equal"] else "not all equal")
+    return lines
+
+
+def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
+    quantized = answer["quantized"]
+    rows = [[rank, unit["name"], unit["op_type"], unit["sqnr_db"], unit["gain_db"],
+             unit["rel_error"]] for rank, unit in enumerate(answer["units"], start=1)]
+    lines = [(f"sensitivity: output {answer['output']}, quantized SQNR "
+              f"{_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}; "
+              "each unit restored to float alone")]
+    lines += aligned(["rank", "unit", "op", "SQNR dB", "gain dB", "rel error"], rows, None,
+                     colour)
+    recommendation = answer["recommendation"]
+    lines.append(f"recommended nodes_to_exclude ({len(recommendation['nodes_to_exclude'])}): "
+                 f"{', '.join(recommendation['nodes_to_exclude']) or 'none'}; target "
+                 f"{'met' if recommendation['met'] else 'not met'}")
+    return lines
+
+
+_TABLES = {"layers": _layers_table, "growth": _growth_table, "check": _check_table,
+           "settings": _settings_table, "sensitivity": _sensitivity_table}
 
 
 # == 7. Commands ===================================================================================
@@ -4459,7 +4735,7 @@ LAYERS = declare(Command(
     name="layers",
     summary="FP32 vs. INT8 error at every boundary",
     run=layers,
-    arguments=(*PAIR_ARGS,
+    arguments=(*PAIR_ARGS, FORMAT_ARG,
                arg("--metrics", type=parse_metrics, default=(),
                    help=f"comma-joined extra metrics per boundary: {', '.join(METRICS)} "
                         "(SQNR in dB and mean squared error)")),
@@ -4476,7 +4752,7 @@ GROWTH = declare(Command(
     name="growth",
     summary="how the relative error grows from boundary to boundary",
     run=growth,
-    arguments=PAIR_ARGS,
+    arguments=(*PAIR_ARGS, FORMAT_ARG),
     fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
             "max_ratio"),
     detail='max_ratio: {"index", "ratio"}; "inputs", "providers" and "exposure" as in '
@@ -4810,7 +5086,7 @@ SETTINGS = declare(Command(
     summary="the first output under other optimization levels and thread counts, compared "
             "with a single-threaded unoptimized baseline",
     run=settings,
-    arguments=(MODEL, SEED, SEED_OPTION, *INPUT_ARGS,
+    arguments=(MODEL, SEED, SEED_OPTION, *INPUT_ARGS, FORMAT_ARG,
                arg("--explain", action="store_true",
                    help="for each case that differs: the optimization level that introduces "
                         "it, a minimal set of graph transformers whose disabling restores the "
@@ -4908,7 +5184,8 @@ PLACEMENT = declare(Command(
 
 def check(reference: str, candidate: str, *, providers: list[str] | None = None,
           reference_providers: list[str] | None = None, profile: str | None = None,
-          rtol: float | None = None, atol: float | None = None, min_cos: float | None = None,
+          rtol: float | list | None = None, atol: float | list | None = None,
+          min_cos: float | None = None,
           inputs: InputOptions | None = None, seed: int = 0, warmup: int = 1,
           retries: int = 2, retry_pause: float = 2.0, require_providers: bool = False,
           allow_fallback: bool = False, outputs_into: dict | None = None,
@@ -4941,12 +5218,27 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     reference_on = ProviderRequest(reference_providers, options=ep_options or {}, strict=True,
                                    allow_fallback=allow_fallback)
     profile = profile or "fp16"
+    if profile == "auto":
+        profile = _auto_profile(reference, candidate)
     tolerance = dict(TOLERANCE_PROFILES[profile])
-    tolerance.update({key: value for key, value in
-                      (("rtol", rtol), ("atol", atol), ("min_cos", min_cos)) if value is not None})
+    per_output: dict[str, dict] = {}
+    for key, given in (("rtol", rtol), ("atol", atol)):
+        for name, value in ([("", given)] if isinstance(given, (int, float)) else given or ()):
+            (per_output.setdefault(name, {}) if name else tolerance)[key] = value
+    if min_cos is not None:
+        tolerance["min_cos"] = min_cos
     retries_used = [0]
     golden, feed, reference_names, reference_outputs, reference_actual = _reference_run(
         reference, seed, inputs, reference_on, load_outputs)
+    unknown = sorted(set(per_output) - set(reference_names))
+    if unknown:
+        raise EprunError(f"--rtol/--atol name {', '.join(map(repr, unknown))}, which is no "
+                         f"output of {reference!r} (its outputs: {', '.join(reference_names)})",
+                         EXIT_USAGE)
+    if per_output:  # each named output's own, the rest from the profile or the options
+        tolerance["per_output"] = {name: {key: per_output[name].get(key, tolerance[key])
+                                          for key in ("rtol", "atol")}
+                                   for name in reference_names if name in per_output}
     candidate_session = _with_retries(
         lambda: open_session(candidate, what=repr(candidate), on=on),
         retries, retry_pause, retries_used, candidate)
@@ -4992,6 +5284,19 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
             "failures": failures, "passed": not failures,
             **({"golden": golden} if golden else {})}
+
+
+def _auto_profile(reference: str, candidate: str) -> str:
+    """``--profile auto``: the int8 tolerances for a quantized candidate of a float reference,
+    the fp16 ones otherwise (said on stderr either way)."""
+    graphs = [_graph_or_none(path) for path in (reference, candidate)]
+    quantized = None not in graphs and bool(_quantization_ops(graphs[1])) and not \
+        _quantization_ops(graphs[0])
+    profile = "int8" if quantized else "fp16"
+    why = ("quantizes and the reference does not" if quantized
+           else "is not a quantized twin of the reference")
+    note(f"--profile auto: {profile}, as {candidate!r} {why}")
+    return profile
 
 
 def _graph_or_none(path: str):
@@ -5043,7 +5348,8 @@ def _gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
                              "reference": list(expected.shape), "candidate": list(got.shape)})
             outputs.append(entry)
             continue
-        entry.update(compare_outputs(expected, got, tolerance["rtol"], tolerance["atol"]))
+        own = {**tolerance, **tolerance.get("per_output", {}).get(reference_name, {})}
+        entry.update(compare_outputs(expected, got, own["rtol"], own["atol"]))
         _note_nonfinite(entry.get("nonfinite"), f"output {reference_name!r}",
                         {"reference": reference_name, "candidate": candidate_name})
         outputs.append(entry)
@@ -5073,11 +5379,19 @@ CHECK = declare(Command(
             help="candidate's requested providers (default CPUExecutionProvider)"),
         arg("--reference-providers", type=parse_list, default=["CPUExecutionProvider"],
             help="reference's providers (default CPUExecutionProvider)"),
-        arg("--profile", choices=sorted(TOLERANCE_PROFILES),
+        arg("--profile", choices=[*sorted(TOLERANCE_PROFILES), "auto"],
             help="fp16: rtol 1e-2, atol 1e-3, cosine >= 0.999 (the default); int8: rtol 1e-1, "
-                 "atol 5e-2, cosine >= 0.990"),
-        arg("--rtol", type=parse_tolerance, help="relative tolerance (overrides the profile)"),
-        arg("--atol", type=parse_tolerance, help="absolute tolerance (overrides the profile)"),
+                 "atol 5e-2, cosine >= 0.990; auto: int8 when the candidate quantizes (Q/DQ, "
+                 "QLinear*, integer ops) and the reference does not, else fp16. An element "
+                 "fails when |candidate - reference| > atol + rtol*|reference| (numpy's "
+                 "isclose, the reference as the desired value; Polygraphy fails it only when "
+                 "both its absolute and its relative difference are over)"),
+        arg("--rtol", type=parse_output_tolerance, action="append", metavar="[NAME:]VALUE",
+            help="relative tolerance (overrides the profile); NAME:VALUE for one output; "
+                 "repeatable"),
+        arg("--atol", type=parse_output_tolerance, action="append", metavar="[NAME:]VALUE",
+            help="absolute tolerance (overrides the profile); NAME:VALUE for one output; "
+                 "repeatable"),
         arg("--min-cos", type=parse_cosine,
             help="smallest allowed cosine between the flattened outputs"),
         *INPUT_ARGS,
@@ -5103,13 +5417,14 @@ CHECK = declare(Command(
             help="compare with the reference outputs stored by --save-outputs (on their "
                  "inputs) instead of running the reference; refused if the reference model's "
                  "outputs are not the stored ones"),
-        *EP_ARGS, SWAPPED_OK_ARG),
+        *EP_ARGS, SWAPPED_OK_ARG, FORMAT_ARG),
     fields=("reference", "candidate", "seed", "rows", "profile", "tolerance", "providers",
             "warmup", "retries_used", "outputs", "failures", "passed"),
     detail='providers: {"requested", "actual", "fell_back", "reference"}; outputs: '
-           '[{"reference", "candidate", "shape", "max_abs_diff", "max_rel_diff", "cosine", '
-           '"elements", "violations", "worst"}]; "inputs" as in layers; --save-outputs and '
-           '--load-outputs add "golden"',
+           '[{"reference", "candidate", "shape", "max_abs_diff", "mean_abs_diff", '
+           '"median_abs_diff", "p99_abs_diff", "max_rel_diff", "cosine", "elements", '
+           '"violations", "worst"}] ("nonfinite" when NaN/Inf); "inputs" as in layers; '
+           '--save-outputs and --load-outputs add "golden"',
     example="eprun.py check fp32.onnx int8.onnx --profile int8 "
             "--providers CUDAExecutionProvider,CPUExecutionProvider",
     verdict=check_verdict))
@@ -5546,7 +5861,7 @@ SENSITIVITY = declare(Command(
             help="recommend at most N units"),
         arg("--units", type=parse_list, metavar="NAME,...",
             help="restore only these units (float node names) one at a time"),
-        *measure_ep_args(), SWAPPED_OK_ARG),
+        *measure_ep_args(), SWAPPED_OK_ARG, FORMAT_ARG),
     fields=("seed", "rows", "output", "quantized", "units", "target", "recommendation",
             "sessions"),
     detail='units: [{"name", "op_type", "named", "rel_error", "cos_min", "sqnr_db", '
@@ -5627,7 +5942,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     progress.step(2)
     measured, int8_final = measure_layers(fp32, int8, seed, inputs=inputs,
                                           boundary_ops=boundary_ops, pair=pairing,
-                                          swapped_ok=swapped_ok)
+                                          swapped_ok=swapped_ok, clipping=True)
     growth_answer = growth_of(measured)
     progress.step(3)
     settings_answer = settings(int8, seed, inputs)
@@ -5913,13 +6228,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def program_name() -> str:
-    """The name the user typed eprun by: ``eprun`` for the installed command, ``eprun.py``
-    when run as a file (and from other Python code), so that help and hints can be pasted."""
-    typed = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return "eprun" if typed in ("eprun", "eprun.exe") else "eprun.py"
-
-
 def invoke(command: Command, args: argparse.Namespace) -> dict:
     """Call a command's function with the parsed arguments its signature names."""
     import inspect
@@ -6009,7 +6317,9 @@ def _run(args: argparse.Namespace) -> int:
         try:
             with captured_chatter() as store:
                 answer = invoke(args.declared, args)
-            text = to_json(answer)
+            text = (to_json(answer) if getattr(args, "format", "json") == "json" else
+                    render_table(args.declared.name, answer,
+                                 colour=os.isatty(1) and not os.environ.get("NO_COLOR")))
         except EprunError as exc:
             _report_failure(exc, store)
             return exc.code

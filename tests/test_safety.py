@@ -309,15 +309,18 @@ sys.exit(eprun.main())
 def test_an_interrupt_lands_before_or_after_the_whole_report(lab_pair, tmp_path):
     fp32, int8 = lab_pair
     out = tmp_path / "out"
-    assert run_eprun("report", fp32, int8, "--out-dir", out, "--seed", "1").code == 0
+    assert run_eprun("report", fp32, int8, "--out-dir", "out", "--seed", "1",
+                     cwd=tmp_path).code == 0
     old = report_files(out)
-    fresh = tmp_path / "fresh"
-    assert run_eprun("report", fp32, int8, "--out-dir", fresh, "--seed", "2").code == 0
-    new = report_files(fresh)
+    elsewhere = tmp_path / "elsewhere"  # the same command line (the report's first line)
+    elsewhere.mkdir()
+    assert run_eprun("report", fp32, int8, "--out-dir", "out", "--seed", "2",
+                     cwd=elsewhere).code == 0
+    new = report_files(elsewhere / "out")
     assert old["growth.json"] != new["growth.json"]
     proc = subprocess.run([sys.executable, "-c", INTERRUPT_AFTER_FIRST_RENAME, str(EPRUN),
-                           "report", str(fp32), str(int8), "--out-dir", str(out), "--seed",
-                           "2"], capture_output=True, text=True, timeout=120)
+                           "report", str(fp32), str(int8), "--out-dir", "out", "--seed",
+                           "2"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 128 + signal.SIGTERM and proc.stdout == ""
     got = report_files(out)
     assert got in (new, old), "a mixed set of deliverables"

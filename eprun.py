@@ -27,7 +27,7 @@ The file reads top-down in layers, each using only the layers above it:
     3. Model access  graphs read without their weights, external data, the graph index, types
     4. Sessions and providers  the one options builder and session opener, EPs, plugin EPs
     5. Measurement core  feeds, golden files, boundaries, comparison, paired and local error
-    6. Rendering  answers into text: a verdict's line, the report's markdown and its chart
+    6. Rendering  answers into text: a verdict's line, the report's markdown, tables
     7. Commands  each command's function and its declaration, in the order listed above
     8. Command line  the parser, main() (which owns each run's state), the one failure report
 
@@ -3990,6 +3990,12 @@ def _partition_prose(splits: list[dict], measured: dict, facts: dict) -> str:
             f"quantization ops gives {int8_all['partition_count']}.")
 
 
+def _sensitivity_missing(why: str) -> str:
+    """The optional section when the ranking could not be made, and why."""
+    return "\n".join(["", "## Sensitivity (optional: report --sensitivity)", "",
+                      f"Not measured: {why}", ""])
+
+
 def _sensitivity_section(ranked: dict) -> str:
     """The optional fifth section of ``ep_report.md`` (``report --sensitivity``)."""
     quantized = ranked["quantized"]
@@ -5704,6 +5710,28 @@ def _final(model) -> str:
     return name
 
 
+def require_qdq_form(model, path: str) -> None:
+    """sensitivity restores units of a QDQ model, whose every quantized op is a float op
+    between DequantizeLinear and QuantizeLinear. A QOperator model (QLinearMatMul, ...) or a
+    dynamic one (DynamicQuantizeLinear, MatMulInteger) has no such units: restoring what
+    looks like one would rank ops the quantizer never touched."""
+    ops = [node.op_type for node in model.graph.node]
+    other = sorted({op for op in ops if op.startswith("QLinear") or op in (
+        "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QGemm", "QAttention",
+        "DynamicQuantizeMatMul")})
+    if other:
+        form = "dynamic" if {"DynamicQuantizeLinear", "DynamicQuantizeMatMul"} & set(other) \
+            else "QOperator"
+        raise EprunError(f"{path!r} is quantized in {form} form ({', '.join(other)}); "
+                         "sensitivity restores units of a QDQ model (quantize_static with "
+                         "QuantFormat.QDQ): quantize the float model that way to rank its "
+                         "units", EXIT_FAILURE)
+    if not any(op in _QDQ_OPS for op in ops):
+        raise EprunError(f"{path!r} has no QuantizeLinear/DequantizeLinear nodes; "
+                         "sensitivity restores units of a QDQ model (quantize_static with "
+                         "QuantFormat.QDQ)")
+
+
 class SensitivityRun:
     """The fp32 model's final output, and the int8 model's with any set of units restored."""
 
@@ -5717,10 +5745,7 @@ class SensitivityRun:
         self.fp32_model = load_model(fp32, text_names=True)
         self.int8_model = load_model(int8, text_names=True)
         require_in_order((self.fp32_model, self.int8_model), (fp32, int8), swapped_ok)
-        if not any(node.op_type in _QDQ_OPS for node in self.int8_model.graph.node):
-            raise EprunError(f"{int8!r} has no QuantizeLinear/DequantizeLinear nodes; "
-                             "sensitivity restores units of a QDQ model (quantize_static with "
-                             "QuantFormat.QDQ)")
+        require_qdq_form(self.int8_model, int8)
         self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
         self.int8_feed = feed_for(specs_from_model(self.int8_model), int8, self.feed)
         # Inline int8 weights become arrays once (large ones are read from the file by
@@ -5958,7 +5983,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     exposure = _exposure_effect(int8, seed, final, int8_final, inputs=inputs, plain=plain)
     progress.step(6)
     progress.close()
-    ranked = (sensitivity(fp32, int8, seed, inputs=inputs, swapped_ok=swapped_ok)
+    ranked = (_optional_sensitivity(fp32, int8, seed, inputs, swapped_ok)
               if sensitivity_section else None)
     facts = {**_report_facts(graphs["int8"], measured),
              "in_order": named is None or all(i == j for i, j in named.items())}
@@ -5967,7 +5992,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
                                settings_answer=settings_answer, exposure=exposure, gate=gate,
                                facts=facts)
     if ranked is not None:
-        markdown += _sensitivity_section(ranked)
+        markdown += (_sensitivity_section(ranked) if "error" not in ranked else
+                     _sensitivity_missing(ranked["error"]))
 
     external = _write_deliverables(
         out_dir, paths, paths_of, boundary_ops,
@@ -5978,7 +6004,9 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
               "check": {key: gate[key] for key in ("profile", "tolerance", "providers",
                                                    "failures", "passed")}}
     if ranked is not None:
-        answer["sensitivity"] = ranked["recommendation"]
+        answer["sensitivity"] = ranked.get("recommendation")
+        if "error" in ranked:
+            answer["sensitivity_error"] = ranked["error"]
     if external:
         answer["external_data"] = external
     return answer
@@ -6012,6 +6040,22 @@ def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: t
                 os.rmdir(folder)
         raise
     return external
+
+
+def _optional_sensitivity(fp32: str, int8: str, seed: int, inputs: InputOptions | None,
+                          swapped_ok: bool) -> dict:
+    """``report --sensitivity``'s ranking, or ``{"error": why}`` when it cannot be made: an
+    optional section that fails (a model form it refuses, a graph onnxruntime will not open)
+    leaves the rest of the report standing, and says why on stderr and in the report."""
+    try:
+        return sensitivity(fp32, int8, seed, inputs=inputs, swapped_ok=swapped_ok)
+    except (KeyboardInterrupt, SystemExit, MemoryError):
+        raise
+    except Exception as exc:  # whatever it was, the report still goes out
+        why = one_line(exc) if isinstance(exc, EprunError) else (
+            f"internal error: {type(exc).__name__}: {one_line(exc)}")
+        note(f"report --sensitivity: the section is left out: {why}")
+        return {"error": why}
 
 
 # What each deliverable starts with when eprun wrote it: JSON keys, or the report's first words.

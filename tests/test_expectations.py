@@ -308,3 +308,27 @@ def test_a_wrong_shaped_inputs_array_blames_the_file(eprun_fails, eprun, lab_pai
     assert f"{str(wrong)!r}: 'x' has shape [4, 3], but {str(fp32)!r} takes 'x' as" in line
     assert "fix the array in the --inputs file" in line
     assert eprun("layers", fp32, int8, "1", "--inputs", right)["rows"] == 4
+
+
+@pytest.mark.parametrize("route", ["qoperator", "dynamic"])
+def test_sensitivity_refuses_what_it_cannot_restore(eprun_fails, lab_pair, tmp_path, route):
+    """QOperator and dynamic twins have no float unit between Q/DQ pairs to restore: a clear
+    refusal, not a ranking of ops the quantizer never touched. report --sensitivity still
+    writes every deliverable and says why the section is missing."""
+    import real_models
+
+    fp32, _ = lab_pair
+    twin = tmp_path / f"{route}.onnx"
+    real_models.ROUTES[route](fp32, twin, 3)
+    form = {"qoperator": "QOperator", "dynamic": "dynamic"}[route]
+    line = eprun_fails(4, "sensitivity", fp32, twin, "1")
+    assert f"is quantized in {form} form" in line and "QuantFormat.QDQ" in line
+    out = tmp_path / "rep"
+    result = run_eprun("report", fp32, twin, "--out-dir", out, "--sensitivity")
+    assert result.code == 0, result.stderr
+    assert result.answer["sensitivity"] is None
+    assert f"quantized in {form} form" in result.answer["sensitivity_error"]
+    assert "report --sensitivity: the section is left out" in result.stderr
+    text = (out / "ep_report.md").read_text(encoding="utf-8")
+    assert "## Sensitivity (optional: report --sensitivity)\n\nNot measured: " in text
+    assert len(list(out.iterdir())) == 6

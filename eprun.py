@@ -2528,10 +2528,10 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
         arrays[spec.name] = np.asarray(array)  # a scalar input stays an array
         fed.append({"name": spec.name, "dtype": spec.dtype, "shape": shape, "source": source})
     only = specs[0] if len(specs) == 1 else None
-    contract_shaped = bool(only and only.dtype == "float32" and len(only.dims) >= 1
+    # the contract's one float32 [batch, F] input: its answers say nothing of the inputs
+    contract_shaped = bool(only and only.dtype == "float32" and len(only.dims) == 2
                            and not isinstance(only.dims[0], int)
-                           and all(isinstance(dim, int) for dim in only.dims[1:])
-                           and not options.shaped)
+                           and isinstance(only.dims[1], int) and not options.shaped)
     return Feed(arrays, rows, fed, contract_shaped, defaulted)
 
 
@@ -3399,10 +3399,12 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     kept = {}  # the fp32 tensors --save-boundaries stores
     for batch in batches:  # one session at a time, released before the next opens
         a_values = ({fp32_names[k]: stored[fp32_names[k]] for k in batch} if load_boundaries
-                    else _boundary_values(fp32, [fp32_names[k] for k in batch], feed.arrays))
+                    else _boundary_values(fp32, [fp32_names[k] for k in batch], feed.arrays,
+                                          dims_hint(feed)))
         if save_boundaries:
             kept.update(a_values)
-        b_values = _boundary_values(int8, [int8_names[k] for k in batch], int8_feed)
+        b_values = _boundary_values(int8, [int8_names[k] for k in batch], int8_feed,
+                                    dims_hint(feed))
         for k in batch:
             fp32_name, int8_name = fp32_names[k], int8_names[k]
             a, b = a_values[fp32_name], b_values[int8_name]
@@ -3452,11 +3454,14 @@ def _stored_boundaries(path: str, fp32: PairedModel, pairs: list, seed: int,
     return golden, stored, dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs)
 
 
-def _boundary_values(side: PairedModel, names: list[str], feeds: dict) -> dict:
+def _boundary_values(side: PairedModel, names: list[str], feeds: dict,
+                     hint: str = "") -> dict:
     """The float values of boundaries ``names`` of one side, from a session opened for them
-    (quantized ones read back through their scale and zero point)."""
+    (quantized ones read back through their scale and zero point); ``hint`` is added to a
+    failed run's error (the dims eprun chose)."""
     wanted = list(dict.fromkeys(names + side.runtime))
-    values = run_session(side.session(side.runtime), wanted, feeds, what=repr(side.path))
+    values = run_session(side.session(side.runtime), wanted, feeds, what=repr(side.path),
+                         hint=hint)
     fetched = dict(zip(wanted, values))
     return {name: side.quantization.read(name, fetched) for name in names}
 
@@ -5253,7 +5258,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
 
     def run_candidate() -> list:
         return _with_retries(lambda: run_session(candidate_session, None, candidate_feed,
-                                                 what=repr(candidate)),
+                                                 what=repr(candidate), hint=dims_hint(feed)),
                              retries, retry_pause, retries_used, candidate)
 
     for _ in range(warmup):
@@ -5759,7 +5764,7 @@ class SensitivityRun:
         session = open_exposed(model, fp32, on=self.targets.reference)
         self.reference_actual = list(session.get_providers())
         self.reference = run_session(session, [fp32_output], self.feed.arrays,
-                                     what=repr(fp32))[0]
+                                     what=repr(fp32), hint=dims_hint(self.feed))[0]
         del session
         self.sessions = 0
 
@@ -5772,7 +5777,8 @@ class SensitivityRun:
                                on=self.targets.candidate)
         self.actual = list(session.get_providers())
         self.sessions += 1
-        (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8))
+        (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
+                               hint=dims_hint(self.feed))
         self.last = value
         return compare_boundary(self.reference, value, self.feed.rows, metrics)
 

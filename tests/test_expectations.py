@@ -332,3 +332,37 @@ def test_sensitivity_refuses_what_it_cannot_restore(eprun_fails, lab_pair, tmp_p
     text = (out / "ep_report.md").read_text(encoding="utf-8")
     assert "## Sensitivity (optional: report --sensitivity)\n\nNot measured: " in text
     assert len(list(out.iterdir())) == 6
+
+
+def matmul_model(path, dims: list, features: int) -> None:
+    """x (dims) @ w (features x 3) -> y."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.ones((features, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "m",
+                              [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("command", ["layers", "growth", "check"])
+def test_a_run_that_fails_on_chosen_dims_says_which_and_how_to_set_them(eprun_fails, tmp_path,
+                                                                       command):
+    model = tmp_path / "needs_t5.onnx"
+    matmul_model(model, ["N", "T"], 5)  # runs only when T is 5
+    argv = (command, model, model) + (("1",) if command != "check" else ())
+    line = eprun_fails(4, *argv)
+    assert "eprun chose" in line and "x[1] ('T')" in line and "--dim NAME=VALUE" in line
+    assert run_eprun("layers", model, model, "1", "--dim", "T=5").code == 0
+
+
+def test_only_a_batch_by_features_input_goes_without_the_inputs_record(eprun, tmp_path):
+    image = tmp_path / "image.onnx"
+    matmul_model(image, ["N", 2, 4], 4)
+    answer = eprun("layers", image, image, "1")
+    assert answer["inputs"] == [{"name": "x", "dtype": "float32", "shape": [64, 2, 4],
+                                 "source": "standard_normal"}]
+    flat = tmp_path / "flat.onnx"
+    matmul_model(flat, ["N", 4], 4)
+    assert "inputs" not in eprun("layers", flat, flat, "1")

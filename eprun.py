@@ -3341,7 +3341,7 @@ class PairedModel:
 def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
                    inputs: InputOptions | None = None,
                    boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-                   local: bool = False, max_memory: int | None = None, pair: str = "position",
+                   local: bool = False, max_memory: int | None = None, pair: str = "auto",
                    targets: Targets | None = None, save_boundaries: str | None = None,
                    load_boundaries: str | None = None, swapped_ok: bool = False,
                    clipping: bool = False):
@@ -3371,7 +3371,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     fp32 = PairedModel(fp32_path, boundary_ops, targets.reference)
     int8 = PairedModel(int8_path, boundary_ops, targets.candidate)
     require_in_order((fp32.model, int8.model), (fp32_path, int8_path), swapped_ok)
-    pairs = plan_pairs(fp32, int8, pair)
+    pairs, pairing = plan_pairs(fp32, int8, pair)
     golden, stored = None, {}
     if load_boundaries:
         golden, stored, inputs = _stored_boundaries(load_boundaries, fp32, pairs, seed, inputs)
@@ -3428,6 +3428,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if not feed.contract_shaped:
         answer["inputs"] = feed.fed
     answer.update(layer_count=len(entries), layers=entries)
+    if pairing != "position" and pair == "auto":  # said only where it is not the contract's
+        answer["pairing"] = pairing
     if segments is not None:
         answer["local_unavailable"] = segments.unavailable
     if targets.given:
@@ -3545,11 +3547,15 @@ def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict) -> di
     return {"output": output, "max_abs_diff": float(diff)}
 
 
-def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> list[tuple[int, int]]:
-    """(fp32 index, int8 index) of each compared boundary.
+def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> tuple[list, str]:
+    """``([(fp32 index, int8 index), ...], how)``: each compared boundary, and how they were
+    paired (``position`` or ``name``).
 
     ``position`` (the contract) pairs the k-th with the k-th and warns on stderr where the
-    names prove that wrong; ``name`` pairs by the names quantizers keep.
+    names prove that wrong; ``name`` pairs by the names quantizers keep; ``auto`` (the
+    default) is ``position`` unless, with as many boundaries on each side, the names pair
+    every one of them otherwise (a quantizer that moved a node earlier): then by name, said
+    on stderr and in the answer. Different counts stay the contract's error.
     """
     named = pair_by_name(fp32.boundaries, int8.boundaries, fp32.owners, int8.owners)
     count_fp32, count_int8 = len(fp32.boundaries), len(int8.boundaries)
@@ -3560,7 +3566,7 @@ def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> list[tuple[in
                              f"{', '.join(map(repr, unpaired[:3]))}"
                              f"{' and more' if len(unpaired) > 3 else ''} of {fp32.path!r}; "
                              "pair by position (the default) or add --boundary-ops")
-        return sorted(named.items())
+        return sorted(named.items()), "name"
     if count_fp32 != count_int8:
         hint = ("; the names pair every fp32 boundary, so --pair name would compare them"
                 if len(named) == count_fp32 else "")
@@ -3571,9 +3577,14 @@ def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> list[tuple[in
     if wrong:
         shown = "; ".join(f"{fp32.boundaries[i]!r} (position {i}) goes with "
                           f"{int8.boundaries[j]!r} (position {j})" for i, j in wrong[:3])
-        note(f"pairing by position contradicts the tensor names: {shown}"
-             f"{' and more' if len(wrong) > 3 else ''}; rerun with --pair name")
-    return [(k, k) for k in range(count_fp32)]
+        more = " and more" if len(wrong) > 3 else ""
+        if pair == "auto" and len(named) == count_fp32:
+            note(f"paired by name, as position contradicts the tensor names: {shown}{more}; "
+                 "--pair position keeps the k-th with the k-th")
+            return sorted(named.items()), "name"
+        note(f"pairing by position contradicts the tensor names: {shown}{more}; rerun with "
+             "--pair name")
+    return [(k, k) for k in range(count_fp32)], "position"
 
 
 def _quantization_ops(model) -> int:
@@ -3901,7 +3912,7 @@ def growth_of(measured: dict) -> dict:
         worst = None if largest is None else {"index": largest[0], "rel_error": largest[1]}
         answer.update(local_rel_error=local_rel, worst_local=worst,
                       local_unavailable=measured["local_unavailable"])
-    for key in ("providers", "exposure", "golden"):
+    for key in ("pairing", "providers", "exposure", "golden"):
         if key in measured:
             answer[key] = measured[key]
     return answer
@@ -4685,7 +4696,7 @@ EXPOSE = declare(Command(
 
 def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
            boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-           local: bool = False, max_memory: int | None = None, pair: str = "position",
+           local: bool = False, max_memory: int | None = None, pair: str = "auto",
            providers: list[str] | None = None, reference_providers: list[str] | None = None,
            allow_fallback: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, save_boundaries: str | None = None,
@@ -4704,7 +4715,7 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
 
 def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
            boundary_ops: tuple[str, ...] = BOUNDARY_OPS, local: bool = False,
-           max_memory: int | None = None, pair: str = "position",
+           max_memory: int | None = None, pair: str = "auto",
            providers: list[str] | None = None, reference_providers: list[str] | None = None,
            allow_fallback: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, save_boundaries: str | None = None,
@@ -4721,10 +4732,11 @@ def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
 # What layers and growth both take.
 PAIR_ARGS = (
     *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS, BOUNDARY_OPS_ARG,
-    arg("--pair", choices=("position", "name"), default="position",
-        help="position: the k-th boundary of each model (the lab's rule, default; a warning "
-             "when the names disagree); name: by the names quantizers keep "
-             "(<t>_DequantizeLinear_Output, <node>_quant)"),
+    arg("--pair", choices=("auto", "position", "name"), default="auto",
+        help="auto (default): by position, the lab's rule, unless the names pair every "
+             "boundary otherwise (then by name, and the answer says \"pairing\": \"name\"); "
+             "position: always the k-th with the k-th (a warning when the names disagree); "
+             "name: by the names quantizers keep (<t>_DequantizeLinear_Output, <node>_quant)"),
     arg("--max-memory", type=parse_count, metavar="MB",
         help="fetch boundaries in batches whose tensors (fp32 + int8) fit in about MB "
              "megabytes, instead of all at once, running each model again per batch; 0 "

@@ -366,3 +366,12 @@ def test_only_a_batch_by_features_input_goes_without_the_inputs_record(eprun, tm
     flat = tmp_path / "flat.onnx"
     matmul_model(flat, ["N", 4], 4)
     assert "inputs" not in eprun("layers", flat, flat, "1")
+
+
+def test_the_lab_pair_keeps_the_contracts_pairing(eprun, lab_pair):
+    """auto pairs by position where names and positions agree: no "pairing" in the answer."""
+    fp32, int8 = lab_pair
+    answer = eprun("layers", fp32, int8, "2")
+    assert "pairing" not in answer
+    assert answer == eprun("layers", fp32, int8, "2", "--pair", "position")
+    assert "pairing" not in eprun("growth", fp32, int8, "2")

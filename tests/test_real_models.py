@@ -232,10 +232,15 @@ def test_position_pairing_warns_where_the_names_disagree(tmp_path):
     quantized.graph.node.extend(order)
     swapped = models.save(quantized, tmp_path / "swapped.onnx")
 
-    by_position, stderr = layers(fp32, swapped, "4")
+    by_position, stderr = layers(fp32, swapped, "4", "--pair", "position")
     assert ("pairing by position contradicts the tensor names: 'ra' (position 0) goes with "
             "'ra_DequantizeLinear_Output' (position 1)") in stderr
-    assert "--pair name" in stderr
+    assert "--pair name" in stderr and "pairing" not in by_position
+    by_default, stderr = layers(fp32, swapped, "4")  # auto: the names pair every boundary
+    assert "paired by name, as position contradicts the tensor names" in stderr
+    assert by_default["pairing"] == "name"
+    assert_layers_match({key: value for key, value in by_default.items() if key != "pairing"},
+                        oracle_layers(fp32, swapped, 4))
     assert by_position["layers"][0]["int8"] == "sb_DequantizeLinear_Output"
     by_name, stderr = layers(fp32, swapped, "4", "--pair", "name")
     assert "contradicts" not in stderr

@@ -3801,6 +3801,7 @@ class LocalSegments:
     def __init__(self, int8: PairedModel, boundaries: list[str], *, fp32_names: set,
                  input_names: set, rows: int, metrics: tuple[str, ...]) -> None:
         self.path, self.rows, self.metrics = int8.path, rows, metrics
+        self.types = int8.types
         self.on = int8.on  # segments run where the int8 model runs (--providers)
         self.unavailable: list[dict] = []
         model = load_model(int8.path)
@@ -3841,9 +3842,17 @@ class LocalSegments:
         return values
 
     def _fed(self, name: str, value):
-        """An fp32 value as the int8 model holds ``name``: quantized where it is 8-bit."""
-        return self.quantization.quantize(name, value) if name in self.quantization.params \
-            else value
+        """An fp32 value as the int8 model holds ``name``: quantized where it is 8-bit, cast
+        where it is another float type (a float16 twin's segments take float16)."""
+        if name in self.quantization.params:
+            return self.quantization.quantize(name, value)
+        elem = _element_type(self.types, name)
+        if elem in FLOAT_TYPES and elem != 1:  # 1: float32, as fed
+            from onnx import helper
+
+            with contextlib.suppress(KeyError, TypeError, ValueError):  # bfloat16: no numpy
+                return value.astype(helper.tensor_dtype_to_np_dtype(elem))
+        return value
 
     def measure(self, k: int, fp32_before, fp32_here, side_values: dict) -> dict | None:
         segment = self.segments.get(k)

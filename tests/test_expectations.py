@@ -375,3 +375,27 @@ def test_the_lab_pair_keeps_the_contracts_pairing(eprun, lab_pair):
     assert "pairing" not in answer
     assert answer == eprun("layers", fp32, int8, "2", "--pair", "position")
     assert "pairing" not in eprun("growth", fp32, int8, "2")
+
+
+def test_local_error_on_a_float16_twin_casts_what_it_feeds(tmp_path):
+    """A float16 twin's segments take float16: --local feeds the fp32 tensor cast to it. The
+    segment into relu1 is checked against onnx's own extraction of that subgraph, fed the
+    same cast tensor (sessions opened here)."""
+    import models
+    from test_real_models import float16_twin, run_exposing
+
+    fp32 = models.save(models.chain(features=8, widths=(16, 16, 8), seed=4), tmp_path / "f.onnx")
+    fp16 = models.save(float16_twin(onnx.load(str(fp32))), tmp_path / "h.onnx")
+    answer = run_eprun("layers", fp32, fp16, "2", "--local").answer
+    assert answer["local_unavailable"] == []
+    x = models.contract_input(2, 8)
+    fp32_values = run_exposing(fp32, ["relu0", "relu1"], {"x": x})
+    segment = tmp_path / "segment.onnx"
+    onnx.utils.extract_model(str(fp16), str(segment), ["relu0"], ["relu1"])
+    got = ort.InferenceSession(str(segment), providers=["CPUExecutionProvider"]).run(
+        None, {"relu0": fp32_values["relu0"].astype(np.float16)})[0]
+    assert got.dtype == np.float16
+    want = float(np.abs(got.astype(np.float64) - fp32_values["relu1"]).max())
+    local = answer["layers"][2]["local"]
+    assert answer["layers"][2]["fp32"] == "relu1"
+    assert local["max_abs_error"] == pytest.approx(want, rel=1e-9, abs=1e-12)

@@ -5033,19 +5033,35 @@ def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
                 "why": "disabling every graph transformer this onnxruntime release has up to "
                        f"{introducing} does not restore the baseline: the difference comes "
                        "from a transformer that cannot be disabled or from kernel choice"}
-    found = ddmin(candidates, restores)
-    for container, rule_level in (("Level1_RuleBasedTransformer", 1),
-                                  ("Level2_RuleBasedTransformer", 2)):
-        if container in found:  # which rules inside it
-            others = [name for name in found if name != container]
-            rules = known_names(REWRITE_RULES, rule_level)
-            if restores(others + rules):
-                found = others + ddmin(rules, lambda subset, o=others: restores(o + subset))
+    found = _refined(ddmin(candidates, restores), restores)
+    joined_at: dict[str, str] = {}  # a name found at the case's level, not at introducing
+    if level != introducing and not bitwise_equal(base, runner.output(level, 1, found)):
+        # more transformers change the numbers at the case's own level: find those too
+        case_rank = dict(levels).get(level, rank)
+
+        def restores_here(names: list[str]) -> bool:
+            tries[0] += 1
+            progress.step(tries[0])
+            return bitwise_equal(base, runner.output(level, 1, found + names))
+
+        more = [name for name in known_names(TRANSFORMERS, case_rank) if name not in found]
+        if restores_here(more):
+            joined = _refined(ddmin(more, restores_here), restores_here)
+            found, joined_at = found + joined, dict.fromkeys(joined, level)
     progress.close()
-    changed = {name: _changes_the_graph(runner, introducing, name) for name in found}
+    # the set is the answer only if disabling it restores the baseline at the case's own
+    # level, rerun here; only then can what is left at more threads be the threads' doing
+    restored = bitwise_equal(base, runner.output(level, 1, found))
+    changed = {name: _changes_the_graph(runner, joined_at.get(name, introducing), name)
+               for name in found}
     explanation.update(cause="optimizer", transformers=found,
-                       verified=[name for name in found if changed[name]])
-    if intra_op > 1 and not bitwise_equal(base, runner.output(level, intra_op, found)):
+                       verified=[name for name in found if changed[name]],
+                       restores_baseline=restored)
+    if not restored:
+        explanation["why"] = (f"disabling these restores the baseline at {introducing} but "
+                              f"not at {level}: the rest of the difference comes from a "
+                              "transformer that cannot be disabled or from kernel choice")
+    elif intra_op > 1 and not bitwise_equal(base, runner.output(level, intra_op, found)):
         explanation["threads_too"] = threads_reason
     explanation["first_difference"] = _first_difference(runner, base, level, intra_op)
     explanation["workaround"] = {
@@ -5056,6 +5072,19 @@ def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
             (name for name, _ in reversed(levels[:levels.index((introducing, rank))])),
             SETTINGS_BASELINE[0])}
     return explanation
+
+
+def _refined(found: list[str], restores: Callable[[list[str]], bool]) -> list[str]:
+    """``found`` with each rule container in it (Level1/Level2_RuleBasedTransformer) replaced
+    by the rules inside it that make the difference, where those alone do."""
+    for container, rule_level in (("Level1_RuleBasedTransformer", 1),
+                                  ("Level2_RuleBasedTransformer", 2)):
+        if container in found:  # which rules inside it
+            others = [name for name in found if name != container]
+            rules = known_names(REWRITE_RULES, rule_level)
+            if restores(others + rules):
+                found = others + ddmin(rules, lambda subset, o=others: restores(o + subset))
+    return found
 
 
 def _optimized_nodes(runner: SettingsRunner, level: str, disabled: list[str] = ()) -> list:

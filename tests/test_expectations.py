@@ -399,3 +399,45 @@ def test_local_error_on_a_float16_twin_casts_what_it_feeds(tmp_path):
     local = answer["layers"][2]["local"]
     assert answer["layers"][2]["fp32"] == "relu1"
     assert local["max_abs_error"] == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+class LayeredOptimizers:
+    """A stand-in for settings' runner whose numbers two transformers change: MatMulAddFusion
+    from ORT_ENABLE_BASIC on, QDQSelectorActionTransformer from ORT_ENABLE_EXTENDED on (as
+    CastElimination and the QDQ selector do on attention models), with no thread effect."""
+
+    def __init__(self) -> None:
+        self.runs = []
+        self.ranks = {"ORT_DISABLE_ALL": 0, "ORT_ENABLE_BASIC": 1, "ORT_ENABLE_EXTENDED": 2,
+                      "ORT_ENABLE_LAYOUT": 3, "ORT_ENABLE_ALL": 4}
+
+    def output(self, level, threads, disabled=()):
+        self.runs.append((level, threads, tuple(disabled)))
+        rank = self.ranks[level]
+        value = 0.0
+        if rank >= 1 and "MatMulAddFusion" not in disabled:
+            value += 1.0
+        if rank >= 2 and "QDQSelectorActionTransformer" not in disabled:
+            value += 2.0
+        return np.array([value], np.float32)
+
+
+def test_explain_finds_every_transformer_at_the_cases_own_level(monkeypatch):
+    """Disabling the transformer found at the introducing level (BASIC) leaves ENABLE_ALL
+    different: the explanation goes on at ENABLE_ALL, and only a set verified to restore the
+    baseline there lets the rest be blamed on threads (here nothing is left)."""
+    import eprun as tool
+
+    monkeypatch.setattr(tool, "_changes_the_graph", lambda runner, level, name: True)
+    monkeypatch.setattr(tool, "_first_difference", lambda *args: None)
+    runner = LayeredOptimizers()
+    base = runner.output("ORT_DISABLE_ALL", 1)
+    for threads in (1, 2):
+        explained = tool.explain_case(runner, base,
+                                      {"level": "ORT_ENABLE_ALL", "intra_op": threads})
+        assert explained["introduced_by"] == "ORT_ENABLE_BASIC"
+        assert sorted(explained["transformers"]) == ["MatMulAddFusion",
+                                                     "QDQSelectorActionTransformer"]
+        assert explained["restores_baseline"] is True
+        assert "threads_too" not in explained
+        assert ("ORT_ENABLE_ALL", 1, tuple(explained["transformers"])) in runner.runs

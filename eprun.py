@@ -2884,9 +2884,11 @@ def final_output(graph) -> str | None:
     return graph.output[0].name if graph.output else None
 
 
-def find_boundaries(graph, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> list[str]:
+def find_boundaries(graph, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
+                    final: str | None = None) -> list[str]:
     """The first input of every MatMul/Gemm (or quantized form of one) in file order, then the
-    graph's first float output; each name once.
+    graph's first float output (or ``final``, a graph output chosen with ``--output``, last
+    whatever else reads it); each name once.
 
     A MatMul's first input is the activation entering a layer; in a QDQ model it is the float
     output of a DequantizeLinear, so the same rule finds comparable tensors in both models.
@@ -2894,7 +2896,9 @@ def find_boundaries(graph, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> list
     ops = set(with_quantized_forms(boundary_ops))
     candidates = [node.input[0] for node in graph.node
                   if node.op_type in ops and node.input and node.input[0]]
-    final = final_output(graph)
+    if final is not None:
+        candidates = [name for name in candidates if name != final]
+    final = final or final_output(graph)
     return list(dict.fromkeys(candidates + ([final] if final else [])))
 
 
@@ -3287,14 +3291,18 @@ class PairedModel:
     boundaries and how to read a quantized one back as float."""
 
     def __init__(self, path: str, boundary_ops: tuple[str, ...],
-                 on: ProviderRequest | None = None) -> None:
+                 on: ProviderRequest | None = None, output: str | None = None) -> None:
         self.path, self.boundary_ops, self.on = path, boundary_ops, on
         self.actual: list[str] = []
         self.model = load_model(path, text_names=True)
-        self.boundaries = find_boundaries(self.model.graph, boundary_ops)
+        outputs = [value.name for value in self.model.graph.output]
+        if output is not None and output not in outputs:
+            raise EprunError(f"--output {output!r}: {path!r} has no output of that name (its "
+                             f"outputs: {', '.join(outputs)})", EXIT_USAGE)
+        self.boundaries = find_boundaries(self.model.graph, boundary_ops, output)
         self.owners = boundary_owners(self.model.graph, self.boundaries, boundary_ops)
         self.types = tensor_types(self.model)
-        final = final_output(self.model.graph)
+        final = output or final_output(self.model.graph)
         declared = {value.name: value.type.tensor_type.elem_type
                     for value in self.model.graph.output}
         if final is None or (declared.get(final)
@@ -3344,7 +3352,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
                    local: bool = False, max_memory: int | None = None, pair: str = "auto",
                    targets: Targets | None = None, save_boundaries: str | None = None,
                    load_boundaries: str | None = None, swapped_ok: bool = False,
-                   clipping: bool = False):
+                   clipping: bool = False, output: str | None = None):
     """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
 
     One model is in memory at a time: the fp32 session runs once for every boundary and is
@@ -3368,8 +3376,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
         raise EprunError("--local feeds each segment tensors of the fp32 run, which "
                          "--load-boundaries does not make; use one or the other", EXIT_USAGE)
     targets = targets or Targets()
-    fp32 = PairedModel(fp32_path, boundary_ops, targets.reference)
-    int8 = PairedModel(int8_path, boundary_ops, targets.candidate)
+    fp32 = PairedModel(fp32_path, boundary_ops, targets.reference, output)
+    int8 = PairedModel(int8_path, boundary_ops, targets.candidate, output)
     require_in_order((fp32.model, int8.model), (fp32_path, int8_path), swapped_ok)
     pairs, pairing = plan_pairs(fp32, int8, pair)
     golden, stored = None, {}
@@ -3618,15 +3626,22 @@ def require_in_order(models: tuple, paths: tuple[str, str], swapped_ok: bool,
 
 
 def _suggest_boundary_ops(fp32: PairedModel, boundary_ops: tuple[str, ...]) -> None:
-    """A CNN has no MatMul: its only boundary is the output. Say which option helps."""
-    if len(fp32.boundaries) > 1:
+    """A CNN has no MatMul: its only boundary is the output, or the output and the input of
+    a Gemm head. Say which option helps where the layers left out outnumber those compared."""
+    left_out = [node.op_type for node in fp32.model.graph.node
+                if node.op_type in _LINEAR_OPS and node.op_type not in boundary_ops]
+    present = sorted(set(left_out))
+    if not present or len(left_out) < len(fp32.boundaries):
         return
-    present = sorted({node.op_type for node in fp32.model.graph.node
-                      if node.op_type in _LINEAR_OPS and node.op_type not in boundary_ops})
-    if present:
+    wider = ",".join(dict.fromkeys([*boundary_ops, *present]))
+    if len(fp32.boundaries) <= 1:
         note(f"{fp32.path!r} has no boundary before its output (no "
              f"{'/'.join(boundary_ops)} node), but it has {', '.join(present)}: add "
              f"--boundary-ops {','.join(present)} to compare the input of each")
+    else:
+        note(f"{fp32.path!r} has {len(fp32.boundaries)} boundaries, but {len(left_out)} "
+             f"{'/'.join(present)} layers no boundary is in front of: --boundary-ops {wider} "
+             "compares the input of each")
 
 
 def plan_batches(sizes: list[int | None], budget: int | None) -> list[list[int]]:
@@ -4709,7 +4724,8 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            providers: list[str] | None = None, reference_providers: list[str] | None = None,
            allow_fallback: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, save_boundaries: str | None = None,
-           load_boundaries: str | None = None, swapped_ok: bool = False) -> dict:
+           load_boundaries: str | None = None, swapped_ok: bool = False,
+           output: str | None = None) -> dict:
     """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
     twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
     require_file(fp32)
@@ -4719,7 +4735,8 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
     return measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
                           metrics=metrics, local=local, max_memory=max_memory, pair=pair,
                           targets=targets, save_boundaries=save_boundaries,
-                          load_boundaries=load_boundaries, swapped_ok=swapped_ok)[0]
+                          load_boundaries=load_boundaries, swapped_ok=swapped_ok,
+                          output=output)[0]
 
 
 def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
@@ -4728,14 +4745,16 @@ def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            providers: list[str] | None = None, reference_providers: list[str] | None = None,
            allow_fallback: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, save_boundaries: str | None = None,
-           load_boundaries: str | None = None, swapped_ok: bool = False) -> dict:
+           load_boundaries: str | None = None, swapped_ok: bool = False,
+           output: str | None = None) -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
     return growth_of(layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
                             local=local, max_memory=max_memory, pair=pair, providers=providers,
                             reference_providers=reference_providers,
                             allow_fallback=allow_fallback, ep_library=ep_library,
                             ep_options=ep_options, save_boundaries=save_boundaries,
-                            load_boundaries=load_boundaries, swapped_ok=swapped_ok))
+                            load_boundaries=load_boundaries, swapped_ok=swapped_ok,
+                            output=output))
 
 
 # What layers and growth both take.
@@ -4755,6 +4774,9 @@ PAIR_ARGS = (
              "layer introduces from the error it inherits"),
     *measure_ep_args(),
     SWAPPED_OK_ARG,
+    arg("--output", metavar="NAME",
+        help="the graph output to end with (default: the first float one), in both models: "
+             "e.g. a detector's scores rather than boxes reordered by TopK"),
     arg("--save-boundaries", metavar="FILE.npz",
         help="also store the fp32 model's boundary tensors and the inputs, for "
              "--load-boundaries on another machine"),

@@ -441,3 +441,51 @@ def test_explain_finds_every_transformer_at_the_cases_own_level(monkeypatch):
         assert explained["restores_baseline"] is True
         assert "threads_too" not in explained
         assert ("ORT_ENABLE_ALL", 1, tuple(explained["transformers"])) in runner.runs
+
+
+def test_a_cnn_with_a_gemm_head_is_told_about_conv_boundaries(tmp_path):
+    import models
+    import real_models
+
+    cnn = models.save(real_models.residual_cnn(7), tmp_path / "cnn.onnx")
+    result = run_eprun("layers", cnn, cnn, "1")
+    assert result.code == 0 and result.answer["layer_count"] == 2  # the Gemm's input, output
+    assert ("has 2 boundaries, but 4 Conv layers no boundary is in front of: --boundary-ops "
+            "MatMul,Gemm,Conv compares the input of each") in result.stderr
+    wider = run_eprun("layers", cnn, cnn, "1", "--boundary-ops", "MatMul,Gemm,Conv")
+    assert wider.answer["layer_count"] == 6 and "boundary-ops" not in wider.stderr
+
+
+def two_outputs(path, factor: float) -> None:
+    """x @ (factor * W) -> h; outputs a = Relu(h) (the first float one) and b = Sigmoid(h)."""
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array((factor * rng.standard_normal((4, 3))).astype(np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", 3])
+               for name in ("a", "b")]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                               helper.make_node("Relu", ["h"], ["a"], name="relu"),
+                               helper.make_node("Sigmoid", ["h"], ["b"], name="sig")],
+                              "two", [x], outputs, [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def test_output_chooses_the_final_boundary(eprun, eprun_fails, tmp_path):
+    import models
+
+    first, second = tmp_path / "one.onnx", tmp_path / "two.onnx"
+    two_outputs(first, 1.0)
+    two_outputs(second, 1.01)
+    default = eprun("layers", first, second, "1")
+    assert [entry["fp32"] for entry in default["layers"]] == ["x", "a"]
+    chosen = eprun("layers", first, second, "1", "--output", "b")
+    assert [entry["fp32"] for entry in chosen["layers"]] == ["x", "b"]
+    x = models.contract_input(1, 4)
+    b1, b2 = (ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        ["b"], {"x": x})[0].astype(np.float64) for path in (first, second))
+    assert chosen["layers"][-1]["max_abs_error"] == pytest.approx(
+        float(np.abs(b2 - b1).max()), rel=1e-9)
+    assert "no output of that name (its outputs: a, b)" in eprun_fails(
+        2, "growth", first, second, "1", "--output", "h")

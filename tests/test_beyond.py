@@ -341,27 +341,8 @@ def conv_model(seed: int = 0) -> onnx.ModelProto:
 
 
 def test_conv_model_with_boundary_ops(eprun, tmp_path):
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
     fp32 = models.save(conv_model(), tmp_path / "conv.onnx")
-    int8 = tmp_path / "conv_q.onnx"
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            rng = np.random.default_rng(3)
-            self.it = iter([{"x": rng.standard_normal((8, 3, 8, 8)).astype(np.float32)}
-                            for _ in range(4)])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(fp32), str(int8), Reader(), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    int8 = models.quantize(fp32, tmp_path / "conv_q.onnx", seed=3, rows=8)
     plain = eprun("layers", fp32, int8, "3")
     assert [e["fp32"] for e in plain["layers"]] == ["f", "y"]
     answer = eprun("layers", fp32, int8, "3", "--boundary-ops", "Conv")

@@ -383,7 +383,7 @@ def test_int8_against_itself_on_openvino_is_the_divergence_table(eprun, tmp_path
     int8 = tmp_path / "enc_int8.onnx"
     model = real_models.transformer_encoder(seed=3)
     onnx.save(model, str(fp32))
-    real_models.quantize_qdq(fp32, int8, seed=4)
+    models.quantize(fp32, int8, seed=4, rows=4)
     feeds = real_models.random_feeds(model, seed=5, rows=4)
     np.savez(tmp_path / "inputs.npz", **feeds)
     answer = eprun("layers", int8, int8, "0", "--providers", OPENVINO, "--inputs",

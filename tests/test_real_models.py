@@ -18,9 +18,8 @@ import real_models
 from conftest import run_eprun
 from onnx import TensorProto, helper, numpy_helper
 
-ROUTES = {"qdq": lambda f, o: real_models.quantize_qdq(f, o, 7),
-          "qoperator": lambda f, o: real_models.quantize_qoperator(f, o, 7),
-          "dynamic": real_models.quantize_dyn}
+ROUTES = {route: lambda f, o, route=route: models.quantize(f, o, 7, route=route, rows=4)
+          for route in models.ROUTES}
 # model -> (builder, --boundary-ops on top of MatMul/Gemm)
 MODELS = {"encoder": (lambda: real_models.transformer_encoder(1), ()),
           "cnn": (lambda: real_models.residual_cnn(2), ("Conv",)),

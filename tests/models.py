@@ -1,7 +1,8 @@
-"""Small ONNX models for the tests, built with onnx.helper, and the tests' one way to quantize
-a model (``quantize``); every RNG is seeded.
+"""Small ONNX models for the tests, built with onnx.helper, and the tests' one way each to
+quantize a model (``quantize``), to run one in a session of their own (``run``) and to expose
+tensors as outputs typed by shape inference (``with_outputs``); every RNG is seeded.
 
-real_models.py builds real-shaped models on top of these, and quantizes them through here.
+real_models.py builds real-shaped models on top of these; both quantize and run through here.
 """
 from __future__ import annotations
 
@@ -225,3 +226,59 @@ def quantize(fp32, out, seed: int = 0, per_channel: bool = False, *, route: str 
     _clamp(out)
     return Path(out)
 
+
+# -- running: sessions the tests open themselves ----------------------------------------------
+
+def run(model, feeds, outputs=None, *, typed: bool = False, level: str | None = None,
+        threads: int = 0, disabled=()) -> list:
+    """``model``'s outputs on ``feeds``, from a CPU session opened here (an oracle's, never
+    eprun's code).
+
+    ``model`` is a path or an onnx.ModelProto; ``feeds`` a dict (inputs the model does not take
+    are dropped: one dict serves a model and its quantized twin) or the one input's array.
+    ``outputs`` names what to fetch, in order (default: the graph outputs); a name that is not a
+    graph output is added as one, untyped (onnxruntime infers the type) or, ``typed``, declared
+    as shape inference types it (``with_outputs``). Default session options, unless ``level``
+    names a GraphOptimizationLevel ("ORT_DISABLE_ALL", ...): then with ``threads`` intra-op
+    threads and one inter-op thread. ``disabled`` names graph optimizers to turn off.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if level is not None:
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    source = str(model)
+    if isinstance(model, onnx.ModelProto) or outputs:
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)))
+        if typed:
+            proto = with_outputs(proto, outputs or ())
+        declared = {value.name for value in proto.graph.output}
+        proto.graph.output.extend(onnx.ValueInfoProto(name=name) for name in
+                                  dict.fromkeys(outputs or ()) if name not in declared)
+        source = proto.SerializeToString()
+    extra = {"disabled_optimizers": list(disabled)} if disabled else {}
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"], **extra)
+    if not isinstance(feeds, dict):
+        feeds = {session.get_inputs()[0].name: feeds}
+    taken = {value.name for value in session.get_inputs()}
+    return session.run(list(outputs) if outputs else None,
+                       {name: value for name, value in feeds.items() if name in taken})
+
+
+def with_outputs(model, names) -> onnx.ModelProto:
+    """``model`` (a path or a ModelProto) with ``names`` added as graph outputs, each declared
+    with the type onnx's shape inference gives it (how expose declares a boundary, written out
+    again here)."""
+    inferred = onnx.shape_inference.infer_shapes(
+        model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)))
+    known = {value.name: value
+             for value in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    present = {value.name for value in inferred.graph.output}
+    for name in names:
+        if name not in present:
+            inferred.graph.output.append(known[name])
+            present.add(name)
+    return inferred

@@ -310,10 +310,6 @@ def _self_check(show_names: bool = False) -> int:
 
     import onnxruntime as ort
 
-    def run(source, feeds):
-        source = source.SerializeToString() if isinstance(source, onnx.ModelProto) else str(source)
-        return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
-
     def outputs(model):
         return {t for n in model.graph.node for t in n.output}
 
@@ -324,9 +320,9 @@ def _self_check(show_names: bool = False) -> int:
             fp32, model = Path(tmp, f"{name}.onnx"), build(7)
             onnx.save(model, str(fp32))
             feeds, float_names = random_feeds(model, 11), outputs(model)
-            base, shuffled = run(model, feeds), reorder_nodes(model, 5)
+            base, shuffled = models.run(model, feeds), reorder_nodes(model, 5)
             onnx.checker.check_model(shuffled)
-            same = all(np.array_equal(a, b) for a, b in zip(base, run(shuffled, feeds)))
+            same = all(np.array_equal(a, b) for a, b in zip(base, models.run(shuffled, feeds)))
             moved = list(shuffled.graph.node) != list(model.graph.node)
             print(f"{name:11} {'reorder':9} {stack:24} {'ok' if same else 'FAIL':14} moved={moved}")
             failures += not same
@@ -335,7 +331,7 @@ def _self_check(show_names: bool = False) -> int:
                 try:
                     if make is not None:
                         make(fp32, path, 3)
-                    q, outs = onnx.load(str(path)), run(path, feeds)
+                    q, outs = onnx.load(str(path)), models.run(path, feeds)
                     err = max(float(np.abs(a - b).max())
                               for a, b in zip(base, outs) if a.dtype.kind == "f")
                 except Exception as exc:

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from conftest import EPRUN, run_eprun
 from onnx import TensorProto, helper, numpy_helper
-from test_commands import oracle_boundaries, oracle_layers, run_with_outputs
+from test_commands import oracle_boundaries, oracle_layers
 
 # -- partition --mode ort ----------------------------------------------------------------------
 
@@ -204,10 +204,8 @@ def local_oracle(fp32, int8, seed: int, k: int) -> np.ndarray:
     fp32_model = onnx.load(str(fp32))
     features = fp32_model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
     x = models.contract_input(seed, features)
-    a_prev = run_with_outputs(fp32, [layers[k - 1]["fp32"]], x)[0]
-    session = ort.InferenceSession(int8_model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
-    return session.run([layers[k]["int8"]], {"x": x, "fed": a_prev})[0]
+    a_prev = models.run(fp32, x, [layers[k - 1]["fp32"]], typed=True)[0]
+    return models.run(int8_model, {"x": x, "fed": a_prev}, [layers[k]["int8"]])[0]
 
 
 def test_local_errors_match_graph_surgery(eprun, lab_pair):
@@ -216,8 +214,8 @@ def test_local_errors_match_graph_surgery(eprun, lab_pair):
     assert answer["local_unavailable"] == []
     expected = oracle_layers(fp32, int8, 4)
     features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
-    fp32_tensors = run_with_outputs(fp32, [e["fp32"] for e in expected],
-                                    models.contract_input(4, features))
+    fp32_tensors = models.run(fp32, models.contract_input(4, features),
+                              [e["fp32"] for e in expected], typed=True)
     assert answer["layers"][0]["local"]["rel_error"] == answer["layers"][0]["rel_error"]
     for k in range(1, len(expected)):
         got = answer["layers"][k]["local"]
@@ -294,8 +292,8 @@ def test_metrics_sqnr_and_mse(eprun, lab_pair):
     plain = eprun("layers", fp32, int8, "6")
     features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
     x = models.contract_input(6, features)
-    a_all = run_with_outputs(fp32, [e["fp32"] for e in plain["layers"]], x)
-    b_all = run_with_outputs(int8, [e["int8"] for e in plain["layers"]], x)
+    a_all = models.run(fp32, x, [e["fp32"] for e in plain["layers"]], typed=True)
+    b_all = models.run(int8, x, [e["int8"] for e in plain["layers"]], typed=True)
     for entry, base, a, b in zip(answer["layers"], plain["layers"], a_all, b_all):
         assert {k: v for k, v in entry.items() if k not in ("sqnr_db", "mse")} == base
         a, b = a.astype(np.float64), b.astype(np.float64)
@@ -314,8 +312,8 @@ def test_rows_option(eprun, lab_pair):
     # layers runs both models with every boundary exposed, which on some CPUs changes the
     # int8 model's y (the fused integer kernel it would run otherwise rounds differently):
     # the oracle exposes them too, and reads y, the last boundary
-    y = run_with_outputs(fp32, oracle_boundaries(onnx.load(str(fp32))), x)[-1]
-    yq = run_with_outputs(int8, oracle_boundaries(onnx.load(str(int8))), x)[-1]
+    y = models.run(fp32, x, oracle_boundaries(onnx.load(str(fp32))), typed=True)[-1]
+    yq = models.run(int8, x, oracle_boundaries(onnx.load(str(int8))), typed=True)[-1]
     last = answer["layers"][-1]
     assert (last["fp32"], last["int8"]) == ("y", "y")
     assert last["max_abs_error"] == pytest.approx(float(np.abs(y - yq).max()), rel=1e-6)
@@ -348,8 +346,8 @@ def test_conv_model_with_boundary_ops(eprun, tmp_path):
     answer = eprun("layers", fp32, int8, "3", "--boundary-ops", "Conv")
     assert [e["fp32"] for e in answer["layers"]] == ["x", "r0", "f", "y"]
     x = np.random.default_rng(3).standard_normal((64, 3, 8, 8)).astype(np.float32)
-    a_all = run_with_outputs(fp32, [e["fp32"] for e in answer["layers"]], x)
-    b_all = run_with_outputs(int8, [e["int8"] for e in answer["layers"]], x)
+    a_all = models.run(fp32, x, [e["fp32"] for e in answer["layers"]], typed=True)
+    b_all = models.run(int8, x, [e["int8"] for e in answer["layers"]], typed=True)
     for entry, a, b in zip(answer["layers"], a_all, b_all):
         a, b = a.astype(np.float64).reshape(64, -1), b.astype(np.float64).reshape(64, -1)
         assert entry["max_abs_error"] == pytest.approx(float(np.abs(a - b).max()), rel=1e-6)
@@ -377,8 +375,7 @@ def test_check_fails_with_the_worst_element(lab_pair):
     assert result.code == 1 and result.stdout
     answer = result.answer
     x = models.contract_input(5, 8)
-    ref = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    cand = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ref, cand = models.run(fp32, x)[0], models.run(int8, x)[0]
     diff = np.abs(cand.astype(np.float64) - ref.astype(np.float64))
     allowed = 1e-3
     assert answer["tolerance"] == {"rtol": 0.0, "atol": 1e-3, "min_cos": 0.999}

@@ -24,6 +24,7 @@ from cpu import (
     settings_apart_from_int8_kernel,
 )
 from onnx import TensorProto, helper, numpy_helper
+from test_commands import oracle_boundaries
 
 # -- settings that differ for real -------------------------------------------------------------
 
@@ -55,15 +56,6 @@ def layer_norm_model(features: int = 256, seed: int = 0) -> onnx.ModelProto:
                          inits)
 
 
-def direct_output(path, level: str, threads: int, x: np.ndarray) -> np.ndarray:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
-
-
 def test_settings_reports_a_fusion_that_changes_the_output(eprun, tmp_path):
     features, seed = 256, 2026
     model = layer_norm_model(features)
@@ -71,7 +63,7 @@ def test_settings_reports_a_fusion_that_changes_the_output(eprun, tmp_path):
     path = models.save(model, tmp_path / "layer_norm.onnx")
     x = models.contract_input(seed, features)
 
-    base = direct_output(path, "ORT_DISABLE_ALL", 1, x)
+    base = models.run(path, x, level="ORT_DISABLE_ALL", threads=1)[0]
     # the model is what it says: a layer norm, to float32 precision
     x64 = x.astype(np.float64)
     centered = x64 - x64.mean(axis=-1, keepdims=True)
@@ -85,14 +77,9 @@ def test_settings_reports_a_fusion_that_changes_the_output(eprun, tmp_path):
     assert answer["baseline"] == {"level": "ORT_DISABLE_ALL", "intra_op": 1,
                                   "max_abs_output": float(np.abs(base).max()),
                                   "mean_output": pytest.approx(float(base.mean()), rel=1e-9)}
-    expected_cases = [("ORT_ENABLE_ALL", 1), ("ORT_DISABLE_ALL", 2), ("ORT_ENABLE_ALL", 2)]
-    assert [(case["level"], case["intra_op"]) for case in answer["cases"]] == expected_cases
-    for case, (level, threads) in zip(answer["cases"], expected_cases):
-        y = direct_output(path, level, threads, x)
-        diff = float(np.abs(y.astype(np.float64) - base.astype(np.float64)).max())
-        assert case["max_abs_diff"] == diff, case
-        assert case["bitwise_equal"] is (y.tobytes() == base.tobytes()), case
-        if level == "ORT_ENABLE_ALL":  # the fused kernel rounds differently, on every stack
+    assert_settings_are_this_cpus(answer, path)  # every case as sessions opened here give it
+    for case in answer["cases"]:
+        if case["level"] == "ORT_ENABLE_ALL":  # the fused kernel rounds differently, on every stack
             assert case["bitwise_equal"] is False
             assert 0 < case["max_abs_diff"] < 1e-4
     assert answer["all_equal"] is False
@@ -108,29 +95,14 @@ def quantized_chain(folder, features: int, widths: tuple, seed: int):
     return fp32, int8
 
 
-def exposed_by_hand(path) -> bytes:
-    """The model with the first input of every MatMul and Gemm added as an output, typed by
-    shape inference (the README's boundary rule, written out again)."""
-    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
-    known = {value.name: value for value in list(model.graph.value_info) + list(model.graph.input)}
-    present = {value.name for value in model.graph.output}
-    for node in model.graph.node:
-        if node.op_type in ("MatMul", "Gemm") and node.input[0] not in present:
-            model.graph.output.append(known[node.input[0]])
-            present.add(node.input[0])
-    return model.SerializeToString()
-
-
 def final_output_pair(int8, seed: int) -> tuple[str, np.ndarray, np.ndarray]:
-    """The first output of the plain int8 model and of its exposed copy, default options."""
-    features = onnx.load(str(int8)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
-    x = models.contract_input(seed, features)
-    outputs = []
-    for model in (str(int8), exposed_by_hand(int8)):
-        session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-        name = session.get_outputs()[0].name
-        outputs.append(session.run([name], {"x": x})[0])
-    return name, outputs[0], outputs[1]
+    """The first output of the plain int8 model and of its copy with the README's boundaries
+    exposed by hand (typed by shape inference), default options."""
+    model = onnx.load(str(int8))
+    x = models.contract_input(seed, model.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
+    name = model.graph.output[0].name
+    exposed = models.with_outputs(model, oracle_boundaries(model))
+    return name, models.run(model, x, [name])[0], models.run(exposed, x, [name])[0]
 
 
 # Wide QDQ chains: with the boundaries exposed, onnxruntime cannot fuse DequantizeLinear ->

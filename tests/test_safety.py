@@ -100,8 +100,7 @@ def test_a_failed_verdict_says_why_on_stderr(lab_pair):
     failure = result.answer["failures"][0]
     # recompute the violation count and the worst element from the sessions
     x = models.contract_input(0, 8)
-    a = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    b = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    a, b = models.run(fp32, x)[0], models.run(int8, x)[0]
     diff = np.abs(b.astype(np.float64) - a.astype(np.float64))
     worst = [int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape)]
     assert failure["violations"] == int(np.count_nonzero(diff > 0))

@@ -194,14 +194,6 @@ def test_a_library_that_brings_no_provider_is_refused(lab_pair, monkeypatch):
     assert caught.value.code == 4
 
 
-def test_fallback_rule():
-    assert tool.fallback_of([OPENVINO], [OPENVINO, CPU]) == []
-    assert tool.fallback_of([OPENVINO, CPU], [CPU]) == [OPENVINO]
-    assert tool.fallback_of(["policy:PREFER_NPU"], [CPU]) == ["policy:PREFER_NPU"]
-    assert tool.fallback_of(["policy:PREFER_NPU"], [OPENVINO, CPU]) == []
-    assert tool.fallback_of(["policy:PREFER_CPU"], [CPU]) == []
-
-
 def test_request_splits_names_and_policy():
     request = tool.ProviderRequest(["policy:MAX_EFFICIENCY"])
     assert (request.names, request.policy) == ([], "MAX_EFFICIENCY")

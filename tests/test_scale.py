@@ -435,16 +435,6 @@ def test_max_memory_gives_the_same_answer(eprun, tmp_path):
         assert eprun("growth", fp32, int8, "2", "--local", "--max-memory", budget) == whole
 
 
-def test_batches_respect_the_budget():
-    import eprun as tool
-
-    assert tool.plan_batches([10, 10, 10, 10], None) == [[0, 1, 2, 3]]
-    assert tool.plan_batches([10, 10, 10, 10], 25) == [[0, 1], [2, 3]]
-    assert tool.plan_batches([10, None, 10], 100) == [[0], [1], [2]]
-    assert tool.plan_batches([30, 5], 20) == [[0], [1]]
-    assert tool.plan_batches([], 5) == []
-
-
 def test_a_model_cut_short_while_its_graph_is_read_is_exit_4(tmp_path):
     """The walk reads the file by offsets, not through a memory map: a file truncated under
     it gives a short read and one error line, where a map killed eprun with SIGBUS."""

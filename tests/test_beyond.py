@@ -369,25 +369,38 @@ def test_check_passes_identical_models(lab_pair):
     assert answer["outputs"][0]["violations"] == 0 and answer["outputs"][0]["cosine"] == 1.0
 
 
-def test_check_fails_with_the_worst_element(lab_pair):
+@pytest.mark.parametrize("options, tolerance", [
+    (["--seed", "5", "--rtol", "0", "--atol", "1e-3"], {"rtol": 0.0, "atol": 1e-3, "min_cos": 0.999}),
+    (["--profile", "int8", "--atol", "0", "--rtol", "0"], {"rtol": 0.0, "atol": 0.0, "min_cos": 0.99}),
+])
+def test_a_failed_check_counts_violations_and_names_the_worst_element(lab_pair, options,
+                                                                       tolerance):
+    """Recomputed from sessions opened here with check's own (default) options: the violations,
+    the worst element (the largest excess over the bound), the cosine, and the one stderr line
+    that says why."""
     fp32, int8 = lab_pair
-    result = run_eprun("check", fp32, int8, "--seed", "5", "--rtol", "0", "--atol", "1e-3")
+    result = run_eprun("check", fp32, int8, *options)
     assert result.code == 1 and result.stdout
     answer = result.answer
-    x = models.contract_input(5, 8)
-    ref, cand = models.run(fp32, x)[0], models.run(int8, x)[0]
-    diff = np.abs(cand.astype(np.float64) - ref.astype(np.float64))
-    allowed = 1e-3
-    assert answer["tolerance"] == {"rtol": 0.0, "atol": 1e-3, "min_cos": 0.999}
+    assert answer["tolerance"] == tolerance
+    x = models.contract_input(int(options[1]) if options[0] == "--seed" else 0, 8)
+    ref, cand = (models.run(path, x)[0].astype(np.float64) for path in (fp32, int8))
+    diff = np.abs(cand - ref)
+    allowed = tolerance["atol"] + tolerance["rtol"] * np.abs(ref)
     (failure,) = [f for f in answer["failures"] if f["bound"] == "tolerance"]
     assert failure["violations"] == int((diff > allowed).sum())
-    worst = np.unravel_index(int(np.argmax(diff - allowed)), diff.shape)
-    assert failure["worst"]["index"] == [int(i) for i in worst]
-    assert failure["worst"]["abs_diff"] == pytest.approx(float(diff.max()))
-    a, b = cand.ravel().astype(np.float64), ref.ravel().astype(np.float64)
-    assert answer["outputs"][0]["cosine"] == pytest.approx(
-        float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+    worst = [int(i) for i in np.unravel_index(int(np.argmax(diff - allowed)), diff.shape)]
+    assert failure["worst"]["index"] == worst
+    assert failure["worst"]["abs_diff"] == pytest.approx(float(diff[tuple(worst)]))
+    cosine = float(cand.ravel() @ ref.ravel() / (np.linalg.norm(cand) * np.linalg.norm(ref)))
+    assert answer["outputs"][0]["cosine"] == pytest.approx(cosine)
     assert answer["retries_used"] == 0  # numeric failures are never retried
+    why = [(f"y: {failure['violations']} of {ref.size} elements outside atol + rtol*|ref|, "
+            f"worst at {worst}")]
+    if cosine < tolerance["min_cos"]:
+        why.append(f"y: cosine {answer['outputs'][0]['cosine']:.6g} below "
+                   f"{tolerance['min_cos']:g}")
+    assert result.stderr.splitlines() == ["eprun: check failed: " + "; ".join(why)]
 
 
 def test_check_int8_profile_and_min_cos(lab_pair):

@@ -267,30 +267,3 @@ def test_non_finite_values_are_strict_json_null(eprun, tmp_path):
     assert answer["baseline"]["mean_output"] is None
     grown = eprun("growth", fp32, fp32, "0")
     assert None in grown["rel_error"]
-
-
-# -- help --------------------------------------------------------------------------------------
-
-def subcommands() -> list[str]:
-    import argparse
-
-    import eprun as tool
-
-    (action,) = [a for a in tool.build_parser()._actions
-                 if isinstance(a, argparse._SubParsersAction)]
-    return sorted(action.choices)
-
-
-def test_every_contract_command_exists():
-    assert {"providers", "partition", "expose", "layers", "growth", "settings"} <= set(
-        subcommands())
-
-
-@pytest.mark.parametrize("command", subcommands())
-def test_every_command_has_help_naming_its_fields(command):
-    from conftest import run_eprun
-
-    result = run_eprun(command, "--help")
-    assert result.code == 0 and result.stderr == ""
-    assert "usage: eprun.py " + command in result.stdout
-    assert "JSON:" in result.stdout

@@ -338,14 +338,6 @@ def test_settings_check_and_placement_feed_every_input(eprun, real_pairs):
     assert eprun("placement", quantized, "CPUExecutionProvider")["nodes"]
 
 
-def test_contract_shaped_answers_keep_their_keys(eprun, lab_pair):
-    fp32, int8 = lab_pair
-    assert list(eprun("settings", int8, "1")) == ["model", "seed", "baseline", "cases",
-                                                  "all_equal"]
-    assert list(eprun("layers", fp32, int8, "1")) == ["seed", "rows", "layer_count", "layers"]
-    assert "inputs" not in eprun("growth", fp32, int8, "1")
-
-
 def float16_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     """The float model in float16 inside, float32 at its edges (what
     ``convert_float_to_float16(keep_io_types=True)`` makes): weights cast, a Cast after the

@@ -465,15 +465,6 @@ def test_check_retries_transient_errors_only(lab_pair, tmp_path, fails, message,
         assert result.stdout == "" and message.split(":")[0] in result.stderr
 
 
-def test_providers_fail_on_fallback(lab_pair):
-    fp32, _ = lab_pair
-    fine = run_eprun("providers", fp32, "CPUExecutionProvider", "--fail-on-fallback")
-    assert fine.code == 0
-    fell = run_eprun("providers", fp32, "CPUExecutionProvider", "FooExecutionProvider",
-                     "--fail-on-fallback")
-    assert fell.code == 1 and fell.answer["cases"][1]["fell_back"] is True
-
-
 # -- placement ---------------------------------------------------------------------------------
 
 def test_placement_reports_every_node_and_cleans_up(eprun, lab_pair, tmp_path):

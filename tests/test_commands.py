@@ -64,15 +64,6 @@ def test_providers_on_an_unloadable_file_reports_errors_per_case(eprun, tmp_path
         assert isinstance(case["error"], str) and case["error"]
 
 
-def test_fallback_banner_never_reaches_stdout(lab_pair):
-    from conftest import run_eprun
-
-    result = run_eprun("providers", lab_pair[0], "FooExecutionProvider")
-    assert result.code == 0
-    assert len(result.stdout.splitlines()) == 1
-    assert "Falling back" in result.stderr or "not in available" in result.stderr
-
-
 # -- partition ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("ops, supported, partitions", [

@@ -403,17 +403,18 @@ def test_expose_next_to_the_model_keeps_the_references(eprun, external_pair):
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.parametrize("stored", ["inline", "external"])
 @pytest.mark.parametrize("command", [["partition", "MatMul"], ["expose", "{out}"]])
-def test_partition_and_expose_import_neither_onnxruntime_nor_weights(external_pair, tmp_path,
-                                                                     command):
+def test_partition_and_expose_import_neither_onnxruntime_nor_weights(lab_pair, external_pair,
+                                                                     tmp_path, command, stored):
     code = (
         "import runpy, sys\n"
         f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
         "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
         "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
         "assert 'onnxruntime' not in sys.modules, 'imported onnxruntime'\n")
-    argv = [str(external_pair[1])] + [a.replace("{out}", str(tmp_path / "o.onnx"))
-                                      for a in command[1:]]
+    model = (lab_pair if stored == "inline" else external_pair)[1]
+    argv = [str(model)] + [a.replace("{out}", str(tmp_path / "o.onnx")) for a in command[1:]]
     result = run_eprun(command[0], *argv, prefix=[sys.executable, "-c", code])
     assert result.code == 0, result.stderr
     assert len(result.stdout.splitlines()) == 1

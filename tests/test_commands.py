@@ -178,13 +178,21 @@ def oracle_layers(fp32, int8, seed: int) -> list[dict]:
     return entries
 
 
-@pytest.mark.parametrize("seed", [0, 12345, 10 ** 30])
-def test_layers_matches_numpy_recomputation(eprun, lab_pair, seed):
-    fp32, int8 = lab_pair
+def gemm_per_channel_pair(folder):
+    """A chain with Gemm layers, quantized per channel."""
+    fp32 = models.save(models.chain(widths=(16, 12, 12, 10, 4), gemm_layers=(0, 2), seed=9),
+                       folder / "f.onnx")
+    return fp32, models.quantize(fp32, folder / "q.onnx", seed=10, per_channel=True)
+
+
+@pytest.mark.parametrize("pair, seed", [("lab", 0), ("lab", 12345), ("lab", 10 ** 30),
+                                        ("gemm_per_channel", 5)])
+def test_layers_matches_numpy_recomputation(eprun, lab_pair, tmp_path, pair, seed):
+    fp32, int8 = lab_pair if pair == "lab" else gemm_per_channel_pair(tmp_path)
     answer = eprun("layers", fp32, int8, str(seed))
     assert answer["seed"] == seed and answer["rows"] == 64
     expected = oracle_layers(fp32, int8, seed)
-    assert answer["layer_count"] == len(expected) == 6
+    assert answer["layer_count"] == len(expected) == 6  # five layers and the output
     for got, want in zip(answer["layers"], expected):
         assert set(got) == set(want)
         for key in ("index", "fp32", "int8"):
@@ -192,18 +200,6 @@ def test_layers_matches_numpy_recomputation(eprun, lab_pair, seed):
         for key in ("max_abs_error", "scale", "rel_error", "cos_min"):
             assert close(got[key], want[key]), (key, got, want)
     assert any(entry["max_abs_error"] > 0 for entry in answer["layers"])
-
-
-def test_layers_with_gemm_and_per_channel(eprun, tmp_path):
-    fp32 = models.save(models.chain(widths=(16, 12, 12, 10, 4), gemm_layers=(0, 2), seed=9),
-                       tmp_path / "f.onnx")
-    int8 = tmp_path / "q.onnx"
-    models.quantize(fp32, int8, seed=10, per_channel=True)
-    answer = eprun("layers", fp32, int8, "5")
-    expected = oracle_layers(fp32, int8, 5)
-    assert [e["int8"] for e in answer["layers"]] == [e["int8"] for e in expected]
-    for got, want in zip(answer["layers"], expected):
-        assert close(got["rel_error"], want["rel_error"]) and close(got["cos_min"], want["cos_min"])
 
 
 def test_growth_is_derived_from_layers(eprun, lab_pair):

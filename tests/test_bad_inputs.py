@@ -205,12 +205,15 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
 def test_bad_usage_and_unusable_models(files, tmp_path, argv, code, names):
     before = {name: hashlib.sha256(open(files[name], "rb").read()).hexdigest()
               for name in ("fp32", "int8")}
+    listed = sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*"))
     line = expect_failure(code, fill(argv, files, tmp_path), names=names.replace(
         "{tmp}", str(tmp_path)))
     assert "eprun: error:" in line
     after = {name: hashlib.sha256(open(files[name], "rb").read()).hexdigest()
              for name in ("fp32", "int8")}
     assert before == after
+    # no output, no temporary file, no folder left behind
+    assert sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*")) == listed
 
 
 def test_expose_refuses_its_input_under_another_spelling(files, tmp_path):

@@ -1,6 +1,7 @@
 """External data, models beyond memory-friendly sizes, and bounded memory."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -425,15 +426,45 @@ def test_nothing_imports_the_quantizer():
     assert "onnxruntime.quantization" not in source
 
 
-def test_max_memory_gives_the_same_answer(eprun, tmp_path):
+def test_max_memory_gives_the_same_answer(tmp_path, monkeypatch, capfd):
+    """--max-memory fetches the boundaries in batches, each from sessions opened for it, and
+    the answer is the one fetched at once. At 1000 rows a boundary of this 24-wide chain holds
+    about 190 KB (fp32 and int8 together): 1 MB fits a few in a batch, 0 fits one. The plan
+    and the sessions opened for it show that each run really was split that way.
+    (Every batch's sessions expose every boundary, so each kernel, the int8 ones of --local's
+    segments included, sees the graph it sees unsplit: equal bit for bit on any CPU.)"""
+    import eprun as tool
+
     fp32 = models.save(models.chain(features=16, widths=[24] * 30 + [8], seed=5),
                        tmp_path / "deep.onnx")
-    int8 = tmp_path / "deep_q.onnx"
-    models.quantize(fp32, int8, seed=6)
-    whole = eprun("growth", fp32, int8, "2", "--local")
+    int8 = models.quantize(fp32, tmp_path / "deep_q.onnx", seed=6)
+    plans, opened = [], []
+    plan, session = tool.plan_batches, tool.PairedModel.session
+    monkeypatch.setattr(tool, "plan_batches", lambda *args: plans.append(plan(*args)) or plans[-1])
+    monkeypatch.setattr(tool.PairedModel, "session", lambda self, *args, **kwargs: (
+        opened.append(self.path), session(self, *args, **kwargs))[1])
+
+    def growth(*budget: str) -> tuple[dict, list, int]:
+        plans.clear()
+        opened.clear()
+        argv = ["growth", str(fp32), str(int8), "2", "--local", "--rows", "1000", *budget]
+        assert tool.main(argv) == 0
+        (batches,) = plans
+        return json.loads(capfd.readouterr().out), batches, len(opened)
+
+    whole, batches, sessions = growth()
     assert whole["layer_count"] == 32  # 31 MatMul inputs and the output
+    assert batches == [list(range(32))]
     for budget in ("0", "1"):
-        assert eprun("growth", fp32, int8, "2", "--local", "--max-memory", budget) == whole
+        split, batches, split_sessions = growth("--max-memory", budget)
+        assert [k for batch in batches for k in batch] == list(range(32))
+        if budget == "0":  # one boundary at a time
+            assert len(batches) == 32
+        else:  # several batches, of several boundaries
+            assert 1 < len(batches) < 32
+        # each batch more opens its own fp32 and int8 sessions
+        assert split_sessions - sessions == 2 * (len(batches) - 1)
+        assert split == whole
 
 
 def test_a_model_cut_short_while_its_graph_is_read_is_exit_4(tmp_path):

@@ -11,7 +11,13 @@ are facts of the CPU: the committed files are reproducible byte for byte only wh
 kernel is the one that made them (``DELIVERABLES_CPU``). Tests that compare with them bit for
 bit carry the ``byte_exact_on_deliverables_cpu`` marker; elsewhere they compare what does not
 depend on the int8 kernel exactly and recompute what does (the functions below, sessions
-opened here, never eprun's code).
+opened here, never eprun's code). A test that decides by ``DELIVERABLES_CPU`` carries the
+marker, and a marked test decides by it (tests/test_deliverables.py checks both ways).
+
+Where eprun runs the fused kernel: settings' ORT_ENABLE_ALL cases, check and report's gate
+(the plain model), an exposure's plain run, and --local's segments (a segment's inner
+DequantizeLinear -> MatMul -> QuantizeLinear is no output, so it fuses). layers and growth
+without --local expose every boundary, which keeps the float MatMul: no int8 kernel there.
 
 ``python tests/cpu.py`` prints this machine's fingerprint, in the form of
 tests/deliverables_cpu.json.

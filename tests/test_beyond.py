@@ -243,7 +243,8 @@ def test_local_attribution_points_at_a_damaged_layer(eprun, tmp_path):
 
     clean = eprun("growth", fp32, int8, "9", "--local")
     hurt = eprun("growth", fp32, damaged(1.5), "9", "--local")
-    # Each segment is fed fp32 tensors, so only the damaged segment's own error changes ...
+    # Each segment is fed fp32 tensors, so only the damaged segment's own error changes (the
+    # others run the same int8 kernels on the same inputs: equal bit for bit on any CPU) ...
     for k, (before, after) in enumerate(zip(clean["local_rel_error"], hurt["local_rel_error"])):
         assert (after > before) if k == 4 else (after == before), k
     # ... while the accumulated error carries the damage on to the output.

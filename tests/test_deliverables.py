@@ -6,12 +6,14 @@ the kernel that made them (tests/cpu.py); the tests marked byte_exact_on_deliver
 compare those numbers with the committed ones there, and with sessions opened here elsewhere."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -184,3 +186,28 @@ def test_report_regenerates_the_committed_deliverables(fresh_report):
         fresh = json.loads((out / name).read_text())
         assert json.loads((ROOT / name).read_text()) == approx_tree(fresh), name
     assert NUMBER.sub("#", fresh_md) == NUMBER.sub("#", committed_md)
+
+
+def _global_names(code) -> set:
+    """The global names a function's code reads, its nested code (comprehensions) included."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _global_names(constant)
+    return names
+
+
+def test_a_test_gated_on_the_deliverables_cpu_carries_the_marker_and_the_other_way(request):
+    """A test that decides by the fingerprint whether to compare bit for bit is marked
+    byte_exact_on_deliverables_cpu, and a marked test decides by it (of the tests collected)."""
+    gated, marked = set(), set()
+    for item in request.session.items:
+        function = getattr(item, "function", None)
+        if function is None:
+            continue
+        name = f"{item.module.__name__}.{item.originalname}"
+        if "DELIVERABLES_CPU" in _global_names(inspect.unwrap(function).__code__):
+            gated.add(name)
+        if item.get_closest_marker("byte_exact_on_deliverables_cpu"):
+            marked.add(name)
+    assert gated == marked

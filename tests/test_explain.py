@@ -95,7 +95,7 @@ def test_a_model_that_does_not_differ_is_not_searched(eprun, lab_pair, monkeypat
 
         monkeypatch.setattr(tool, "explain_case", searched)
         assert tool.main(["settings", str(int8), "3", "--explain"]) == 0
-    else:  # an onnxruntime whose QDQ kernels round differently: every difference explained
+    else:  # a CPU whose int8 kernel rounds otherwise (tests/cpu.py): every difference explained
         assert len(answer["explanations"]) == sum(not c["bitwise_equal"]
                                                   for c in answer["cases"])
 

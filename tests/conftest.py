@@ -37,8 +37,9 @@ PINNED_STACK = _on_pinned_stack()
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "byte_exact_on_deliverables_cpu: compares with the committed deliverables "
-        "byte for byte only where onnxruntime picks the int8 kernel that made them "
+        "markers", "byte_exact_on_deliverables_cpu: compares bit for bit what the CPU's int8 "
+        "kernel decides: with the committed values (deliverables, README examples, the facts "
+        "recorded with them) only where onnxruntime picks the int8 kernel that made them "
         "(tests/cpu.py: DELIVERABLES_CPU); elsewhere compares what does not depend on that "
         "kernel and recomputes what does")
 

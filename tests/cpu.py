@@ -11,7 +11,13 @@ are facts of the CPU: the committed files are reproducible byte for byte only wh
 kernel is the one that made them (``DELIVERABLES_CPU``). Tests that compare with them bit for
 bit carry the ``byte_exact_on_deliverables_cpu`` marker; elsewhere they compare what does not
 depend on the int8 kernel exactly and recompute what does (the functions below, sessions
-opened here, never eprun's code).
+opened here, never eprun's code). A test that decides by ``DELIVERABLES_CPU`` carries the
+marker, and a marked test decides by it (tests/test_deliverables.py checks both ways).
+
+Where eprun runs the fused kernel: settings' ORT_ENABLE_ALL cases, check and report's gate
+(the plain model), an exposure's plain run, and --local's segments (a segment's inner
+DequantizeLinear -> MatMul -> QuantizeLinear is no output, so it fuses). layers and growth
+without --local expose every boundary, which keeps the float MatMul: no int8 kernel there.
 
 ``python tests/cpu.py`` prints this machine's fingerprint, in the form of
 tests/deliverables_cpu.json.
@@ -24,6 +30,7 @@ import platform
 import re
 from pathlib import Path
 
+import models
 import numpy as np
 import pytest
 
@@ -87,7 +94,7 @@ def recorded() -> dict:
 DELIVERABLES_CPU = int8_kernel(fingerprint()) == int8_kernel(recorded())
 
 
-# -- the int8-kernel-dependent numbers, recomputed with sessions opened here -------------------
+# -- the int8-kernel-dependent numbers, recomputed with sessions opened here (models.run) ----
 
 SETTINGS_BASELINE = ("ORT_DISABLE_ALL", 1)
 SETTINGS_CASES = (("ORT_ENABLE_ALL", 1), ("ORT_DISABLE_ALL", 2), ("ORT_ENABLE_ALL", 2))
@@ -99,22 +106,7 @@ def contract_input(seed: int, model) -> np.ndarray:
     import onnx
 
     features = onnx.load(str(model)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
-    return np.random.default_rng(seed).standard_normal((64, features)).astype(np.float32)
-
-
-def first_output(model, x: np.ndarray, level: str | None = None, threads: int = 0) -> np.ndarray:
-    """The model's first output on ``x`` on the CPU provider; default session options unless a
-    level is given (then with ``threads`` intra-op threads and one inter-op thread)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if level is not None:
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    name = session.get_outputs()[0].name
-    return session.run([name], {session.get_inputs()[0].name: x})[0]
+    return models.contract_input(seed, features)
 
 
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -125,10 +117,11 @@ def settings_cases(model, seed: int) -> list[dict]:
     """``settings``' cases: each level and thread count against the single-threaded
     unoptimized baseline, bit for bit and by the largest absolute difference."""
     x = contract_input(seed, model)
-    base = first_output(model, x, *SETTINGS_BASELINE)
+    level, threads = SETTINGS_BASELINE
+    base = models.run(model, x, level=level, threads=threads)[0]
     cases = []
     for level, threads in SETTINGS_CASES:
-        y = first_output(model, x, level, threads)
+        y = models.run(model, x, level=level, threads=threads)[0]
         cases.append({"level": level, "intra_op": threads, "max_abs_diff": max_abs_diff(base, y),
                       "bitwise_equal": y.shape == base.shape and y.tobytes() == base.tobytes()})
     return cases
@@ -138,15 +131,15 @@ def exposure_changes(plain, exposed, seed: int) -> tuple[bool, float]:
     """Whether the exposed copy's first output differs from the plain model's (default
     options), and by how much at most."""
     x = contract_input(seed, plain)
-    a, b = first_output(plain, x), first_output(exposed, x)
+    a, b = models.run(plain, x)[0], models.run(exposed, x)[0]
     return a.tobytes() != b.tobytes(), max_abs_diff(a, b)
 
 
 def gate_violations(reference, candidate, seed: int, rtol: float, atol: float) -> int:
     """How many elements of the candidate's first output miss ``atol + rtol * |ref|``."""
     x = contract_input(seed, reference)
-    ref = first_output(reference, x).astype(np.float64)
-    got = first_output(candidate, x).astype(np.float64)
+    ref = models.run(reference, x)[0].astype(np.float64)
+    got = models.run(candidate, x)[0].astype(np.float64)
     return int((np.abs(got - ref) > atol + rtol * np.abs(ref)).sum())
 
 
@@ -217,7 +210,7 @@ def assert_report_is_this_cpus(text: str, fp32, int8, exposed, seed: int) -> Non
     found = re.search(r"\*\*failed\*\*: `y`: (\d+) of (\d+) elements outside", line)
     assert (int(found.group(1)) if found else 0) == violations, line
     if found:
-        assert int(found.group(2)) == first_output(fp32, contract_input(seed, fp32)).size
+        assert int(found.group(2)) == models.run(fp32, contract_input(seed, fp32))[0].size
 
 
 if __name__ == "__main__":

@@ -1,28 +1,26 @@
-"""Real-shaped ONNX models built with onnx.helper, and their quantized twins (nothing downloaded).
+"""Real-shaped ONNX models built with onnx.helper (nothing downloaded).
 
 Every builder returns an onnx.ModelProto (opset 17, ir_version 8, float32 weights, symbolic
 batch dim "batch") drawn from ``numpy.random.default_rng(seed)``. Node and tensor names follow
 the PyTorch exporter ("/layer0/attn/query/MatMul" writes ".../MatMul_output_0"), except in
-``unnamed_chain``. The quantizers wrap onnxruntime.quantization and keep what they write at
-ir_version 8 / opset 17, so the oldest stack (onnx 1.15, onnxruntime 1.16) opens it.
+``unnamed_chain``. Their quantized twins come from ``models.quantize`` (what each route names
+is written there), their feeds from ``models.calibration_feeds``.
 ``python tests/real_models.py [--names]`` builds, quantizes and runs everything.
 """
 from __future__ import annotations
 
-import contextlib
-import logging
+import functools
 import math
 import random
 import sys
 from pathlib import Path
 
+import models
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-OPSET = 17
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
-DIMS = {"seq": 8, "h": 16, "w": 16}  # sizes for symbolic dims in feeds; "batch" takes ``rows``
 
 
 class _Builder:
@@ -57,7 +55,7 @@ class _Builder:
         inputs, outputs = ([helper.make_tensor_value_info(*v) for v in values]
                            for values in (inputs, outputs))
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", models.OPSET)])
         model.ir_version = 8
         onnx.checker.check_model(model)
         return model
@@ -235,132 +233,15 @@ BUILDERS = {"encoder": transformer_encoder, "cnn": residual_cnn,
             "classifier": label_classifier, "vad": stateful_vad, "unnamed": unnamed_chain}
 
 
-def calibration_feeds(model: onnx.ModelProto, seed: int, batches: int = 4, rows: int = 4,
-                      dims: dict | None = None) -> list:
-    """``batches`` feed dicts for the graph inputs. A symbolic dim takes its size from ``dims``
-    (over DIMS), else ``rows`` (the batch dim). Floats are standard normal; an int input that a
-    Gather reads an initializer table with is uniform over the table's rows (token ids); every
-    other int input is ones (attention masks; sr = 1)."""
-    sizes, inits = {**DIMS, **(dims or {})}, {t.name: t for t in model.graph.initializer}
-    tables = {n.input[1]: inits[n.input[0]].dims[0] for n in model.graph.node
-              if n.op_type == "Gather" and n.input[0] in inits}
-    rng, feeds = np.random.default_rng(seed), []
-    for _ in range(batches):
-        feed = {}
-        for value in (v for v in model.graph.input if v.name not in inits):
-            shape = [d.dim_value if d.HasField("dim_value") else sizes.get(d.dim_param, rows)
-                     for d in value.type.tensor_type.shape.dim]
-            dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-            if np.issubdtype(dtype, np.floating):
-                feed[value.name] = rng.standard_normal(shape).astype(dtype)
-            elif value.name in tables:
-                feed[value.name] = rng.integers(0, tables[value.name], shape).astype(dtype)
-            else:
-                feed[value.name] = np.ones(shape, dtype)
-        feeds.append(feed)
-    return feeds
+# bench/bench.py's name for models.quantize with these models' calibration (4-row batches);
+# not a second quantizer: the one in models.py, with that default bound.
+quantize_qdq = functools.partial(models.quantize, rows=4)
 
 
 def random_feeds(model: onnx.ModelProto, seed: int, rows: int = 4,
                  dims: dict | None = None) -> dict:
     """One feed dict, drawn as ``calibration_feeds`` draws them."""
-    return calibration_feeds(model, seed, 1, rows, dims)[0]
-
-
-def _clamp(path) -> None:
-    """ir_version <= 8 and default-domain opset <= 17, what onnxruntime 1.16 opens (a guard:
-    with opset-17 input neither stack raises them today)."""
-    model = onnx.load(str(path))
-    model.ir_version = min(model.ir_version, 8)
-    for opset in model.opset_import:
-        if opset.domain in ("", "ai.onnx"):
-            opset.version = min(opset.version, OPSET)
-    onnx.save(model, str(path))
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Root logger at ERROR while quantizing; the quantizer's print()s go to stderr."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        root.setLevel(level)
-
-
-def _static(fp32, out, seed, fmt, per_channel, activation_type, weight_type, rows, dims):
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.feeds = iter(calibration_feeds(onnx.load(str(fp32)), seed, rows=rows, dims=dims))
-
-        def get_next(self):
-            return next(self.feeds, None)
-
-    with _quiet():
-        quantize_static(str(fp32), str(out), Reader(), quant_format=getattr(QuantFormat, fmt),
-                        per_channel=per_channel, weight_type=getattr(QuantType, weight_type),
-                        activation_type=getattr(QuantType, activation_type))
-    _clamp(out)
-
-
-def quantize_qdq(fp32, out, seed: int, per_channel: bool = False, activation_type: str = "QInt8",
-                 weight_type: str = "QInt8", rows: int = 4, dims: dict | None = None) -> None:
-    """Static QDQ, MinMax-calibrated on ``calibration_feeds(model, seed, rows=rows, dims=dims)``.
-
-    Names (onnxruntime 1.16.3 and 1.32.0 alike): float nodes keep their name and op; input t of
-    a quantized node is read as t_DequantizeLinear_Output (one DQ per tensor, shared by all
-    readers) from t_QuantizeLinear -> t_QuantizeLinear_Output -> t_DequantizeLinear, with
-    t_scale / t_zero_point; weight W is W_quantized -> W_DequantizeLinear_Output. A Relu after a
-    quantized producer is removed and the producer writes the Relu's output name. A graph
-    output y is written as y_QuantizeLinear_Input and y itself comes from y_DequantizeLinear.
-    Only 1.32 also quantizes LayerNormalization and BatchNormalization (scale W ->
-    W_DequantizeLinear_Output; the int32 bias's DQ output keeps the bias name), so only 1.32
-    removes the Relu after a BatchNormalization.
-    """
-    _static(fp32, out, seed, "QDQ", per_channel, activation_type, weight_type, rows, dims)
-
-
-def quantize_qoperator(fp32, out, seed: int, activation_type: str = "QUInt8",
-                       weight_type: str = "QInt8", rows: int = 4, dims: dict | None = None) -> None:
-    """Static QOperator: QLinearMatMul, QLinearConv and com.microsoft QGemm, QLinearAdd, QLinearMul,
-    QLinearSoftmax, QLinearConcat, QLinearSigmoid, QLinearGlobalAveragePool. Activations default
-    to uint8 (u8s8, a pair every CPU QLinear kernel has).
-
-    Names (both stacks): node n becomes n_quant, tensor t becomes t_quantized, and most float
-    tensor names disappear. A removed Relu leaves the producer's name (the opposite of QDQ).
-    Past Reshape/Transpose (and Flatten, on 1.32 only) the scale is the upstream tensor's
-    u_scale, not t_scale. A graph output y comes from y_DequantizeLinear(y_quantized); ArgMax
-    reads the uint8 tensor directly.
-    """
-    _static(fp32, out, seed, "QOperator", False, activation_type, weight_type, rows, dims)
-
-
-def quantize_dyn(fp32, out, weight_type: str = "QInt8", op_types=("MatMul",)) -> None:
-    """Dynamic quantization (no calibration). A MatMul n with a constant B, reading x and
-    writing y, becomes x_QuantizeLinear (DynamicQuantizeLinear -> x_quantized, x_scale,
-    x_zero_point), n_quant (MatMulInteger -> y_output_quantized), a Cast, and Mul
-    n_quant_output_scale_mul, which writes y. MatMuls of two activations stay float (1.16 prints
-    "Ignore MatMul ..."; sent to stderr). A Gemm becomes n_MatMul_quant + n_Add (its weight:
-    W_quantized on 1.16, W_Transposed_quantized on 1.32). Conv is skipped by default: with
-    "Conv" in op_types, ConvInteger with int8 weights has no CPU kernel on onnxruntime 1.16.3
-    (session creation fails; weight_type="QUInt8" works on both stacks).
-    """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    with _quiet():
-        quantize_dynamic(str(fp32), str(out), weight_type=getattr(QuantType, weight_type),
-                         op_types_to_quantize=list(op_types))
-    _clamp(out)
+    return models.calibration_feeds(model, seed, 1, rows, dims)[0]
 
 
 def reorder_nodes(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
@@ -415,9 +296,11 @@ def pair_compute_nodes(fp32_model, q_model) -> list:
 
 
 # The self-check's routes: name -> quantize(fp32_path, out_path, seed); None is the float model.
-ROUTES = {"fp32": None, "qdq": quantize_qdq,
-          "qdq_pc_u8": lambda f, o, s: quantize_qdq(f, o, s, True, activation_type="QUInt8"),
-          "qoperator": quantize_qoperator, "dynamic": lambda f, o, s: quantize_dyn(f, o)}
+ROUTES = {"fp32": None, "qdq": lambda f, o, s: models.quantize(f, o, s, rows=4),
+          "qdq_pc_u8": lambda f, o, s: models.quantize(f, o, s, True, activation_type="QUInt8",
+                                                       rows=4),
+          "qoperator": lambda f, o, s: models.quantize(f, o, s, route="qoperator", rows=4),
+          "dynamic": lambda f, o, s: models.quantize(f, o, route="dynamic")}
 
 
 def _self_check(show_names: bool = False) -> int:
@@ -426,10 +309,6 @@ def _self_check(show_names: bool = False) -> int:
     import tempfile
 
     import onnxruntime as ort
-
-    def run(source, feeds):
-        source = source.SerializeToString() if isinstance(source, onnx.ModelProto) else str(source)
-        return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
 
     def outputs(model):
         return {t for n in model.graph.node for t in n.output}
@@ -441,18 +320,18 @@ def _self_check(show_names: bool = False) -> int:
             fp32, model = Path(tmp, f"{name}.onnx"), build(7)
             onnx.save(model, str(fp32))
             feeds, float_names = random_feeds(model, 11), outputs(model)
-            base, shuffled = run(model, feeds), reorder_nodes(model, 5)
+            base, shuffled = models.run(model, feeds), reorder_nodes(model, 5)
             onnx.checker.check_model(shuffled)
-            same = all(np.array_equal(a, b) for a, b in zip(base, run(shuffled, feeds)))
+            same = all(np.array_equal(a, b) for a, b in zip(base, models.run(shuffled, feeds)))
             moved = list(shuffled.graph.node) != list(model.graph.node)
             print(f"{name:11} {'reorder':9} {stack:24} {'ok' if same else 'FAIL':14} moved={moved}")
             failures += not same
-            for route, quantize in ROUTES.items():
-                path = fp32 if quantize is None else Path(tmp, f"{name}.{route}.onnx")
+            for route, make in ROUTES.items():
+                path = fp32 if make is None else Path(tmp, f"{name}.{route}.onnx")
                 try:
-                    if quantize is not None:
-                        quantize(fp32, path, 3)
-                    q, outs = onnx.load(str(path)), run(path, feeds)
+                    if make is not None:
+                        make(fp32, path, 3)
+                    q, outs = onnx.load(str(path)), models.run(path, feeds)
                     err = max(float(np.abs(a - b).max())
                               for a, b in zip(base, outs) if a.dtype.kind == "f")
                 except Exception as exc:
@@ -463,7 +342,7 @@ def _self_check(show_names: bool = False) -> int:
                 ops = ",".join(sorted({n.op_type for n in q.graph.node}))
                 print(f"{name:11} {route:9} {stack:24} {f'ok err={err:.2g}':14} "
                       f"{len(q.graph.node):5} {kept:5} {ops}")
-                for n, qn in pair_compute_nodes(model, q) if show_names and quantize else ():
+                for n, qn in pair_compute_nodes(model, q) if show_names and make else ():
                     print(f"    {n.name or '<unnamed>'!r} -> " + (f"{qn.op_type} {qn.name!r} in="
                           f"{list(qn.input)[:4]} out={list(qn.output)}" if qn else "not paired"))
     return 1 if failures else 0

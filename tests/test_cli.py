@@ -30,11 +30,27 @@ def default_argv(name: str, fp32, int8, tmp_path) -> list:
     }[name]
 
 
+# The contract's answers, key for key and in this order (README), written out again here: a
+# contract-shaped run (one float32 [batch, F] input, no options) adds nothing to them.
+CONTRACT_FIELDS = {
+    "providers": ["model", "available", "cases"],
+    "partition": ["model", "supported", "nodes", "claimed", "partition_count", "handoffs",
+                  "partitions"],
+    "expose": ["model", "out", "boundaries", "outputs"],
+    "layers": ["seed", "rows", "layer_count", "layers"],
+    "growth": ["seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
+               "max_ratio"],
+    "settings": ["model", "seed", "baseline", "cases", "all_equal"],
+}
+
+
 @pytest.mark.parametrize("name", list(tool.COMMANDS))
 def test_every_declared_field_is_in_a_real_answer(eprun, lab_pair, tmp_path, name):
     command = tool.COMMANDS[name]
     answer = eprun(*default_argv(name, *lab_pair, tmp_path))
     assert tuple(answer) == command.fields
+    if name in CONTRACT_FIELDS:
+        assert list(answer) == CONTRACT_FIELDS[name]
 
 
 @pytest.mark.parametrize("name", list(tool.COMMANDS))
@@ -42,6 +58,7 @@ def test_every_command_has_help_with_its_fields_and_an_example(name):
     result = subprocess.run([sys.executable, str(EPRUN), name, "--help"], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0 and result.stderr == ""
+    assert f"usage: eprun.py {name}" in result.stdout and "JSON:" in result.stdout
     flat = " ".join(result.stdout.split())
     command = tool.COMMANDS[name]
     for field in command.fields:
@@ -54,6 +71,8 @@ def test_the_parser_offers_exactly_the_declared_commands():
     parser = tool.build_parser()
     (subparsers,) = [action for action in parser._actions if action.dest == "command"]
     assert list(subparsers.choices) == list(tool.COMMANDS)
+    assert {"providers", "partition", "expose", "layers", "growth", "settings"} <= set(
+        tool.COMMANDS)  # the contract's commands
     top = subprocess.run([sys.executable, str(EPRUN), "--help"], capture_output=True,
                          text=True, timeout=60).stdout
     for name in tool.COMMANDS:

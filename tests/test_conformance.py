@@ -101,10 +101,6 @@ def test_random_pairs_match_an_independent_recomputation(eprun, tmp_path, seed):
 
     settings = eprun("settings", int8, str(input_seed))
     x = np.random.default_rng(input_seed).standard_normal((64, features)).astype(np.float32)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    y = ort.InferenceSession(str(int8), options, providers=["CPUExecutionProvider"]).run(
-        None, {"x": x})[0]
+    y = models.run(int8, x, level="ORT_DISABLE_ALL", threads=1)[0]
     assert settings["baseline"]["max_abs_output"] == pytest.approx(float(np.abs(y).max()))
     assert settings["baseline"]["mean_output"] == pytest.approx(float(y.mean()))

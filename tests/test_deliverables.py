@@ -6,10 +6,14 @@ the kernel that made them (tests/cpu.py); the tests marked byte_exact_on_deliver
 compare those numbers with the committed ones there, and with sessions opened here elsewhere."""
 from __future__ import annotations
 
+import inspect
 import json
+import os
+import platform
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +24,9 @@ from conftest import EPRUN, PINNED_STACK, ROOT, approx_tree
 from cpu import (
     DELIVERABLES_CPU,
     assert_report_exposure_is_this_cpus,
+    assert_report_is_this_cpus,
     assert_settings_are_this_cpus,
+    report_apart_from_int8_kernel,
     settings_apart_from_int8_kernel,
 )
 
@@ -103,38 +109,108 @@ def test_report_has_the_four_headings_and_the_measured_numbers():
         assert f"onnxruntime {ort.__version__}" in last
 
 
+@pytest.fixture(scope="module")
+def fresh_report(tmp_path_factory):
+    """``report`` run once on the committed models, as the committed files were made:
+    (folder, answer, seed)."""
+    seed = load("growth.json")["seed"]
+    out = tmp_path_factory.mktemp("report") / "out"
+    answer = json.loads(cli("report", "fp32.onnx", "int8.onnx", "--seed", str(seed),
+                            "--out-dir", str(out)))
+    return out, answer, seed
+
+
 @pytest.mark.byte_exact_on_deliverables_cpu
-def test_report_says_whether_exposure_changed_the_int8_output(tmp_path):
+def test_report_says_whether_exposure_changed_the_int8_output(fresh_report):
     """Recompute: the plain int8 model vs. its exposed copy, default options, same input. A
     report made here must say what this CPU gives; the committed one too on the CPU that made
     it (another int8 kernel can fuse differently: the AVX2 one changes the output)."""
-    seed = load("growth.json")["seed"]
-    cli("report", "fp32.onnx", "int8.onnx", "--seed", str(seed), "--out-dir", str(tmp_path))
-    reports = [tmp_path / "ep_report.md"] + ([ROOT / "ep_report.md"] if DELIVERABLES_CPU else [])
+    out, _, seed = fresh_report
+    reports = [out / "ep_report.md"] + ([ROOT / "ep_report.md"] if DELIVERABLES_CPU else [])
     for report in reports:
         assert_report_exposure_is_this_cpus(report.read_text(encoding="utf-8"),
                                             ROOT / "int8.onnx", ROOT / "int8_exposed.onnx", seed)
 
 
+DELIVERABLES = ("fp32_exposed.onnx", "int8_exposed.onnx", "providers.json", "growth.json",
+                "settings.json", "ep_report.md")
+# What describes the interpreter and the machine rather than eprun's answer.
+MACHINE = re.compile(r"Python \S+ on \S+ with \d+ logical CPUs")
+NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
 @pytest.mark.byte_exact_on_deliverables_cpu
-def test_report_command_regenerates_identical_json(tmp_path):
-    """report writes the same JSON and models the individual commands do: the committed ones,
-    and on a CPU with another int8 kernel, for settings.json, what ``settings`` prints here."""
-    seed = load("growth.json")["seed"]
-    listing = json.loads(cli("report", "fp32.onnx", "int8.onnx", "--seed", str(seed),
-                             "--out-dir", str(tmp_path)))
-    assert sorted(Path(p).name for p in listing["files"]) == sorted(
-        ["fp32_exposed.onnx", "int8_exposed.onnx", "providers.json", "growth.json",
-         "settings.json", "ep_report.md"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        Path(p).name for p in listing["files"])
-    for name in ("growth.json", "settings.json", "providers.json"):
-        fresh = json.loads((tmp_path / name).read_text())
-        if name == "settings.json" and not DELIVERABLES_CPU:
-            assert (tmp_path / name).read_text() == cli("settings", "int8.onnx", str(seed))
-            assert settings_apart_from_int8_kernel(load(name)) == approx_tree(
-                settings_apart_from_int8_kernel(fresh))
-        elif PINNED_STACK:
-            assert (tmp_path / name).read_text() == (ROOT / name).read_text()
-        else:
-            assert load(name) == approx_tree(fresh)
+def test_report_regenerates_the_committed_deliverables(fresh_report):
+    """report writes the files it lists, and they are the committed ones (whose JSON is what
+    the individual commands print): byte for byte on the pinned stack and a CPU with the int8
+    kernel that made them. With another int8 kernel, the models, providers.json and
+    growth.json still are; settings.json is what ``settings`` prints here and, like the
+    report's Settings, Exposure and Gate bullets, what sessions opened here give; everything
+    else in them is the committed text."""
+    out, listing, seed = fresh_report
+    assert sorted(os.listdir(out)) == sorted(DELIVERABLES)
+    assert sorted(Path(path).name for path in listing["files"]) == sorted(DELIVERABLES)
+
+    fresh_md = (out / "ep_report.md").read_text(encoding="utf-8")
+    committed_md = (ROOT / "ep_report.md").read_text(encoding="utf-8")
+    machine = (f"Python {platform.python_version()} on {platform.machine() or 'unknown'} with "
+               f"{os.cpu_count()} logical CPUs")
+    assert machine in fresh_md
+    assert f"onnxruntime {ort.__version__}, numpy {np.__version__}, " in fresh_md
+    assert fresh_md.startswith(f"eprun report, generated by `python eprun.py report fp32.onnx "
+                               f"int8.onnx --seed {seed} --out-dir {out}`")
+    assert committed_md.startswith(f"eprun report, generated by `python eprun.py report "
+                                   f"fp32.onnx int8.onnx --seed {seed}`")  # make deliverables
+    fresh_md = fresh_md.replace(f" --out-dir {out}`", "`", 1)
+    fresh_md, committed_md = (MACHINE.sub("Python <this machine>", text)
+                              for text in (fresh_md, committed_md))
+
+    if not DELIVERABLES_CPU:
+        assert (out / "settings.json").read_text() == cli("settings", "int8.onnx", str(seed))
+        assert_settings_are_this_cpus(json.loads((out / "settings.json").read_text()),
+                                      ROOT / "int8.onnx")
+        assert_report_is_this_cpus(fresh_md, ROOT / "fp32.onnx", ROOT / "int8.onnx",
+                                   ROOT / "int8_exposed.onnx", seed)
+        fresh_md, committed_md = ("\n".join(report_apart_from_int8_kernel(text))
+                                  for text in (fresh_md, committed_md))
+        fresh, committed = (settings_apart_from_int8_kernel(json.loads(path.read_text()))
+                            for path in (out / "settings.json", ROOT / "settings.json"))
+        assert committed == (fresh if PINNED_STACK else approx_tree(fresh))
+    kernel_free = DELIVERABLES if DELIVERABLES_CPU else tuple(
+        name for name in DELIVERABLES if name != "settings.json")
+    if PINNED_STACK:
+        for name in kernel_free[:-1]:
+            assert (out / name).read_bytes() == (ROOT / name).read_bytes(), name
+        assert fresh_md == committed_md
+        return
+    for name in DELIVERABLES[:2]:
+        assert onnx.load(str(out / name)) == onnx.load(str(ROOT / name)), name
+    for name in kernel_free[2:-1]:
+        fresh = json.loads((out / name).read_text())
+        assert json.loads((ROOT / name).read_text()) == approx_tree(fresh), name
+    assert NUMBER.sub("#", fresh_md) == NUMBER.sub("#", committed_md)
+
+
+def _global_names(code) -> set:
+    """The global names a function's code reads, its nested code (comprehensions) included."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _global_names(constant)
+    return names
+
+
+def test_a_test_gated_on_the_deliverables_cpu_carries_the_marker_and_the_other_way(request):
+    """A test that decides by the fingerprint whether to compare bit for bit is marked
+    byte_exact_on_deliverables_cpu, and a marked test decides by it (of the tests collected)."""
+    gated, marked = set(), set()
+    for item in request.session.items:
+        function = getattr(item, "function", None)
+        if function is None:
+            continue
+        name = f"{item.module.__name__}.{item.originalname}"
+        if "DELIVERABLES_CPU" in _global_names(inspect.unwrap(function).__code__):
+            gated.add(name)
+        if item.get_closest_marker("byte_exact_on_deliverables_cpu"):
+            marked.add(name)
+    assert gated == marked

@@ -105,16 +105,14 @@ def plugin_library() -> str:
     return nxrt_ep_cpu.get_library_path()
 
 
-def session_on(path, providers: list[str], devices_of: str | None = None):
-    """A session made the way the onnxruntime documentation says: built-in providers by name,
-    a plugin EP through its devices."""
+def plugin_session(path, ep_name: str):
+    """A session on a plugin EP, made the way the onnxruntime documentation says: through its
+    devices (the CPU sessions of the oracles are ``models.run``'s)."""
     options = ort.SessionOptions()
-    if devices_of is not None:
-        devices = [device for device in ort.get_ep_devices() if device.ep_name == devices_of]
-        assert devices, f"{devices_of} offers no device"
-        options.add_provider_for_devices(devices, {})
-        return ort.InferenceSession(str(path), options)
-    return ort.InferenceSession(str(path), options, providers=providers)
+    devices = [device for device in ort.get_ep_devices() if device.ep_name == ep_name]
+    assert devices, f"{ep_name} offers no device"
+    options.add_provider_for_devices(devices, {})
+    return ort.InferenceSession(str(path), options)
 
 
 def boundary_numbers(reference: np.ndarray, candidate: np.ndarray, rows: int) -> dict:
@@ -196,14 +194,6 @@ def test_a_library_that_brings_no_provider_is_refused(lab_pair, monkeypatch):
     assert caught.value.code == 4
 
 
-def test_fallback_rule():
-    assert tool.fallback_of([OPENVINO], [OPENVINO, CPU]) == []
-    assert tool.fallback_of([OPENVINO, CPU], [CPU]) == [OPENVINO]
-    assert tool.fallback_of(["policy:PREFER_NPU"], [CPU]) == ["policy:PREFER_NPU"]
-    assert tool.fallback_of(["policy:PREFER_NPU"], [OPENVINO, CPU]) == []
-    assert tool.fallback_of(["policy:PREFER_CPU"], [CPU]) == []
-
-
 def test_request_splits_names_and_policy():
     request = tool.ProviderRequest(["policy:MAX_EFFICIENCY"])
     assert (request.names, request.policy) == ([], "MAX_EFFICIENCY")
@@ -231,8 +221,8 @@ def test_missing_provider_is_refused_unless_fallback_is_allowed(eprun, eprun_fai
     output = plain["layers"][-1]["int8"]
     exposed, _ = exposed_copy(int8, tmp_path, "int8")
     x = lab_input(fp32, 1)
-    exposed_y = session_on(exposed, [CPU]).run([output], {"x": x})[0]
-    plain_y = session_on(int8, [CPU]).run([output], {"x": x})[0]
+    exposed_y, plain_y = models.run(exposed, x, [output])[0], models.run(int8, x, [output])[0]
+    # exactly: the same CPU sessions as eprun's, whatever this CPU's int8 kernel gives
     assert allowed["exposure"] == {"output": output, "max_abs_diff": pytest.approx(
         float(np.abs(plain_y.astype(np.float64) - exposed_y).max()), abs=0)}
 
@@ -305,7 +295,7 @@ def test_plugin_ep_is_appended_through_its_devices(eprun, lab_pair):
     ort.register_execution_provider_library("test-cpu-ep", library)
     try:
         assert "cpu_ep" in ort.get_available_providers()
-        assert session_on(fp32, [], devices_of="cpu_ep").get_providers() == ["cpu_ep", CPU]
+        assert plugin_session(fp32, "cpu_ep").get_providers() == ["cpu_ep", CPU]
     finally:
         ort.unregister_execution_provider_library("test-cpu-ep")
 
@@ -329,11 +319,10 @@ def test_layers_on_a_plugin_ep_recomputed(eprun, lab_pair, tmp_path):
     x = lab_input(fp32, 7)
     ort.register_execution_provider_library("test-cpu-ep", library)
     try:
-        reference = dict(zip(fp32_names, session_on(fp32_exposed, [CPU]).run(
-            fp32_names, {"x": x})))
-        on_plugin = session_on(int8_exposed, [], devices_of="cpu_ep")
+        reference = dict(zip(fp32_names, models.run(fp32_exposed, x, fp32_names)))
+        on_plugin = plugin_session(int8_exposed, "cpu_ep")
         candidate = dict(zip(int8_names, on_plugin.run(int8_names, {"x": x})))
-        plain = session_on(int8, [], devices_of="cpu_ep").run([int8_names[-1]], {"x": x})[0]
+        plain = plugin_session(int8, "cpu_ep").run([int8_names[-1]], {"x": x})[0]
     finally:
         ort.unregister_execution_provider_library("test-cpu-ep")
     assert_table(answer, reference, candidate, 64)
@@ -383,7 +372,7 @@ def test_int8_against_itself_on_openvino_is_the_divergence_table(eprun, tmp_path
     int8 = tmp_path / "enc_int8.onnx"
     model = real_models.transformer_encoder(seed=3)
     onnx.save(model, str(fp32))
-    real_models.quantize_qdq(fp32, int8, seed=4)
+    models.quantize(fp32, int8, seed=4, rows=4)
     feeds = real_models.random_feeds(model, seed=5, rows=4)
     np.savez(tmp_path / "inputs.npz", **feeds)
     answer = eprun("layers", int8, int8, "0", "--providers", OPENVINO, "--inputs",
@@ -391,7 +380,7 @@ def test_int8_against_itself_on_openvino_is_the_divergence_table(eprun, tmp_path
     assert answer["providers"] == {"requested": [OPENVINO], "actual": [OPENVINO, CPU],
                                    "fell_back": True, "missing": [], "reference": [CPU]}
     exposed, names = exposed_copy(int8, tmp_path, "enc_int8")
-    reference = dict(zip(names, session_on(exposed, [CPU]).run(names, feeds)))
+    reference = dict(zip(names, models.run(exposed, feeds, names)))
     candidate = dict(zip(names, openvino(exposed).run(names, feeds)))
     assert_table(answer, reference, candidate, answer["rows"])
     plain = openvino(int8).run([names[-1]], feeds)[0]
@@ -406,7 +395,7 @@ def test_lab_pair_on_openvino_recomputed(eprun, lab_pair, tmp_path, openvino):
     fp32_exposed, fp32_names = exposed_copy(fp32, tmp_path, "fp32")
     int8_exposed, int8_names = exposed_copy(int8, tmp_path, "int8")
     x = lab_input(fp32, 11)
-    reference = session_on(fp32_exposed, [CPU]).run(fp32_names, {"x": x})
+    reference = models.run(fp32_exposed, x, fp32_names)
     candidate = openvino(int8_exposed).run(int8_names, {"x": x})
     rel = [boundary_numbers(a, b, 64)["rel_error"] for a, b in zip(reference, candidate)]
     assert answer["rel_error"] == pytest.approx(rel, rel=1e-6, abs=1e-12)
@@ -421,7 +410,7 @@ def test_check_on_openvino_counts_what_numpy_counts(lab_pair, openvino):
     answer = result.answer
     assert answer["providers"]["actual"] == [OPENVINO, CPU]
     x = lab_input(fp32, 2)
-    expected = session_on(fp32, [CPU]).run(None, {"x": x})[0]
+    expected = models.run(fp32, x)[0]
     got = openvino(int8).run(None, {"x": x})[0]
     violations = int(np.count_nonzero(~np.isclose(got, expected, rtol=1e-2, atol=1e-3)))
     assert answer["outputs"][0]["violations"] == violations
@@ -448,7 +437,7 @@ def test_sensitivity_on_openvino_runs_every_variant_there(eprun, lab_pair, openv
     assert answer["providers"]["actual"] == [OPENVINO, CPU]
     assert answer["providers"]["reference"] == [CPU]
     x = lab_input(fp32, 3)
-    reference = session_on(fp32, [CPU]).run(None, {"x": x})[0]
+    reference = models.run(fp32, x)[0]
     quantized = openvino(int8).run(None, {"x": x})[0]
     assert answer["quantized"]["rel_error"] == pytest.approx(
         boundary_numbers(reference, quantized, 64)["rel_error"], rel=1e-6)
@@ -519,7 +508,7 @@ def test_saved_outputs_hold_the_reference_run_and_give_the_same_verdict(lab_pair
         stored_x, stored_y = archive["input_0"], archive["tensor_0"]
     x = lab_input(fp32, 6)
     assert np.array_equal(stored_x, x)
-    assert np.array_equal(stored_y, session_on(fp32, [CPU]).run(None, {"x": x})[0])
+    assert np.array_equal(stored_y, models.run(fp32, x)[0])
     second = run_eprun("check", fp32, int8, "--load-outputs", golden)
     assert second.code == first.code
     assert second.stderr == (f"eprun: note: the inputs come from {str(golden)!r} (drawn there "

@@ -11,9 +11,9 @@ import os
 import subprocess
 import sys
 
+import models
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from conftest import ROOT, run_eprun
 from onnx import TensorProto, helper, numpy_helper
@@ -70,9 +70,7 @@ def log_model(path, absolute: bool) -> None:
 
 
 def direct_output(path, seed: int) -> np.ndarray:
-    x = np.random.default_rng(seed).standard_normal((64, 4)).astype(np.float32)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
+    return models.run(path, models.contract_input(seed, 4))[0]
 
 
 def test_nonfinite_values_are_counted_and_named(tmp_path):
@@ -167,12 +165,9 @@ def test_placement_says_when_the_session_fell_back(lab_pair):
 def test_check_states_the_spread_of_the_differences(lab_pair):
     """mean, median and 99th percentile of |candidate - reference|, recomputed on sessions
     opened here with the contract input."""
-    import models
-
     fp32, int8 = lab_pair
     x = models.contract_input(0, 8)
-    outputs = [ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x})[0].astype(np.float64) for path in (fp32, int8)]
+    outputs = [models.run(path, x)[0].astype(np.float64) for path in (fp32, int8)]
     diff = np.abs(outputs[1] - outputs[0])
     entry = run_eprun("check", fp32, int8, "--profile", "int8").answer["outputs"][0]
     assert entry["mean_abs_diff"] == pytest.approx(float(np.mean(diff)), rel=1e-9)
@@ -259,12 +254,9 @@ def test_the_report_names_the_command_that_made_it(lab_pair, tmp_path):
 
 def test_per_output_tolerances(lab_pair):
     """``--atol NAME:VALUE`` sets one output's bound; the violations are numpy's count."""
-    import models
-
     fp32, int8 = lab_pair
     x = models.contract_input(0, 8)
-    reference, candidate = (ort.InferenceSession(str(path), providers=[
-        "CPUExecutionProvider"]).run(None, {"x": x})[0] for path in (fp32, int8))
+    reference, candidate = (models.run(path, x)[0] for path in (fp32, int8))
     result = run_eprun("check", fp32, int8, "--profile", "int8", "--atol", "y:0.3",
                        "--rtol", "y:0.2")
     tolerance = result.answer["tolerance"]
@@ -279,8 +271,6 @@ def test_per_output_tolerances(lab_pair):
 def test_the_report_says_where_the_int8_range_clips(lab_pair, tmp_path):
     """Boundary 0 is the graph input: the share of the contract input outside the range its
     QuantizeLinear represents, recomputed from the int8 model's own scale and zero point."""
-    import models
-
     fp32, int8 = lab_pair
     model = onnx.load(str(int8))
     weights = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
@@ -381,19 +371,17 @@ def test_local_error_on_a_float16_twin_casts_what_it_feeds(tmp_path):
     """A float16 twin's segments take float16: --local feeds the fp32 tensor cast to it. The
     segment into relu1 is checked against onnx's own extraction of that subgraph, fed the
     same cast tensor (sessions opened here)."""
-    import models
-    from test_real_models import float16_twin, run_exposing
+    from test_real_models import float16_twin
 
     fp32 = models.save(models.chain(features=8, widths=(16, 16, 8), seed=4), tmp_path / "f.onnx")
     fp16 = models.save(float16_twin(onnx.load(str(fp32))), tmp_path / "h.onnx")
     answer = run_eprun("layers", fp32, fp16, "2", "--local").answer
     assert answer["local_unavailable"] == []
     x = models.contract_input(2, 8)
-    fp32_values = run_exposing(fp32, ["relu0", "relu1"], {"x": x})
+    fp32_values = dict(zip(("relu0", "relu1"), models.run(fp32, x, ["relu0", "relu1"])))
     segment = tmp_path / "segment.onnx"
     onnx.utils.extract_model(str(fp16), str(segment), ["relu0"], ["relu1"])
-    got = ort.InferenceSession(str(segment), providers=["CPUExecutionProvider"]).run(
-        None, {"relu0": fp32_values["relu0"].astype(np.float16)})[0]
+    got = models.run(segment, {"relu0": fp32_values["relu0"].astype(np.float16)})[0]
     assert got.dtype == np.float16
     want = float(np.abs(got.astype(np.float64) - fp32_values["relu1"]).max())
     local = answer["layers"][2]["local"]
@@ -405,7 +393,6 @@ class LayeredOptimizers:
     """A stand-in for settings' runner whose numbers two transformers change: MatMulAddFusion
     from ORT_ENABLE_BASIC on, QDQSelectorActionTransformer from ORT_ENABLE_EXTENDED on (as
     CastElimination and the QDQ selector do on attention models), with no thread effect."""
-
     def __init__(self) -> None:
         self.runs = []
         self.ranks = {"ORT_DISABLE_ALL": 0, "ORT_ENABLE_BASIC": 1, "ORT_ENABLE_EXTENDED": 2,
@@ -444,7 +431,6 @@ def test_explain_finds_every_transformer_at_the_cases_own_level(monkeypatch):
 
 
 def test_a_cnn_with_a_gemm_head_is_told_about_conv_boundaries(tmp_path):
-    import models
     import real_models
 
     cnn = models.save(real_models.residual_cnn(7), tmp_path / "cnn.onnx")
@@ -473,7 +459,6 @@ def two_outputs(path, factor: float) -> None:
 
 
 def test_output_chooses_the_final_boundary(eprun, eprun_fails, tmp_path):
-    import models
 
     first, second = tmp_path / "one.onnx", tmp_path / "two.onnx"
     two_outputs(first, 1.0)
@@ -483,9 +468,17 @@ def test_output_chooses_the_final_boundary(eprun, eprun_fails, tmp_path):
     chosen = eprun("layers", first, second, "1", "--output", "b")
     assert [entry["fp32"] for entry in chosen["layers"]] == ["x", "b"]
     x = models.contract_input(1, 4)
-    b1, b2 = (ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
-        ["b"], {"x": x})[0].astype(np.float64) for path in (first, second))
+    b1, b2 = (models.run(path, x, ["b"])[0].astype(np.float64) for path in (first, second))
     assert chosen["layers"][-1]["max_abs_error"] == pytest.approx(
         float(np.abs(b2 - b1).max()), rel=1e-9)
     assert "no output of that name (its outputs: a, b)" in eprun_fails(
         2, "growth", first, second, "1", "--output", "h")
+
+
+def test_the_sensitivity_table_ranks_from_one_in_the_answers_order(lab_pair):
+    fp32, int8 = lab_pair
+    answer = run_eprun("sensitivity", fp32, int8, "1", "--max-units", "2").answer
+    rows = table_rows(run_eprun("sensitivity", fp32, int8, "1", "--max-units", "2",
+                                "--format", "table").stdout)
+    assert [row[0] for row in rows] == [str(k) for k in range(1, len(answer["units"]) + 1)]
+    assert [row[1] for row in rows] == [unit["name"] for unit in answer["units"]]

@@ -15,8 +15,6 @@ from onnx import helper, numpy_helper
 
 import eprun as tool
 
-LEVELS = ort.GraphOptimizationLevel
-
 
 def wide_layers(seed: int = 0, width: int = 1000) -> onnx.ModelProto:
     """x -> Relu -> MatMul + Add (wide, large bias) -> Relu -> MatMul + Add -> y: boundaries
@@ -37,20 +35,6 @@ def wide_layers(seed: int = 0, width: int = 1000) -> onnx.ModelProto:
                          [helper.make_tensor_value_info("y", 1, ["N", 8])], inits)
 
 
-def run(path, x, level, threads=1, disabled=None, outputs=None):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = level
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    model = onnx.load(str(path))
-    for name in outputs or ():
-        model.graph.output.append(onnx.ValueInfoProto(name=name))
-    extra = {"disabled_optimizers": disabled} if disabled else {}
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"], **extra)
-    return session.run(outputs or None, {"x": x})
-
-
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
     return models.save(wide_layers(), tmp_path_factory.mktemp("explain") / "wide.onnx")
@@ -59,8 +43,8 @@ def wide(tmp_path_factory):
 def test_explain_names_the_transformer_and_where_it_starts(eprun, wide):
     answer = eprun("settings", wide, "3", "--explain")
     x = models.contract_input(3, 1000)
-    base = run(wide, x, LEVELS.ORT_DISABLE_ALL)[0]
-    optimized = run(wide, x, LEVELS.ORT_ENABLE_ALL)[0]
+    base = models.run(wide, x, level="ORT_DISABLE_ALL", threads=1)[0]
+    optimized = models.run(wide, x, level="ORT_ENABLE_ALL", threads=1)[0]
     assert optimized.tobytes() != base.tobytes()  # the case is real on this stack
     assert answer["all_equal"] is False and answer["repeatable"] is True
     explained = {(e["level"], e["intra_op"]): e for e in answer["explanations"]}
@@ -70,18 +54,19 @@ def test_explain_names_the_transformer_and_where_it_starts(eprun, wide):
     assert first["cause"] == "optimizer"
     # the level: BASIC already differs (MatMulAddFusion is a Level 1 transformer)
     assert first["introduced_by"] == "ORT_ENABLE_BASIC"
-    assert run(wide, x, LEVELS.ORT_ENABLE_BASIC)[0].tobytes() != base.tobytes()
+    basic = models.run(wide, x, level="ORT_ENABLE_BASIC", threads=1)[0]
+    assert basic.tobytes() != base.tobytes()
     # the named transformers, disabled (and nothing else), restore the baseline bit for bit
     names = first["transformers"]
     assert names == ["MatMulAddFusion"] and first["verified"] == names
-    restored = run(wide, x, LEVELS.ORT_ENABLE_ALL, disabled=names)[0]
+    restored = models.run(wide, x, level="ORT_ENABLE_ALL", threads=1, disabled=names)[0]
     assert restored.tobytes() == base.tobytes()
     assert first["workaround"]["disabled_optimizers"] == names
     assert first["workaround"]["graph_optimization_level"] == "ORT_DISABLE_ALL"
     # the first boundary that differs, recomputed with every boundary exposed
     boundaries = ["x", "h", "y"]
-    reference = run(wide, x, LEVELS.ORT_DISABLE_ALL, outputs=boundaries)
-    candidate = run(wide, x, LEVELS.ORT_ENABLE_ALL, outputs=boundaries)
+    reference = models.run(wide, x, boundaries, level="ORT_DISABLE_ALL", threads=1)
+    candidate = models.run(wide, x, boundaries, level="ORT_ENABLE_ALL", threads=1)
     differs = [k for k, (a, b) in enumerate(zip(reference, candidate))
                if a.tobytes() != b.tobytes()]
     where = first["first_difference"]
@@ -110,7 +95,7 @@ def test_a_model_that_does_not_differ_is_not_searched(eprun, lab_pair, monkeypat
 
         monkeypatch.setattr(tool, "explain_case", searched)
         assert tool.main(["settings", str(int8), "3", "--explain"]) == 0
-    else:  # an onnxruntime whose QDQ kernels round differently: every difference explained
+    else:  # a CPU whose int8 kernel rounds otherwise (tests/cpu.py): every difference explained
         assert len(answer["explanations"]) == sum(not c["bitwise_equal"]
                                                   for c in answer["cases"])
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import models
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import real_models
 from conftest import run_eprun
@@ -18,31 +17,8 @@ from onnx import numpy_helper
 
 import eprun as tool
 
-
-def quantize(fp32, out, exclude=(), activation="QInt8", per_channel=False) -> None:
-    """quantize_static (QDQ) calibrated on real_models' feeds, with ``exclude`` left float."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    feeds = real_models.calibration_feeds(onnx.load(str(fp32)), 1)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter(feeds)
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    with real_models._quiet():
-        quantize_static(str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ,
-                        activation_type=getattr(QuantType, activation),
-                        weight_type=QuantType.QInt8, per_channel=per_channel,
-                        nodes_to_exclude=list(exclude))
-    real_models._clamp(out)
+# quantize_static (QDQ) calibrated on models.calibration_feeds(model, 1): 4 batches of 4 rows
+CALIBRATION = {"seed": 1, "rows": 4}
 
 
 def named_chain() -> onnx.ModelProto:
@@ -53,7 +29,7 @@ def named_chain() -> onnx.ModelProto:
 
 
 CASES = {"chain": (named_chain, {}),
-         "chain_u8_per_channel": (named_chain, {"activation": "QUInt8", "per_channel": True}),
+         "chain_u8_per_channel": (named_chain, {"activation_type": "QUInt8", "per_channel": True}),
          "residual": (models.residual_chain, {}),
          "cnn": (lambda: real_models.residual_cnn(2), {}),
          "encoder": (lambda: real_models.transformer_encoder(1), {})}
@@ -62,9 +38,7 @@ CASES = {"chain": (named_chain, {}),
 def final_output(path, feeds) -> np.ndarray:
     model = onnx.load(str(path))
     name = next(o.name for o in model.graph.output if o.type.tensor_type.elem_type == 1)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    wanted = {value.name for value in session.get_inputs()}
-    return session.run([name], {k: v for k, v in feeds.items() if k in wanted})[0]
+    return models.run(path, feeds, [name])[0]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -72,7 +46,7 @@ def test_emulation_equals_quantize_static_for_every_unit(tmp_path, case):
     build, options = CASES[case]
     fp32 = models.save(build(), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
-    quantize(fp32, int8, **options)
+    models.quantize(fp32, int8, **CALIBRATION, **options)
     run = tool.SensitivityRun(str(fp32), str(int8), 5, None)
     assert run.units
     inexact = {}
@@ -80,7 +54,7 @@ def test_emulation_equals_quantize_static_for_every_unit(tmp_path, case):
         run.measure([unit])
         emulated = run.last
         excluded = tmp_path / "x.onnx"
-        quantize(fp32, excluded, [unit.name], **options)
+        models.quantize(fp32, excluded, exclude=[unit.name], **CALIBRATION, **options)
         real = final_output(excluded, run.int8_feed)
         deviation = float(np.abs(emulated.astype(np.float64) - real).max()
                           / (np.abs(real).max() or 1.0))
@@ -105,7 +79,7 @@ def sqnr(reference, candidate) -> float:
 def test_a_damaged_unit_ranks_first(eprun, tmp_path):
     fp32 = models.save(named_chain(), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
-    quantize(fp32, int8)
+    models.quantize(fp32, int8, **CALIBRATION)
     model = onnx.load(str(int8))
     for tensor in model.graph.initializer:  # matmul3's weight scale, three times too large
         if tensor.name == "W1_scale":
@@ -122,7 +96,7 @@ def test_a_damaged_unit_ranks_first(eprun, tmp_path):
 def test_the_recommendation_keeps_its_promise(eprun, tmp_path):
     fp32 = models.save(real_models.residual_cnn(2), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
-    quantize(fp32, int8)
+    models.quantize(fp32, int8, **CALIBRATION)
     first = eprun("sensitivity", fp32, int8, "5", "--target-sqnr", "1000", "--max-units", "2")
     quantized = first["quantized"]["sqnr_db"]
     best = first["recommendation"]["steps"][-1]["sqnr_db"]
@@ -135,7 +109,7 @@ def test_the_recommendation_keeps_its_promise(eprun, tmp_path):
     assert answer["recommendation"]["steps"][-1]["sqnr_db"] >= target
     # requantize the float model with eprun's list and the same calibration data
     requantized = tmp_path / "requantized.onnx"
-    quantize(fp32, requantized, chosen)
+    models.quantize(fp32, requantized, exclude=chosen, **CALIBRATION)
     feeds = {"image": np.random.default_rng(5).standard_normal((64, 3, 32, 32)).astype(
         np.float32)}
     reached = sqnr(final_output(fp32, feeds), final_output(requantized, feeds))
@@ -146,7 +120,7 @@ def test_the_recommendation_keeps_its_promise(eprun, tmp_path):
 def test_units_restrict_the_analysis_and_unnamed_nodes_are_named_for_what_they_are(tmp_path):
     fp32 = models.save(models.chain(features=4, widths=(4, 4, 4)), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
-    quantize(fp32, int8)
+    models.quantize(fp32, int8, **CALIBRATION)
     result = run_eprun("sensitivity", fp32, int8, "1")
     assert result.code == 0
     units = result.answer["units"]

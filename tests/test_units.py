@@ -314,6 +314,8 @@ def test_compare_boundary_hand_computed(a, b, rows, expected):
     ([], 100, []),
     ([40, 60, 50, 50], 100, [[0, 1], [2, 3]]),        # exact fits
     ([40, 61, 50, 50], 100, [[0], [1], [2, 3]]),
+    ([10, 10, 10, 10], 25, [[0, 1], [2, 3]]),         # a third would not fit
+    ([30, 5], 20, [[0], [1]]),                        # nothing joins one too big for a batch
     ([10, None, 10], 100, [[0], [1], [2]]),           # an unknown size goes alone
     ([None, 10, 10], 100, [[0], [1, 2]]),
     ([10, 10, None], 1000, [[0, 1], [2]]),
@@ -415,6 +417,10 @@ def test_retries_never_retry_other_exceptions(no_sleep):
     (["B", "A", "CPUExecutionProvider"], ["CPUExecutionProvider"], ["B", "A"]),
     (["A", "B"], ["B", "A"], []),
     (["CPUExecutionProvider"], [], ["CPUExecutionProvider"]),
+    # a device policy is missing when it got nothing but the CPU, unless it asked for the CPU
+    (["policy:PREFER_NPU"], ["CPUExecutionProvider"], ["policy:PREFER_NPU"]),
+    (["policy:PREFER_NPU"], ["OpenVINOExecutionProvider", "CPUExecutionProvider"], []),
+    (["policy:PREFER_CPU"], ["CPUExecutionProvider"], []),
 ])
 def test_fallback_of(requested, actual, missing):
     assert tool.fallback_of(requested, actual) == missing

@@ -444,7 +444,7 @@ def captured_chatter() -> Iterator[Any]:
             yield store
     finally:
         run.terminals.pop()
-        if run.stderr is not None and run.stderr == terminal and not run.terminals:
+        if run.stderr == terminal and not run.terminals:  # the outermost capture ends
             run.stderr = None
         for stream in (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__):
             with contextlib.suppress(Exception):  # what was buffered goes to the store too

@@ -236,6 +236,25 @@ def test_colour_and_the_shrinking_error_in_words():
     shrank = {"seed": 1, "layer_count": 2, "rel_error": [0.2, 0.166], "ratios": [0.83],
               "monotone": False, "total_growth": 0.83, "max_ratio": {"index": 1, "ratio": 0.83}}
     assert "total growth 0.83: the error shrank" in tool.render_table("growth", shrank)
+    for total, said in ((1.0, "stayed the same"), (1.2, "grew")):
+        text = tool.render_table("growth", {**shrank, "total_growth": total})
+        assert f"total growth {total:g}: the error {said}" in text
+
+
+def test_the_real_stderr_is_remembered_only_while_the_outermost_capture_holds_it():
+    """Where a signal's last word goes: the stderr captured_chatter took over, while it holds
+    it (an inner capture changes nothing), and nothing once it is given back."""
+    import eprun as tool
+
+    run = tool.Run()
+    with tool.running(run):
+        with tool.captured_chatter():
+            outer = run.stderr
+            assert outer is not None
+            with tool.captured_chatter():
+                assert run.stderr == outer
+            assert run.stderr == outer
+        assert run.stderr is None and run.terminals == []
 
 
 def test_the_report_names_the_command_that_made_it(lab_pair, tmp_path):

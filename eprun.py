@@ -1,6 +1,7 @@
 """eprun: what an ONNX Runtime session really got, and where quantization error grows.
 
-Commands (each prints exactly one compact JSON object on one line to stdout):
+Commands (each prints exactly one compact JSON object on one line to stdout; ``--format
+table`` on layers, growth, check, settings and sensitivity prints aligned columns instead):
 
     providers <model> <list> [<list> ...]   requested vs. actual execution providers
     partition <model> <supported-ops>       file-order simulation of how an EP would split the graph
@@ -37,7 +38,8 @@ one JSON line. Everything onnxruntime prints meanwhile is held back; a failure i
 
 Exit codes:
 
-    0    success: stdout holds the JSON answer and nothing else
+    0    success: stdout holds the answer (one JSON line, or the table asked for) and
+         nothing else
     1    a verdict that failed (``check``, ``providers --fail-on-fallback``): the JSON answer
          on stdout, one line on stderr saying why
     2    wrong usage: unknown command or option, wrong argument count, a seed that is not a
@@ -343,7 +345,7 @@ def to_json(answer: dict) -> str:
 
 # -- the run's state -------------------------------------------------------------------------------
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # each run is itself: two fresh ones are not one
 class Run:
     """Everything one call of ``main`` keeps while it works, in one place instead of module
     globals. ``main`` (and ``cli``) make one and install it for the call (``running``);
@@ -1295,8 +1297,9 @@ class GraphIndex:
     name twice, and the "" of an omitted optional output like any other name);
     ``consumers[name]`` the indices of the nodes that read it, outer-scope reads of their
     subgraphs included (a node reading it twice is listed twice); ``readers[name]`` the
-    ``(node index, input position)`` of each direct read. The maps are of the nodes as they
-    were when the index was built."""
+    ``(node index, input position)`` of each direct read. ``producer_index`` is of the nodes
+    as they were when the index was built, ``consumers`` and ``readers`` as they were when
+    first asked for: an index is for a graph that is read, not rewired."""
 
     def __init__(self, nodes, initializers=(), types: dict | None = None) -> None:
         self.nodes = list(nodes)
@@ -3590,8 +3593,11 @@ def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> tuple[list, s
             note(f"paired by name, as position contradicts the tensor names: {shown}{more}; "
                  "--pair position keeps the k-th with the k-th")
             return sorted(named.items()), "name"
-        note(f"pairing by position contradicts the tensor names: {shown}{more}; rerun with "
-             "--pair name")
+        advice = ("rerun with --pair name" if len(named) == count_fp32 else
+                  f"the names pair only {len(named)} of the {count_fp32} boundaries, so "
+                  "neither order is sure: check that the int8 model is a quantization of the "
+                  "fp32 one, or choose the boundaries with --boundary-ops")
+        note(f"pairing by position contradicts the tensor names: {shown}{more}; {advice}")
     return [(k, k) for k in range(count_fp32)], "position"
 
 
@@ -3614,6 +3620,8 @@ def require_in_order(models: tuple, paths: tuple[str, str], swapped_ok: bool,
     """The float model goes first. A first model that quantizes (Q/DQ, QLinear*, integer
     ops) beside a second that does not is a swapped pair: measured as given, every scale and
     every verdict would be the wrong way round, so it is wrong usage unless ``swapped_ok``."""
+    import shlex
+
     if swapped_ok:
         return
     first = _quantization_ops(models[0])
@@ -3621,8 +3629,9 @@ def require_in_order(models: tuple, paths: tuple[str, str], swapped_ok: bool,
         raise EprunError(
             f"the models look swapped: {paths[0]!r}, given as the {roles[0]} model, has "
             f"{first} quantization node{'s' if first > 1 else ''} and {paths[1]!r}, the "
-            f"{roles[1]} one, has none; give them the other way round ({paths[1]} "
-            f"{paths[0]}), or add --swapped-ok to compare them as given", EXIT_USAGE)
+            f"{roles[1]} one, has none; give them the other way round "
+            f"({shlex.join([paths[1], paths[0]])}), or add --swapped-ok to compare them as "
+            "given", EXIT_USAGE)
 
 
 def _suggest_boundary_ops(fp32: PairedModel, boundary_ops: tuple[str, ...]) -> None:
@@ -4158,7 +4167,7 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
               f"(`total_growth` = {total!r} in `growth.json`): the error "
               f"{'grew' if total > 1 else 'shrank' if total < 1 else 'stayed the same'}."
               if total is not None else
-              "Total growth factor: null (the first relative error is 0).", ""]
+              f"Total growth factor: null ({_no_growth_why(rel_error)}).", ""]
     if jump:
         lines.append(f"Largest jump: into boundary {jump['index']} "
                      f"(`{measured['layers'][jump['index']]['fp32']}`), ×{_num(jump['ratio'])}.")
@@ -4287,14 +4296,15 @@ def aligned(headers: list[str], rows: list[list], worst: int | None = None,
     return lines
 
 
-def _worst(values: list, largest: bool = True) -> int | None:
-    """The index of the largest (or smallest) finite value, None when there is none."""
+def _worst(values: list, lost: list | None = None) -> int | None:
+    """The index of the largest finite value (the earliest on ties), or of the first entry
+    ``lost`` marks (its number is null: NaN or infinity got into it); None when neither."""
+    first_lost = next((k for k, gone in enumerate(lost or ()) if gone), None)
+    if first_lost is not None:
+        return first_lost
     finite = [(value, k) for k, value in enumerate(values)
               if isinstance(value, (int, float)) and math.isfinite(value)]
-    if not finite:
-        return None
-    return (max(finite, key=lambda item: (item[0], -item[1])) if largest
-            else min(finite, key=lambda item: (item[0], item[1])))[1]
+    return max(finite, key=lambda item: (item[0], -item[1]))[1] if finite else None
 
 
 def render_table(command: str, answer: dict, colour: bool = False) -> str:
@@ -4317,11 +4327,15 @@ def _layers_table(answer: dict, colour: bool) -> list[str]:
             for entry in entries]
     lines = [(f"layers: seed {answer['seed']}, {answer['rows']} rows, "
               f"{answer['layer_count']} boundaries")]
-    lines += aligned(headers, rows, _worst([entry["rel_error"] for entry in entries]), colour)
+    lines += aligned(headers, rows, _worst([entry["rel_error"] for entry in entries],
+                                           [_is_lost(entry["rel_error"]) for entry in entries]),
+                     colour)
     for entry in entries:
-        if entry.get("nonfinite"):
-            lines.append(f"boundary {entry['index']}: NaN or infinite values "
-                         f"{entry['nonfinite']}")
+        counts = entry.get("nonfinite") or {}
+        if any(counts.values()):
+            lines.append(f"boundary {entry['index']}: NaN or infinite values, "
+                         f"{counts.get('fp32', 0)} in the fp32 tensor and "
+                         f"{counts.get('int8', 0)} in the int8 one")
     return lines
 
 
@@ -4335,13 +4349,26 @@ def _growth_table(answer: dict, colour: bool) -> list[str]:
                      jump["index"] if jump else None, colour)
     total = answer["total_growth"]
     if total is None:
-        lines.append("total growth: none (the first relative error is 0)")
+        lines.append(f"total growth: none ({_no_growth_why(answer['rel_error'])})")
     else:
         said = ("the error grew" if total > 1 else "the error shrank" if total < 1
                 else "the error stayed the same")
         lines.append(f"total growth {_num(total)}: {said}; "
                      f"{'monotone' if answer['monotone'] else 'not monotone'}")
     return lines
+
+
+def _is_lost(value) -> bool:
+    """A number NaN or infinity took (null in JSON)."""
+    return value is None or (isinstance(value, float) and not math.isfinite(value))
+
+
+def _no_growth_why(rel_errors: list) -> str:
+    """Why a total growth is null: a zero first error, or a number NaN or infinity took."""
+    lost = next((k for k, value in enumerate(rel_errors) if _is_lost(value)), None)
+    if lost is not None:
+        return f"the relative error at boundary {lost} is NaN or infinite"
+    return "the first relative error is 0"
 
 
 def _check_table(answer: dict, colour: bool) -> list[str]:
@@ -4355,10 +4382,11 @@ def _check_table(answer: dict, colour: bool) -> list[str]:
               f"{answer['profile']} profile (|c - r| <= {tolerance['atol']:g} + "
               f"{tolerance['rtol']:g}*|r| per element, cosine >= {tolerance['min_cos']:g}), "
               f"on {','.join(answer['providers']['actual'])}")]
+    failing = {failure.get("output") for failure in answer["failures"]}
     lines += aligned(["reference", "candidate", "shape", "max abs diff", "mean abs diff",
                       "p99 abs diff", "max rel diff", "cosine", "violations", "elements"], rows,
-                     _worst([entry.get("violations") for entry in outputs])
-                     if not answer["passed"] else None, colour)
+                     _worst([entry.get("violations") or 0 if entry["reference"] in failing
+                             else None for entry in outputs]), colour)
     lines.append("passed" if answer["passed"] else
                  "failed: " + "; ".join(failure_reasons(answer["failures"])))
     return lines
@@ -6127,9 +6155,9 @@ def _optional_sensitivity(fp32: str, int8: str, seed: int, inputs: InputOptions 
     leaves the rest of the report standing, and says why on stderr and in the report."""
     try:
         return sensitivity(fp32, int8, seed, inputs=inputs, swapped_ok=swapped_ok)
-    except (KeyboardInterrupt, SystemExit, MemoryError):
+    except (KeyboardInterrupt, SystemExit):
         raise
-    except Exception as exc:  # whatever it was, the report still goes out
+    except Exception as exc:  # whatever it was (MemoryError too), the report still goes out
         why = one_line(exc) if isinstance(exc, EprunError) else (
             f"internal error: {type(exc).__name__}: {one_line(exc)}")
         note(f"report --sensitivity: the section is left out: {why}")
@@ -6271,11 +6299,29 @@ def _usage_hint(message: str) -> str:
              and argument.options.get("type") is parse_list]
     if extra and lists and argv:
         words = extra.group(1).split()
-        start = next((k for k in range(len(argv)) if argv[k:k + len(words)] == words), None)
+        start = next((k for k in reversed(range(len(argv)))  # the extras trail: the last
+                      if argv[k:k + len(words)] == words), None)
         if start and not any(word.startswith("-") for word in words):
             joined = ",".join([argv[start - 1], *words])
             return f"; a list is one argument, its items joined with commas: {joined}"
     return ""
+
+
+def _seed_from(args: argparse.Namespace, extra: list[str]) -> None:
+    """An optional positional seed given after an option (``layers a b --local 2026``):
+    argparse fills optional positionals in one go, before the options, so the seed arrives
+    as the first word left over. It is taken as the seed (checked as one), as it always was."""
+    values = vars(args)
+    name = next((key for key in ("seed", "seed_positional")
+                 if key in values and values[key] is None
+                 and (key == "seed_positional" or "seed_option" in values)), None)
+    if name is None or not extra or extra[0].startswith("-"):
+        return
+    try:
+        values[name] = parse_seed(extra[0])
+    except argparse.ArgumentTypeError as exc:
+        args.command_parser.error(f"argument seed: {exc}")
+    del extra[0]  # what is left is still unrecognized
 
 
 def settle_seed(args: argparse.Namespace) -> str | None:
@@ -6284,7 +6330,7 @@ def settle_seed(args: argparse.Namespace) -> str | None:
     it is required, or two that differ)."""
     values = vars(args)
     if "seed_option" in values:  # positional first: one of the two is required
-        given = [value for value in (values.pop("seed_option"), args.seed) if value is not None]
+        given = [value for value in (args.seed, values.pop("seed_option")) if value is not None]
         if not given:
             return "the following arguments are required: seed (or --seed SEED)"
     elif "seed_positional" in values:  # --seed first, default 0
@@ -6394,7 +6440,10 @@ def _main(argv: list[str] | None, restore_handlers: bool) -> int:
         if not run.argv:  # bare eprun: what it can do, then why nothing ran
             parser.print_help(sys.stderr)
             parser.error("no command given")
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        _seed_from(args, extra)
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         problem = settle_seed(args)
         if problem:
             args.command_parser.error(problem)

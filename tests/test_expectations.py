@@ -125,7 +125,7 @@ def test_the_seed_is_taken_in_both_forms(eprun, eprun_fails, lab_pair):
     assert positional.answer == optional.answer and positional.answer["seed"] == 3
     assert run_eprun("check", fp32, int8, "--profile", "int8").answer["seed"] == 0
     assert "required: seed" in eprun_fails(2, "growth", fp32, int8)
-    assert "given twice, as 2 and 1" in eprun_fails(2, "layers", fp32, int8, "1", "--seed", "2")
+    assert "given twice, as 1 and 2" in eprun_fails(2, "layers", fp32, int8, "1", "--seed", "2")
     assert eprun("layers", fp32, int8, "4", "--seed", "4")["seed"] == 4  # the same twice: fine
 
 
@@ -501,3 +501,73 @@ def test_the_sensitivity_table_ranks_from_one_in_the_answers_order(lab_pair):
                                 "--format", "table").stdout)
     assert [row[0] for row in rows] == [str(k) for k in range(1, len(answer["units"]) + 1)]
     assert [row[1] for row in rows] == [unit["name"] for unit in answer["units"]]
+
+
+def test_a_seed_after_an_option_is_still_the_seed(eprun, eprun_fails, lab_pair):
+    """argparse fills an optional positional before the options: a seed typed after one
+    (as eprun always took it) must not become an unrecognized argument."""
+    fp32, int8 = lab_pair
+    assert eprun("layers", fp32, int8, "--rows", "8", "5") == eprun("layers", fp32, int8, "5",
+                                                                     "--rows", "8")
+    assert eprun("settings", int8, "--rows", "8", "6")["seed"] == 6
+    checked = run_eprun("check", fp32, int8, "--profile", "int8", "3")
+    assert checked.answer["seed"] == 3
+    assert "unrecognized arguments: 2" in eprun_fails(2, "layers", fp32, int8, "--rows", "8",
+                                                       "1", "2")
+    assert "argument seed: seed 'abc'" in eprun_fails(2, "layers", fp32, int8, "--rows", "8",
+                                                       "abc")
+
+
+def test_the_check_table_marks_a_failing_output_not_a_passing_one(tmp_path):
+    """Two outputs, the first identical, the second off in cosine only (violations 0 both)."""
+    def model(path, sign: float) -> None:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+        outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", 4])
+                   for name in ("a", "b")]
+        graph = helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["a"], name="same"),
+             helper.make_node("Mul", ["x", "k"], ["b"], name="flip")], "two", [x], outputs,
+            [numpy_helper.from_array(np.array(sign, np.float32), "k")])
+        built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        built.ir_version = 8
+        onnx.save(built, str(path))
+
+    reference, candidate = tmp_path / "r.onnx", tmp_path / "c.onnx"
+    model(reference, 1.0)
+    model(candidate, -1.0)
+    result = run_eprun("check", reference, candidate, "--rtol", "2", "--atol", "100",
+                       "--format", "table")
+    assert result.code == 1
+    rows = table_rows(result.stdout)
+    assert [row[0] for row in rows if row[-1] == "<- worst"] == ["b"]
+
+
+def test_a_null_total_growth_says_why(tmp_path):
+    import eprun as tool
+
+    lost = {"seed": 1, "layer_count": 3, "rel_error": [0.1, float("nan"), 0.2],
+            "ratios": [float("nan"), float("nan")], "monotone": False, "total_growth": None,
+            "max_ratio": None}
+    assert "the relative error at boundary 1 is NaN or infinite" in tool.render_table(
+        "growth", lost)
+    zero = {**lost, "rel_error": [0.0, 0.1, 0.2], "ratios": [None, 2.0]}
+    assert "the first relative error is 0" in tool.render_table("growth", zero)
+    layered = {"seed": 1, "rows": 64, "layer_count": 2, "layers": [
+        {"index": 0, "fp32": "x", "int8": "x", "max_abs_error": 0.5, "scale": 1.0,
+         "rel_error": 0.5, "cos_min": 1.0},
+        {"index": 1, "fp32": "y", "int8": "y", "max_abs_error": float("nan"), "scale": 1.0,
+         "rel_error": float("nan"), "cos_min": float("nan"), "nonfinite": {"fp32": 0,
+                                                                           "int8": 3}}]}
+    text = tool.render_table("layers", layered)
+    assert [row[0] for row in table_rows(text) if row[-1] == "<- worst"] == ["1"]
+    assert "3 in the int8 one" in text
+
+
+def test_a_run_is_itself_and_main_gives_the_previous_one_back():
+    import eprun as tool
+
+    before = list(tool._RUNS)
+    with pytest.raises(SystemExit):
+        tool.main([])
+    assert len(tool._RUNS) == len(before)
+    assert all(a is b for a, b in zip(tool._RUNS, before))

@@ -571,3 +571,21 @@ def test_a_run_is_itself_and_main_gives_the_previous_one_back():
         tool.main([])
     assert len(tool._RUNS) == len(before)
     assert all(a is b for a, b in zip(tool._RUNS, before))
+
+
+def test_report_writes_beside_the_fp32_model_by_default(lab_pair, tmp_path):
+    """Without --out-dir the deliverables go to the fp32 model's own folder, not the working
+    directory (the README's 'default: the fp32 model's folder')."""
+    import shutil
+
+    fp32, int8 = lab_pair
+    models_dir = tmp_path / "models"
+    models_dir.mkdir()
+    for path in (fp32, int8):
+        shutil.copy(path, models_dir / path.name)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run_eprun("report", "../models/fp32.onnx", "../models/int8.onnx", cwd=elsewhere)
+    assert result.code == 0, result.stderr
+    assert result.answer["out_dir"] == "../models"
+    assert (models_dir / "ep_report.md").is_file() and list(elsewhere.iterdir()) == []

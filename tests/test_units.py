@@ -572,7 +572,7 @@ def test_an_undefined_declared_type_is_filled_from_the_graph():
 
 def test_ctrl_c_while_the_command_line_is_parsed_is_an_interruption(monkeypatch, capfd):
     class Interrupted:
-        def parse_args(self, argv):
+        def parse_known_args(self, argv):
             raise KeyboardInterrupt
 
     monkeypatch.setattr(tool, "build_parser", Interrupted)

@@ -3601,11 +3601,14 @@ def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> tuple[list, s
     return [(k, k) for k in range(count_fp32)], "position"
 
 
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+# The ops of the other quantized forms: dynamic quantization's, and (with QLinear*) QOperator's.
+_INTEGER_OPS = ("DynamicQuantizeLinear", "MatMulInteger", "ConvInteger")
+
+
 def _quantization_ops(model) -> int:
     """How many nodes quantize or compute in the integer domain (Q/DQ, QLinear*, ...)."""
-    integer_ops = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
-                   "MatMulInteger", "ConvInteger")
-    return sum(node.op_type in integer_ops or node.op_type.startswith("QLinear")
+    return sum(node.op_type in _QDQ_OPS + _INTEGER_OPS or node.op_type.startswith("QLinear")
                for node in model.graph.node)
 
 
@@ -5085,7 +5088,10 @@ def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
                        "from a transformer that cannot be disabled or from kernel choice"}
     found = _refined(ddmin(candidates, restores), restores)
     joined_at: dict[str, str] = {}  # a name found at the case's level, not at introducing
-    if level != introducing and not bitwise_equal(base, runner.output(level, 1, found)):
+    # the set is the answer only if disabling it restores the baseline at the case's own
+    # level (rerun here); only then can what is left at more threads be the threads' doing
+    restored = level == introducing or bitwise_equal(base, runner.output(level, 1, found))
+    if not restored:
         # more transformers change the numbers at the case's own level: find those too
         case_rank = dict(levels).get(level, rank)
 
@@ -5098,10 +5104,8 @@ def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
         if restores_here(more):
             joined = _refined(ddmin(more, restores_here), restores_here)
             found, joined_at = found + joined, dict.fromkeys(joined, level)
+            restored = bitwise_equal(base, runner.output(level, 1, found))
     progress.close()
-    # the set is the answer only if disabling it restores the baseline at the case's own
-    # level, rerun here; only then can what is left at more threads be the threads' doing
-    restored = bitwise_equal(base, runner.output(level, 1, found))
     changed = {name: _changes_the_graph(runner, joined_at.get(name, introducing), name)
                for name in found}
     explanation.update(cause="optimizer", transformers=found,
@@ -5313,10 +5317,10 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     require_file(reference)
     require_file(candidate)
     golden_paths(save_outputs, load_outputs, [reference, candidate], "outputs", inputs)
-    graphs = [_graph_or_none(path) for path in (reference, candidate)]
+    graphs = ([_graph_or_none(path) for path in (reference, candidate)]
+              if not swapped_ok or profile == "auto" else [None, None])
     if None not in graphs:  # a file that is no model gets onnxruntime's own words below
         require_in_order(graphs, (reference, candidate), swapped_ok, ("reference", "candidate"))
-    del graphs
     providers = ["CPUExecutionProvider"] if providers is None else providers
     reference_providers = (["CPUExecutionProvider"] if reference_providers is None
                            else reference_providers)
@@ -5330,7 +5334,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
                                    allow_fallback=allow_fallback)
     profile = profile or "fp16"
     if profile == "auto":
-        profile = _auto_profile(reference, candidate)
+        profile = _auto_profile(graphs, candidate)
+    del graphs  # the graphs only; the sessions read the files
     tolerance = dict(TOLERANCE_PROFILES[profile])
     per_output: dict[str, dict] = {}
     for key, given in (("rtol", rtol), ("atol", atol)):
@@ -5397,10 +5402,9 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
             **({"golden": golden} if golden else {})}
 
 
-def _auto_profile(reference: str, candidate: str) -> str:
-    """``--profile auto``: the int8 tolerances for a quantized candidate of a float reference,
-    the fp16 ones otherwise (said on stderr either way)."""
-    graphs = [_graph_or_none(path) for path in (reference, candidate)]
+def _auto_profile(graphs: list, candidate: str) -> str:
+    """``--profile auto``: the int8 tolerances for a quantized candidate of a float reference
+    (``graphs``: theirs, None where unreadable), the fp16 ones otherwise (said on stderr)."""
     quantized = None not in graphs and bool(_quantization_ops(graphs[1])) and not \
         _quantization_ops(graphs[0])
     profile = "int8" if quantized else "fp16"
@@ -5542,9 +5546,6 @@ CHECK = declare(Command(
 
 
 # -- sensitivity -----------------------------------------------------------------------------------
-
-_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
-
 
 class Unit(NamedTuple):
     """A node the quantizer wrapped, by the float model's node name (what
@@ -5822,8 +5823,7 @@ def require_qdq_form(model, path: str) -> None:
     looks like one would rank ops the quantizer never touched."""
     ops = [node.op_type for node in model.graph.node]
     other = sorted({op for op in ops if op.startswith("QLinear") or op in (
-        "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QGemm", "QAttention",
-        "DynamicQuantizeMatMul")})
+        *_INTEGER_OPS, "QGemm", "QAttention", "DynamicQuantizeMatMul")})
     if other:
         form = "dynamic" if {"DynamicQuantizeLinear", "DynamicQuantizeMatMul"} & set(other) \
             else "QOperator"
@@ -6081,7 +6081,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     candidate: dict = {}
     gate = check(fp32, int8, providers=target_providers, profile="int8", inputs=inputs,
                  seed=seed, outputs_into=candidate, ep_options=ep_options,
-                 swapped_ok=swapped_ok)
+                 swapped_ok=True)  # the order is checked above, on the graphs read there
     progress.step(5)
     final = measured["layers"][-1]["int8"]
     plain = (candidate.get(final) if gate["providers"]["actual"] == ["CPUExecutionProvider"]

@@ -6278,8 +6278,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse with eprun's one-line usage errors (exit 2, nothing on stdout)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"eprun: error: {one_line(message)}{_usage_hint(message)} (see "
-                  f"'{self.prog} --help')\n")
+        self.exit(EXIT_USAGE, f"eprun: error: {one_line(message + _usage_hint(message))} "
+                  f"(see '{self.prog} --help')\n")
 
 
 def _usage_hint(message: str) -> str:

@@ -589,3 +589,11 @@ def test_report_writes_beside_the_fp32_model_by_default(lab_pair, tmp_path):
     assert result.code == 0, result.stderr
     assert result.answer["out_dir"] == "../models"
     assert (models_dir / "ep_report.md").is_file() and list(elsewhere.iterdir()) == []
+
+
+def test_a_hint_built_from_what_was_typed_stays_on_one_line(eprun_fails, lab_pair):
+    """The joined-list hint repeats the user's words: a carriage return among them (found by
+    test_random_argv_never_tracebacks) must not split the one stderr line."""
+    fp32, _ = lab_pair
+    line = eprun_fails(2, "partition", fp32, "\r", fp32)
+    assert "joined with commas" in line and "\r" not in line

@@ -4052,8 +4052,12 @@ def _sensitivity_section(ranked: dict) -> str:
     """The optional fifth section of ``ep_report.md`` (``report --sensitivity``)."""
     quantized = ranked["quantized"]
     lines = ["", "## Sensitivity (optional: report --sensitivity)", "",
-             ("Each quantized unit restored to float alone (as quantize_static's "
-             "nodes_to_exclude would leave it), measured on the final output "
+             ("Each quantized unit restored to float alone ("
+              + ("the graph the installed quantize_static writes with it in nodes_to_exclude"
+                 if ranked.get("predicted_by") == "quantize_static" else
+                 "the int8 graph edited as quantize_static's nodes_to_exclude would leave it; "
+                 "the quantizer itself could not be used here")
+              + "), measured on the final output "
              f"`{ranked['output']}` against the fp32 model; the fully quantized model has "
              f"SQNR {_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}."),
              "", "| rank | unit | op | SQNR (dB) | gain (dB) | rel error |",
@@ -4180,16 +4184,108 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
                  + (" (the int8 model requantizes each of those tensors with its own "
                     "scale)."
                     if set(drops) <= set(facts["requantized"]) else "."))
-    if all(value is not None and math.isfinite(value) for value in rel_error):
+    local = _drawable(growth_answer.get("local_rel_error"))
+    if _drawable(rel_error):
         names = [entry["fp32"].replace('"', "'") for entry in measured["layers"]]
+        top = max([*rel_error, *(local or [])]) * 1.1 or 1.0
         lines += ["", "```mermaid", "xychart-beta",
                   '    title "Relative error per boundary (int8 vs fp32)"',
                   "    x-axis \"fp32 tensor at the boundary\" ["
                   + ", ".join(f'"{name}"' for name in names) + "]",
-                  f'    y-axis "max abs error / scale" 0 --> {_plain(max(rel_error) * 1.1 or 1.0)}',
-                  "    line [" + ", ".join(map(_plain, rel_error)) + "]", "```"]
+                  f'    y-axis "max abs error / scale" 0 --> {_plain(top)}',
+                  "    line [" + ", ".join(map(_plain, rel_error)) + "]",
+                  *(["    line [" + ", ".join(map(_plain, local)) + "]"] if local else []),
+                  "```"]
+        if local:
+            lines += ["", ("The first line is the accumulated relative error; the second is "
+                           "the local one, each segment of the int8 model fed the fp32 values "
+                           "at its input (`report --local`): where the first rises and the "
+                           "second does not, the layer only inherits.")]
+        if facts.get("chart"):
+            lines += ["", f"![Relative error per boundary]({facts['chart']})"]
     lines.append("")
     return lines
+
+
+def _drawable(values: list | None) -> list | None:
+    """``values`` if every one is a finite number (a chart can draw them), else None."""
+    if values and all(value is not None and math.isfinite(value) for value in values):
+        return values
+    return None
+
+
+def growth_svg(measured: dict, growth_answer: dict) -> str:
+    """The growth chart as a standalone SVG (``report --chart svg``), for viewers that do not
+    render Mermaid: relative error per boundary from 0, the fp32 tensor names under the x axis
+    (shortened, the full name as the point's tooltip), and the local error as a dashed line
+    where it was measured."""
+    from html import escape
+
+    series = [("accumulated rel error", growth_answer["rel_error"], "#c0392b", "")]
+    local = _drawable(growth_answer.get("local_rel_error"))
+    if local:
+        series.append(("local rel error", local, "#2471a3", ' stroke-dasharray="6 4"'))
+    names = [entry["fp32"] for entry in measured["layers"]]
+    drawn = [value for _, values, _, _ in series for value in values
+             if value is not None and math.isfinite(value)]
+    top = _nice_ceiling(max(drawn) if drawn else 1.0)
+    width, height, left, right, upper, lower = 760, 420, 70, 20, 40, 150
+    plot_w, plot_h = width - left - right, height - upper - lower
+    step = plot_w / max(len(names) - 1, 1)
+
+    def x(k: int) -> float:
+        return left + (k * step if len(names) > 1 else plot_w / 2)
+
+    def y(value: float) -> float:
+        return upper + plot_h * (1 - value / top)
+
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">'),
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             (f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15">Relative '
+              'error per boundary (int8 vs fp32)</text>')]
+    for tick in range(5):
+        value = top * tick / 4
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(value):.1f}" '
+                     f'y2="{y(value):.1f}" stroke="#ddd"/>')
+        parts.append(f'<text x="{left - 6}" y="{y(value) + 4:.1f}" text-anchor="end">'
+                     f'{_plain(value)}</text>')
+    parts.append(f'<text x="16" y="{upper + plot_h / 2}" text-anchor="middle" '
+                 f'transform="rotate(-90 16 {upper + plot_h / 2})">max abs error / scale</text>')
+    for k, name in enumerate(names):
+        short = name if len(name) <= 24 else name[:11] + "…" + name[-12:]
+        parts.append(f'<text x="{x(k):.1f}" y="{upper + plot_h + 14}" text-anchor="end" '
+                     f'transform="rotate(-40 {x(k):.1f} {upper + plot_h + 14})">'
+                     f'<title>{escape(name)}</title>{k}: {escape(short)}</text>')
+    for index, (label, values, colour, dash) in enumerate(series):
+        points = [(x(k), y(value)) for k, value in enumerate(values)
+                  if value is not None and math.isfinite(value)]
+        if len(points) > 1:
+            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} '
+                         'points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in points) + '"/>')
+        for k, value in enumerate(values):
+            if value is not None and math.isfinite(value):
+                parts.append(f'<circle cx="{x(k):.1f}" cy="{y(value):.1f}" r="3.5" '
+                             f'fill="{colour}"><title>{escape(names[k])}: {label} '
+                             f'{_plain(value)}</title></circle>')
+        parts.append(f'<line x1="{left + 10 + 190 * index}" x2="{left + 40 + 190 * index}" '
+                     f'y1="{height - 14}" y2="{height - 14}" stroke="{colour}" '
+                     f'stroke-width="2"{dash}/>')
+        parts.append(f'<text x="{left + 46 + 190 * index}" y="{height - 10}">{label}</text>')
+    parts.append(f'<line x1="{left}" x2="{left}" y1="{upper}" y2="{upper + plot_h}" '
+                 'stroke="black"/>')
+    parts.append(f'<line x1="{left}" x2="{width - right}" y1="{upper + plot_h}" '
+                 f'y2="{upper + plot_h}" stroke="black"/>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 times a power of ten at or above ``value`` (> 0)."""
+    if not value > 0 or not math.isfinite(value):
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    return next(power * factor for factor in (1, 2, 2.5, 5, 10) if power * factor >= value)
 
 
 def _clipping_prose(entries: list[dict]) -> str:
@@ -5596,8 +5692,9 @@ def quantized_units(fp32_model, int8_model, int8_index: GraphIndex | None = None
 
 # The op types onnxruntime's quantizer quantizes by default (its QLinearOpsRegistry and
 # QDQRegistry, the list quantize_static starts from), with the release that added each one,
-# read from every release from 1.16 to 1.32 (onnxruntime/quantization/registry.py). eprun does
-# not import the quantizer: it needs packages (sympy, on some releases) that a runtime lacks.
+# read from every release from 1.16 to 1.32 (onnxruntime/quantization/registry.py). Only
+# sensitivity imports the quantizer (and reads its registries); this table serves where it
+# cannot be imported (it needs sympy on some releases) and for the units of graph edits.
 QUANTIZER_OP_TYPES = (
     *((name, (1, 16)) for name in (
         "Add", "ArgMax", "AveragePool", "Clip", "Concat", "Conv", "ConvTranspose",
@@ -5837,16 +5934,298 @@ def require_qdq_form(model, path: str) -> None:
                          "QuantFormat.QDQ)")
 
 
+# -- sensitivity: quantize_static itself -----------------------------------------------------------
+
+# A zero point's element type -> the QuantType that writes it.
+_QUANT_TYPE_NAMES = {2: "QUInt8", 3: "QInt8", 4: "QUInt16", 5: "QInt16", 21: "QUInt4", 22: "QInt4"}
+# quantize_static calls the settings search may make before eprun falls back to graph edits.
+REQUANTIZE_SEARCH_CALLS = 80
+
+
+def quantized_signature(model) -> frozenset:
+    """What a quantizer decided for a QDQ graph: the activations it quantized (a
+    QuantizeLinear reads them) and the weights it quantized (a DequantizeLinear reads them),
+    by name, which quantize_static derives from the float model's tensor names."""
+    weights = {tensor.name for tensor in model.graph.initializer}
+    decided = set()
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[0] not in weights:
+            decided.add(("activation", node.input[0]))
+        elif node.op_type == "DequantizeLinear" and node.input[0] in weights:
+            decided.add(("weight", node.input[0]))
+    return frozenset(decided)
+
+
+def quantization_types(model) -> dict:
+    """``activation_type``, ``weight_type`` (QuantType names, the most common zero-point type
+    of each kind; a bias's int32 is no weight type) and ``per_channel`` (a weight with more
+    than one scale) of a QDQ graph."""
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    activations: collections.Counter = collections.Counter()
+    kernels: collections.Counter = collections.Counter()
+    per_channel = False
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[0] not in weights \
+                and len(node.input) > 2 and node.input[2] in weights:
+            activations[weights[node.input[2]].data_type] += 1
+        elif node.op_type == "DequantizeLinear" and node.input[0] in weights:
+            data_type = weights[node.input[0]].data_type
+            if data_type == 6:  # int32: a bias
+                continue
+            kernels[data_type] += 1
+            scale = weights.get(node.input[1])
+            per_channel = per_channel or (scale is not None and math.prod(scale.dims) > 1)
+    named = {kind: _QUANT_TYPE_NAMES.get(counts.most_common(1)[0][0] if counts else 3, "QInt8")
+             for kind, counts in (("activation_type", activations), ("weight_type", kernels))}
+    return {**named, "per_channel": per_channel}
+
+
+@contextlib.contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    """The quantizer's advice ("consider pre-processing") and prints stay out of eprun's
+    output, once per call; ``EPRUN_DEBUG=1`` keeps them."""
+    import logging
+    import warnings
+
+    if os.environ.get("EPRUN_DEBUG"):
+        yield
+        return
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), open(os.devnull, "w") as sink, \
+                contextlib.redirect_stdout(sink):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def _touched(difference: frozenset) -> set[str]:
+    """The float tensors behind a signature difference (quantize_static names a quantized
+    weight W ``W_quantized``)."""
+    return {name for _, name in difference} | {
+        name[:-len("_quantized")] for kind, name in difference
+        if kind == "weight" and name.endswith("_quantized")}
+
+
+class QuantizerFailure(EprunError):
+    """quantize_static raised: a model or an exclusion onnxruntime's quantizer cannot do."""
+
+
+class Requantizer:
+    """The installed onnxruntime's ``quantize_static`` (QDQ), set up to write the int8 model
+    again from the fp32 one, so that what it makes of ``nodes_to_exclude=[...]`` follows the
+    quantizer's own rules: which Q/DQ pairs survive an exclusion (one that a Transpose or a
+    residual Add needed goes with it), what a restricted ``op_types_to_quantize`` leaves alone.
+
+    Its settings are read off the int8 model: the quantization types and ``per_channel`` from
+    its zero points and scales; ``op_types_to_quantize`` and the nodes it already leaves in
+    float by search, until the quantized tensors are the int8 model's (``settle``). Its
+    numbers are the int8 model's: every scale, zero point and quantized weight it has is
+    taken from there, so only a tensor the int8 model never quantized keeps the range that
+    calibration on eprun's seeded input gave it."""
+
+    def __init__(self, fp32_path: str, fp32_model, int8_model, *, int8_values: Callable,
+                 feed: dict, folder: str) -> None:
+        from onnxruntime import quantization  # ImportError: the caller falls back
+
+        self.quantization, self.feed, self.folder = quantization, feed, folder
+        self.int8_model, self.int8_values = int8_model, int8_values
+        self.target = quantized_signature(int8_model)
+        self.types = quantization_types(int8_model)
+        self.output_path = os.path.join(folder, "requantized.onnx")
+        self.calls = 0
+        self.op_types: list[str] | None = None  # None: quantize_static's default
+        self.excluded: list[str] = []
+        self.fp32_path = self._named_copy(fp32_path, fp32_model)
+        weights = {tensor.name for tensor in int8_model.graph.initializer}
+        self.int8_quantizers = {node.input[0]: node for node in int8_model.graph.node
+                                if node.op_type == "QuantizeLinear"
+                                and node.input[0] not in weights}
+
+    def _named_copy(self, fp32_path: str, fp32_model) -> str:
+        """quantize_static excludes nodes by name: a float node without one gets the name eprun
+        gives its unit (``<op type>#<k>``) in a copy of the model."""
+        if all(node.name for node in fp32_model.graph.node):
+            return fp32_path
+        import onnx
+
+        model = onnx.load(fp32_path)
+        counts: collections.Counter = collections.Counter()
+        for node in model.graph.node:
+            if not node.name:
+                node.name = f"{node.op_type}#{counts[node.op_type]}"
+                counts[node.op_type] += 1
+        path = os.path.join(self.folder, "fp32-named.onnx")
+        onnx.save(model, path, save_as_external_data=model.ByteSize() > (1 << 30))
+        return path
+
+    def quantize(self, op_types: list[str] | None, excluded) -> Any:
+        """One quantize_static call, calibrated on eprun's seeded input; the graph it wrote."""
+        import onnx
+
+        quantization = self.quantization
+        feeds = iter([self.feed])
+
+        class Reader(quantization.CalibrationDataReader):
+            def get_next(self):
+                return next(feeds, None)
+
+        self.calls += 1
+        import tempfile
+
+        saved, tempfile.tempdir = tempfile.tempdir, self.folder  # its temporaries: in ours
+        try:
+            with _quiet_quantizer():
+                quantization.quantize_static(
+                    self.fp32_path, self.output_path, Reader(),
+                    quant_format=quantization.QuantFormat.QDQ, op_types_to_quantize=op_types,
+                    nodes_to_exclude=sorted(excluded), per_channel=self.types["per_channel"],
+                    activation_type=getattr(quantization.QuantType,
+                                            self.types["activation_type"]),
+                    weight_type=getattr(quantization.QuantType, self.types["weight_type"]))
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except Exception as exc:  # the quantizer's own failure, on this model
+            raise QuantizerFailure(
+                f"onnxruntime's quantize_static fails on {self.fp32_path!r} with "
+                f"nodes_to_exclude={sorted(excluded)} ({type(exc).__name__}: "
+                f"{one_line(exc)})") from exc
+        finally:
+            tempfile.tempdir = saved
+        return onnx.load(self.output_path)
+
+    def _distance(self, op_types, excluded) -> tuple[int, frozenset]:
+        difference = quantized_signature(self.quantize(op_types, excluded)) ^ self.target
+        return len(difference), difference
+
+    def settle(self, fp32_model, quantizable: set[str]) -> bool:
+        """Settings under which quantize_static writes the int8 model's quantized tensors: its
+        default op types; else the op types of the model it quantizes, dropping one at a time
+        while that brings the tensors closer, then every op type it can do without (a
+        restricted list is a short one); then nodes left in float, among those that read or
+        write a tensor that still differs. False if none is found within
+        ``REQUANTIZE_SEARCH_CALLS`` calls."""
+        distance, difference = self._distance(None, ())
+        if distance == 0:
+            return True
+        types = sorted({node.op_type for node in fp32_model.graph.node} & quantizable)
+        distance, difference = self._distance(types, ())
+        while distance and self.calls < REQUANTIZE_SEARCH_CALLS:
+            trials = [(self._distance([t for t in types if t != op], ()), op) for op in types]
+            (best, best_difference), op = min(trials, key=lambda trial: trial[0][0])
+            if best >= distance:
+                break
+            distance, difference = best, best_difference
+            types = [t for t in types if t != op]
+        for op in list(types) if distance == 0 else ():
+            if len(types) > 1 and self.calls < REQUANTIZE_SEARCH_CALLS and \
+                    self._distance([t for t in types if t != op], ())[0] == 0:
+                types = [t for t in types if t != op]
+        excluded: list[str] = []
+        in_int8 = {node.name for node in self.int8_model.graph.node}
+        progress = True
+        while distance and progress and self.calls < REQUANTIZE_SEARCH_CALLS:
+            progress = False
+            touched = _touched(difference)
+            for node in fp32_model.graph.node:
+                if (node.op_type in types and node.name in in_int8 and node.name not in excluded
+                        and touched.intersection((*node.input, *node.output))
+                        and self.calls < REQUANTIZE_SEARCH_CALLS):
+                    trial, trial_difference = self._distance(types, [*excluded, node.name])
+                    if trial < distance:
+                        distance, difference, progress = trial, trial_difference, True
+                        excluded.append(node.name)
+                        touched = _touched(difference)
+        if distance:
+            self.difference = difference
+            return False
+        every = {node.op_type for node in fp32_model.graph.node} & quantizable
+        self.op_types = None if set(types) == every else types  # None: the default list
+        self.excluded = excluded
+        return True
+
+    def model(self, excluded: list[str]) -> tuple[Any, dict, list[str]]:
+        """The graph quantize_static writes with ``excluded`` (and the nodes the int8 model
+        leaves in float) kept in float, its numbers taken from the int8 model: ``(model,
+        arrays by initializer name, tensors it quantizes that the int8 model does not)``.
+        The arrays replace the graph's own initializers of those names."""
+        from onnx import helper, numpy_helper
+
+        model = self.quantize(self.op_types, [*self.excluded, *excluded])
+        own = {tensor.name: tensor for tensor in model.graph.initializer}
+        numbers = {name for node in model.graph.node if node.op_type in _QDQ_OPS
+                   for name in node.input if name in own}
+        values: dict = {}
+        for name in numbers:
+            value = self.int8_values(name)
+            tensor = own[name]
+            if value is not None and value.shape == tuple(tensor.dims) and \
+                    value.dtype == helper.tensor_dtype_to_np_dtype(tensor.data_type):
+                values[name] = value
+        unknown = []
+        for node in model.graph.node:
+            if node.op_type != "QuantizeLinear" or node.input[0] in own:
+                continue
+            theirs = self.int8_quantizers.get(node.input[0])
+            if theirs is None:
+                unknown.append(node.input[0])
+                continue
+            for mine, their in zip(node.input[1:], theirs.input[1:]):
+                value = self.int8_values(their)
+                if value is not None and mine in own:
+                    values[mine] = value
+        arrays = {}
+        for name, value in values.items():  # small ones inline, large ones as arrays
+            if value.nbytes < DETACH_MIN_BYTES:
+                own[name].CopyFrom(numpy_helper.from_array(value, name))
+            else:
+                arrays[name] = value
+        kept = [tensor for tensor in model.graph.initializer if tensor.name not in arrays]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        return model, arrays, unknown
+
+
 class SensitivityRun:
-    """The fp32 model's final output, and the int8 model's with any set of units restored."""
+    """The fp32 model's final output, and the int8 model's with any set of units restored.
+
+    Restored units are requantized: the graph is the one the installed onnxruntime's
+    quantize_static writes with them in ``nodes_to_exclude`` (``Requantizer``), its numbers
+    the int8 model's. Where the quantizer cannot be imported or cannot be made to write the
+    int8 model again, eprun edits the int8 graph instead (``restore_to_float``) and says so
+    (``predicted_by``). A context manager: its scratch folder goes when the block ends."""
 
     def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
-                 targets: Targets | None = None, *, swapped_ok: bool = False) -> None:
+                 targets: Targets | None = None, *, swapped_ok: bool = False,
+                 requantize: bool = True) -> None:
+        self._stack = contextlib.ExitStack()
+        try:
+            self._open(fp32, int8, seed, inputs, targets=targets, swapped_ok=swapped_ok,
+                       requantize=requantize)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def __enter__(self) -> SensitivityRun:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def _open(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None, *,
+              targets: Targets | None, swapped_ok: bool, requantize: bool) -> None:
         require_file(fp32)
         require_file(int8)
         self.fp32, self.int8 = fp32, int8
         self.targets = targets or Targets()
         self.actual: list[str] = []
+        self.unknown: list[str] = []
         self.fp32_model = load_model(fp32, text_names=True)
         self.int8_model = load_model(int8, text_names=True)
         require_in_order((self.fp32_model, self.int8_model), (fp32, int8), swapped_ok)
@@ -5856,6 +6235,7 @@ class SensitivityRun:
         # Inline int8 weights become arrays once (large ones are read from the file by
         # each session); each rebuilt graph copies placeholders only.
         self.int8_weights = dict(zip(*detach_initializers(self.int8_model)))
+        self._int8_tensors = {tensor.name: tensor for tensor in self.int8_model.graph.initializer}
         self.int8_index = GraphIndex.of(self.int8_model.graph)
         self.units = quantized_units(self.fp32_model, self.int8_model, self.int8_index)
         fp32_output = _final(self.fp32_model)
@@ -5867,20 +6247,95 @@ class SensitivityRun:
                                      what=repr(fp32), hint=dims_hint(self.feed))[0]
         del session
         self.sessions = 0
+        self.requantizer = self._requantizer() if requantize else None
+        if self.requantizer is not None:
+            kept = set(self.requantizer.op_types or _quantizer_op_types())
+            left = set(self.requantizer.excluded)
+            self.units = [unit for unit in self.units
+                          if unit.op_type in kept and unit.name not in left]
+
+    @property
+    def predicted_by(self) -> str:
+        return "quantize_static" if self.requantizer is not None else "graph edits"
+
+    def _int8_value(self, name: str):
+        if name in self.int8_weights:
+            return self.int8_weights[name]
+        tensor = self._int8_tensors.get(name)
+        return None if tensor is None else _initializer_array(tensor, self.int8)
+
+    def _requantizer(self) -> Requantizer | None:
+        """The installed quantizer, set up to write the int8 model again; None (and a note)
+        where it cannot be."""
+        folder = self._stack.enter_context(scratch_folder("eprun-sensitivity-"))
+        fallback = ("sensitivity edits the int8 graph instead, which can differ from what "
+                    "quantize_static writes")
+        try:
+            requantizer = Requantizer(self.fp32, self.fp32_model, self.int8_model,
+                                      int8_values=self._int8_value, feed=self.feed.arrays,
+                                      folder=folder)
+        except ImportError as exc:
+            note(f"onnxruntime.quantization cannot be imported here ({type(exc).__name__}: "
+                 f"{one_line(exc)}); {fallback}")
+            return None
+        try:
+            settled = requantizer.settle(self.fp32_model, _installed_quantizer_op_types())
+        except QuantizerFailure as exc:
+            note(f"{exc}; {fallback}")
+            return None
+        if not settled:
+            differ = sorted(name for _, name in requantizer.difference)
+            note(f"quantize_static, with any settings eprun tried, does not quantize the "
+                 f"tensors {self.int8!r} quantizes ({len(differ)} differ, e.g. "
+                 f"{', '.join(map(repr, differ[:3]))}); {fallback}")
+            return None
+        return requantizer
 
     def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
-        model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored, self.fp32,
-                                         self.units)
-        used = {tensor.name for tensor in model.graph.initializer}
-        weights = {name: array for name, array in self.int8_weights.items() if name in used}
-        session = open_exposed(model, self.int8, extra_arrays={**weights, **arrays},
-                               on=self.targets.candidate)
+        if self.requantizer is not None:
+            model, arrays, self.unknown = self.requantizer.model([unit.name for unit in restored])
+            path = self.requantizer.output_path
+        else:
+            model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored,
+                                             self.fp32, self.units)
+            used = {tensor.name for tensor in model.graph.initializer}
+            arrays = {**{name: array for name, array in self.int8_weights.items()
+                         if name in used}, **arrays}
+            path, self.unknown = self.int8, []
+        session = open_exposed(model, path, extra_arrays=arrays, on=self.targets.candidate)
         self.actual = list(session.get_providers())
         self.sessions += 1
         (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
                                hint=dims_hint(self.feed))
         self.last = value
         return compare_boundary(self.reference, value, self.feed.rows, metrics)
+
+    def inexact(self, unit: Unit) -> str | None:
+        """Why the last measure (``unit`` restored) may differ from quantize_static, if it
+        may: what the quantizer would calibrate from data eprun does not have."""
+        reason = _data_dependent(self.int8_index, unit)
+        if reason is None and self.unknown:
+            reason = (f"quantize_static would quantize {', '.join(self.unknown[:3])}"
+                      f"{' and more' if len(self.unknown) > 3 else ''}, which the int8 model "
+                      "does not, with a range calibrated from data eprun does not have (here "
+                      "from eprun's seeded input)")
+        return reason
+
+    def settings(self) -> dict:
+        """The quantize_static settings that write the int8 model again."""
+        requantizer = self.requantizer
+        return {"op_types_to_quantize": requantizer.op_types,
+                "nodes_to_exclude": requantizer.excluded, **requantizer.types,
+                "calls": requantizer.calls}
+
+
+def _installed_quantizer_op_types() -> set[str]:
+    """The op types the installed quantizer's registries quantize (its default list)."""
+    try:
+        from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+    except ImportError:
+        return _quantizer_op_types()
+    return set(QLinearOpsRegistry) | set(QDQRegistry)
 
 
 def _meets(target: dict, measured: dict, reference, candidate) -> bool:
@@ -5899,23 +6354,34 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                 reference_providers: list[str] | None = None, allow_fallback: bool = False,
                 ep_library: list[str] = (), ep_options: dict | None = None,
                 swapped_ok: bool = False) -> dict:
-    """Which quantized units to keep in float: each restored alone (``restore_to_float``) and
-    measured on the final float output against the fp32 model, ranked by the SQNR it gains,
-    then a verified recommendation: the best-ranked units added one at a time, the combined
-    graph rebuilt and re-measured each time, until the target is met. With ``providers``
+    """Which quantized units to keep in float: each restored alone (the graph quantize_static
+    writes with it excluded, ``SensitivityRun``) and measured on the final float output
+    against the fp32 model, ranked by the SQNR it gains, then a verified recommendation: the
+    best-ranked units added one at a time, the combined graph requantized and re-measured each
+    time, until the target is met. With ``providers``
     every int8 variant runs there, so the ranking is the one of the EP deployed to."""
     require_file(fp32)
     require_file(int8)
     targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
                            ep_options)
-    run = SensitivityRun(fp32, int8, seed, inputs, targets, swapped_ok=swapped_ok)
+    with SensitivityRun(fp32, int8, seed, inputs, targets, swapped_ok=swapped_ok) as run:
+        return _rank_units(run, seed, targets, target_sqnr=target_sqnr,
+                           target_rel_error=target_rel_error, profile=profile,
+                           max_units=max_units, units=units)
+
+
+def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
+                target_sqnr: float | None, target_rel_error: float | None, profile: str | None,
+                max_units: int | None, units: list[str] | None) -> dict:
+    """``sensitivity``'s answer from an open run: each unit restored alone, ranked by gain,
+    then the recommendation, each step measured on the graph quantize_static writes."""
     chosen = run.units
     if units is not None:
         known = {unit.name for unit in run.units}
         unknown = [name for name in units if name not in known]
         if unknown:
             raise EprunError(f"--units names {', '.join(map(repr, unknown))}, which "
-                             f"{int8!r} does not quantize (its units: "
+                             f"{run.int8!r} does not quantize (its units: "
                              f"{', '.join(sorted(known)) or 'none'})", EXIT_USAGE)
         chosen = [unit for unit in run.units if unit.name in units]
     quantized = run.measure([])
@@ -5935,7 +6401,7 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
         entry = {"name": unit.name, "op_type": unit.op_type, "named": unit.named,
                  "rel_error": measured["rel_error"], "cos_min": measured["cos_min"],
                  "sqnr_db": measured["sqnr_db"], "gain_db": gain}
-        inexact = _data_dependent(run.int8_index, unit)
+        inexact = run.inexact(unit)
         if inexact:
             entry["inexact"] = inexact
         ranked.append(entry)
@@ -5966,10 +6432,14 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
     if unnamed:
         note(f"{', '.join(unnamed)}: the float model's node has no name, so eprun names it by op "
              "type and position; quantize_static can only exclude named nodes")
+    already = run.requantizer.excluded if run.requantizer is not None else []
     return {**answer, "output": run.output, "quantized": {
                 key: quantized[key] for key in ("rel_error", "cos_min", "sqnr_db")},
             "units": ranked, "target": target,
-            "recommendation": {"nodes_to_exclude": excluded, "steps": steps, "met": met},
+            "recommendation": {"nodes_to_exclude": [*already, *excluded], "steps": steps,
+                               "met": met},
+            "predicted_by": run.predicted_by,
+            "quantizer": run.settings() if run.requantizer is not None else None,
             "sessions": run.sessions,
             **({"providers": targets.field(run.actual, run.reference_actual)}
                if targets.given else {})}
@@ -5994,10 +6464,12 @@ SENSITIVITY = declare(Command(
             help="restore only these units (float node names) one at a time"),
         *measure_ep_args(), SWAPPED_OK_ARG, FORMAT_ARG),
     fields=("seed", "rows", "output", "quantized", "units", "target", "recommendation",
-            "sessions"),
+            "predicted_by", "quantizer", "sessions"),
     detail='units: [{"name", "op_type", "named", "rel_error", "cos_min", "sqnr_db", '
            '"gain_db"}] ranked by gain; recommendation: {"nodes_to_exclude", "steps", "met"}; '
-           '"providers" as in layers',
+           'predicted_by: "quantize_static" or "graph edits"; quantizer: the quantize_static '
+           'settings that write the int8 model again (null for graph edits); "providers" as '
+           'in layers',
     example="eprun.py sensitivity fp32.onnx int8.onnx 2026 --target-sqnr 30"))
 
 
@@ -6013,6 +6485,7 @@ REPORT_NOTE = ("A requested provider list is a wish, not a guarantee: onnxruntim
 _COMPUTE_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "LSTM", "GRU", "Attention")
 REPORT_FILES = ("fp32_exposed.onnx", "int8_exposed.onnx", "providers.json", "growth.json",
                 "settings.json", "ep_report.md")
+CHART_FILE = "growth.svg"  # report --chart svg
 
 
 def report_splits(fp32_model, int8_model) -> list[tuple[str, list[str]]]:
@@ -6038,7 +6511,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            inputs: InputOptions | None = None, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
            target_providers: list[str] | None = None, force: bool = False,
            sensitivity_section: bool = False, ep_library: list[str] = (),
-           ep_options: dict | None = None, swapped_ok: bool = False) -> dict:
+           ep_options: dict | None = None, swapped_ok: bool = False, local: bool = False,
+           chart: str | None = None) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -6047,13 +6521,16 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     deliverables as they were, all of them. Boundaries are paired by
     name wherever the names pair them all (for the lab's models that is the same as by
     position). The answer adds the ``check`` verdict of the int8 model against the fp32 one
-    under the int8 profile, on ``target_providers`` (CPU when not given).
+    under the int8 profile, on ``target_providers`` (CPU when not given). ``local`` adds each
+    segment's local error to growth.json and the chart; ``chart="svg"`` also writes the chart
+    as ``growth.svg``, linked from the report.
     """
     out_dir = out_dir if out_dir is not None else (os.path.dirname(fp32) or ".")
     require_file(fp32)
     require_file(int8)
     require_out_dir(out_dir)
-    paths = {name: os.path.join(out_dir, name) for name in REPORT_FILES}
+    names = (*REPORT_FILES, *((CHART_FILE,) if chart == "svg" else ()))
+    paths = {name: os.path.join(out_dir, name) for name in names}
     paths_of = {"fp32": fp32, "int8": int8}
     graphs = {which: load_model(path, text_names=True) for which, path in paths_of.items()}
     require_in_order((graphs["fp32"], graphs["int8"]), (fp32, int8), swapped_ok)
@@ -6073,7 +6550,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     progress.step(2)
     measured, int8_final = measure_layers(fp32, int8, seed, inputs=inputs,
                                           boundary_ops=boundary_ops, pair=pairing,
-                                          swapped_ok=swapped_ok, clipping=True)
+                                          swapped_ok=swapped_ok, clipping=True, local=local)
     growth_answer = growth_of(measured)
     progress.step(3)
     settings_answer = settings(int8, seed, inputs)
@@ -6092,7 +6569,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     ranked = (_optional_sensitivity(fp32, int8, seed, inputs, swapped_ok)
               if sensitivity_section else None)
     facts = {**_report_facts(graphs["int8"], measured),
-             "in_order": named is None or all(i == j for i, j in named.items())}
+             "in_order": named is None or all(i == j for i, j in named.items()),
+             "chart": CHART_FILE if chart == "svg" else None}
     markdown = report_markdown(provider_answer=provider_answer, splits=splits,
                                measured=measured, growth_answer=growth_answer,
                                settings_answer=settings_answer, exposure=exposure, gate=gate,
@@ -6104,8 +6582,9 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     external = _write_deliverables(
         out_dir, paths, paths_of, boundary_ops,
         {"providers.json": provider_answer, "growth.json": growth_answer,
-         "settings.json": settings_answer, "ep_report.md": markdown})
-    answer = {"out_dir": out_dir, "files": [paths[name] for name in REPORT_FILES],
+         "settings.json": settings_answer, "ep_report.md": markdown,
+         **({CHART_FILE: growth_svg(measured, growth_answer)} if chart == "svg" else {})})
+    answer = {"out_dir": out_dir, "files": [paths[name] for name in names],
               "pairing": pairing,
               "check": {key: gate[key] for key in ("profile", "tolerance", "providers",
                                                    "failures", "passed")}}
@@ -6168,7 +6647,8 @@ def _optional_sensitivity(fp32: str, int8: str, seed: int, inputs: InputOptions 
 _REPORT_SIGNATURES = {"providers.json": {"model", "available", "cases", "note"},
                       "growth.json": {"seed", "layer_count", "rel_error", "ratios"},
                       "settings.json": {"model", "seed", "baseline", "cases", "all_equal"},
-                      "ep_report.md": "eprun report, generated by"}
+                      "ep_report.md": "eprun report, generated by",
+                      CHART_FILE: '<svg xmlns="http://www.w3.org/2000/svg"'}
 
 
 REPORT = declare(Command(
@@ -6188,6 +6668,12 @@ REPORT = declare(Command(
         arg("--providers", type=parse_list, dest="target_providers",
             help="your target's providers: a row of the providers table, and the ones the "
                  "check verdict runs the int8 model on (default: CPU)"),
+        arg("--local", action="store_true",
+            help="also measure each segment's local error (as layers --local): growth.json "
+                 "gets local_rel_error and the chart a second line"),
+        arg("--chart", choices=("svg",),
+            help=f"also write the growth chart as {CHART_FILE} (for viewers without Mermaid), "
+                 "linked from ep_report.md"),
         *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG),
     fields=("out_dir", "files", "pairing", "check"),
     detail='check: {"profile", "tolerance", "providers", "failures", "passed"}; the JSON files '

@@ -216,6 +216,27 @@ def stateful_vad(seed: int, samples: int = 32, state: int = 8) -> onnx.ModelProt
                              ("stateN", FLOAT, [2, "batch", state])], "vad")
 
 
+def sequence_head(seed: int, steps: int = 6, features: int = 5, hidden: int = 4,
+                  classes: int = 3) -> onnx.ModelProto:
+    """A recurrent-encoder-shaped head: frames projected, transposed and flattened into a
+    classifier, where the Transpose and the Reshape are quantized only because the head MatMul
+    reads what they write.
+
+    x [batch, steps, features] -> MatMul+Add (frame) -> Transpose (0, 2, 1) -> Reshape
+    [batch, hidden*steps] -> MatMul+Add (head) -> logits [batch, classes]
+    """
+    g = _Builder(seed)
+    h = g.linear("x", features, hidden, "frame")
+    t = g.op("Transpose", [h], "/Transpose", perm=[0, 2, 1])
+    flat = g.op("Reshape", [t, g.const("/flat_shape", [0, hidden * steps], np.int64)],
+                "/Reshape")
+    g.op("Add", [g.op("MatMul", [flat, g.weight("head.weight", (hidden * steps, classes))],
+                      "/head/MatMul"), g.const("head.bias", 0.1 * g.rng.standard_normal(classes))],
+         "/head/Add", out="logits")
+    return g.finish([("x", FLOAT, ["batch", steps, features])],
+                    [("logits", FLOAT, ["batch", classes])], "sequence_head")
+
+
 def unnamed_chain(seed: int, features: int = 4, depth: int = 3) -> onnx.ModelProto:
     """x -> MatMul W0 -> t0 -> MatMul W1 -> t1 ... -> y: ``depth`` MatMuls with NO node names."""
     g, current = _Builder(seed), "x"

@@ -597,3 +597,63 @@ def test_a_hint_built_from_what_was_typed_stays_on_one_line(eprun_fails, lab_pai
     fp32, _ = lab_pair
     line = eprun_fails(2, "partition", fp32, "\r", fp32)
     assert "joined with commas" in line and "\r" not in line
+
+
+def test_report_chart_svg_and_local_error(lab_pair, tmp_path):
+    """``report --local --chart svg``: growth.json gains each segment's local error (as
+    ``layers --local`` measures it), the Mermaid chart a second line, and growth.svg draws both
+    from 0 with the tensor names; without the options nothing of it appears (the contract)."""
+    import json
+    import xml.etree.ElementTree as tree
+
+    fp32, int8 = lab_pair
+    plain, charted = tmp_path / "plain", tmp_path / "charted"
+    result = run_eprun("report", fp32, int8, "--seed", "3", "--out-dir", plain)
+    assert result.code == 0 and not (plain / "growth.svg").exists()
+    assert not any(name.endswith(".svg") for name in result.answer["files"])
+    assert "growth.svg" not in (plain / "ep_report.md").read_text(encoding="utf-8")
+    result = run_eprun("report", fp32, int8, "--seed", "3", "--out-dir", charted, "--local",
+                       "--chart", "svg")
+    assert result.code == 0, result.stderr
+    assert str(charted / "growth.svg") in result.answer["files"]
+    growth = json.loads((charted / "growth.json").read_text())
+    layers = run_eprun("layers", fp32, int8, "3", "--local").answer["layers"]
+    assert growth["local_rel_error"] == [entry["local"]["rel_error"] for entry in layers]
+    assert growth["rel_error"] == json.loads((plain / "growth.json").read_text())["rel_error"]
+    text = (charted / "ep_report.md").read_text(encoding="utf-8")
+    assert "![Relative error per boundary](growth.svg)" in text
+    assert text.count("    line [") == 2 and "the second is the local one" in text
+
+    svg = tree.parse(charted / "growth.svg").getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(svg.findall(f"{ns}polyline")) == 2
+    circles = svg.findall(f"{ns}circle")
+    accumulated = circles[:len(layers)]
+    # every point's tooltip names its tensor and value; heights follow the values from 0
+    names = [entry["fp32"] for entry in layers]
+    for circle, name, value in zip(accumulated, names, growth["rel_error"]):
+        title = circle.find(f"{ns}title").text
+        assert title.startswith(f"{name}: accumulated rel error ")
+        assert float(title.split()[-1]) == pytest.approx(value, rel=1e-5)
+    heights = [float(circle.get("cy")) for circle in accumulated]
+    axis = max(float(line.get("y1")) for line in svg.findall(f"{ns}line")
+               if line.get("stroke") == "#ddd")  # the 0 grid line
+    top = min(float(line.get("y1")) for line in svg.findall(f"{ns}line")
+              if line.get("stroke") == "#ddd")
+    ceiling = max(float(t.text) for t in svg.findall(f"{ns}text") if t.get("text-anchor") == "end"
+                  and t.text and t.text.replace(".", "", 1).isdigit())
+    for height, value in zip(heights, growth["rel_error"]):
+        assert height == pytest.approx(axis - (axis - top) * value / ceiling, abs=0.06)
+    assert ceiling >= max(growth["rel_error"] + growth["local_rel_error"])
+    labels = "".join(text for t in svg.findall(f"{ns}text") for text in t.itertext())
+    assert all(name in labels for name in names)
+    # a growth.svg eprun did not write is not replaced
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "growth.svg").write_text("mine")
+    refused = run_eprun("report", fp32, int8, "--seed", "3", "--out-dir", foreign, "--chart",
+                        "svg")
+    assert refused.code == 4 and "refusing to replace" in refused.stderr
+    assert (foreign / "growth.svg").read_text() == "mine"
+    again = run_eprun("report", fp32, int8, "--seed", "3", "--out-dir", charted, "--chart", "svg")
+    assert again.code == 0

@@ -7,6 +7,8 @@ and eprun says so, may they differ). The ranking finds planted damage, and the r
 nodes_to_exclude, applied with quantize_static, reaches the error eprun promised."""
 from __future__ import annotations
 
+import os
+
 import models
 import numpy as np
 import onnx
@@ -33,6 +35,22 @@ CASES = {"chain": (named_chain, {}),
          "residual": (models.residual_chain, {}),
          "cnn": (lambda: real_models.residual_cnn(2), {}),
          "encoder": (lambda: real_models.transformer_encoder(1), {})}
+# Where editing the int8 graph is not what quantize_static does: Q/DQ pairs that exist only
+# because a unit downstream reads them (after a Transpose and a Reshape; a state read by a
+# Gather), op_types_to_quantize restricted (a residual Add then reads a shared DQ without being
+# quantized), and a node the int8 model already leaves in float.
+QUANTIZER_CASES = {
+    "sequence_head": (lambda: real_models.sequence_head(1), {}),
+    "sequence_head_matmul_only": (lambda: real_models.sequence_head(1), {"op_types": ["MatMul"]}),
+    "recurrent_state": (lambda: real_models.stateful_vad(1), {}),
+    "encoder_matmul_only": (lambda: real_models.transformer_encoder(1), {"op_types": ["MatMul"]}),
+    "cnn_conv_only": (lambda: real_models.residual_cnn(2), {"op_types": ["Conv"]}),
+    "encoder_one_left_float": (lambda: real_models.transformer_encoder(1),
+                               {"exclude": ["/layer0/ffn/fc2/MatMul"]})}
+# The units whose exclusion makes quantize_static calibrate a range the int8 model does not
+# hold (documented in the README): a Softmax's output, an embedding Gather's output.
+DATA_DEPENDENT = {"/layer0/attn/Softmax", "/embeddings/position_embeddings/Gather",
+                  "/embeddings/word_embeddings/Gather"}
 
 
 def final_output(path, feeds) -> np.ndarray:
@@ -41,34 +59,64 @@ def final_output(path, feeds) -> np.ndarray:
     return models.run(path, feeds, [name])[0]
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_emulation_equals_quantize_static_for_every_unit(tmp_path, case):
-    build, options = CASES[case]
+def deviations(tmp_path, case, requantize: bool) -> tuple[dict, tool.SensitivityRun]:
+    """For every unit: the final output eprun predicts for nodes_to_exclude=[unit] against the
+    one quantize_static gives when rerun with that exclusion, the int8 model's settings and
+    calibration data, as a fraction of the output's range; and the run (closed)."""
+    build, options = {**CASES, **QUANTIZER_CASES}[case]
     fp32 = models.save(build(), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION, **options)
-    run = tool.SensitivityRun(str(fp32), str(int8), 5, None)
-    assert run.units
-    inexact = {}
-    for unit in run.units:
-        run.measure([unit])
-        emulated = run.last
-        excluded = tmp_path / "x.onnx"
-        models.quantize(fp32, excluded, exclude=[unit.name], **CALIBRATION, **options)
-        real = final_output(excluded, run.int8_feed)
-        deviation = float(np.abs(emulated.astype(np.float64) - real).max()
-                          / (np.abs(real).max() or 1.0))
-        reason = tool._data_dependent(run.int8_index, unit)
-        if reason is None:
-            assert deviation < 1e-5, (unit.name, deviation)
-        else:  # what the quantizer decides from calibration data: measured, and said
-            inexact[unit.name] = deviation
-            assert deviation < 0.1, (unit.name, deviation)
-    if case != "encoder":
-        assert inexact == {}
-    else:  # its Softmax and its position embedding's Gather: documented in the README
-        assert set(inexact) <= {"/layer0/attn/Softmax", "/embeddings/position_embeddings/Gather",
-                                "/embeddings/word_embeddings/Gather"}
+    found = {}
+    with tool.SensitivityRun(str(fp32), str(int8), 5, None, requantize=requantize) as run:
+        assert run.units
+        for unit in run.units:
+            run.measure([unit])
+            emulated, inexact = run.last, run.inexact(unit)
+            excluded = tmp_path / "x.onnx"
+            models.quantize(fp32, excluded, **CALIBRATION, **{
+                **options, "exclude": [*options.get("exclude", ()), unit.name]})
+            real = final_output(excluded, run.int8_feed)
+            found[unit.name] = (float(np.abs(emulated.astype(np.float64) - real).max()
+                                      / (np.abs(real).max() or 1.0)), inexact)
+    return found, run
+
+
+def exact_or_said(found: dict) -> None:
+    """Every prediction is exact, but where the quantizer would calibrate from data eprun does
+    not have: there it is close and the unit says why."""
+    for name, (deviation, inexact) in found.items():
+        if inexact is not None or deviation >= 1e-5:
+            assert name in DATA_DEPENDENT and inexact and deviation < 0.1, (name, deviation)
+
+
+@pytest.mark.parametrize("case", [*CASES, *QUANTIZER_CASES])
+def test_what_quantize_static_writes_for_every_unit_is_predicted(tmp_path, case):
+    found, run = deviations(tmp_path, case, requantize=True)
+    assert run.predicted_by == "quantize_static"
+    exact_or_said(found)
+    options = QUANTIZER_CASES.get(case, CASES.get(case))[1]
+    settings = run.settings()
+    assert settings["op_types_to_quantize"] == options.get("op_types")
+    assert settings["nodes_to_exclude"] == list(options.get("exclude", ()))
+    assert settings["per_channel"] is options.get("per_channel", False)
+    assert settings["activation_type"] == options.get("activation_type", "QInt8")
+    assert not os.path.exists(run.requantizer.folder)  # the scratch folder went with the run
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_graph_edits_equal_quantize_static_where_the_graph_decides(tmp_path, case):
+    """The fallback where onnxruntime.quantization cannot be imported: editing the int8 graph."""
+    found, run = deviations(tmp_path, case, requantize=False)
+    assert run.predicted_by == "graph edits"
+    exact_or_said(found)
+
+
+def test_graph_edits_miss_what_only_the_quantizer_knows(tmp_path):
+    """Why sensitivity asks quantize_static: with op_types_to_quantize restricted, editing the
+    int8 graph mispredicts (the residual Adds read shared DQs without being quantized)."""
+    found, _ = deviations(tmp_path, "encoder_matmul_only", requantize=False)
+    assert max(deviation for deviation, _ in found.values()) > 0.01
 
 
 def sqnr(reference, candidate) -> float:
@@ -144,3 +192,108 @@ def test_the_quantizer_op_table_matches_the_installed_quantizer():
 
     installed = set(registry.QLinearOpsRegistry) | set(registry.QDQRegistry)
     assert tool._quantizer_op_types() == installed
+
+
+def test_a_recommendation_under_restricted_op_types_is_what_quantize_static_gives(
+        eprun, tmp_path, own_tmpdir):
+    """The issue's T5 case: quantized with op_types_to_quantize=["MatMul"]; the recommended
+    list, requantized with those settings, gives the SQNR of the last step."""
+    fp32 = models.save(real_models.transformer_encoder(1), tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, op_types=["MatMul"], **CALIBRATION)
+    answer = eprun("sensitivity", fp32, int8, "5", "--max-units", "3", "--target-sqnr", "1000")
+    assert answer["predicted_by"] == "quantize_static"
+    assert answer["quantizer"]["op_types_to_quantize"] == ["MatMul"]
+    assert {unit["op_type"] for unit in answer["units"]} == {"MatMul"}
+    recommendation = answer["recommendation"]
+    assert len(recommendation["nodes_to_exclude"]) == 3 and recommendation["met"] is False
+    requantized = tmp_path / "requantized.onnx"
+    models.quantize(fp32, requantized, op_types=["MatMul"],
+                    exclude=recommendation["nodes_to_exclude"], **CALIBRATION)
+    with tool.SensitivityRun(str(fp32), str(int8), 5, None) as run:
+        feeds = run.feed.arrays
+    reached = sqnr(final_output(fp32, feeds), final_output(requantized, feeds))
+    assert reached == pytest.approx(recommendation["steps"][-1]["sqnr_db"], abs=0.01)
+    assert os.listdir(own_tmpdir) == []  # the quantizer's temporaries went with eprun's
+
+
+BLOCK_QUANTIZER = '''
+import importlib.abc, sys
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "onnxruntime.quantization":
+            raise ImportError("No module named 'sympy'")
+        return None
+
+sys.meta_path.insert(0, Blocked())
+'''
+
+
+def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(tmp_path):
+    """onnxruntime.quantization needs sympy on some releases; a runtime without it still
+    gets a ranking, by graph edits, labelled as such."""
+    fp32 = models.save(named_chain(), tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, **CALIBRATION)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_QUANTIZER)
+    result = run_eprun("sensitivity", fp32, int8, "5", env={"PYTHONPATH": str(site)})
+    assert result.code == 0, result.stderr
+    assert result.answer["predicted_by"] == "graph edits" and result.answer["quantizer"] is None
+    assert ("onnxruntime.quantization cannot be imported here (ImportError: No module named "
+            "'sympy')") in result.stderr
+    with_quantizer = run_eprun("sensitivity", fp32, int8, "5")
+    assert with_quantizer.answer["predicted_by"] == "quantize_static"
+    # where the graph decides, both predictions are the same numbers
+    assert [unit["name"] for unit in result.answer["units"]] == \
+        [unit["name"] for unit in with_quantizer.answer["units"]]
+    assert [unit["sqnr_db"] for unit in result.answer["units"]] == pytest.approx(
+        [unit["sqnr_db"] for unit in with_quantizer.answer["units"]], rel=1e-6)
+
+
+def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits(tmp_path):
+    """A Q/DQ pair taken out by hand: no quantize_static settings write that model, so eprun
+    says which tensors differ and edits the graph instead."""
+    fp32 = models.save(named_chain(), tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, **CALIBRATION)
+    model = onnx.load(str(int8))
+    nodes = list(model.graph.node)
+    weights = {tensor.name for tensor in model.graph.initializer}
+    quantize = [node for node in nodes if node.op_type == "QuantizeLinear"
+                and node.input[0] not in weights][2]  # the third layer's input
+    tensor = quantize.input[0]
+    dequantize = next(node for node in nodes if node.op_type == "DequantizeLinear"
+                      and node.input[0] == quantize.output[0])
+    for node in nodes:
+        node.input[:] = [tensor if name == dequantize.output[0] else name for name in node.input]
+    model.graph.node.remove(quantize)
+    model.graph.node.remove(dequantize)
+    edited = models.save(model, tmp_path / "edited.onnx")
+    result = run_eprun("sensitivity", fp32, edited, "5")
+    assert result.code == 0, result.stderr
+    assert result.answer["predicted_by"] == "graph edits"
+    assert "does not quantize the tensors" in result.stderr and repr(tensor) in result.stderr
+
+
+def test_a_quantizer_that_fails_on_the_model_leaves_graph_edits(tmp_path, monkeypatch, capsys):
+    """quantize_static raising on a model (a graph it cannot handle) is no crash: the ranking
+    is made by graph edits and the note names the quantizer's error."""
+    from onnxruntime import quantization
+
+    fp32 = models.save(named_chain(), tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, **CALIBRATION)
+
+    def broken(*args, **kwargs):
+        raise ValueError("no shape for tensor 'h'")
+
+    monkeypatch.setattr(quantization, "quantize_static", broken)
+    with tool.SensitivityRun(str(fp32), str(int8), 5, None) as run:
+        assert run.predicted_by == "graph edits"
+        run.measure(run.units[:1])
+    err = capsys.readouterr().err
+    assert (f"quantize_static fails on {str(fp32)!r} with nodes_to_exclude=[] (ValueError: "
+            "no shape for tensor 'h'); sensitivity edits the int8 graph instead") in err

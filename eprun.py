@@ -4196,6 +4196,9 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
                   "    line [" + ", ".join(map(_plain, rel_error)) + "]",
                   *(["    line [" + ", ".join(map(_plain, local)) + "]"] if local else []),
                   "```"]
+        if growth_answer.get("local_rel_error") and not local:
+            lines += ["", ("The local error is not drawn: it was not measured at every "
+                           "boundary (`local_unavailable` in `growth.json`).")]
         if local:
             lines += ["", ("The first line is the accumulated relative error; the second is "
                            "the local one, each segment of the int8 model fed the fp32 values "
@@ -4222,8 +4225,8 @@ def growth_svg(measured: dict, growth_answer: dict) -> str:
     from html import escape
 
     series = [("accumulated rel error", growth_answer["rel_error"], "#c0392b", "")]
-    local = _drawable(growth_answer.get("local_rel_error"))
-    if local:
+    local = growth_answer.get("local_rel_error")  # the points measured; a gap where not
+    if local and any(value is not None and math.isfinite(value) for value in local):
         series.append(("local rel error", local, "#2471a3", ' stroke-dasharray="6 4"'))
     names = [entry["fp32"] for entry in measured["layers"]]
     drawn = [value for _, values, _, _ in series for value in values
@@ -6037,19 +6040,21 @@ class Requantizer:
         self.types = quantization_types(int8_model)
         self.output_path = os.path.join(folder, "requantized.onnx")
         self.calls = 0
+        self.progress: Progress | None = None
         self.op_types: list[str] | None = None  # None: quantize_static's default
         self.excluded: list[str] = []
-        self.fp32_path = self._named_copy(fp32_path, fp32_model)
+        self.large, self.source = False, fp32_path
+        self.fp32_path = self._named_copy(fp32_path)
         weights = {tensor.name for tensor in int8_model.graph.initializer}
         self.int8_quantizers = {node.input[0]: node for node in int8_model.graph.node
                                 if node.op_type == "QuantizeLinear"
                                 and node.input[0] not in weights}
 
-    def _named_copy(self, fp32_path: str, fp32_model) -> str:
-        """quantize_static excludes nodes by name: a float node without one gets the name eprun
-        gives its unit (``<op type>#<k>``) in a copy of the model."""
-        if all(node.name for node in fp32_model.graph.node):
-            return fp32_path
+    def _named_copy(self, fp32_path: str) -> str:
+        """The fp32 model copied into the scratch folder, where quantize_static may write beside
+        it (it writes ``<stem>-inferred.onnx`` next to its input, and would remove a user's
+        file of that name); a float node without a name gets the one eprun gives its unit
+        (``<op type>#<k>``), since quantize_static excludes nodes by name."""
         import onnx
 
         model = onnx.load(fp32_path)
@@ -6058,8 +6063,9 @@ class Requantizer:
             if not node.name:
                 node.name = f"{node.op_type}#{counts[node.op_type]}"
                 counts[node.op_type] += 1
-        path = os.path.join(self.folder, "fp32-named.onnx")
-        onnx.save(model, path, save_as_external_data=model.ByteSize() > (1 << 30))
+        path = os.path.join(self.folder, "fp32.onnx")
+        self.large = model.ByteSize() > (1 << 30)  # protobuf's 2 GB limit, with room
+        onnx.save(model, path, save_as_external_data=self.large)
         return path
 
     def quantize(self, op_types: list[str] | None, excluded) -> Any:
@@ -6085,12 +6091,13 @@ class Requantizer:
                     nodes_to_exclude=sorted(excluded), per_channel=self.types["per_channel"],
                     activation_type=getattr(quantization.QuantType,
                                             self.types["activation_type"]),
-                    weight_type=getattr(quantization.QuantType, self.types["weight_type"]))
+                    weight_type=getattr(quantization.QuantType, self.types["weight_type"]),
+                    use_external_data_format=self.large)
         except (KeyboardInterrupt, SystemExit, MemoryError):
             raise
         except Exception as exc:  # the quantizer's own failure, on this model
             raise QuantizerFailure(
-                f"onnxruntime's quantize_static fails on {self.fp32_path!r} with "
+                f"onnxruntime's quantize_static fails on {self.source!r} with "
                 f"nodes_to_exclude={sorted(excluded)} ({type(exc).__name__}: "
                 f"{one_line(exc)})") from exc
         finally:
@@ -6099,6 +6106,8 @@ class Requantizer:
 
     def _distance(self, op_types, excluded) -> tuple[int, frozenset]:
         difference = quantized_signature(self.quantize(op_types, excluded)) ^ self.target
+        if self.progress is not None:
+            self.progress.step(self.calls)
         return len(difference), difference
 
     def settle(self, fp32_model, quantizable: set[str]) -> bool:
@@ -6108,12 +6117,20 @@ class Requantizer:
         restricted list is a short one); then nodes left in float, among those that read or
         write a tensor that still differs. False if none is found within
         ``REQUANTIZE_SEARCH_CALLS`` calls."""
+        self.progress = Progress("matching quantize_static's settings to the int8 model")
+        try:
+            return self._settle(fp32_model, quantizable)
+        finally:
+            self.progress.close()
+            self.progress = None
+
+    def _settle(self, fp32_model, quantizable: set[str]) -> bool:
         distance, difference = self._distance(None, ())
         if distance == 0:
             return True
+        # the default list, restricted to the op types present: the same decisions
         types = sorted({node.op_type for node in fp32_model.graph.node} & quantizable)
-        distance, difference = self._distance(types, ())
-        while distance and self.calls < REQUANTIZE_SEARCH_CALLS:
+        while distance and self.calls + len(types) <= REQUANTIZE_SEARCH_CALLS:
             trials = [(self._distance([t for t in types if t != op], ()), op) for op in types]
             (best, best_difference), op = min(trials, key=lambda trial: trial[0][0])
             if best >= distance:
@@ -6165,7 +6182,8 @@ class Requantizer:
             if value is not None and value.shape == tuple(tensor.dims) and \
                     value.dtype == helper.tensor_dtype_to_np_dtype(tensor.data_type):
                 values[name] = value
-        unknown = []
+        unknown: list[str] = []
+        assigned: dict[str, str] = {}
         for node in model.graph.node:
             if node.op_type != "QuantizeLinear" or node.input[0] in own:
                 continue
@@ -6175,7 +6193,13 @@ class Requantizer:
                 continue
             for mine, their in zip(node.input[1:], theirs.input[1:]):
                 value = self.int8_values(their)
-                if value is not None and mine in own:
+                fits = (value is not None and mine in own
+                        and value.shape == tuple(own[mine].dims)
+                        and value.dtype == helper.tensor_dtype_to_np_dtype(own[mine].data_type))
+                if not fits or assigned.get(mine, their) != their:  # one scale, two tensors
+                    unknown.append(node.input[0])
+                else:
+                    assigned[mine] = their
                     values[mine] = value
         arrays = {}
         for name, value in values.items():  # small ones inline, large ones as arrays
@@ -6271,13 +6295,16 @@ class SensitivityRun:
         fallback = ("sensitivity edits the int8 graph instead, which can differ from what "
                     "quantize_static writes")
         try:
-            requantizer = Requantizer(self.fp32, self.fp32_model, self.int8_model,
-                                      int8_values=self._int8_value, feed=self.feed.arrays,
-                                      folder=folder)
-        except ImportError as exc:
+            from onnxruntime import quantization  # noqa: F401 - can it be imported at all?
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except Exception as exc:  # ImportError (sympy), or a release that breaks on import
             note(f"onnxruntime.quantization cannot be imported here ({type(exc).__name__}: "
                  f"{one_line(exc)}); {fallback}")
             return None
+        requantizer = Requantizer(self.fp32, self.fp32_model, self.int8_model,
+                                  int8_values=self._int8_value, feed=self.feed.arrays,
+                                  folder=folder)
         try:
             settled = requantizer.settle(self.fp32_model, _installed_quantizer_op_types())
         except QuantizerFailure as exc:
@@ -6289,7 +6316,33 @@ class SensitivityRun:
                  f"tensors {self.int8!r} quantizes ({len(differ)} differ, e.g. "
                  f"{', '.join(map(repr, differ[:3]))}); {fallback}")
             return None
-        return requantizer
+        return requantizer if self._reproduces(requantizer, fallback) else None
+
+    def _reproduces(self, requantizer: Requantizer, fallback: str) -> bool:
+        """Does the requantized model with nothing excluded give the int8 model's own final
+        output? Same tensors quantized is not enough where a number could not be taken over
+        (a weight quantized per channel here and per tensor there)."""
+        import numpy as np
+
+        session = open_exposed(load_model(self.int8), self.int8, on=self.targets.candidate)
+        (own,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
+                             hint=dims_hint(self.feed))
+        del session
+        self.requantizer = requantizer
+        self.measure([])
+        self.requantizer = None
+        own64, mine = own.astype(np.float64), self.last.astype(np.float64)
+        if own64.shape == mine.shape:
+            deviation = float(np.abs(own64 - mine).max(initial=0.0))
+            if deviation <= 1e-6 * max(float(np.abs(own64).max(initial=0.0)), 1e-30) or \
+                    np.array_equal(own64, mine, equal_nan=True):
+                return True
+        else:
+            deviation = math.inf
+        note(f"quantize_static, set up to write {self.int8!r} again, gives another final "
+             f"output (max abs difference {deviation:.3g}: a number of the int8 model could "
+             f"not be taken over); {fallback}")
+        return False
 
     def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
         if self.requantizer is not None:

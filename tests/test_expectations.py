@@ -626,7 +626,8 @@ def test_report_chart_svg_and_local_error(lab_pair, tmp_path):
 
     svg = tree.parse(charted / "growth.svg").getroot()
     ns = "{http://www.w3.org/2000/svg}"
-    assert len(svg.findall(f"{ns}polyline")) == 2
+    lines = svg.findall(f"{ns}polyline")
+    assert len(lines) == 2 and lines[1].get("stroke-dasharray")  # the local one dashed
     circles = svg.findall(f"{ns}circle")
     accumulated = circles[:len(layers)]
     # every point's tooltip names its tensor and value; heights follow the values from 0
@@ -656,4 +657,5 @@ def test_report_chart_svg_and_local_error(lab_pair, tmp_path):
     assert refused.code == 4 and "refusing to replace" in refused.stderr
     assert (foreign / "growth.svg").read_text() == "mine"
     again = run_eprun("report", fp32, int8, "--seed", "3", "--out-dir", charted, "--chart", "svg")
-    assert again.code == 0
+    assert again.code == 0, again.stderr  # eprun's own growth.svg is replaced, now one line
+    assert len(tree.parse(charted / "growth.svg").getroot().findall(f"{ns}polyline")) == 1

@@ -427,13 +427,16 @@ def test_only_sensitivity_imports_the_quantizer(lab_pair, tmp_path):
     fp32, int8 = lab_pair
     script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun; "
               "argv = sys.argv[1:]; code = eprun.main(argv); "
-              "print('onnxruntime.quantization' in sys.modules, file=sys.stderr)")
+              "print('onnxruntime.quantization' in sys.modules, file=sys.stderr); sys.exit(code)")
     for argv, imported in ((["layers", fp32, int8, "1"], False),
+                           (["report", fp32, int8, "--out-dir", tmp_path / "s", "--sensitivity"],
+                            True),
                            (["report", fp32, int8, "--out-dir", tmp_path / "r"], False),
-                           (["check", fp32, int8], False),
+                           (["check", fp32, int8, "--atol", "100", "--min-cos", "-1"], False),
                            (["sensitivity", fp32, int8, "1", "--max-units", "1"], True)):
         result = subprocess.run([sys.executable, "-c", script, *map(str, argv)],
                                 capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, (argv, result.stderr)
         assert result.stderr.splitlines()[-1] == str(imported), (argv, result.stderr)
 
 

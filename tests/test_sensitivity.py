@@ -297,3 +297,36 @@ def test_a_quantizer_that_fails_on_the_model_leaves_graph_edits(tmp_path, monkey
     err = capsys.readouterr().err
     assert (f"quantize_static fails on {str(fp32)!r} with nodes_to_exclude=[] (ValueError: "
             "no shape for tensor 'h'); sensitivity edits the int8 graph instead") in err
+
+
+def test_numbers_that_cannot_be_taken_over_leave_graph_edits(tmp_path):
+    """The requantized model must give the int8 model's own output before it predicts
+    anything: a weight scale stored with another shape (here [1] for a scalar, with a
+    deliberately wrong value) cannot be taken over, so eprun says so and edits the graph."""
+    fp32 = models.save(named_chain(), tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, **CALIBRATION)
+    model = onnx.load(str(int8))
+    for tensor in model.graph.initializer:
+        if tensor.name == "W1_scale":
+            scaled = (numpy_helper.to_array(tensor) * 3).astype(np.float32).reshape(1)
+            tensor.CopyFrom(numpy_helper.from_array(scaled, tensor.name))
+    edited = models.save(model, tmp_path / "edited.onnx")
+    result = run_eprun("sensitivity", fp32, edited, "5")
+    assert result.code == 0, result.stderr
+    assert result.answer["predicted_by"] == "graph edits"
+    assert "gives another final output" in result.stderr
+    assert result.answer["units"][0]["name"] == "matmul3"  # the damage is still found
+
+
+def test_a_file_beside_the_fp32_model_is_left_alone(eprun, tmp_path):
+    """quantize_static writes <stem>-inferred.onnx beside its input and removes it: eprun gives
+    it a copy in its scratch folder, so a user's file of that name stays."""
+    fp32 = models.save(named_chain(), tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, **CALIBRATION)
+    mine = tmp_path / "f-inferred.onnx"
+    mine.write_text("precious")
+    before = sorted(os.listdir(tmp_path))
+    assert eprun("sensitivity", fp32, int8, "5")["predicted_by"] == "quantize_static"
+    assert mine.read_text() == "precious" and sorted(os.listdir(tmp_path)) == before

@@ -118,6 +118,9 @@ class EprunError(Exception):
         super().__init__(message)
         self.code = code
 
+    def __reduce__(self):  # from a worker process, with its exit code
+        return type(self), (str(self), self.code)
+
 
 class ProviderRefused(EprunError):
     """A session that opened without a provider it was asked for (``require_got``): no other
@@ -360,7 +363,9 @@ class Run:
     file's stamp when its graph was read (``require_unchanged``). ``held``: the signals
     waiting for each open ``signals_held`` block. ``interrupted``: the signals received.
     ``answered``: the answer is out. ``quiet_ort``: onnxruntime's log and warnings are
-    silenced for this run (not with ``EPRUN_DEBUG``); ``quieted``: that was done."""
+    silenced for this run (not with ``EPRUN_DEBUG``); ``quieted``: that was done.
+    ``session_config``: session config entries every session of the run gets (a sensitivity
+    worker's: no spinning threads)."""
 
     program: bool = False
     argv: tuple = ()
@@ -373,6 +378,7 @@ class Run:
     answered: bool = False
     quiet_ort: bool = False
     quieted: bool = False
+    session_config: dict = dataclasses.field(default_factory=dict)
 
 
 _RUNS = [Run()]  # the run in progress last; the first is that of direct calls
@@ -499,6 +505,21 @@ def note(message: str) -> None:
 
 
 # -- progress --------------------------------------------------------------------------------------
+
+FORMATS = ("json", "table")
+
+
+def output_format(given: str | None) -> str:
+    """``--format`` as given, else ``EPRUN_FORMAT`` (a person's own default, set once in their
+    shell), else JSON: eprun's default output never depends on where stdout goes."""
+    if given is not None:
+        return given
+    text = os.environ.get("EPRUN_FORMAT", "")
+    if text and text not in FORMATS:
+        raise EprunError(f"EPRUN_FORMAT={text!r} is not a format eprun prints (json or table); "
+                         "unset it for JSON", EXIT_USAGE)
+    return text or "json"
+
 
 def _progress_after() -> float:
     text = os.environ.get("EPRUN_PROGRESS_AFTER", "2")
@@ -2236,7 +2257,7 @@ def session_options(*, level: str | None = None, threads: int | None = None,
         options.inter_op_num_threads = 1
     if optimized_path:
         options.optimized_model_filepath = optimized_path
-    for key, value in (config or {}).items():
+    for key, value in {**current_run().session_config, **(config or {})}.items():
         options.add_session_config_entry(key, value)
     if profile_prefix:
         options.enable_profiling = True
@@ -4359,9 +4380,10 @@ def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dic
 
 # -- tables --------------------------------------------------------------------------------------
 
-FORMAT_ARG = arg("--format", choices=("json", "table"), default="json",
+FORMAT_ARG = arg("--format", choices=FORMATS,
                  help="json: one JSON line (default, the contract's form); table: aligned "
-                      "columns for people, the worst row marked")
+                      "columns for people, the worst row marked (EPRUN_FORMAT=table makes it "
+                      "your default)")
 
 
 def _cell(value) -> str:
@@ -5809,10 +5831,14 @@ class _Restoring:
                 float_name = original.input[position]
                 if float_name not in self.fp32_weights:
                     continue
-                alone = self.consumers(name) <= self.excluded
-                if alone:
+                if self.consumers(name) <= self.excluded:  # quantized for these units only
                     self.removed.add(source)
-                target = float_name if alone or float_name != name else f"{float_name}_float"
+                # The float weight under its own name, unless a node left in the graph writes
+                # that name: the DequantizeLinear that keeps a bias's name, for this unit or
+                # (a bias shared by two nodes, each quantized with its own scale) another.
+                writer = self.producer_index.get(float_name)
+                taken = writer is not None and writer not in self.removed
+                target = f"{float_name}_float" if taken else float_name
                 self.arrays[target] = _initializer_array(self.fp32_weights[float_name],
                                                          self.fp32_path)
                 self.set_input(unit.int8_index, position, target)
@@ -6049,6 +6075,14 @@ class Requantizer:
         self.int8_quantizers = {node.input[0]: node for node in int8_model.graph.node
                                 if node.op_type == "QuantizeLinear"
                                 and node.input[0] not in weights}
+        # (node, input position) -> the DequantizeLinear of a weight it reads in the int8 model
+        producers = {output: node for node in int8_model.graph.node for output in node.output}
+        self.int8_weight_readers = {
+            (node.name, position): producers[name]
+            for node in _named_nodes(int8_model.graph)
+            for position, name in enumerate(node.input)
+            if name in producers and producers[name].op_type == "DequantizeLinear"
+            and producers[name].input[0] in weights}
 
     def _named_copy(self, fp32_path: str) -> str:
         """The fp32 model copied into the scratch folder, where quantize_static may write beside
@@ -6167,42 +6201,38 @@ class Requantizer:
     def model(self, excluded: list[str]) -> tuple[Any, dict, list[str]]:
         """The graph quantize_static writes with ``excluded`` (and the nodes the int8 model
         leaves in float) kept in float, its numbers taken from the int8 model: ``(model,
-        arrays by initializer name, tensors it quantizes that the int8 model does not)``.
-        The arrays replace the graph's own initializers of those names."""
-        from onnx import helper, numpy_helper
+        arrays by initializer name, tensors whose numbers the int8 model does not hold)``.
+        The arrays replace the graph's own initializers of those names.
+
+        An activation's scale and zero point are the int8 model's QuantizeLinear's for the
+        same tensor; a weight's or bias's are those the same node reads at the same input in
+        the int8 model (not those of the same name: a bias shared by two nodes is quantized
+        once for each, and which gets the plain name depends on what is excluded)."""
+        from onnx import numpy_helper
 
         model = self.quantize(self.op_types, [*self.excluded, *excluded])
         own = {tensor.name: tensor for tensor in model.graph.initializer}
-        numbers = {name for node in model.graph.node if node.op_type in _QDQ_OPS
-                   for name in node.input if name in own}
-        values: dict = {}
-        for name in numbers:
-            value = self.int8_values(name)
-            tensor = own[name]
-            if value is not None and value.shape == tuple(tensor.dims) and \
-                    value.dtype == helper.tensor_dtype_to_np_dtype(tensor.data_type):
-                values[name] = value
-        unknown: list[str] = []
-        assigned: dict[str, str] = {}
+        taking = _Taking(own, self.int8_values)
         for node in model.graph.node:
-            if node.op_type != "QuantizeLinear" or node.input[0] in own:
-                continue
-            theirs = self.int8_quantizers.get(node.input[0])
-            if theirs is None:
-                unknown.append(node.input[0])
-                continue
-            for mine, their in zip(node.input[1:], theirs.input[1:]):
-                value = self.int8_values(their)
-                fits = (value is not None and mine in own
-                        and value.shape == tuple(own[mine].dims)
-                        and value.dtype == helper.tensor_dtype_to_np_dtype(own[mine].data_type))
-                if not fits or assigned.get(mine, their) != their:  # one scale, two tensors
-                    unknown.append(node.input[0])
-                else:
-                    assigned[mine] = their
-                    values[mine] = value
+            if node.op_type == "QuantizeLinear" and node.input[0] not in own:
+                taking.take(node.input[1:], self.int8_quantizers.get(node.input[0]),
+                            node.input[0])
+        producers = {output: node for node in model.graph.node for output in node.output}
+        left = {*self.excluded, *excluded}
+        readers = sorted(_named_nodes(model.graph), key=lambda node: node.name in left)
+        done: set[str] = set()
+        for node in readers:  # the quantized readers first: a weight is quantized for them
+            for position, name in enumerate(node.input):
+                dequantize = producers.get(name)
+                if dequantize is None or dequantize.op_type != "DequantizeLinear" or \
+                        dequantize.input[0] not in own or \
+                        (node.name in left and dequantize.input[0] in done):
+                    continue  # (a node left in float may read what was quantized for another)
+                done.add(dequantize.input[0])
+                taking.take(dequantize.input, self.int8_weight_readers.get(
+                    (node.name, position)), dequantize.input[0])
         arrays = {}
-        for name, value in values.items():  # small ones inline, large ones as arrays
+        for name, value in taking.values.items():  # small ones inline, large ones as arrays
             if value.nbytes < DETACH_MIN_BYTES:
                 own[name].CopyFrom(numpy_helper.from_array(value, name))
             else:
@@ -6210,7 +6240,55 @@ class Requantizer:
         kept = [tensor for tensor in model.graph.initializer if tensor.name not in arrays]
         del model.graph.initializer[:]
         model.graph.initializer.extend(kept)
-        return model, arrays, unknown
+        return model, arrays, taking.unknown
+
+
+def _named_nodes(graph) -> Iterator:
+    """The graph's nodes, each unnamed one named as eprun names its unit (``<op>#<k>``), in a
+    copy: how a requantized node and the int8 model's node it was are paired."""
+    counts: collections.Counter = collections.Counter()
+    for node in graph.node:
+        if node.name:
+            yield node
+            continue
+        named = type(node)()
+        named.CopyFrom(node)
+        named.name = f"{node.op_type}#{counts[node.op_type]}"
+        counts[node.op_type] += 1
+        yield named
+
+
+class _Taking:
+    """Numbers taken over from the int8 model into a requantized graph's initializers
+    (``own``): each only where its shape and type fit and no initializer would get two; what
+    cannot be taken is named in ``unknown``."""
+
+    def __init__(self, own: dict, int8_values: Callable) -> None:
+        self.own, self.int8_values = own, int8_values
+        self.values: dict = {}
+        self.assigned: dict[str, str] = {}
+        self.unknown: list[str] = []
+
+    def take(self, mine: list[str], theirs, what: str) -> None:
+        """``mine`` (initializer names) get the values of ``theirs``' same inputs."""
+        from onnx import helper
+
+        if theirs is None:
+            self.unknown.append(what)
+            return
+        their_names = list(theirs.input) if len(mine) == len(theirs.input) else \
+            list(theirs.input[1:])
+        for name, their in zip(mine, their_names):
+            value = self.int8_values(their)
+            tensor = self.own.get(name)
+            fits = (value is not None and tensor is not None
+                    and value.shape == tuple(tensor.dims)
+                    and value.dtype == helper.tensor_dtype_to_np_dtype(tensor.data_type))
+            if not fits or self.assigned.get(name, their) != their:  # one name, two values
+                self.unknown.append(what)
+                return
+            self.assigned[name] = their
+            self.values[name] = value
 
 
 class SensitivityRun:
@@ -6224,8 +6302,12 @@ class SensitivityRun:
 
     def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
                  targets: Targets | None = None, *, swapped_ok: bool = False,
-                 requantize: bool = True) -> None:
+                 requantize: bool = True, settled: tuple | None = None,
+                 folder: str | None = None) -> None:
+        """``settled`` (op types, nodes left in float) and ``folder`` are a worker's: the
+        settings its parent found and checked, and a folder inside the parent's own."""
         self._stack = contextlib.ExitStack()
+        self._settled, self._folder = settled, folder
         try:
             self._open(fp32, int8, seed, inputs, targets=targets, swapped_ok=swapped_ok,
                        requantize=requantize)
@@ -6291,7 +6373,8 @@ class SensitivityRun:
     def _requantizer(self) -> Requantizer | None:
         """The installed quantizer, set up to write the int8 model again; None (and a note)
         where it cannot be."""
-        folder = self._stack.enter_context(scratch_folder("eprun-sensitivity-"))
+        folder = self._folder or self._stack.enter_context(scratch_folder("eprun-sensitivity-"))
+        self.folder = folder
         fallback = ("sensitivity edits the int8 graph instead, which can differ from what "
                     "quantize_static writes")
         try:
@@ -6303,8 +6386,11 @@ class SensitivityRun:
                  f"{one_line(exc)}); {fallback}")
             return None
         requantizer = Requantizer(self.fp32, self.fp32_model, self.int8_model,
-                                  int8_values=self._int8_value, feed=self.feed.arrays,
-                                  folder=folder)
+                                  int8_values=self._int8_value,
+                                  feed=calibration_rows(self.fp32_model, self.feed), folder=folder)
+        if self._settled is not None:  # a worker: its parent searched and checked
+            requantizer.op_types, requantizer.excluded = self._settled
+            return requantizer
         try:
             settled = requantizer.settle(self.fp32_model, _installed_quantizer_op_types())
         except QuantizerFailure as exc:
@@ -6382,6 +6468,27 @@ class SensitivityRun:
                 "calls": requantizer.calls}
 
 
+# Rows of eprun's input the quantizer calibrates on: the numbers it derives are replaced by the
+# int8 model's, so the rows only matter for a tensor the int8 model does not quantize
+# ("inexact"), and all of them would cost memory for every tensor of the model, every call.
+CALIBRATION_ROWS = 16
+
+
+def calibration_rows(model, feed: Feed) -> dict:
+    """The first ``CALIBRATION_ROWS`` rows of ``feed``, where every graph input has a batch
+    dim of free size holding ``feed.rows``; else the whole feed."""
+    weights = {tensor.name for tensor in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in weights or value.name not in feed.arrays:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        array = feed.arrays[value.name]
+        if not dims or dims[0].HasField("dim_value") or not array.ndim or \
+                array.shape[0] != feed.rows:
+            return feed.arrays
+    return {name: array[:CALIBRATION_ROWS] for name, array in feed.arrays.items()}
+
+
 def _installed_quantizer_op_types() -> set[str]:
     """The op types the installed quantizer's registries quantize (its default list)."""
     try:
@@ -6406,7 +6513,7 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                 units: list[str] | None = None, providers: list[str] | None = None,
                 reference_providers: list[str] | None = None, allow_fallback: bool = False,
                 ep_library: list[str] = (), ep_options: dict | None = None,
-                swapped_ok: bool = False) -> dict:
+                swapped_ok: bool = False, jobs: int | None = None) -> dict:
     """Which quantized units to keep in float: each restored alone (the graph quantize_static
     writes with it excluded, ``SensitivityRun``) and measured on the final float output
     against the fp32 model, ranked by the SQNR it gains, then a verified recommendation: the
@@ -6417,15 +6524,159 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
     require_file(int8)
     targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
                            ep_options)
+    if jobs is not None and jobs < 1:
+        raise EprunError("--jobs must be at least 1", EXIT_USAGE)
+    parallel = Parallel(jobs=jobs, spec={
+        "fp32": fp32, "int8": int8, "seed": seed, "inputs": inputs,
+        "targets": (providers, reference_providers, allow_fallback, list(ep_library),
+                    ep_options)})
     with SensitivityRun(fp32, int8, seed, inputs, targets, swapped_ok=swapped_ok) as run:
         return _rank_units(run, seed, targets, target_sqnr=target_sqnr,
                            target_rel_error=target_rel_error, profile=profile,
-                           max_units=max_units, units=units)
+                           max_units=max_units, units=units, parallel=parallel)
+
+
+@dataclasses.dataclass
+class Parallel:
+    """How ``sensitivity`` spreads its units over processes: ``jobs`` as given (None: as many
+    as the machine has cores, once the units would take a few seconds one after another),
+    and what a worker needs to open its own run (``spec``)."""
+
+    jobs: int | None
+    spec: dict
+
+
+# Seconds the units must be expected to take one after another before sensitivity, left to
+# choose (no --jobs), starts worker processes: each costs an interpreter, its imports and its
+# own reference run.
+PARALLEL_AFTER_SECONDS = 4.0
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _each_unit(run: SensitivityRun, chosen: list[Unit], parallel: Parallel | None
+               ) -> Iterator[tuple[dict, str | None]]:
+    """Each unit restored alone, in order: ``(measured, inexact)``. The first runs here; the
+    rest in worker processes when ``--jobs`` asks for more than one, or when left to choose
+    and the first took long enough that the rest would take ``PARALLEL_AFTER_SECONDS``.
+    Workers open the same models with the same input and settings, so the numbers are the
+    ones one process gives."""
+    import time
+
+    progress = Progress("restoring units one at a time", len(chosen))
+    done = 0
+    rest = list(chosen)
+    if rest:
+        started = time.monotonic()
+        unit = rest.pop(0)
+        yield run.measure([unit]), run.inexact(unit)
+        done += 1
+        progress.step(done)
+        took = time.monotonic() - started
+        jobs = 1 if parallel is None else parallel.jobs
+        if jobs is None:
+            jobs = _usable_cores() if took * len(rest) >= PARALLEL_AFTER_SECONDS else 1
+        jobs = min(jobs, len(rest))
+        if jobs > 1:
+            for result in _in_workers(run, rest, parallel, jobs):
+                done += 1
+                progress.step(done)
+                yield result
+            rest = []
+    for unit in rest:
+        yield run.measure([unit]), run.inexact(unit)
+        done += 1
+        progress.step(done)
+    progress.close()
+
+
+def _in_workers(run: SensitivityRun, units: list[Unit], parallel: Parallel, jobs: int
+                ) -> Iterator[tuple[dict, str | None]]:
+    """``units`` measured by ``jobs`` spawned worker processes, results in ``units``' order.
+    Each worker's scratch folder is inside this run's, so it goes with it, on a signal too."""
+    import concurrent.futures
+    import multiprocessing
+
+    spec = {**parallel.spec, "requantize": run.requantizer is not None,
+            "settled": (None if run.requantizer is None else
+                        (run.requantizer.op_types, run.requantizer.excluded)),
+            "folder": run.folder if run.requantizer is not None else None}
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_worker_start,
+            initargs=(spec,)) as pool:
+        futures = [pool.submit(_worker_measure, unit.name) for unit in units]
+        try:
+            for future in futures:
+                try:
+                    measured, inexact, sessions, calls = future.result()
+                except concurrent.futures.process.BrokenProcessPool as exc:
+                    raise EprunError(f"a sensitivity worker process ended abruptly "
+                                     f"({one_line(exc)}); rerun with --jobs 1") from exc
+                run.sessions += sessions
+                if run.requantizer is not None:
+                    run.requantizer.calls += calls
+                yield measured, inexact
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+_WORKER: dict = {}  # a sensitivity worker process's open run
+
+
+def _worker_start(spec: dict) -> None:
+    """A worker process opens its own run of the same pair, quietly: its notes would repeat
+    the parent's, and anything it has to say comes back as an error."""
+    import ctypes
+    import tempfile
+
+    with contextlib.suppress(Exception):  # Linux: die with the parent, whatever ends it
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if not os.environ.get("EPRUN_DEBUG"):
+        sink = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(sink, 1)
+        os.dup2(sink, 2)
+        import_ort().set_default_logger_severity(4)
+    # Processes side by side: a thread that spins while it waits takes a core from the other.
+    # (How many threads a session has, which could change its numbers, stays the default.)
+    current_run().session_config = {"session.intra_op.allow_spinning": "0",
+                                    "session.inter_op.allow_spinning": "0"}
+    try:
+        folder = (tempfile.mkdtemp(prefix="worker-", dir=spec["folder"]) if spec["folder"]
+                  else None)
+        targets = targets_from(*spec["targets"])
+        run = SensitivityRun(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
+                             targets, swapped_ok=True, requantize=spec["requantize"],
+                             settled=spec["settled"], folder=folder)
+    except Exception as exc:  # said by the first measurement asked of this worker
+        _WORKER["error"] = exc
+        return
+    _WORKER["run"] = run
+    _WORKER["units"] = {unit.name: unit for unit in run.units}
+
+
+def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
+    """One unit restored alone: ``(measured, inexact, sessions opened, quantizer calls)``."""
+    if "error" in _WORKER:
+        raise _WORKER["error"]
+    run = _WORKER["run"]
+    unit = _WORKER["units"][name]
+    before = run.sessions, run.requantizer.calls if run.requantizer is not None else 0
+    measured = run.measure([unit])
+    calls = run.requantizer.calls if run.requantizer is not None else 0
+    return measured, run.inexact(unit), run.sessions - before[0], calls - before[1]
 
 
 def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
                 target_sqnr: float | None, target_rel_error: float | None, profile: str | None,
-                max_units: int | None, units: list[str] | None) -> dict:
+                max_units: int | None, units: list[str] | None,
+                parallel: Parallel | None = None) -> dict:
     """``sensitivity``'s answer from an open run: each unit restored alone, ranked by gain,
     then the recommendation, each step measured on the graph quantize_static writes."""
     chosen = run.units
@@ -6445,21 +6696,16 @@ def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
         target = {"rel_error": target_rel_error}
     else:
         target = {"profile": profile or "int8", **TOLERANCE_PROFILES[profile or "int8"]}
-    progress = Progress("restoring units one at a time", len(chosen))
     ranked = []
-    for step, unit in enumerate(chosen, start=1):
-        measured = run.measure([unit])
+    for unit, (measured, inexact) in zip(chosen, list(_each_unit(run, chosen, parallel))):
         gain = (None if measured["sqnr_db"] is None or quantized["sqnr_db"] is None
                 else measured["sqnr_db"] - quantized["sqnr_db"])
         entry = {"name": unit.name, "op_type": unit.op_type, "named": unit.named,
                  "rel_error": measured["rel_error"], "cos_min": measured["cos_min"],
                  "sqnr_db": measured["sqnr_db"], "gain_db": gain}
-        inexact = run.inexact(unit)
         if inexact:
             entry["inexact"] = inexact
         ranked.append(entry)
-        progress.step(step)
-    progress.close()
     ranked.sort(key=lambda entry: (-math.inf if entry["gain_db"] is None and
                                    entry["sqnr_db"] is not None else
                                    -(entry["gain_db"] if entry["gain_db"] is not None
@@ -6515,6 +6761,9 @@ SENSITIVITY = declare(Command(
             help="recommend at most N units"),
         arg("--units", type=parse_list, metavar="NAME,...",
             help="restore only these units (float node names) one at a time"),
+        arg("--jobs", type=parse_count, metavar="N",
+            help="measure the units in N processes (default: one per core, once the units "
+                 "would take more than a few seconds one after another)"),
         *measure_ep_args(), SWAPPED_OK_ARG, FORMAT_ARG),
     fields=("seed", "rows", "output", "quantized", "units", "target", "recommendation",
             "predicted_by", "quantizer", "sessions"),
@@ -7025,9 +7274,10 @@ def _run(args: argparse.Namespace) -> int:
     store = None
     try:
         try:
+            form = output_format(args.format) if hasattr(args, "format") else "json"
             with captured_chatter() as store:
                 answer = invoke(args.declared, args)
-            text = (to_json(answer) if getattr(args, "format", "json") == "json" else
+            text = (to_json(answer) if form == "json" else
                     render_table(args.declared.name, answer,
                                  colour=os.isatty(1) and not os.environ.get("NO_COLOR")))
         except EprunError as exc:

@@ -659,3 +659,25 @@ def test_report_chart_svg_and_local_error(lab_pair, tmp_path):
     again = run_eprun("report", fp32, int8, "--seed", "3", "--out-dir", charted, "--chart", "svg")
     assert again.code == 0, again.stderr  # eprun's own growth.svg is replaced, now one line
     assert len(tree.parse(charted / "growth.svg").getroot().findall(f"{ns}polyline")) == 1
+
+
+def test_eprun_format_is_a_persons_own_default(lab_pair):
+    """JSON stays the default wherever stdout goes; EPRUN_FORMAT=table makes the table one's
+    own default, --format overrides it, and a value eprun does not print is a usage error
+    before anything is measured. Commands without a table ignore it."""
+    import json
+
+    fp32, int8 = lab_pair
+    plain = run_eprun("growth", fp32, int8, "1")
+    table = run_eprun("growth", fp32, int8, "1", env={"EPRUN_FORMAT": "table"})
+    layers = json.loads(plain.stdout)["layer_count"]
+    assert table.code == 0 and table.stdout.startswith(f"growth: seed 1, {layers} boundaries\n")
+    assert table.stdout == run_eprun("growth", fp32, int8, "1", "--format", "table").stdout
+    forced = run_eprun("growth", fp32, int8, "1", "--format", "json",
+                       env={"EPRUN_FORMAT": "table"})
+    assert json.loads(forced.stdout) == json.loads(plain.stdout)
+    wrong = run_eprun("growth", fp32, int8, "1", env={"EPRUN_FORMAT": "yaml"})
+    assert wrong.code == 2 and wrong.stdout == ""
+    assert "EPRUN_FORMAT='yaml' is not a format eprun prints (json or table)" in wrong.stderr
+    partition = run_eprun("partition", fp32, "MatMul", env={"EPRUN_FORMAT": "yaml"})
+    assert partition.code == 0 and json.loads(partition.stdout)["model"] == str(fp32)

@@ -5985,13 +5985,23 @@ def quantized_signature(model) -> frozenset:
     return frozenset(decided)
 
 
+# Where a quantized graph reads a weight in the weight type: a MatMul's or Gemm's B, a Conv's
+# W. Other constants it quantizes (an Add's bias, a Mul's factor) take the activation type.
+_KERNEL_INPUTS = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1}
+
+
 def quantization_types(model) -> dict:
-    """``activation_type``, ``weight_type`` (QuantType names, the most common zero-point type
-    of each kind; a bias's int32 is no weight type) and ``per_channel`` (a weight with more
-    than one scale) of a QDQ graph."""
+    """``activation_type``, ``weight_type`` (QuantType names: the most common zero-point type
+    of each kind, a weight's read where a MatMul, Gemm or Conv takes its kernel, else of any
+    quantized constant but an int32 bias) and ``per_channel`` (a kernel with more than one
+    scale) of a QDQ graph."""
     weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    kernel_reads = {node.input[position] for node in model.graph.node
+                    for op, position in _KERNEL_INPUTS.items()
+                    if node.op_type == op and len(node.input) > position}
     activations: collections.Counter = collections.Counter()
     kernels: collections.Counter = collections.Counter()
+    constants: collections.Counter = collections.Counter()
     per_channel = False
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and node.input[0] not in weights \
@@ -6001,11 +6011,15 @@ def quantization_types(model) -> dict:
             data_type = weights[node.input[0]].data_type
             if data_type == 6:  # int32: a bias
                 continue
+            if node.output[0] not in kernel_reads:
+                constants[data_type] += 1
+                continue
             kernels[data_type] += 1
             scale = weights.get(node.input[1])
             per_channel = per_channel or (scale is not None and math.prod(scale.dims) > 1)
     named = {kind: _QUANT_TYPE_NAMES.get(counts.most_common(1)[0][0] if counts else 3, "QInt8")
-             for kind, counts in (("activation_type", activations), ("weight_type", kernels))}
+             for kind, counts in (("activation_type", activations),
+                                  ("weight_type", kernels or constants))}
     return {**named, "per_channel": per_channel}
 
 

@@ -59,6 +59,10 @@ QUANTIZER_CASES = {
     "sequence_head": (lambda: real_models.sequence_head(1), {}),
     "sequence_head_matmul_only": (lambda: real_models.sequence_head(1), {"op_types": ["MatMul"]}),
     "recurrent_state": (lambda: real_models.stateful_vad(1), {}),
+    # uint8 activations: the cell's constant Adds are quantized uint8 too, outnumbering the
+    # int8 kernels (the weight type is read where a MatMul takes its B)
+    "recurrent_state_u8_per_channel": (lambda: real_models.stateful_vad(1),
+                                       {"activation_type": "QUInt8", "per_channel": True}),
     "encoder_matmul_only": (lambda: real_models.transformer_encoder(1), {"op_types": ["MatMul"]}),
     "cnn_conv_only": (lambda: real_models.residual_cnn(2), {"op_types": ["Conv"]}),
     "encoder_one_left_float": (lambda: real_models.transformer_encoder(1),
@@ -117,6 +121,7 @@ def test_what_quantize_static_writes_for_every_unit_is_predicted(tmp_path, case)
     assert settings["nodes_to_exclude"] == list(options.get("exclude", ()))
     assert settings["per_channel"] is options.get("per_channel", False)
     assert settings["activation_type"] == options.get("activation_type", "QInt8")
+    assert settings["weight_type"] == options.get("weight_type", "QInt8")
     assert not os.path.exists(run.requantizer.folder)  # the scratch folder went with the run
 
 

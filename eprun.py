@@ -1,7 +1,8 @@
 """eprun: what an ONNX Runtime session really got, and where quantization error grows.
 
 Commands (each prints exactly one compact JSON object on one line to stdout; ``--format
-table`` on layers, growth, check, settings and sensitivity prints aligned columns instead):
+table`` on layers, growth, check, settings, sensitivity and placement prints aligned columns
+instead, and ``EPRUN_FORMAT=table`` makes that a person's default):
 
     providers <model> <list> [<list> ...]   requested vs. actual execution providers
     partition <model> <supported-ops>       file-order simulation of how an EP would split the graph
@@ -4432,9 +4433,10 @@ def _worst(values: list, lost: list | None = None) -> int | None:
 
 
 def render_table(command: str, answer: dict, colour: bool = False) -> str:
-    """``answer`` of ``command`` (layers, growth, check, settings, sensitivity) as text a
-    person reads at a terminal: what was measured, one aligned row per boundary, output,
-    case or unit, the worst one marked, and the verdict or summary under it."""
+    """``answer`` of ``command`` (layers, growth, check, settings, sensitivity, placement) as
+    text a person reads at a terminal: what was measured, one aligned row per boundary,
+    output, case, unit or provider, the worst one marked, and the verdict or summary under
+    it."""
     return "\n".join(_TABLES[command](answer, colour))
 
 
@@ -4451,6 +4453,7 @@ def _layers_table(answer: dict, colour: bool) -> list[str]:
             for entry in entries]
     lines = [(f"layers: seed {answer['seed']}, {answer['rows']} rows, "
               f"{answer['layer_count']} boundaries")]
+    lines += _inputs_lines(answer)
     lines += aligned(headers, rows, _worst([entry["rel_error"] for entry in entries],
                                            [_is_lost(entry["rel_error"]) for entry in entries]),
                      colour)
@@ -4460,6 +4463,31 @@ def _layers_table(answer: dict, colour: bool) -> list[str]:
             lines.append(f"boundary {entry['index']}: NaN or infinite values, "
                          f"{counts.get('fp32', 0)} in the fp32 tensor and "
                          f"{counts.get('int8', 0)} in the int8 one")
+    return lines
+
+
+def _inputs_lines(answer: dict) -> list[str]:
+    """What each input was fed, where the answer records it (``inputs``), one line each."""
+    return [f"input {item['name']}: {item['dtype']} {item['shape']} from {item['source']}"
+            for item in answer.get("inputs", ())]
+
+
+def _placement_table(answer: dict, colour: bool) -> list[str]:
+    """Where onnxruntime put the nodes: the providers asked for and got, nodes per provider,
+    and the nodes off the first provider asked for (all of them when it fell back)."""
+    lines = [(f"placement: {answer['model']}, asked {','.join(answer['requested'])}, got "
+              f"{','.join(answer['actual'])}"
+              f"{' (fell back)' if answer['fell_back'] else ''}; from {answer['source']}")]
+    counts = answer["counts"]
+    lines += aligned(["provider", "nodes"], [[name, count] for name, count in counts.items()],
+                     None, colour)
+    first = answer["requested"][0] if answer["requested"] else None
+    elsewhere = [node for node in answer["nodes"] if node["provider"] != first]
+    if elsewhere and len(counts) > 1:
+        lines += ["", f"nodes not on {first}:"]
+        lines += aligned(["node", "op", "provider"],
+                         [[node["name"], node["op_type"], node["provider"]]
+                          for node in elsewhere], None, colour)
     return lines
 
 
@@ -4548,7 +4576,8 @@ def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
 
 
 _TABLES = {"layers": _layers_table, "growth": _growth_table, "check": _check_table,
-           "settings": _settings_table, "sensitivity": _sensitivity_table}
+           "settings": _settings_table, "sensitivity": _sensitivity_table,
+           "placement": _placement_table}
 
 
 # == 7. Commands ===================================================================================
@@ -5408,7 +5437,7 @@ PLACEMENT = declare(Command(
             "graph assignment info, or a one-run profile on releases before 1.24)",
     run=placement,
     arguments=(MODEL, arg("providers", type=parse_list, help="comma-joined provider names"),
-               *input_args(rows_default="1"), *EP_ARGS),
+               *input_args(rows_default="1"), *EP_ARGS, FORMAT_ARG),
     fields=("model", "requested", "actual", "fell_back", "source", "counts", "nodes",
             "subgraphs"),
     detail='nodes: [{"name", "op_type", "provider"}]; subgraphs: {provider: how many '

@@ -681,3 +681,26 @@ def test_eprun_format_is_a_persons_own_default(lab_pair):
     assert "EPRUN_FORMAT='yaml' is not a format eprun prints (json or table)" in wrong.stderr
     partition = run_eprun("partition", fp32, "MatMul", env={"EPRUN_FORMAT": "yaml"})
     assert partition.code == 0 and json.loads(partition.stdout)["model"] == str(fp32)
+
+
+def test_placement_and_inputs_read_without_python(lab_pair):
+    """The README reads answers with --format table, never python -c: placement's table has
+    the providers asked for and got and the nodes per provider of the JSON answer; layers'
+    names what each input was fed."""
+    import json
+
+    fp32, int8 = lab_pair
+    asked = "CUDAExecutionProvider,CPUExecutionProvider"
+    answer = json.loads(run_eprun("placement", int8, asked).stdout)
+    table = run_eprun("placement", int8, asked, "--format", "table")
+    assert table.code == 0
+    lines = table.stdout.splitlines()
+    assert lines[0] == (f"placement: {int8}, asked {asked}, got "
+                        f"{','.join(answer['actual'])} (fell back); from {answer['source']}")
+    rows = {line.split()[0]: int(line.split()[1]) for line in lines[3:] if line.strip()}
+    assert rows == answer["counts"]
+    argv = ("layers", fp32, int8, "1", "--input-range", "x:-1,1", "--rows", "8")
+    (fed,) = json.loads(run_eprun(*argv).stdout)["inputs"]
+    layers = run_eprun(*argv, "--format", "table")
+    assert fed["shape"][0] == 8 and fed["source"] == "uniform[-1, 1)"
+    assert layers.stdout.splitlines()[1] == f"input x: float32 {fed['shape']} from {fed['source']}"

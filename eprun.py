@@ -507,21 +507,6 @@ def note(message: str) -> None:
 
 # -- progress --------------------------------------------------------------------------------------
 
-FORMATS = ("json", "table")
-
-
-def output_format(given: str | None) -> str:
-    """``--format`` as given, else ``EPRUN_FORMAT`` (a person's own default, set once in their
-    shell), else JSON: eprun's default output never depends on where stdout goes."""
-    if given is not None:
-        return given
-    text = os.environ.get("EPRUN_FORMAT", "")
-    if text and text not in FORMATS:
-        raise EprunError(f"EPRUN_FORMAT={text!r} is not a format eprun prints (json or table); "
-                         "unset it for JSON", EXIT_USAGE)
-    return text or "json"
-
-
 def _progress_after() -> float:
     text = os.environ.get("EPRUN_PROGRESS_AFTER", "2")
     try:
@@ -4381,6 +4366,21 @@ def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dic
 
 # -- tables --------------------------------------------------------------------------------------
 
+FORMATS = ("json", "table")
+
+
+def output_format(given: str | None) -> str:
+    """``--format`` as given, else ``EPRUN_FORMAT`` (a person's own default, set once in their
+    shell), else JSON: eprun's default output never depends on where stdout goes."""
+    if given is not None:
+        return given
+    text = os.environ.get("EPRUN_FORMAT", "")
+    if text and text not in FORMATS:
+        raise EprunError(f"EPRUN_FORMAT={text!r} is not a format eprun prints (json or table); "
+                         "unset it for JSON", EXIT_USAGE)
+    return text or "json"
+
+
 FORMAT_ARG = arg("--format", choices=FORMATS,
                  help="json: one JSON line (default, the contract's form); table: aligned "
                       "columns for people, the worst row marked (EPRUN_FORMAT=table makes it "
@@ -6112,38 +6112,34 @@ class Requantizer:
         self.progress: Progress | None = None
         self.op_types: list[str] | None = None  # None: quantize_static's default
         self.excluded: list[str] = []
-        self.large, self.source = False, fp32_path
-        self.fp32_path = self._named_copy(fp32_path)
-        weights = {tensor.name for tensor in int8_model.graph.initializer}
-        self.int8_quantizers = {node.input[0]: node for node in int8_model.graph.node
+        self.source = fp32_path
+        self.fp32_path, self.large = self._named_copy(fp32_path)
+        index = GraphIndex.of(int8_model.graph)
+        self.int8_quantizers = {node.input[0]: node for node in index.nodes
                                 if node.op_type == "QuantizeLinear"
-                                and node.input[0] not in weights}
+                                and node.input[0] not in index.initializers}
         # (node, input position) -> the DequantizeLinear of a weight it reads in the int8 model
-        producers = {output: node for node in int8_model.graph.node for output in node.output}
         self.int8_weight_readers = {
-            (node.name, position): producers[name]
+            (node.name, position): _weight_dequantizer(index, name)
             for node in _named_nodes(int8_model.graph)
             for position, name in enumerate(node.input)
-            if name in producers and producers[name].op_type == "DequantizeLinear"
-            and producers[name].input[0] in weights}
+            if _weight_dequantizer(index, name) is not None}
 
-    def _named_copy(self, fp32_path: str) -> str:
+    def _named_copy(self, fp32_path: str) -> tuple[str, bool]:
         """The fp32 model copied into the scratch folder, where quantize_static may write beside
         it (it writes ``<stem>-inferred.onnx`` next to its input, and would remove a user's
-        file of that name); a float node without a name gets the one eprun gives its unit
-        (``<op type>#<k>``), since quantize_static excludes nodes by name."""
+        file of that name), each unnamed node named as eprun names its unit
+        (``_named_nodes``), since quantize_static excludes nodes by name; and whether it is
+        large enough to need external data."""
         import onnx
 
         model = onnx.load(fp32_path)
-        counts: collections.Counter = collections.Counter()
-        for node in model.graph.node:
-            if not node.name:
-                node.name = f"{node.op_type}#{counts[node.op_type]}"
-                counts[node.op_type] += 1
+        for node, named in zip(model.graph.node, list(_named_nodes(model.graph))):
+            node.name = named.name
         path = os.path.join(self.folder, "fp32.onnx")
-        self.large = model.ByteSize() > (1 << 30)  # protobuf's 2 GB limit, with room
-        onnx.save(model, path, save_as_external_data=self.large)
-        return path
+        large = model.ByteSize() > (1 << 30)  # protobuf's 2 GB limit, with room
+        onnx.save(model, path, save_as_external_data=large)
+        return path, large
 
     def quantize(self, op_types: list[str] | None, excluded) -> Any:
         """One quantize_static call, calibrated on eprun's seeded input; the graph it wrote."""
@@ -6254,22 +6250,20 @@ class Requantizer:
         from onnx import numpy_helper
 
         model = self.quantize(self.op_types, [*self.excluded, *excluded])
-        own = {tensor.name: tensor for tensor in model.graph.initializer}
+        index = GraphIndex.of(model.graph)
+        own = index.initializers
         taking = _Taking(own, self.int8_values)
         for node in model.graph.node:
             if node.op_type == "QuantizeLinear" and node.input[0] not in own:
                 taking.take(node.input[1:], self.int8_quantizers.get(node.input[0]),
                             node.input[0])
-        producers = {output: node for node in model.graph.node for output in node.output}
         left = {*self.excluded, *excluded}
         readers = sorted(_named_nodes(model.graph), key=lambda node: node.name in left)
         done: set[str] = set()
         for node in readers:  # the quantized readers first: a weight is quantized for them
             for position, name in enumerate(node.input):
-                dequantize = producers.get(name)
-                if dequantize is None or dequantize.op_type != "DequantizeLinear" or \
-                        dequantize.input[0] not in own or \
-                        (node.name in left and dequantize.input[0] in done):
+                dequantize = _weight_dequantizer(index, name)
+                if dequantize is None or (node.name in left and dequantize.input[0] in done):
                     continue  # (a node left in float may read what was quantized for another)
                 done.add(dequantize.input[0])
                 taking.take(dequantize.input, self.int8_weight_readers.get(
@@ -6284,6 +6278,16 @@ class Requantizer:
         del model.graph.initializer[:]
         model.graph.initializer.extend(kept)
         return model, arrays, taking.unknown
+
+
+def _weight_dequantizer(index: GraphIndex, name: str):
+    """The DequantizeLinear of a quantized weight (an initializer) that writes ``name``, if
+    one does."""
+    node = index.producer(name)
+    if node is not None and node.op_type == "DequantizeLinear" and \
+            node.input[0] in index.initializers:
+        return node
+    return None
 
 
 def _named_nodes(graph) -> Iterator:
@@ -6398,7 +6402,7 @@ class SensitivityRun:
         self.sessions = 0
         self.requantizer = self._requantizer() if requantize else None
         if self.requantizer is not None:
-            kept = set(self.requantizer.op_types or _quantizer_op_types())
+            kept = set(self.requantizer.op_types or _installed_quantizer_op_types())
             left = set(self.requantizer.excluded)
             self.units = [unit for unit in self.units
                           if unit.op_type in kept and unit.name not in left]
@@ -6457,10 +6461,8 @@ class SensitivityRun:
         (own,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
                              hint=dims_hint(self.feed))
         del session
-        self.requantizer = requantizer
-        self.measure([])
-        self.requantizer = None
-        own64, mine = own.astype(np.float64), self.last.astype(np.float64)
+        own64 = own.astype(np.float64)
+        mine = self._run_variant(requantizer, []).astype(np.float64)
         if own64.shape == mine.shape:
             deviation = float(np.abs(own64 - mine).max(initial=0.0))
             if deviation <= 1e-6 * max(float(np.abs(own64).max(initial=0.0)), 1e-30) or \
@@ -6474,9 +6476,15 @@ class SensitivityRun:
         return False
 
     def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
-        if self.requantizer is not None:
-            model, arrays, self.unknown = self.requantizer.model([unit.name for unit in restored])
-            path = self.requantizer.output_path
+        self.last = self._run_variant(self.requantizer, restored)
+        return compare_boundary(self.reference, self.last, self.feed.rows, metrics)
+
+    def _run_variant(self, requantizer: Requantizer | None, restored: list[Unit]):
+        """The int8 model's final output with ``restored`` in float: requantized by
+        ``requantizer``, else by graph edits."""
+        if requantizer is not None:
+            model, arrays, self.unknown = requantizer.model([unit.name for unit in restored])
+            path = requantizer.output_path
         else:
             model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored,
                                              self.fp32, self.units)
@@ -6489,8 +6497,7 @@ class SensitivityRun:
         self.sessions += 1
         (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
                                hint=dims_hint(self.feed))
-        self.last = value
-        return compare_boundary(self.reference, value, self.feed.rows, metrics)
+        return value
 
     def inexact(self, unit: Unit) -> str | None:
         """Why the last measure (``unit`` restored) may differ from quantize_static, if it

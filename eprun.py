@@ -5792,6 +5792,7 @@ def restore_to_float(int8_model, fp32_model, units: list[Unit], fp32_path: str,
         restoring.unit_inputs(unit)
         restoring.unit_output(unit)
         restoring.folded_activation(unit)
+        restoring.float_attributes(unit)
     restoring.write_back()
     return model, restoring.arrays
 
@@ -5914,6 +5915,18 @@ class _Restoring:
         if current == node.output[0]:
             node.output[0] = original.output[0]
             self.inserted[unit.int8_index] = chain
+            for name in {name for follower in chain for name in follower.input}:
+                # a Clip's bounds: the quantizer drops them with the Clip
+                if name in self.fp32_weights and name not in self.int8_weights:
+                    self.arrays[name] = _initializer_array(self.fp32_weights[name],
+                                                           self.fp32_path)
+
+    def float_attributes(self, unit: Unit) -> None:
+        """The unit's attributes as the float node has them: the quantizer folds a Gemm's beta
+        into its int32 bias and writes beta 1, which the float bias must not keep."""
+        node, original = self.nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
+        del node.attribute[:]
+        node.attribute.extend(original.attribute)
 
     def write_back(self) -> None:
         """The kept nodes in order, each followed by the activations put back after it, and

@@ -237,6 +237,23 @@ def sequence_head(seed: int, steps: int = 6, features: int = 5, hidden: int = 4,
                     [("logits", FLOAT, ["batch", classes])], "sequence_head")
 
 
+def clipped_gemm(seed: int, features: int = 6, hidden: int = 8,
+                 classes: int = 3) -> onnx.ModelProto:
+    """A MobileNet-style head: Gemm with beta 0.5 (the quantizer folds it into the int32 bias
+    and writes beta 1) -> Clip [0, 6] with its bounds as initializers (folded into the Gemm's
+    output, bounds dropped) -> Gemm = logits [batch, classes]."""
+    g = _Builder(seed)
+    w1 = g.weight("fc1.weight", (features, hidden))
+    b1 = g.const("fc1.bias", g.rng.standard_normal(hidden))
+    h = g.op("Gemm", ["x", w1, b1], "/fc1/Gemm", beta=0.5)
+    h = g.op("Clip", [h, g.const("/clip/min", 0.0), g.const("/clip/max", 6.0)], "/clip/Clip")
+    w2 = g.weight("fc2.weight", (hidden, classes))
+    g.op("Gemm", [h, w2, g.const("fc2.bias", 0.1 * g.rng.standard_normal(classes))],
+         "/fc2/Gemm", out="logits")
+    return g.finish([("x", FLOAT, ["batch", features])], [("logits", FLOAT, ["batch", classes])],
+                    "clipped_gemm")
+
+
 def unnamed_chain(seed: int, features: int = 4, depth: int = 3) -> onnx.ModelProto:
     """x -> MatMul W0 -> t0 -> MatMul W1 -> t1 ... -> y: ``depth`` MatMuls with NO node names."""
     g, current = _Builder(seed), "x"

@@ -50,7 +50,8 @@ CASES = {"chain": (named_chain, {}),
          "residual": (models.residual_chain, {}),
          "cnn": (lambda: real_models.residual_cnn(2), {}),
          "encoder": (lambda: real_models.transformer_encoder(1), {}),
-         "encoder_shared_bias": (shared_bias_encoder, {})}
+         "encoder_shared_bias": (shared_bias_encoder, {}),
+         "clipped_gemm": (lambda: real_models.clipped_gemm(1), {})}
 # Where editing the int8 graph is not what quantize_static does: Q/DQ pairs that exist only
 # because a unit downstream reads them (after a Transpose and a Reshape; a state read by a
 # Gather), op_types_to_quantize restricted (a residual Add then reads a shared DQ without being

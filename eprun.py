@@ -2635,7 +2635,8 @@ def _draw(rng, spec: InputSpec, shape: tuple, value_range: tuple | None, path: s
     return np.ones(shape, dtype), "ones"
 
 
-def _require_fitting(array, spec: InputSpec, file: str, path: str) -> None:
+def _require_fitting(array, spec: InputSpec, file: str, path: str,
+                     option: str = "--inputs") -> None:
     """An array of the ``--inputs`` file has the rank of the input it feeds and its fixed
     dims: a wrong one is the file's mistake, said as such before onnxruntime blames a model."""
     if not spec.dims:  # a scalar, or an input whose shape the model does not declare
@@ -2646,19 +2647,19 @@ def _require_fitting(array, spec: InputSpec, file: str, path: str) -> None:
     if wrong:
         raise EprunError(f"{file!r}: {spec.name!r} has shape {list(array.shape)}, but "
                          f"{path!r} takes {spec.name!r} as {declared}; fix the array in the "
-                         "--inputs file")
+                         f"{option} file")
 
 
-def _load_inputs_file(file: str, names: list[str], path: str) -> dict:
+def _load_inputs_file(file: str, names: list[str], path: str, what: str = "inputs") -> dict:
     """The arrays of an ``.npz`` file, one per input name, exactly."""
     import numpy as np
 
-    require_file(file, "inputs")
+    require_file(file, what)
     try:
         with np.load(file, allow_pickle=False) as archive:
             stored = {name: archive[name] for name in archive.files}
     except Exception as exc:  # not a zip, a pickled object array, a damaged member
-        raise EprunError(f"cannot read the inputs file {file!r} ({type(exc).__name__}: "
+        raise EprunError(f"cannot read the {what} file {file!r} ({type(exc).__name__}: "
                          f"{one_line(exc)}); write it with numpy.savez") from exc
     for name, array in stored.items():
         if array.dtype.kind not in "biuf":
@@ -4069,16 +4070,23 @@ def _sensitivity_section(ranked: dict) -> str:
              f"SQNR {_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}."),
              "", "| rank | unit | op | SQNR (dB) | gain (dB) | rel error |",
              "|---|---|---|---|---|---|"]
-    for rank, unit in enumerate(ranked["units"][:10], start=1):
+    shown = ranked["units"][:10]
+    for rank, unit in enumerate(shown, start=1):
         lines.append(f"| {rank} | `{unit['name']}` | {unit['op_type']} | "
-                     f"{_num(unit['sqnr_db'])} | {_num(unit['gain_db'])} | "
-                     f"{_num(unit['rel_error'])} |")
+                     f"{_num(unit['sqnr_db'])}{' *' if 'inexact' in unit else ''} | "
+                     f"{_num(unit['gain_db'])} | {_num(unit['rel_error'])} |")
     recommendation = ranked["recommendation"]
     reached = recommendation["steps"][-1] if recommendation["steps"] else quantized
+    if any("inexact" in unit for unit in shown):
+        lines += ["", ("\\* an estimate: quantize_static would calibrate a range from data "
+                       "eprun does not have (the unit's `inexact` in the sensitivity answer says "
+                       "which; `--calibration` with the int8 model's calibration data makes it "
+                       "exact).")]
     lines += ["", f"Recommended `nodes_to_exclude` ({len(recommendation['nodes_to_exclude'])}): "
               f"{_ops(recommendation['nodes_to_exclude'])}; the combined graph reaches "
               + (f"SQNR {_num(reached['sqnr_db'])} dB" if reached["sqnr_db"] is not None
-                 else "the fp32 output exactly") + ", and the target "
+                 else "the fp32 output exactly")
+              + (" (an estimate, as above)" if "inexact" in reached else "") + ", and the target "
               f"{'is' if recommendation['met'] else 'is **not**'} met.", ""]
     return "\n".join(lines)
 
@@ -6113,10 +6121,13 @@ class Requantizer:
     calibration on eprun's seeded input gave it."""
 
     def __init__(self, fp32_path: str, fp32_model, int8_model, *, int8_values: Callable,
-                 feed: dict, folder: str) -> None:
+                 batches: list[dict], calibrated: bool, folder: str) -> None:
+        """``batches`` are what the quantizer calibrates on; ``calibrated``: they are the
+        int8 model's own calibration data, so the activations keep the numbers it derives."""
         from onnxruntime import quantization  # ImportError: the caller falls back
 
-        self.quantization, self.feed, self.folder = quantization, feed, folder
+        self.quantization, self.batches, self.folder = quantization, batches, folder
+        self.calibrated = calibrated
         self.int8_model, self.int8_values = int8_model, int8_values
         self.target = quantized_signature(int8_model)
         self.types = quantization_types(int8_model)
@@ -6127,10 +6138,11 @@ class Requantizer:
         self.excluded: list[str] = []
         self.source = fp32_path
         self.fp32_path, self.large = self._named_copy(fp32_path)
-        index = GraphIndex.of(int8_model.graph)
-        self.int8_quantizers = {node.input[0]: node for node in index.nodes
-                                if node.op_type == "QuantizeLinear"
-                                and node.input[0] not in index.initializers}
+        index = self.int8_index = GraphIndex.of(int8_model.graph)
+        self.int8_quantizers = _activation_quantizers(index)
+        # tensor -> (scale, zero point) quantize_static calibrated, nothing excluded: set by
+        # the first model([]) (the check that it writes the int8 model again)
+        self.calibrated_values: dict | None = None
         # (node, input position) -> the DequantizeLinear of a weight it reads in the int8 model
         self.int8_weight_readers = {
             (node.name, position): _weight_dequantizer(index, name)
@@ -6159,7 +6171,7 @@ class Requantizer:
         import onnx
 
         quantization = self.quantization
-        feeds = iter([self.feed])
+        feeds = iter(self.batches)
 
         class Reader(quantization.CalibrationDataReader):
             def get_next(self):
@@ -6265,11 +6277,14 @@ class Requantizer:
         model = self.quantize(self.op_types, [*self.excluded, *excluded])
         index = GraphIndex.of(model.graph)
         own = index.initializers
+        quantizers = _activation_quantizers(index)
+        if self.calibrated_values is None and not excluded:
+            self.calibrated_values = {tensor: _quantization_values(own, node)
+                                      for tensor, node in quantizers.items()}
         taking = _Taking(own, self.int8_values)
         for node in model.graph.node:
             if node.op_type == "QuantizeLinear" and node.input[0] not in own:
-                taking.take(node.input[1:], self.int8_quantizers.get(node.input[0]),
-                            node.input[0])
+                self._take_activation(taking, index, quantizers, node)
         left = {*self.excluded, *excluded}
         readers = sorted(_named_nodes(model.graph), key=lambda node: node.name in left)
         done: set[str] = set()
@@ -6290,7 +6305,50 @@ class Requantizer:
         kept = [tensor for tensor in model.graph.initializer if tensor.name not in arrays]
         del model.graph.initializer[:]
         model.graph.initializer.extend(kept)
-        return model, arrays, taking.unknown
+        return model, arrays, taking.unknown, taking.fresh
+
+    def calibration_differs(self) -> str | None:
+        """Where the quantizer's own calibration (nothing excluded) does not give the int8
+        model's scale or zero point, the first such tensor said with both scales; None where
+        every one agrees."""
+        import numpy as np
+
+        for tensor, node in self.int8_quantizers.items():
+            mine = (self.calibrated_values or {}).get(tensor)
+            theirs = tuple(self.int8_values(name) for name in node.input[1:3])
+            if mine is None or len(theirs) < 2 or any(value is None for value in theirs):
+                continue
+            if mine[0].shape != theirs[0].shape or not (
+                    np.allclose(mine[0], theirs[0], rtol=1e-6, atol=0)
+                    and np.array_equal(mine[1], theirs[1])):
+                return (f"{tensor!r} with scale {np.ravel(mine[0])[0]:.6g}, the int8 model has "
+                        f"{np.ravel(theirs[0])[0]:.6g}")
+        return None
+
+    def _take_activation(self, taking: _Taking, index: GraphIndex, quantizers: dict,
+                         node) -> None:
+        """An activation's scale and zero point, ``node`` its QuantizeLinear in the requantized
+        graph: the int8 model's, unless the quantizer calibrated on the int8 model's own data
+        (``calibrated``: then its numbers are the int8 model's already). The quantizer gives
+        the output of an op that passes values on (Reshape, MaxPool, Slice, Split) its input's
+        scale; where an exclusion cuts such a chain it calibrates the tensor after the cut
+        anew, and the int8 model holds the range of the chain's source only. That is the
+        tensor's own range where every op between them keeps the values (a Reshape, a
+        Transpose); else it is taken as the nearest there is, and said (``fresh``)."""
+        if self.calibrated:
+            return
+        tensor = node.input[0]
+        head = _scale_source(index, quantizers, tensor)[0]  # whose range the quantizer takes
+        theirs = self.int8_quantizers.get(head)
+        if theirs is None:
+            taking.take(node.input[1:], self.int8_quantizers.get(tensor), tensor)
+            return
+        taking.take(node.input[1:], theirs, tensor)
+        source, ops = _scale_source(self.int8_index, self.int8_quantizers, head)
+        said = (f"{head!r} (the int8 model gives it the range of {source!r}, through "
+                f"{', '.join(dict.fromkeys(ops))})")
+        if source != head and not set(ops) <= _RANGE_KEEPING_OPS and said not in taking.fresh:
+            taking.fresh.append(said)
 
 
 def _weight_dequantizer(index: GraphIndex, name: str):
@@ -6318,6 +6376,51 @@ def _named_nodes(graph) -> Iterator:
         yield named
 
 
+def _quantization_values(initializers: dict, quantize) -> tuple | None:
+    """The (scale, zero point) arrays a QuantizeLinear reads from ``initializers``."""
+    from onnx import numpy_helper
+
+    names = list(quantize.input[1:3])
+    if len(names) < 2 or not set(names) <= initializers.keys():
+        return None
+    return tuple(numpy_helper.to_array(initializers[name]) for name in names)
+
+
+def _activation_quantizers(index: GraphIndex) -> dict:
+    """Each quantized activation's QuantizeLinear, by the tensor it reads."""
+    return {node.input[0]: node for node in index.nodes
+            if node.op_type == "QuantizeLinear" and node.input[0] not in index.initializers}
+
+
+# Ops whose output holds exactly their input's values, moved or repeated: the range a quantizer
+# calibrates for the output is the input's, whatever the data.
+_RANGE_KEEPING_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
+                                "Identity", "DepthToSpace", "SpaceToDepth", "Expand", "Tile"})
+
+
+def _scale_source(index: GraphIndex, quantizers: dict, tensor: str) -> tuple[str, list[str]]:
+    """Where the scale of ``tensor``'s QuantizeLinear comes from: a quantizer gives the output
+    of an op that passes values on (a Reshape, a MaxPool, a Split) the scale and zero point of
+    its input. The tensor at the head of that chain (``tensor`` itself where its scale is its
+    own) and the op types along the chain, head first."""
+    ops: list[str] = []
+    current, seen = tensor, {tensor}
+    while True:
+        scale = quantizers[current].input[1]
+        producer = index.producer(current)
+        dequantize = index.producer(producer.input[0]) if producer is not None and \
+            producer.input else None
+        quantize = index.producer(dequantize.input[0]) if dequantize is not None and \
+            dequantize.op_type == "DequantizeLinear" else None
+        if quantize is None or quantize.op_type != "QuantizeLinear" or \
+                len(quantize.input) < 2 or quantize.input[1] != scale or \
+                quantize.input[0] in seen or quantize.input[0] not in quantizers:
+            return current, ops[::-1]
+        ops.append(producer.op_type)
+        current = quantize.input[0]
+        seen.add(current)
+
+
 class _Taking:
     """Numbers taken over from the int8 model into a requantized graph's initializers
     (``own``): each only where its shape and type fit and no initializer would get two; what
@@ -6328,6 +6431,7 @@ class _Taking:
         self.values: dict = {}
         self.assigned: dict[str, str] = {}
         self.unknown: list[str] = []
+        self.fresh: list[str] = []  # ranges the quantizer would calibrate anew, said once each
 
     def take(self, mine: list[str], theirs, what: str) -> None:
         """``mine`` (initializer names) get the values of ``theirs``' same inputs."""
@@ -6362,12 +6466,13 @@ class SensitivityRun:
 
     def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
                  targets: Targets | None = None, *, swapped_ok: bool = False,
-                 requantize: bool = True, settled: tuple | None = None,
-                 folder: str | None = None) -> None:
-        """``settled`` (op types, nodes left in float) and ``folder`` are a worker's: the
-        settings its parent found and checked, and a folder inside the parent's own."""
+                 requantize: bool = True, calibration: str | None = None,
+                 settled: tuple | None = None, folder: str | None = None) -> None:
+        """``calibration``: the file of the data the int8 model was calibrated on.
+        ``settled`` (op types, nodes left in float, calibrated) and ``folder`` are a worker's:
+        the settings its parent found and checked, and a folder inside the parent's own."""
         self._stack = contextlib.ExitStack()
-        self._settled, self._folder = settled, folder
+        self._settled, self._folder, self.calibration = settled, folder, calibration
         try:
             self._open(fp32, int8, seed, inputs, targets=targets, swapped_ok=swapped_ok,
                        requantize=requantize)
@@ -6392,6 +6497,7 @@ class SensitivityRun:
         self.targets = targets or Targets()
         self.actual: list[str] = []
         self.unknown: list[str] = []
+        self.fresh: list[str] = []
         self.fp32_model = load_model(fp32, text_names=True)
         self.int8_model = load_model(int8, text_names=True)
         require_in_order((self.fp32_model, self.int8_model), (fp32, int8), swapped_ok)
@@ -6445,11 +6551,13 @@ class SensitivityRun:
             note(f"onnxruntime.quantization cannot be imported here ({type(exc).__name__}: "
                  f"{one_line(exc)}); {fallback}")
             return None
+        batches = (calibration_batches(self.fp32_model, self.calibration, self.fp32)
+                   if self.calibration else [calibration_rows(self.fp32_model, self.feed)])
         requantizer = Requantizer(self.fp32, self.fp32_model, self.int8_model,
-                                  int8_values=self._int8_value,
-                                  feed=calibration_rows(self.fp32_model, self.feed), folder=folder)
+                                  int8_values=self._int8_value, batches=batches,
+                                  calibrated=bool(self.calibration), folder=folder)
         if self._settled is not None:  # a worker: its parent searched and checked
-            requantizer.op_types, requantizer.excluded = self._settled
+            requantizer.op_types, requantizer.excluded, requantizer.calibrated = self._settled
             return requantizer
         try:
             settled = requantizer.settle(self.fp32_model, _installed_quantizer_op_types())
@@ -6476,6 +6584,13 @@ class SensitivityRun:
         del session
         own64 = own.astype(np.float64)
         mine = self._run_variant(requantizer, []).astype(np.float64)
+        differs = requantizer.calibration_differs() if requantizer.calibrated else None
+        if differs:
+            note(f"{self.calibration!r} is not the data {self.int8!r} was calibrated on "
+                 f"(quantize_static, MinMax, calibrates {differs}); sensitivity takes the int8 "
+                 "model's numbers instead and says where a range would be calibrated anew")
+            requantizer.calibrated = False
+            mine = self._run_variant(requantizer, []).astype(np.float64)
         if own64.shape == mine.shape:
             deviation = float(np.abs(own64 - mine).max(initial=0.0))
             if deviation <= 1e-6 * max(float(np.abs(own64).max(initial=0.0)), 1e-30) or \
@@ -6496,7 +6611,8 @@ class SensitivityRun:
         """The int8 model's final output with ``restored`` in float: requantized by
         ``requantizer``, else by graph edits."""
         if requantizer is not None:
-            model, arrays, self.unknown = requantizer.model([unit.name for unit in restored])
+            model, arrays, self.unknown, self.fresh = requantizer.model(
+                [unit.name for unit in restored])
             path = requantizer.output_path
         else:
             model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored,
@@ -6504,7 +6620,7 @@ class SensitivityRun:
             used = {tensor.name for tensor in model.graph.initializer}
             arrays = {**{name: array for name, array in self.int8_weights.items()
                          if name in used}, **arrays}
-            path, self.unknown = self.int8, []
+            path, self.unknown, self.fresh = self.int8, [], []
         session = open_exposed(model, path, extra_arrays=arrays, on=self.targets.candidate)
         self.actual = list(session.get_providers())
         self.sessions += 1
@@ -6512,15 +6628,24 @@ class SensitivityRun:
                                hint=dims_hint(self.feed))
         return value
 
-    def inexact(self, unit: Unit) -> str | None:
-        """Why the last measure (``unit`` restored) may differ from quantize_static, if it
-        may: what the quantizer would calibrate from data eprun does not have."""
-        reason = _data_dependent(self.int8_index, unit)
+    def inexact(self, restored: list[Unit]) -> str | None:
+        """Why the last measure (``restored`` in float) may differ from quantize_static, if it
+        may: what the quantizer would calibrate from data eprun does not have (none where it
+        calibrates on the int8 model's own, ``--calibration``)."""
+        if self.requantizer is not None and self.requantizer.calibrated:
+            return None
+        reason = next(filter(None, (_data_dependent(self.int8_index, unit)
+                                    for unit in restored)), None)
         if reason is None and self.unknown:
             reason = (f"quantize_static would quantize {', '.join(self.unknown[:3])}"
                       f"{' and more' if len(self.unknown) > 3 else ''}, which the int8 model "
                       "does not, with a range calibrated from data eprun does not have (here "
                       "from eprun's seeded input)")
+        if reason is None and self.fresh:
+            more = " and more" if len(self.fresh) > 2 else ""
+            reason = (f"quantize_static would calibrate the range of "
+                      f"{', '.join(self.fresh[:2])}{more} anew, from data eprun does not have "
+                      "(here the source's range stands in; --calibration makes it exact)")
         return reason
 
     def settings(self) -> dict:
@@ -6529,6 +6654,37 @@ class SensitivityRun:
         return {"op_types_to_quantize": requantizer.op_types,
                 "nodes_to_exclude": requantizer.excluded, **requantizer.types,
                 "calls": requantizer.calls}
+
+
+def calibration_batches(model, file: str, path: str) -> list[dict]:
+    """The arrays of a ``--calibration`` file (numpy.savez, one per input of the fp32 model)
+    as the batches quantize_static calibrates on: the model's own batch at a time where every
+    input fixes the same one and the file holds a multiple of it, else one batch (MinMax
+    calibration takes the smallest and largest values over all batches either way)."""
+    import numpy as np
+
+    specs = specs_from_model(model)
+    stored = _load_inputs_file(file, [spec.name for spec in specs], path, "calibration")
+    arrays = {}
+    for spec in specs:
+        array = stored[spec.name]
+        wanted = np.dtype(spec.dtype) if spec.dtype in _SESSION_TYPES.values() else array.dtype
+        if array.dtype.kind != wanted.kind and {array.dtype.kind, wanted.kind} != {"i", "u"}:
+            raise EprunError(f"{file!r}: {spec.name!r} holds {array.dtype} values; {path!r} "
+                             f"takes {spec.dtype}")
+        arrays[spec.name] = array.astype(wanted, copy=False)
+    sizes = {spec.dims[0] if spec.dims and isinstance(spec.dims[0], int) else None
+             for spec in specs}
+    counts = {array.shape[0] if array.ndim else None for array in arrays.values()}
+    batches = [arrays]
+    if len(sizes) == len(counts) == 1 and None not in sizes | counts:
+        size, count = sizes.pop(), counts.pop()
+        if count % size == 0:  # the model's fixed batch, one at a time
+            batches = [{name: array[start:start + size] for name, array in arrays.items()}
+                       for start in range(0, count, size)]
+    for spec in specs:
+        _require_fitting(batches[0][spec.name], spec, file, path, "--calibration")
+    return batches
 
 
 # Rows of eprun's input the quantizer calibrates on: the numbers it derives are replaced by the
@@ -6576,24 +6732,29 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                 units: list[str] | None = None, providers: list[str] | None = None,
                 reference_providers: list[str] | None = None, allow_fallback: bool = False,
                 ep_library: list[str] = (), ep_options: dict | None = None,
-                swapped_ok: bool = False, jobs: int | None = None) -> dict:
+                swapped_ok: bool = False, jobs: int | None = None,
+                calibration: str | None = None) -> dict:
     """Which quantized units to keep in float: each restored alone (the graph quantize_static
     writes with it excluded, ``SensitivityRun``) and measured on the final float output
     against the fp32 model, ranked by the SQNR it gains, then a verified recommendation: the
     best-ranked units added one at a time, the combined graph requantized and re-measured each
     time, until the target is met. With ``providers``
-    every int8 variant runs there, so the ranking is the one of the EP deployed to."""
+    every int8 variant runs there, so the ranking is the one of the EP deployed to.
+    ``calibration``: a file of the data the int8 model was calibrated on."""
     require_file(fp32)
     require_file(int8)
+    if calibration is not None:
+        require_file(calibration, "calibration")
     targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
                            ep_options)
     if jobs is not None and jobs < 1:
         raise EprunError("--jobs must be at least 1", EXIT_USAGE)
     parallel = Parallel(jobs=jobs, spec={
-        "fp32": fp32, "int8": int8, "seed": seed, "inputs": inputs,
+        "fp32": fp32, "int8": int8, "seed": seed, "inputs": inputs, "calibration": calibration,
         "targets": (providers, reference_providers, allow_fallback, list(ep_library),
                     ep_options)})
-    with SensitivityRun(fp32, int8, seed, inputs, targets, swapped_ok=swapped_ok) as run:
+    with SensitivityRun(fp32, int8, seed, inputs, targets, swapped_ok=swapped_ok,
+                        calibration=calibration) as run:
         return _rank_units(run, seed, targets, target_sqnr=target_sqnr,
                            target_rel_error=target_rel_error, profile=profile,
                            max_units=max_units, units=units, parallel=parallel)
@@ -6637,7 +6798,7 @@ def _each_unit(run: SensitivityRun, chosen: list[Unit], parallel: Parallel | Non
     if rest:
         started = time.monotonic()
         unit = rest.pop(0)
-        yield run.measure([unit]), run.inexact(unit)
+        yield run.measure([unit]), run.inexact([unit])
         done += 1
         progress.step(done)
         took = time.monotonic() - started
@@ -6652,7 +6813,7 @@ def _each_unit(run: SensitivityRun, chosen: list[Unit], parallel: Parallel | Non
                 yield result
             rest = []
     for unit in rest:
-        yield run.measure([unit]), run.inexact(unit)
+        yield run.measure([unit]), run.inexact([unit])
         done += 1
         progress.step(done)
     progress.close()
@@ -6667,7 +6828,8 @@ def _in_workers(run: SensitivityRun, units: list[Unit], parallel: Parallel, jobs
 
     spec = {**parallel.spec, "requantize": run.requantizer is not None,
             "settled": (None if run.requantizer is None else
-                        (run.requantizer.op_types, run.requantizer.excluded)),
+                        (run.requantizer.op_types, run.requantizer.excluded,
+                         run.requantizer.calibrated)),
             "folder": run.folder if run.requantizer is not None else None}
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(
@@ -6716,7 +6878,8 @@ def _worker_start(spec: dict) -> None:
         targets = targets_from(*spec["targets"])
         run = SensitivityRun(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
                              targets, swapped_ok=True, requantize=spec["requantize"],
-                             settled=spec["settled"], folder=folder)
+                             calibration=spec["calibration"], settled=spec["settled"],
+                             folder=folder)
     except Exception as exc:  # said by the first measurement asked of this worker
         _WORKER["error"] = exc
         return
@@ -6733,7 +6896,7 @@ def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
     before = run.sessions, run.requantizer.calls if run.requantizer is not None else 0
     measured = run.measure([unit])
     calls = run.requantizer.calls if run.requantizer is not None else 0
-    return measured, run.inexact(unit), run.sessions - before[0], calls - before[1]
+    return measured, run.inexact([unit]), run.sessions - before[0], calls - before[1]
 
 
 def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
@@ -6778,15 +6941,21 @@ def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
     excluded: list[str] = []
     steps = []
     limit = len(ranked) if max_units is None else max_units
-    for entry in ranked:
+    # units measured exactly first: a step whose number is calibrated from data eprun does
+    # not have is a promise it cannot check
+    for entry in sorted(ranked, key=lambda entry: "inexact" in entry):
         if met or len(excluded) >= limit:
             break
         excluded.append(entry["name"])
-        measured = run.measure([by_name[name] for name in excluded])
+        restored = [by_name[name] for name in excluded]
+        measured = run.measure(restored)
         met = _meets(target, measured, run.reference, run.last)
         steps.append({"added": entry["name"], "rel_error": measured["rel_error"],
                       "cos_min": measured["cos_min"], "sqnr_db": measured["sqnr_db"],
                       "met": met})
+        inexact = run.inexact(restored)
+        if inexact:
+            steps[-1]["inexact"] = inexact
     answer = {"seed": seed, "rows": run.feed.rows}
     if not run.feed.contract_shaped:
         answer["inputs"] = run.feed.fed
@@ -6805,6 +6974,13 @@ def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
             "sessions": run.sessions,
             **({"providers": targets.field(run.actual, run.reference_actual)}
                if targets.given else {})}
+
+
+CALIBRATION_ARG = arg(
+    "--calibration", metavar="FILE.npz",
+    help="the data the int8 model was calibrated on (numpy.savez, one array per input of the "
+         "fp32 model, rows along the batch): quantize_static calibrates on it, so a range it "
+         "would calibrate anew is exact")
 
 
 SENSITIVITY = declare(Command(
@@ -6827,11 +7003,13 @@ SENSITIVITY = declare(Command(
         arg("--jobs", type=parse_count, metavar="N",
             help="measure the units in N processes (default: one per core, once the units "
                  "would take more than a few seconds one after another)"),
-        *measure_ep_args(), SWAPPED_OK_ARG, FORMAT_ARG),
+        CALIBRATION_ARG, *measure_ep_args(), SWAPPED_OK_ARG, FORMAT_ARG),
     fields=("seed", "rows", "output", "quantized", "units", "target", "recommendation",
             "predicted_by", "quantizer", "sessions"),
     detail='units: [{"name", "op_type", "named", "rel_error", "cos_min", "sqnr_db", '
-           '"gain_db"}] ranked by gain; recommendation: {"nodes_to_exclude", "steps", "met"}; '
+           '"gain_db"}] ranked by gain, "inexact" (why) where the quantizer would calibrate '
+           'from data eprun does not have; recommendation: {"nodes_to_exclude", "steps", '
+           '"met"}, a step "inexact" likewise; '
            'predicted_by: "quantize_static" or "graph edits"; quantizer: the quantize_static '
            'settings that write the int8 model again (null for graph edits); "providers" as '
            'in layers',
@@ -6877,7 +7055,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            target_providers: list[str] | None = None, force: bool = False,
            sensitivity_section: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, swapped_ok: bool = False, local: bool = False,
-           chart: str | None = None) -> dict:
+           chart: str | None = None, calibration: str | None = None) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -6893,6 +7071,11 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     out_dir = out_dir if out_dir is not None else (os.path.dirname(fp32) or ".")
     require_file(fp32)
     require_file(int8)
+    if calibration is not None:
+        if not sensitivity_section:
+            raise EprunError("--calibration is the sensitivity section's: give --sensitivity "
+                             "too", EXIT_USAGE)
+        require_file(calibration, "calibration")
     require_out_dir(out_dir)
     names = (*REPORT_FILES, *((CHART_FILE,) if chart == "svg" else ()))
     paths = {name: os.path.join(out_dir, name) for name in names}
@@ -6931,7 +7114,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     exposure = _exposure_effect(int8, seed, final, int8_final, inputs=inputs, plain=plain)
     progress.step(6)
     progress.close()
-    ranked = (_optional_sensitivity(fp32, int8, seed, inputs, swapped_ok)
+    ranked = (_optional_sensitivity(fp32, int8, seed, inputs, swapped_ok,
+                                    calibration=calibration)
               if sensitivity_section else None)
     facts = {**_report_facts(graphs["int8"], measured),
              "in_order": named is None or all(i == j for i, j in named.items()),
@@ -6993,12 +7177,13 @@ def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: t
 
 
 def _optional_sensitivity(fp32: str, int8: str, seed: int, inputs: InputOptions | None,
-                          swapped_ok: bool) -> dict:
+                          swapped_ok: bool, *, calibration: str | None = None) -> dict:
     """``report --sensitivity``'s ranking, or ``{"error": why}`` when it cannot be made: an
     optional section that fails (a model form it refuses, a graph onnxruntime will not open)
     leaves the rest of the report standing, and says why on stderr and in the report."""
     try:
-        return sensitivity(fp32, int8, seed, inputs=inputs, swapped_ok=swapped_ok)
+        return sensitivity(fp32, int8, seed, inputs=inputs, swapped_ok=swapped_ok,
+                           calibration=calibration)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # whatever it was (MemoryError too), the report still goes out
@@ -7039,7 +7224,7 @@ REPORT = declare(Command(
         arg("--chart", choices=("svg",),
             help=f"also write the growth chart as {CHART_FILE} (for viewers without Mermaid), "
                  "linked from ep_report.md"),
-        *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG),
+        *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG, CALIBRATION_ARG),
     fields=("out_dir", "files", "pairing", "check"),
     detail='check: {"profile", "tolerance", "providers", "failures", "passed"}; the JSON files '
            'hold the command answers, providers.json adds "note"',

@@ -237,6 +237,36 @@ def sequence_head(seed: int, steps: int = 6, features: int = 5, hidden: int = 4,
                     [("logits", FLOAT, ["batch", classes])], "sequence_head")
 
 
+def pass_through_head(seed: int, features: int = 8) -> onnx.ModelProto:
+    """Ops a quantizer passes its input's scale through (Slice, Split, Reshape, Transpose,
+    AveragePool, Flatten): where an exclusion cuts such a chain, quantize_static calibrates
+    the tensor after the cut anew.
+
+    x [batch, F] -> fc1 MatMul+Add -> Slice [2:8] -> fc2 MatMul+Add -> Split (3, 5) = a, b
+    a -> Mul 1.5;  b -> fc3 MatMul+Add -> Reshape [batch, 2, 2] -> Transpose -> AveragePool 2
+      -> Flatten;  Concat (flat, a*1.5) -> out MatMul = y [batch, 3]
+    """
+    g = _Builder(seed)
+    h = g.linear("x", features, 12, "fc1")
+    s = g.op("Slice", [h, g.const("/slice/starts", [2], np.int64),
+                      g.const("/slice/ends", [8], np.int64),
+                      g.const("/slice/axes", [1], np.int64)], "/Slice")
+    h = g.linear(s, 6, 8, "fc2")
+    g.nodes.append(helper.make_node("Split", [h, g.const("/split/sizes", [3, 5], np.int64)],
+                                    ["/Split_output_0", "/Split_output_1"], name="/Split",
+                                    axis=1))
+    m = g.op("Mul", ["/Split_output_0", g.const("/scale", 1.5)], "/Mul")
+    h = g.linear("/Split_output_1", 5, 4, "fc3")
+    r = g.op("Reshape", [h, g.const("/reshape/shape", [0, 2, 2], np.int64)], "/Reshape")
+    t = g.op("Transpose", [r], "/Transpose", perm=[0, 2, 1])
+    p = g.op("AveragePool", [t], "/AveragePool", kernel_shape=[2])
+    f = g.op("Flatten", [p], "/Flatten", axis=1)
+    y = g.op("Concat", [f, m], "/Concat", axis=1)
+    g.op("MatMul", [y, g.weight("out.weight", (5, 3))], "/out/MatMul", out="y")
+    return g.finish([("x", FLOAT, ["batch", features])], [("y", FLOAT, ["batch", 3])],
+                    "pass_through")
+
+
 def clipped_gemm(seed: int, features: int = 6, hidden: int = 8,
                  classes: int = 3) -> onnx.ModelProto:
     """A MobileNet-style head: Gemm with beta 0.5 (the quantizer folds it into the int32 bias

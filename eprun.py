@@ -6019,6 +6019,10 @@ def require_qdq_form(model, path: str) -> None:
 _QUANT_TYPE_NAMES = {2: "QUInt8", 3: "QInt8", 4: "QUInt16", 5: "QInt16", 21: "QUInt4", 22: "QInt4"}
 # quantize_static calls the settings search may make before eprun falls back to graph edits.
 REQUANTIZE_SEARCH_CALLS = 80
+# quantize_static's extra_options that change which tensors it quantizes, each tried alone with
+# the default op types when those do not write the int8 model's tensors.
+_STRUCTURAL_OPTIONS = ({"QuantizeBias": False}, {"AddQDQPairToWeight": True},
+                       {"ForceQuantizeNoInputCheck": True}, {"MatMulConstBOnly": True})
 
 
 def quantized_signature(model) -> frozenset:
@@ -6071,6 +6075,24 @@ def quantization_types(model) -> dict:
              for kind, counts in (("activation_type", activations),
                                   ("weight_type", kernels or constants))}
     return {**named, "per_channel": per_channel}
+
+
+def _symmetric_activations(model) -> bool:
+    """Whether every activation's zero point sits at the middle of its type (0 for a signed
+    one, 128 for uint8): quantize_static's ``ActivationSymmetric``. Only a tensor's range
+    calibrated anew depends on it; every other number is the int8 model's."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    points = [numpy_helper.to_array(weights[node.input[2]]) for node in model.graph.node
+              if node.op_type == "QuantizeLinear" and node.input[0] not in weights
+              and len(node.input) > 2 and node.input[2] in weights]
+    points = [point for point in points if point.dtype in (np.int8, np.uint8, np.int16,
+                                                           np.uint16)]
+    middle = {dtype: 0 if dtype.kind == "i" else (int(np.iinfo(dtype).max) + 1) // 2
+              for dtype in {point.dtype for point in points}}
+    return bool(points) and all(np.all(point == middle[point.dtype]) for point in points)
 
 
 @contextlib.contextmanager
@@ -6131,6 +6153,8 @@ class Requantizer:
         self.int8_model, self.int8_values = int8_model, int8_values
         self.target = quantized_signature(int8_model)
         self.types = quantization_types(int8_model)
+        self.extra_options: dict = ({"ActivationSymmetric": True}
+                                    if _symmetric_activations(int8_model) else {})
         self.output_path = os.path.join(folder, "requantized.onnx")
         self.calls = 0
         self.progress: Progress | None = None
@@ -6140,8 +6164,11 @@ class Requantizer:
         self.fp32_path, self.large = self._named_copy(fp32_path)
         index = self.int8_index = GraphIndex.of(int8_model.graph)
         self.int8_quantizers = _activation_quantizers(index)
-        # tensor -> (scale, zero point) quantize_static calibrated, nothing excluded: set by
-        # the first model([]) (the check that it writes the int8 model again)
+        self.borrowed = _borrowed_ranges(int8_model.graph, index, self.int8_quantizers,
+                                         int8_values)
+        # tensor -> (scale, zero point) quantize_static calibrated on ``batches``, nothing
+        # excluded, where they are said to be the int8 model's data: set by the first
+        # model([]) (the check that it writes the int8 model again)
         self.calibrated_values: dict | None = None
         # (node, input position) -> the DequantizeLinear of a weight it reads in the int8 model
         self.int8_weight_readers = {
@@ -6190,7 +6217,7 @@ class Requantizer:
                     activation_type=getattr(quantization.QuantType,
                                             self.types["activation_type"]),
                     weight_type=getattr(quantization.QuantType, self.types["weight_type"]),
-                    use_external_data_format=self.large)
+                    use_external_data_format=self.large, extra_options=dict(self.extra_options))
         except (KeyboardInterrupt, SystemExit, MemoryError):
             raise
         except Exception as exc:  # the quantizer's own failure, on this model
@@ -6224,6 +6251,12 @@ class Requantizer:
 
     def _settle(self, fp32_model, quantizable: set[str]) -> bool:
         distance, difference = self._distance(None, ())
+        kept = self.extra_options
+        for options in _STRUCTURAL_OPTIONS if distance else ():  # one alone may be all it takes
+            self.extra_options = {**kept, **options}
+            if self._distance(None, ())[0] == 0:
+                return True
+        self.extra_options = kept
         if distance == 0:
             return True
         # the default list, restricted to the op types present: the same decisions
@@ -6278,14 +6311,14 @@ class Requantizer:
         index = GraphIndex.of(model.graph)
         own = index.initializers
         quantizers = _activation_quantizers(index)
-        if self.calibrated_values is None and not excluded:
+        if self.calibrated and self.calibrated_values is None and not excluded:
             self.calibrated_values = {tensor: _quantization_values(own, node)
                                       for tensor, node in quantizers.items()}
         taking = _Taking(own, self.int8_values)
+        left = {*self.excluded, *excluded}
         for node in model.graph.node:
             if node.op_type == "QuantizeLinear" and node.input[0] not in own:
-                self._take_activation(taking, index, quantizers, node)
-        left = {*self.excluded, *excluded}
+                self._take_activation(taking, node, set(quantizers), left)
         readers = sorted(_named_nodes(model.graph), key=lambda node: node.name in left)
         done: set[str] = set()
         for node in readers:  # the quantized readers first: a weight is quantized for them
@@ -6325,30 +6358,38 @@ class Requantizer:
                         f"{np.ravel(theirs[0])[0]:.6g}")
         return None
 
-    def _take_activation(self, taking: _Taking, index: GraphIndex, quantizers: dict,
-                         node) -> None:
+    def _take_activation(self, taking: _Taking, node, quantized: set, left: set) -> None:
         """An activation's scale and zero point, ``node`` its QuantizeLinear in the requantized
-        graph: the int8 model's, unless the quantizer calibrated on the int8 model's own data
-        (``calibrated``: then its numbers are the int8 model's already). The quantizer gives
-        the output of an op that passes values on (Reshape, MaxPool, Slice, Split) its input's
-        scale; where an exclusion cuts such a chain it calibrates the tensor after the cut
-        anew, and the int8 model holds the range of the chain's source only. That is the
-        tensor's own range where every op between them keeps the values (a Reshape, a
-        Transpose); else it is taken as the nearest there is, and said (``fresh``)."""
+        graph (``quantized``: the activations it quantizes, ``left``: the nodes it leaves in
+        float): the int8 model's, unless the quantizer calibrated on the int8 model's own data
+        (``calibrated``: then its numbers are the int8 model's already). Where the tensor
+        borrowed its range along a chain this graph cuts, the quantizer calibrates it anew from
+        data eprun does not have: that is said (``fresh``), and the int8 number is still the
+        nearest there is."""
         if self.calibrated:
             return
         tensor = node.input[0]
-        head = _scale_source(index, quantizers, tensor)[0]  # whose range the quantizer takes
-        theirs = self.int8_quantizers.get(head)
-        if theirs is None:
-            taking.take(node.input[1:], self.int8_quantizers.get(tensor), tensor)
-            return
-        taking.take(node.input[1:], theirs, tensor)
-        source, ops = _scale_source(self.int8_index, self.int8_quantizers, head)
-        said = (f"{head!r} (the int8 model gives it the range of {source!r}, through "
-                f"{', '.join(dict.fromkeys(ops))})")
-        if source != head and not set(ops) <= _RANGE_KEEPING_OPS and said not in taking.fresh:
-            taking.fresh.append(said)
+        if self._cut_from_its_range(tensor, quantized, left) and repr(tensor) not in taking.fresh:
+            taking.fresh.append(repr(tensor))
+        taking.take(node.input[1:], self.int8_quantizers.get(tensor), tensor)
+
+    def _cut_from_its_range(self, tensor: str, quantized: set, left: set) -> bool:
+        """Whether ``tensor`` borrowed its range in the int8 model along a chain that this
+        graph cuts (a node of the chain left in float, a tensor of it no longer quantized),
+        from a tensor whose range is not its own: the quantizer then calibrates the tensor
+        after the cut itself."""
+        path, current, seen = [], tensor, {tensor}
+        while current in self.borrowed:
+            lender, op_type, node_name = self.borrowed[current]
+            if lender in seen:
+                break
+            path.append((lender, op_type, node_name))
+            seen.add(lender)
+            current = lender
+        for k, (lender, _, node_name) in enumerate(path):
+            if node_name in left or lender not in quantized:
+                return not {op for _, op, _ in path[k:]} <= _RANGE_KEEPING_OPS
+        return False
 
 
 def _weight_dequantizer(index: GraphIndex, name: str):
@@ -6396,29 +6437,54 @@ def _activation_quantizers(index: GraphIndex) -> dict:
 # calibrates for the output is the input's, whatever the data.
 _RANGE_KEEPING_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
                                 "Identity", "DepthToSpace", "SpaceToDepth", "Expand", "Tile"})
+# Activations a symmetric quantizer gives their input's range the other way round: the input
+# takes the output's (quantize_static with ActivationSymmetric, a Relu it cannot fold).
+_RANGE_LENDING_OUTPUTS = frozenset({"Relu", "Clip"})
+# Ops a quantizer gives their input's scale and zero point (onnxruntime's QDQ pass-through
+# ops and their kin): where another tool names the shared numbers twice, equal numbers across
+# one of these are taken as borrowed; across any other op they are a coincidence of the data.
+_RANGE_PASSING_OPS = _RANGE_KEEPING_OPS | {"Slice", "Split", "Gather", "GatherElements", "TopK",
+                                          "MaxPool", "AveragePool", "Resize", "Pad"}
 
 
-def _scale_source(index: GraphIndex, quantizers: dict, tensor: str) -> tuple[str, list[str]]:
-    """Where the scale of ``tensor``'s QuantizeLinear comes from: a quantizer gives the output
-    of an op that passes values on (a Reshape, a MaxPool, a Split) the scale and zero point of
-    its input. The tensor at the head of that chain (``tensor`` itself where its scale is its
-    own) and the op types along the chain, head first."""
-    ops: list[str] = []
-    current, seen = tensor, {tensor}
-    while True:
-        scale = quantizers[current].input[1]
-        producer = index.producer(current)
-        dequantize = index.producer(producer.input[0]) if producer is not None and \
-            producer.input else None
-        quantize = index.producer(dequantize.input[0]) if dequantize is not None and \
-            dequantize.op_type == "DequantizeLinear" else None
-        if quantize is None or quantize.op_type != "QuantizeLinear" or \
-                len(quantize.input) < 2 or quantize.input[1] != scale or \
-                quantize.input[0] in seen or quantize.input[0] not in quantizers:
-            return current, ops[::-1]
-        ops.append(producer.op_type)
-        current = quantize.input[0]
-        seen.add(current)
+def _borrowed_ranges(graph, index: GraphIndex, quantizers: dict, values: Callable) -> dict:
+    """Which activations of a QDQ graph borrowed their scale and zero point from a neighbour,
+    as a quantizer gives an op that passes values on (Reshape, Slice, MaxPool, Split) its
+    input's, and a symmetric one a Relu's input the Relu's output: ``{tensor: (lender, op
+    type, node name)}``, for every op whose input and output are quantized with the same
+    numbers (by name, or by value across ``_RANGE_PASSING_OPS``)."""
+    borrowed: dict = {}
+
+    def numbers(tensor: str):
+        node = quantizers[tensor]
+        return [values(name) for name in node.input[1:3]]
+
+    for node in _named_nodes(graph):  # (named as the units are)
+        if node.op_type in _QDQ_OPS:
+            continue
+        for output in node.output:
+            if output not in quantizers:
+                continue
+            theirs = numbers(output)
+            for name in node.input:
+                dequantize = index.producer(name)
+                quantize = index.producer(dequantize.input[0]) if dequantize is not None and \
+                    dequantize.op_type == "DequantizeLinear" else None
+                if quantize is None or quantize.op_type != "QuantizeLinear" or \
+                        quantize.input[0] not in quantizers or quantize.input[0] == output:
+                    continue
+                same_name = quantize.input[1] == quantizers[output].input[1]
+                mine = numbers(quantize.input[0])
+                if not same_name and (
+                        node.op_type not in _RANGE_PASSING_OPS | _RANGE_LENDING_OUTPUTS
+                        or any(value is None for value in (*mine, *theirs)) or not all(
+                            a.shape == b.shape and (a == b).all() for a, b in zip(mine, theirs))):
+                    continue
+                if node.op_type in _RANGE_LENDING_OUTPUTS:
+                    borrowed.setdefault(quantize.input[0], (output, node.op_type, node.name))
+                else:
+                    borrowed.setdefault(output, (quantize.input[0], node.op_type, node.name))
+    return borrowed
 
 
 class _Taking:
@@ -6557,7 +6623,8 @@ class SensitivityRun:
                                   int8_values=self._int8_value, batches=batches,
                                   calibrated=bool(self.calibration), folder=folder)
         if self._settled is not None:  # a worker: its parent searched and checked
-            requantizer.op_types, requantizer.excluded, requantizer.calibrated = self._settled
+            (requantizer.op_types, requantizer.excluded, requantizer.extra_options,
+             requantizer.calibrated) = self._settled
             return requantizer
         try:
             settled = requantizer.settle(self.fp32_model, _installed_quantizer_op_types())
@@ -6645,7 +6712,8 @@ class SensitivityRun:
             more = " and more" if len(self.fresh) > 2 else ""
             reason = (f"quantize_static would calibrate the range of "
                       f"{', '.join(self.fresh[:2])}{more} anew, from data eprun does not have "
-                      "(here the source's range stands in; --calibration makes it exact)")
+                      "(here the int8 model's number for it stands in; --calibration makes "
+                      "it exact)")
         return reason
 
     def settings(self) -> dict:
@@ -6653,7 +6721,7 @@ class SensitivityRun:
         requantizer = self.requantizer
         return {"op_types_to_quantize": requantizer.op_types,
                 "nodes_to_exclude": requantizer.excluded, **requantizer.types,
-                "calls": requantizer.calls}
+                "extra_options": requantizer.extra_options, "calls": requantizer.calls}
 
 
 def calibration_batches(model, file: str, path: str) -> list[dict]:
@@ -6829,7 +6897,7 @@ def _in_workers(run: SensitivityRun, units: list[Unit], parallel: Parallel, jobs
     spec = {**parallel.spec, "requantize": run.requantizer is not None,
             "settled": (None if run.requantizer is None else
                         (run.requantizer.op_types, run.requantizer.excluded,
-                         run.requantizer.calibrated)),
+                         run.requantizer.extra_options, run.requantizer.calibrated)),
             "folder": run.folder if run.requantizer is not None else None}
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(

@@ -4569,17 +4569,24 @@ def _settings_table(answer: dict, colour: bool) -> list[str]:
 
 def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
     quantized = answer["quantized"]
+    estimates = any("inexact" in unit for unit in answer["units"])
     rows = [[rank, unit["name"], unit["op_type"], unit["sqnr_db"], unit["gain_db"],
-             unit["rel_error"]] for rank, unit in enumerate(answer["units"], start=1)]
+             unit["rel_error"], *(["estimate" if "inexact" in unit else ""] if estimates else [])]
+            for rank, unit in enumerate(answer["units"], start=1)]
     lines = [(f"sensitivity: output {answer['output']}, quantized SQNR "
               f"{_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}; "
               "each unit restored to float alone")]
-    lines += aligned(["rank", "unit", "op", "SQNR dB", "gain dB", "rel error"], rows, None,
-                     colour)
+    lines += aligned(["rank", "unit", "op", "SQNR dB", "gain dB", "rel error",
+                      *([""] if estimates else [])], rows, None, colour)
     recommendation = answer["recommendation"]
+    last = recommendation["steps"][-1] if recommendation["steps"] else {}
     lines.append(f"recommended nodes_to_exclude ({len(recommendation['nodes_to_exclude'])}): "
                  f"{', '.join(recommendation['nodes_to_exclude']) or 'none'}; target "
-                 f"{'met' if recommendation['met'] else 'not met'}")
+                 f"{'met' if recommendation['met'] else 'not met'}"
+                 f"{' (an estimate)' if 'inexact' in last else ''}")
+    if estimates or "inexact" in last:
+        lines.append("estimate: quantize_static would calibrate a range from data eprun does "
+                     "not have (the JSON's inexact says which); --calibration makes it exact")
     return lines
 
 

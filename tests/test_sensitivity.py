@@ -16,6 +16,7 @@ import pytest
 import real_models
 from conftest import run_eprun
 from onnx import numpy_helper
+from test_expectations import table_rows
 
 import eprun as tool
 
@@ -482,6 +483,10 @@ def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estim
     answer = eprun("sensitivity", fp32, int8, "5", "--target-sqnr", "1000")
     estimated = {unit["name"] for unit in answer["units"] if "inexact" in unit}
     assert "/Split" in estimated and estimated <= CALIBRATED_ANEW["pass_through"]
+    table = run_eprun("sensitivity", fp32, int8, "5", "--target-sqnr", "1000", "--format",
+                      "table").stdout
+    assert {row[1] for row in table_rows(table) if row[-1] == "estimate"} == estimated
+    assert "--calibration makes it exact" in table
     added = [step["added"] for step in answer["recommendation"]["steps"]]
     first = next(k for k, name in enumerate(added) if name in estimated)
     assert not estimated.intersection(added[:first]) and set(added[first:]) <= estimated

@@ -6593,6 +6593,9 @@ class SensitivityRun:
         del session
         self.sessions = 0
         self.requantizer = self._requantizer() if requantize else None
+        if self.calibration and self.requantizer is None and requantize:
+            note(f"{self.calibration!r} is not used: graph edits take every number from the "
+                 "int8 model")
         if self.requantizer is not None:
             kept = set(self.requantizer.op_types or _installed_quantizer_op_types())
             left = set(self.requantizer.excluded)

@@ -351,11 +351,14 @@ def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(tmp_path)
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(BLOCK_QUANTIZER)
-    result = run_eprun("sensitivity", fp32, int8, "5", env={"PYTHONPATH": str(site)})
+    calibration = calibration_file(fp32, tmp_path / "cal.npz")
+    result = run_eprun("sensitivity", fp32, int8, "5", "--calibration", calibration,
+                       env={"PYTHONPATH": str(site)})
     assert result.code == 0, result.stderr
     assert result.answer["predicted_by"] == "graph edits" and result.answer["quantizer"] is None
     assert ("onnxruntime.quantization cannot be imported here (ImportError: No module named "
             "'sympy')") in result.stderr
+    assert f"{str(calibration)!r} is not used: graph edits take every number" in result.stderr
     with_quantizer = run_eprun("sensitivity", fp32, int8, "5")
     assert with_quantizer.answer["predicted_by"] == "quantize_static"
     # where the graph decides, both predictions are the same numbers

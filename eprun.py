@@ -6084,6 +6084,23 @@ def quantization_types(model) -> dict:
     return {**named, "per_channel": per_channel}
 
 
+def _visible_options(model) -> dict:
+    """The quantize_static extra_options a QDQ graph shows: ``ActivationSymmetric`` where
+    every activation's zero point sits at the middle of its type, ``DedicatedQDQPair`` where a
+    tensor has a QuantizeLinear for each reader. (``ForceQuantizeNoInputCheck`` and the like
+    can leave no trace; they are taken as off unless the tensors say otherwise.)"""
+    weights = {tensor.name for tensor in model.graph.initializer}
+    quantized = collections.Counter(node.input[0] for node in model.graph.node
+                                    if node.op_type == "QuantizeLinear"
+                                    and node.input[0] not in weights)
+    options = {}
+    if _symmetric_activations(model):
+        options["ActivationSymmetric"] = True
+    if any(count > 1 for count in quantized.values()):
+        options["DedicatedQDQPair"] = True
+    return options
+
+
 def _symmetric_activations(model) -> bool:
     """Whether every activation's zero point sits at the middle of its type (0 for a signed
     one, 128 for uint8): quantize_static's ``ActivationSymmetric``. Only a tensor's range
@@ -6160,8 +6177,7 @@ class Requantizer:
         self.int8_model, self.int8_values = int8_model, int8_values
         self.target = quantized_signature(int8_model)
         self.types = quantization_types(int8_model)
-        self.extra_options: dict = ({"ActivationSymmetric": True}
-                                    if _symmetric_activations(int8_model) else {})
+        self.extra_options = _visible_options(int8_model)
         self.output_path = os.path.join(folder, "requantized.onnx")
         self.calls = 0
         self.progress: Progress | None = None
@@ -6325,7 +6341,7 @@ class Requantizer:
         left = {*self.excluded, *excluded}
         for node in model.graph.node:
             if node.op_type == "QuantizeLinear" and node.input[0] not in own:
-                self._take_activation(taking, node, set(quantizers), left)
+                self._take_activation(taking, node, quantizers, left)
         readers = sorted(_named_nodes(model.graph), key=lambda node: node.name in left)
         done: set[str] = set()
         for node in readers:  # the quantized readers first: a weight is quantized for them
@@ -6334,6 +6350,8 @@ class Requantizer:
                 if dequantize is None or (node.name in left and dequantize.input[0] in done):
                     continue  # (a node left in float may read what was quantized for another)
                 done.add(dequantize.input[0])
+                if self.calibrated and own[dequantize.input[0]].data_type == 6:
+                    continue  # an int32 bias follows its input's scale, which is the quantizer's
                 taking.take(dequantize.input, self.int8_weight_readers.get(
                     (node.name, position)), dequantize.input[0])
         arrays = {}
@@ -6365,9 +6383,9 @@ class Requantizer:
                         f"{np.ravel(theirs[0])[0]:.6g}")
         return None
 
-    def _take_activation(self, taking: _Taking, node, quantized: set, left: set) -> None:
+    def _take_activation(self, taking: _Taking, node, quantizers: dict, left: set) -> None:
         """An activation's scale and zero point, ``node`` its QuantizeLinear in the requantized
-        graph (``quantized``: the activations it quantizes, ``left``: the nodes it leaves in
+        graph (``quantizers``: its activation QuantizeLinears, ``left``: the nodes it leaves in
         float): the int8 model's, unless the quantizer calibrated on the int8 model's own data
         (``calibrated``: then its numbers are the int8 model's already). Where the tensor
         borrowed its range along a chain this graph cuts, the quantizer calibrates it anew from
@@ -6376,26 +6394,39 @@ class Requantizer:
         if self.calibrated:
             return
         tensor = node.input[0]
-        if self._cut_from_its_range(tensor, quantized, left) and repr(tensor) not in taking.fresh:
+        if self._cut_from_its_range(tensor, quantizers, taking.own, left) and \
+                repr(tensor) not in taking.fresh:
             taking.fresh.append(repr(tensor))
         taking.take(node.input[1:], self.int8_quantizers.get(tensor), tensor)
 
-    def _cut_from_its_range(self, tensor: str, quantized: set, left: set) -> bool:
+    def _cut_from_its_range(self, tensor: str, quantizers: dict, own: dict, left: set) -> bool:
         """Whether ``tensor`` borrowed its range in the int8 model along a chain that this
-        graph cuts (a node of the chain left in float, a tensor of it no longer quantized),
-        from a tensor whose range is not its own: the quantizer then calibrates the tensor
-        after the cut itself."""
+        graph cuts, from a tensor whose range is not its own: the quantizer then calibrates
+        the tensor after the cut itself. A loan is cut where its op is left in float, the
+        lender is no longer quantized, or the two no longer share the numbers here (the
+        quantizer passes a scale on only to an op it reaches after the input was quantized,
+        in node order: excluding the earlier readers of a tensor ends a MaxPool's loan).
+        ``quantizers``: this graph's activation QuantizeLinears, ``own`` its initializers."""
         path, current, seen = [], tensor, {tensor}
         while current in self.borrowed:
-            lender, op_type, node_name = self.borrowed[current]
+            lender, op_type, node_name, by_name = self.borrowed[current]
             if lender in seen:
                 break
-            path.append((lender, op_type, node_name))
+            path.append((current, lender, op_type, node_name, by_name))
             seen.add(lender)
             current = lender
-        for k, (lender, _, node_name) in enumerate(path):
-            if node_name in left or lender not in quantized:
-                return not {op for _, op, _ in path[k:]} <= _RANGE_KEEPING_OPS
+        for k, (child, lender, _, node_name, by_name) in enumerate(path):
+            if node_name in left or lender not in quantizers or child not in quantizers:
+                cut = True
+            elif by_name:
+                cut = quantizers[child].input[1] != quantizers[lender].input[1]
+            else:
+                mine = _quantization_values(own, quantizers[child])
+                theirs = _quantization_values(own, quantizers[lender])
+                cut = mine is None or theirs is None or not all(
+                    a.shape == b.shape and (a == b).all() for a, b in zip(mine, theirs))
+            if cut:
+                return not {op for _, _, op, _, _ in path[k:]} <= _RANGE_KEEPING_OPS
         return False
 
 
@@ -6458,8 +6489,8 @@ def _borrowed_ranges(graph, index: GraphIndex, quantizers: dict, values: Callabl
     """Which activations of a QDQ graph borrowed their scale and zero point from a neighbour,
     as a quantizer gives an op that passes values on (Reshape, Slice, MaxPool, Split) its
     input's, and a symmetric one a Relu's input the Relu's output: ``{tensor: (lender, op
-    type, node name)}``, for every op whose input and output are quantized with the same
-    numbers (by name, or by value across ``_RANGE_PASSING_OPS``)."""
+    type, node name, by name)}``, for every op whose input and output are quantized with the
+    same numbers (by name, or by value across ``_RANGE_PASSING_OPS``)."""
     borrowed: dict = {}
 
     def numbers(tensor: str):
@@ -6488,9 +6519,11 @@ def _borrowed_ranges(graph, index: GraphIndex, quantizers: dict, values: Callabl
                             a.shape == b.shape and (a == b).all() for a, b in zip(mine, theirs))):
                     continue
                 if node.op_type in _RANGE_LENDING_OUTPUTS:
-                    borrowed.setdefault(quantize.input[0], (output, node.op_type, node.name))
+                    borrowed.setdefault(quantize.input[0],
+                                        (output, node.op_type, node.name, same_name))
                 else:
-                    borrowed.setdefault(output, (quantize.input[0], node.op_type, node.name))
+                    borrowed.setdefault(output,
+                                        (quantize.input[0], node.op_type, node.name, same_name))
     return borrowed
 
 

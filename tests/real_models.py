@@ -242,7 +242,7 @@ def pass_through_head(seed: int, features: int = 8) -> onnx.ModelProto:
     AveragePool, Flatten): where an exclusion cuts such a chain, quantize_static calibrates
     the tensor after the cut anew.
 
-    x [batch, F] -> fc1 MatMul+Add -> Slice [2:8] -> fc2 MatMul+Add -> Split (3, 5) = a, b
+    x [batch, F] -> fc1 MatMul+Add -> Slice [2:8] -> fc2 Gemm -> Split (3, 5) = a, b
     a -> Mul 1.5;  b -> fc3 MatMul+Add -> Reshape [batch, 2, 2] -> Transpose -> AveragePool 2
       -> Flatten;  Concat (flat, a*1.5) -> out MatMul = y [batch, 3]
     """
@@ -251,7 +251,8 @@ def pass_through_head(seed: int, features: int = 8) -> onnx.ModelProto:
     s = g.op("Slice", [h, g.const("/slice/starts", [2], np.int64),
                       g.const("/slice/ends", [8], np.int64),
                       g.const("/slice/axes", [1], np.int64)], "/Slice")
-    h = g.linear(s, 6, 8, "fc2")
+    h = g.op("Gemm", [s, g.weight("fc2.weight", (6, 8)),
+                      g.const("fc2.bias", 0.1 * g.rng.standard_normal(8))], "/fc2/Gemm")
     g.nodes.append(helper.make_node("Split", [h, g.const("/split/sizes", [3, 5], np.int64)],
                                     ["/Split_output_0", "/Split_output_1"], name="/Split",
                                     axis=1))
@@ -265,6 +266,35 @@ def pass_through_head(seed: int, features: int = 8) -> onnx.ModelProto:
     g.op("MatMul", [y, g.weight("out.weight", (5, 3))], "/out/MatMul", out="y")
     return g.finish([("x", FLOAT, ["batch", features])], [("y", FLOAT, ["batch", 3])],
                     "pass_through")
+
+
+def branches(seed: int, channels: int = 4) -> onnx.ModelProto:
+    """One image read by two Convs, a MaxPool and a Concat, in that node order: the quantizer
+    passes the image's scale to the MaxPool only while a node before it has quantized the
+    image, so excluding both Convs ends the loan although the Concat still quantizes it.
+
+    image [batch,3,h,w] -> a Conv, c Conv, pool MaxPool 3x3 pad 1 -> m Conv;
+    Concat (a, c, m, image) -> head Conv 1x1 = y
+    """
+    g, c = _Builder(seed), channels
+
+    def conv(x, c_in, c_out, name, kernel=3):
+        weight = g.const(f"{name}.weight", g.rng.standard_normal((c_out, c_in, kernel, kernel))
+                         / math.sqrt(kernel * kernel * c_in))
+        bias = g.const(f"{name}.bias", 0.1 * g.rng.standard_normal(c_out))
+        pad = kernel // 2
+        return g.op("Conv", [x, weight, bias], f"/{name}/Conv", kernel_shape=[kernel, kernel],
+                    pads=[pad] * 4)
+
+    a, b = conv("image", 3, c, "a"), conv("image", 3, c, "c")
+    pooled = g.op("MaxPool", ["image"], "/pool/MaxPool", kernel_shape=[3, 3], pads=[1] * 4)
+    m = conv(pooled, 3, c, "m")
+    joined = g.op("Concat", [a, b, m, "image"], "/Concat", axis=1)
+    conv_out = conv(joined, 3 * c + 3, 2, "head", kernel=1)
+    g.nodes[-1].output[0] = "y"
+    del conv_out
+    return g.finish([("image", FLOAT, ["batch", 3, "h", "w"])],
+                    [("y", FLOAT, ["batch", 2, "h", "w"])], "branches")
 
 
 def clipped_gemm(seed: int, features: int = 6, hidden: int = 8,

@@ -83,7 +83,10 @@ QUANTIZER_CASES = {
     # extra options: symmetric activations (numbers only) and float Gemm biases (structure)
     "chain_symmetric_float_bias": (named_chain, {"extra_options": {
         "ActivationSymmetric": True, "QuantizeBias": False}}),
-    "chain_weight_qdq_pairs": (named_chain, {"extra_options": {"AddQDQPairToWeight": True}})}
+    "chain_weight_qdq_pairs": (named_chain, {"extra_options": {"AddQDQPairToWeight": True}}),
+    # a QuantizeLinear for each reader: seen in the graph, so asked of the quantizer too
+    "residual_dedicated_pairs": (models.residual_chain,
+                                 {"extra_options": {"DedicatedQDQPair": True}})}
 # The units whose exclusion makes quantize_static calibrate a range the int8 model does not
 # hold (documented in the README): a Softmax's output, an embedding Gather's output.
 DATA_DEPENDENT = {"/layer0/attn/Softmax", "/embeddings/position_embeddings/Gather",
@@ -190,6 +193,30 @@ def test_with_the_calibration_data_every_unit_is_exact(tmp_path, case):
     assert run.predicted_by == "quantize_static" and run.requantizer.calibrated
     assert all(inexact is None for _, inexact in found.values())
     assert max(deviation for deviation, _ in found.values()) < 1e-5, found
+
+
+def test_a_loan_ended_by_node_order_is_said_and_exact_with_the_calibration_data(tmp_path):
+    """Excluding both Convs that read the image before the MaxPool ends the MaxPool's loan of
+    the image's scale (the Concat, later, still quantizes the image): eprun sees it in the
+    requantized graph, says so without the calibration data, and is exact with it."""
+    fp32 = models.save(real_models.branches(1), tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, **CALIBRATION)
+    calibration = calibration_file(fp32, tmp_path / "cal.npz")
+    both = ["/a/Conv", "/c/Conv"]
+    models.quantize(fp32, tmp_path / "x.onnx", exclude=both, **CALIBRATION)
+    for given in (None, str(calibration)):
+        with tool.SensitivityRun(str(fp32), str(int8), 5, None, calibration=given) as run:
+            restored = [unit for unit in run.units if unit.name in both]
+            run.measure(restored)
+            real = final_output(tmp_path / "x.onnx", run.int8_feed)
+            deviation = float(np.abs(run.last - real).max() / np.abs(real).max())
+            inexact = run.inexact(restored)
+            assert run.requantizer.calibrated is (given is not None)
+        if given is None:
+            assert inexact and "'/pool/MaxPool_output_0'" in inexact, inexact
+        else:
+            assert inexact is None and deviation < 1e-5, deviation
 
 
 def test_calibration_data_the_int8_model_was_not_calibrated_on_is_said(tmp_path, capsys):

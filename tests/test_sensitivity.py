@@ -564,3 +564,22 @@ def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estim
     stderr = eprun_fails(4, "sensitivity", fp32, int8, "5", "--calibration",
                          tmp_path / "wrong.npz")
     assert "'x' has shape [4, 7]" in stderr and "--calibration file" in stderr
+
+
+def test_the_report_section_marks_estimates_and_takes_the_calibration_data(eprun, tmp_path):
+    fp32 = models.save(real_models.pass_through_head(1), tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, **CALIBRATION)
+    calibration = calibration_file(fp32, tmp_path / "cal.npz")
+    sections = {}
+    for name, extra in (("plain", []), ("calibrated", ["--calibration", calibration])):
+        out = tmp_path / name
+        eprun("report", fp32, int8, "--out-dir", out, "--sensitivity", *extra)
+        sections[name] = (out / "ep_report.md").read_text().split("## Sensitivity")[1]
+        units = eprun("sensitivity", fp32, int8, "0", *extra)["units"]  # (the report's seed)
+        marked = {unit["name"] for unit in units if "inexact" in unit}
+        shown = [line for line in sections[name].splitlines() if line.startswith("| ")][2:]
+        assert {line.split("`")[1] for line in shown if " * |" in line} == \
+            marked & {unit["name"] for unit in units[:10]}
+    assert "\\* an estimate" in sections["plain"]
+    assert "\\* an estimate" not in sections["calibrated"] and " * |" not in sections["calibrated"]

@@ -865,6 +865,9 @@ def commit(staged: list[Staged]) -> None:
     try:
         with signals_held():
             for item in staged:  # named and renamed at once: no hidden name waits
+                if item.temporary is None and _link_unnamed(item.handle, item.path, new=True):
+                    renamed += 1  # a new path: the unnamed file is linked there, no name between
+                    continue
                 names.append(item.temporary or _link_unnamed(item.handle, item.path))
                 os.replace(names[-1], item.path)
                 renamed += 1
@@ -907,12 +910,20 @@ def _open_unnamed(folder: str) -> int | None:
         raise
 
 
-def _link_unnamed(handle: int, path: str) -> str:
-    """Give the unnamed file a hidden name beside ``path``, to be renamed onto it at once."""
+def _link_unnamed(handle: int, path: str, new: bool = False) -> str:
+    """Give the unnamed file a hidden name beside ``path``, to be renamed onto it at once;
+    with ``new``, ``path`` itself where nothing has it yet (``""`` where something has), so
+    that no hidden name is left if eprun is killed before the rename."""
     folder, base = os.path.split(os.path.abspath(path))
     # os.link only asks linkat() to follow the /proc magic link when given a dir_fd.
     proc_fds = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
+        if new:
+            try:
+                os.link(str(handle), path, src_dir_fd=proc_fds, follow_symlinks=True)
+                return path
+            except FileExistsError:
+                return ""
         for attempt in range(100):
             name = os.path.join(folder, f".{_hidden_stem(base)}.{os.getpid()}.{attempt}.tmp")
             try:

@@ -6095,6 +6095,47 @@ def quantization_types(model) -> dict:
     return {**named, "per_channel": per_channel}
 
 
+def _kernel_quantizations(index: GraphIndex, values: Callable) -> list[tuple]:
+    """``(quantized values, zero point)`` of every kernel a MatMul, Gemm or Conv reads through
+    a DequantizeLinear of a quantized weight; ``values`` gives an initializer's array."""
+    found = []
+    for node in index.nodes:
+        position = _KERNEL_INPUTS.get(node.op_type)
+        if position is None or len(node.input) <= position:
+            continue
+        dequantize = _weight_dequantizer(index, node.input[position])
+        if dequantize is None or len(dequantize.input) < 3:
+            continue
+        weight, zero = values(dequantize.input[0]), values(dequantize.input[2])
+        if weight is not None and zero is not None and weight.dtype.kind in "iu" and weight.size:
+            found.append((weight, zero))
+    return found
+
+
+def _reduced_range(kernels: list[tuple]) -> bool:
+    """Whether every kernel keeps to half its type's range, as quantize_static's
+    ``reduce_range`` (7 bits of 8) writes them; a full-range kernel reaches an end."""
+    import numpy as np
+
+    spans = [(int(weight.max()) - int(weight.min()),
+              int(np.iinfo(weight.dtype).max) - int(np.iinfo(weight.dtype).min))
+             for weight, _ in kernels]
+    return bool(spans) and any(span for span, _ in spans) and all(
+        span <= (full + 1) // 2 for span, full in spans)
+
+
+def _symmetric_kernels(kernels: list[tuple]) -> bool | None:
+    """Whether every kernel's zero point sits at the middle of its type (``WeightSymmetric``);
+    None without kernels."""
+    import numpy as np
+
+    if not kernels:
+        return None
+    return all(np.all(zero == (0 if zero.dtype.kind == "i"
+                               else (int(np.iinfo(zero.dtype).max) + 1) // 2))
+               for _, zero in kernels)
+
+
 def _visible_options(model) -> dict:
     """The quantize_static extra_options a QDQ graph shows: ``ActivationSymmetric`` where
     every activation's zero point sits at the middle of its type, ``DedicatedQDQPair`` where a
@@ -6189,6 +6230,11 @@ class Requantizer:
         self.target = quantized_signature(int8_model)
         self.types = quantization_types(int8_model)
         self.extra_options = _visible_options(int8_model)
+        kernels = _kernel_quantizations(GraphIndex.of(int8_model.graph), int8_values)
+        self.types["reduce_range"] = _reduced_range(kernels)
+        symmetric = _symmetric_kernels(kernels)
+        if symmetric is not None and symmetric != self.types["weight_type"].startswith("QInt"):
+            self.extra_options["WeightSymmetric"] = symmetric  # not the weight type's default
         self.output_path = os.path.join(folder, "requantized.onnx")
         self.calls = 0
         self.progress: Progress | None = None
@@ -6198,6 +6244,7 @@ class Requantizer:
         self.fp32_path, self.large = self._named_copy(fp32_path)
         index = self.int8_index = GraphIndex.of(int8_model.graph)
         self.int8_quantizers = _activation_quantizers(index)
+        self.int8_nodes = {node.name: node for node in _named_nodes(int8_model.graph)}
         self.borrowed = _borrowed_ranges(int8_model.graph, index, self.int8_quantizers,
                                          int8_values)
         # tensor -> (scale, zero point) quantize_static calibrated on ``batches``, nothing
@@ -6251,6 +6298,7 @@ class Requantizer:
                     activation_type=getattr(quantization.QuantType,
                                             self.types["activation_type"]),
                     weight_type=getattr(quantization.QuantType, self.types["weight_type"]),
+                    reduce_range=self.types["reduce_range"],
                     use_external_data_format=self.large, extra_options=dict(self.extra_options))
         except (KeyboardInterrupt, SystemExit, MemoryError):
             raise
@@ -6361,8 +6409,9 @@ class Requantizer:
                 if dequantize is None or (node.name in left and dequantize.input[0] in done):
                     continue  # (a node left in float may read what was quantized for another)
                 done.add(dequantize.input[0])
-                if self.calibrated and own[dequantize.input[0]].data_type == 6:
-                    continue  # an int32 bias follows its input's scale, which is the quantizer's
+                if self.calibrated and own[dequantize.input[0]].data_type == 6 and \
+                        not self._same_input_scale(index, node):
+                    continue  # an int32 bias follows its input's scale, calibrated anew here
                 taking.take(dequantize.input, self.int8_weight_readers.get(
                     (node.name, position)), dequantize.input[0])
         arrays = {}
@@ -6375,6 +6424,28 @@ class Requantizer:
         del model.graph.initializer[:]
         model.graph.initializer.extend(kept)
         return model, arrays, taking.unknown, taking.fresh
+
+    def _same_input_scale(self, index: GraphIndex, node) -> bool:
+        """Whether ``node`` (a Gemm or Conv of the requantized graph) reads its input with the
+        scale the same node reads it with in the int8 model: then its int32 bias is the int8
+        model's, scaled by the int8 model's weight scale, which the weight taken from there
+        needs (the quantizer's own weight scale can differ: reduce_range, WeightSymmetric)."""
+        import numpy as np
+        from onnx import numpy_helper
+
+        theirs_node = self.int8_nodes.get(node.name)
+        mine = index.producer(node.input[0]) if node.input else None
+        theirs = (self.int8_index.producer(theirs_node.input[0])
+                  if theirs_node is not None and theirs_node.input else None)
+        if mine is None or theirs is None or "DequantizeLinear" not in (
+                mine.op_type, theirs.op_type) or mine.op_type != theirs.op_type:
+            return False
+        mine_scale = index.initializers.get(mine.input[1])
+        theirs_scale = self.int8_values(theirs.input[1])
+        if mine_scale is None or theirs_scale is None:
+            return False
+        mine_scale = numpy_helper.to_array(mine_scale)
+        return mine_scale.shape == theirs_scale.shape and bool(np.all(mine_scale == theirs_scale))
 
     def calibration_differs(self) -> str | None:
         """Where the quantizer's own calibration (nothing excluded) does not give the int8
@@ -6764,10 +6835,11 @@ class SensitivityRun:
                       "from eprun's seeded input)")
         if reason is None and self.fresh:
             more = " and more" if len(self.fresh) > 2 else ""
+            cure = ("the --calibration data does not give the int8 model's ranges"
+                    if self.calibration else "--calibration makes it exact")
             reason = (f"quantize_static would calibrate the range of "
                       f"{', '.join(self.fresh[:2])}{more} anew, from data eprun does not have "
-                      "(here the int8 model's number for it stands in; --calibration makes "
-                      "it exact)")
+                      f"(here the int8 model's number for it stands in; {cure})")
         return reason
 
     def settings(self) -> dict:

@@ -164,7 +164,7 @@ ROUTES = ("qdq", "qoperator", "dynamic")
 def quantize(fp32, out, seed: int = 0, per_channel: bool = False, *, route: str = "qdq",
              activation_type: str | None = None, weight_type: str = "QInt8", rows: int = 16,
              dims: dict | None = None, exclude=(), op_types=None,
-             extra_options: dict | None = None) -> Path:
+             extra_options: dict | None = None, reduce_range: bool = False) -> Path:
     """``fp32`` quantized by onnxruntime.quantization into ``out``, kept at ir_version 8 /
     opset 17 so that the oldest stack (onnx 1.15, onnxruntime 1.16) opens it; ``exclude``
     names nodes left float (``nodes_to_exclude``), ``extra_options`` go to quantize_static.
@@ -225,7 +225,7 @@ def quantize(fp32, out, seed: int = 0, per_channel: bool = False, *, route: str 
                 activation_type=getattr(quantization.QuantType, activations),
                 nodes_to_exclude=list(exclude),
                 op_types_to_quantize=list(op_types) if op_types else None,
-                extra_options=dict(extra_options or {}))
+                extra_options=dict(extra_options or {}), reduce_range=reduce_range)
     _clamp(out)
     return Path(out)
 

@@ -86,7 +86,11 @@ QUANTIZER_CASES = {
     "chain_weight_qdq_pairs": (named_chain, {"extra_options": {"AddQDQPairToWeight": True}}),
     # a QuantizeLinear for each reader: seen in the graph, so asked of the quantizer too
     "residual_dedicated_pairs": (models.residual_chain,
-                                 {"extra_options": {"DedicatedQDQPair": True}})}
+                                 {"extra_options": {"DedicatedQDQPair": True}}),
+    # 7-bit kernels, and int8 kernels with zero points: the weights are the int8 model's
+    # either way, but with --calibration the int32 biases follow the quantizer's weight scale
+    "chain_reduced_range": (named_chain, {"reduce_range": True}),
+    "chain_asymmetric_weights": (named_chain, {"extra_options": {"WeightSymmetric": False}})}
 # The units whose exclusion makes quantize_static calibrate a range the int8 model does not
 # hold (documented in the README): a Softmax's output, an embedding Gather's output.
 DATA_DEPENDENT = {"/layer0/attn/Softmax", "/embeddings/position_embeddings/Gather",
@@ -149,6 +153,20 @@ def deviations(tmp_path, case, requantize: bool, calibrated: bool = False
     return found, run
 
 
+def reduce_range_took_effect(tmp_path, build, options) -> bool:
+    """Whether quantize_static writes other weights with reduce_range than without it (it
+    does not on onnxruntime 1.16's QDQ path): the int8 model then shows nothing to read."""
+    paths = []
+    for reduce_range in (True, False):
+        fp32 = models.save(build(), tmp_path / "again.onnx")
+        out = tmp_path / f"again_{reduce_range}.onnx"
+        models.quantize(fp32, out, **CALIBRATION, **{**options, "reduce_range": reduce_range})
+        paths.append(out)
+    weights = [{tensor.name: numpy_helper.to_array(tensor).tobytes()
+                for tensor in onnx.load(str(path)).graph.initializer} for path in paths]
+    return weights[0] != weights[1]
+
+
 def exact_or_said(found: dict, case: str, requantized: bool = True) -> None:
     """Every prediction is exact, but where the quantizer would calibrate from data eprun does
     not have: there the unit says why, and is close where the int8 model holds a range near
@@ -172,7 +190,7 @@ def test_what_quantize_static_writes_for_every_unit_is_predicted(tmp_path, case)
     found, run = deviations(tmp_path, case, requantize=True)
     assert run.predicted_by == "quantize_static"
     exact_or_said(found, case)
-    options = QUANTIZER_CASES.get(case, CASES.get(case))[1]
+    build, options = QUANTIZER_CASES.get(case, CASES.get(case))
     settings = run.settings()
     assert settings["op_types_to_quantize"] == options.get("op_types")
     assert settings["nodes_to_exclude"] == list(options.get("exclude", ()))
@@ -180,11 +198,14 @@ def test_what_quantize_static_writes_for_every_unit_is_predicted(tmp_path, case)
     assert settings["activation_type"] == options.get("activation_type", "QInt8")
     assert settings["weight_type"] == options.get("weight_type", "QInt8")
     assert settings["extra_options"] == options.get("extra_options", {})
+    assert settings["reduce_range"] is (options.get("reduce_range", False)
+                                        and reduce_range_took_effect(tmp_path, build, options))
     assert not os.path.exists(run.requantizer.folder)  # the scratch folder went with the run
 
 
 @pytest.mark.parametrize("case", ["pass_through", "encoder", "recurrent_state",
-                                  "chain_fixed_batch", "chain_symmetric_float_bias"])
+                                  "chain_fixed_batch", "chain_symmetric_float_bias",
+                                  "chain_reduced_range", "chain_asymmetric_weights"])
 def test_with_the_calibration_data_every_unit_is_exact(tmp_path, case):
     """Given the data the int8 model was calibrated on, the quantizer calibrates what an
     exclusion leaves to it (a cut chain's tensor, a Softmax's output, a table's) as it did:

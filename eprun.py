@@ -210,6 +210,23 @@ def parse_dim(text: str) -> tuple[str, int]:
     return name.strip(), _decimal(value.strip(), f"the value of {name.strip()!r}, ", minimum=1)
 
 
+def parse_extra_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``, a quantize_static extra option: VALUE read as JSON where it is (true,
+    3, ["MatMul"]), ``True``/``False`` as Python writes them, else as the string it is."""
+    import json
+
+    key, _, value = text.partition("=")
+    if not key.strip() or not _:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    value = value.strip()
+    if value in ("True", "False"):
+        return key.strip(), value == "True"
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
 def parse_input_range(text: str) -> tuple[str, tuple[float, float]]:
     """``NAME:LO,HI`` with finite ``LO <= HI``."""
     name, _, bounds = text.rpartition(":")
@@ -6655,12 +6672,15 @@ class SensitivityRun:
     def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
                  targets: Targets | None = None, *, swapped_ok: bool = False,
                  requantize: bool = True, calibration: str | None = None,
-                 settled: tuple | None = None, folder: str | None = None) -> None:
-        """``calibration``: the file of the data the int8 model was calibrated on.
+                 extra_options: dict | None = None, settled: tuple | None = None,
+                 folder: str | None = None) -> None:
+        """``calibration``: the file of the data the int8 model was calibrated on;
+        ``extra_options``: quantize_static options it was made with that it may not show.
         ``settled`` (op types, nodes left in float, calibrated) and ``folder`` are a worker's:
         the settings its parent found and checked, and a folder inside the parent's own."""
         self._stack = contextlib.ExitStack()
         self._settled, self._folder, self.calibration = settled, folder, calibration
+        self.given_options = dict(extra_options or {})
         try:
             self._open(fp32, int8, seed, inputs, targets=targets, swapped_ok=swapped_ok,
                        requantize=requantize)
@@ -6747,6 +6767,7 @@ class SensitivityRun:
         requantizer = Requantizer(self.fp32, self.fp32_model, self.int8_model,
                                   int8_values=self._int8_value, batches=batches,
                                   calibrated=bool(self.calibration), folder=folder)
+        requantizer.extra_options.update(self.given_options)
         if self._settled is not None:  # a worker: its parent searched and checked
             (requantizer.op_types, requantizer.excluded, requantizer.extra_options,
              requantizer.calibrated) = self._settled
@@ -6927,14 +6948,15 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                 reference_providers: list[str] | None = None, allow_fallback: bool = False,
                 ep_library: list[str] = (), ep_options: dict | None = None,
                 swapped_ok: bool = False, jobs: int | None = None,
-                calibration: str | None = None) -> dict:
+                calibration: str | None = None, extra_options: dict | None = None) -> dict:
     """Which quantized units to keep in float: each restored alone (the graph quantize_static
     writes with it excluded, ``SensitivityRun``) and measured on the final float output
     against the fp32 model, ranked by the SQNR it gains, then a verified recommendation: the
     best-ranked units added one at a time, the combined graph requantized and re-measured each
     time, until the target is met. With ``providers``
     every int8 variant runs there, so the ranking is the one of the EP deployed to.
-    ``calibration``: a file of the data the int8 model was calibrated on."""
+    ``calibration``: a file of the data the int8 model was calibrated on; ``extra_options``:
+    quantize_static extra options the int8 model was made with, over those eprun reads off it."""
     require_file(fp32)
     require_file(int8)
     if calibration is not None:
@@ -6945,10 +6967,11 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
         raise EprunError("--jobs must be at least 1", EXIT_USAGE)
     parallel = Parallel(jobs=jobs, spec={
         "fp32": fp32, "int8": int8, "seed": seed, "inputs": inputs, "calibration": calibration,
+        "extra_options": extra_options,
         "targets": (providers, reference_providers, allow_fallback, list(ep_library),
                     ep_options)})
     with SensitivityRun(fp32, int8, seed, inputs, targets, swapped_ok=swapped_ok,
-                        calibration=calibration) as run:
+                        calibration=calibration, extra_options=extra_options) as run:
         return _rank_units(run, seed, targets, target_sqnr=target_sqnr,
                            target_rel_error=target_rel_error, profile=profile,
                            max_units=max_units, units=units, parallel=parallel)
@@ -7072,7 +7095,8 @@ def _worker_start(spec: dict) -> None:
         targets = targets_from(*spec["targets"])
         run = SensitivityRun(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
                              targets, swapped_ok=True, requantize=spec["requantize"],
-                             calibration=spec["calibration"], settled=spec["settled"],
+                             calibration=spec["calibration"],
+                             extra_options=spec["extra_options"], settled=spec["settled"],
                              folder=folder)
     except Exception as exc:  # said by the first measurement asked of this worker
         _WORKER["error"] = exc
@@ -7170,6 +7194,11 @@ def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
                if targets.given else {})}
 
 
+EXTRA_OPTION_ARG = arg(
+    "--extra-option", type=parse_extra_option, action="append", default=[], dest="extra_option",
+    metavar="KEY=VALUE",
+    help="a quantize_static extra option the int8 model was made with and does not show (e.g. "
+         "ForceQuantizeNoInputCheck=true); repeatable")
 CALIBRATION_ARG = arg(
     "--calibration", metavar="FILE.npz",
     help="the data the int8 model was calibrated on (numpy.savez, one array per input of the "
@@ -7197,7 +7226,7 @@ SENSITIVITY = declare(Command(
         arg("--jobs", type=parse_count, metavar="N",
             help="measure the units in N processes (default: one per core, once the units "
                  "would take more than a few seconds one after another)"),
-        CALIBRATION_ARG, *measure_ep_args(), SWAPPED_OK_ARG, FORMAT_ARG),
+        CALIBRATION_ARG, EXTRA_OPTION_ARG, *measure_ep_args(), SWAPPED_OK_ARG, FORMAT_ARG),
     fields=("seed", "rows", "output", "quantized", "units", "target", "recommendation",
             "predicted_by", "quantizer", "sessions"),
     detail='units: [{"name", "op_type", "named", "rel_error", "cos_min", "sqnr_db", '
@@ -7249,7 +7278,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            target_providers: list[str] | None = None, force: bool = False,
            sensitivity_section: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, swapped_ok: bool = False, local: bool = False,
-           chart: str | None = None, calibration: str | None = None) -> dict:
+           chart: str | None = None, calibration: str | None = None,
+           extra_options: dict | None = None) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -7265,10 +7295,11 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     out_dir = out_dir if out_dir is not None else (os.path.dirname(fp32) or ".")
     require_file(fp32)
     require_file(int8)
+    for given, option in ((calibration, "--calibration"), (extra_options, "--extra-option")):
+        if given and not sensitivity_section:
+            raise EprunError(f"{option} is the sensitivity section's: give --sensitivity too",
+                             EXIT_USAGE)
     if calibration is not None:
-        if not sensitivity_section:
-            raise EprunError("--calibration is the sensitivity section's: give --sensitivity "
-                             "too", EXIT_USAGE)
         require_file(calibration, "calibration")
     require_out_dir(out_dir)
     names = (*REPORT_FILES, *((CHART_FILE,) if chart == "svg" else ()))
@@ -7309,7 +7340,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     progress.step(6)
     progress.close()
     ranked = (_optional_sensitivity(fp32, int8, seed, inputs, swapped_ok,
-                                    calibration=calibration)
+                                    calibration=calibration, extra_options=extra_options)
               if sensitivity_section else None)
     facts = {**_report_facts(graphs["int8"], measured),
              "in_order": named is None or all(i == j for i, j in named.items()),
@@ -7371,13 +7402,14 @@ def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: t
 
 
 def _optional_sensitivity(fp32: str, int8: str, seed: int, inputs: InputOptions | None,
-                          swapped_ok: bool, *, calibration: str | None = None) -> dict:
+                          swapped_ok: bool, *, calibration: str | None = None,
+                          extra_options: dict | None = None) -> dict:
     """``report --sensitivity``'s ranking, or ``{"error": why}`` when it cannot be made: an
     optional section that fails (a model form it refuses, a graph onnxruntime will not open)
     leaves the rest of the report standing, and says why on stderr and in the report."""
     try:
         return sensitivity(fp32, int8, seed, inputs=inputs, swapped_ok=swapped_ok,
-                           calibration=calibration)
+                           calibration=calibration, extra_options=extra_options)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # whatever it was (MemoryError too), the report still goes out
@@ -7418,7 +7450,8 @@ REPORT = declare(Command(
         arg("--chart", choices=("svg",),
             help=f"also write the growth chart as {CHART_FILE} (for viewers without Mermaid), "
                  "linked from ep_report.md"),
-        *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG, CALIBRATION_ARG),
+        *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG, CALIBRATION_ARG,
+        EXTRA_OPTION_ARG),
     fields=("out_dir", "files", "pairing", "check"),
     detail='check: {"profile", "tolerance", "providers", "failures", "passed"}; the JSON files '
            'hold the command answers, providers.json adds "note"',
@@ -7635,6 +7668,8 @@ def invoke(command: Command, args: argparse.Namespace) -> dict:
         values = {**values, "inputs": inputs_from(args)}
     if "ep_option" in values:
         values = {**values, "ep_options": ep_options_from(args)}
+    if "extra_option" in values:
+        values = {**values, "extra_options": dict(args.extra_option)}
     wanted = inspect.signature(command.run).parameters
     return command.run(**{name: values[name] for name in wanted if name in values})
 

@@ -91,6 +91,10 @@ QUANTIZER_CASES = {
     # either way, but with --calibration the int32 biases follow the quantizer's weight scale
     "chain_reduced_range": (named_chain, {"reduce_range": True}),
     "chain_asymmetric_weights": (named_chain, {"extra_options": {"WeightSymmetric": False}})}
+# An option that leaves no trace (the same graph as without it, other graphs once nodes are
+# excluded): told with --extra-option.
+TOLD_CASES = {"pass_through_forced": (lambda: real_models.pass_through_head(1), {
+    "extra_options": {"ForceQuantizeNoInputCheck": True}})}
 # The units whose exclusion makes quantize_static calibrate a range the int8 model does not
 # hold (documented in the README): a Softmax's output, an embedding Gather's output.
 DATA_DEPENDENT = {"/layer0/attn/Softmax", "/embeddings/position_embeddings/Gather",
@@ -126,20 +130,20 @@ def calibration_file(fp32, path, seed: int = CALIBRATION["seed"]):
     return path
 
 
-def deviations(tmp_path, case, requantize: bool, calibrated: bool = False
-               ) -> tuple[dict, tool.SensitivityRun]:
+def deviations(tmp_path, case, requantize: bool, calibrated: bool = False,
+               told: dict | None = None) -> tuple[dict, tool.SensitivityRun]:
     """For every unit: the final output eprun predicts for nodes_to_exclude=[unit] against the
     one quantize_static gives when rerun with that exclusion, the int8 model's settings and
     calibration data, as a fraction of the output's range; and the run (closed).
-    ``calibrated``: eprun is given that calibration data."""
-    build, options = {**CASES, **QUANTIZER_CASES}[case]
+    ``calibrated``: eprun is given that calibration data; ``told``: these extra options."""
+    build, options = {**CASES, **QUANTIZER_CASES, **TOLD_CASES}[case]
     fp32 = models.save(build(), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION, **options)
     calibration = str(calibration_file(fp32, tmp_path / "cal.npz")) if calibrated else None
     found = {}
     with tool.SensitivityRun(str(fp32), str(int8), 5, None, requantize=requantize,
-                             calibration=calibration) as run:
+                             calibration=calibration, extra_options=told) as run:
         assert run.units
         for unit in run.units:
             run.measure([unit])
@@ -214,6 +218,37 @@ def test_with_the_calibration_data_every_unit_is_exact(tmp_path, case):
     assert run.predicted_by == "quantize_static" and run.requantizer.calibrated
     assert all(inexact is None for _, inexact in found.values())
     assert max(deviation for deviation, _ in found.values()) < 1e-5, found
+
+
+def test_an_option_the_int8_model_does_not_show_is_told_with_extra_option(
+        tmp_path, eprun, eprun_fails):
+    """ForceQuantizeNoInputCheck writes this model as without it, but quantizes the ops after
+    an excluded one: untold, eprun mispredicts excluding the third layer's Add and the Concat
+    together, and cannot know; told, that and every unit alone are exact but where a range is
+    calibrated anew (the ops left in float themselves)."""
+    forced = TOLD_CASES["pass_through_forced"][1]["extra_options"]
+    found, run = deviations(tmp_path, "pass_through_forced", requantize=True, told=forced)
+    assert run.settings()["extra_options"] == forced
+    exact_or_said(found, "pass_through")
+    said = {name for name, (_, inexact) in found.items() if inexact}
+    assert "/Split" in said <= {"/Slice", "/Split", "/AveragePool", "/Flatten"}, said
+    fp32, int8 = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    pair = ["/fc3/Add", "/Concat"]
+    models.quantize(fp32, tmp_path / "x.onnx", exclude=pair, **CALIBRATION,
+                    extra_options=forced)
+    for told in (None, forced):
+        with tool.SensitivityRun(str(fp32), str(int8), 5, None, extra_options=told) as run:
+            restored = [unit for unit in run.units if unit.name in pair]
+            run.measure(restored)
+            real = final_output(tmp_path / "x.onnx", run.int8_feed)
+            deviation = float(np.abs(run.last - real).max() / np.abs(real).max())
+            assert run.inexact(restored) is None
+        assert (deviation > 1e-3) if told is None else (deviation < 1e-5), (told, deviation)
+    answer = eprun("sensitivity", fp32, int8, "5", "--units", "/Split",
+                   "--extra-option", "ForceQuantizeNoInputCheck=true")
+    assert answer["quantizer"]["extra_options"] == forced
+    assert "is not KEY=VALUE" in eprun_fails(2, "sensitivity", fp32, int8, "5",
+                                             "--extra-option", "ForceQuantizeNoInputCheck")
 
 
 def test_a_loan_ended_by_node_order_is_said_and_exact_with_the_calibration_data(tmp_path):

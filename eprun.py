@@ -882,7 +882,7 @@ def commit(staged: list[Staged]) -> None:
     try:
         with signals_held():
             for item in staged:  # named and renamed at once: no hidden name waits
-                if item.temporary is None and _link_unnamed(item.handle, item.path, new=True):
+                if item.temporary is None and _link_new(item.handle, item.path):
                     renamed += 1  # a new path: the unnamed file is linked there, no name between
                     continue
                 names.append(item.temporary or _link_unnamed(item.handle, item.path))
@@ -927,20 +927,26 @@ def _open_unnamed(folder: str) -> int | None:
         raise
 
 
-def _link_unnamed(handle: int, path: str, new: bool = False) -> str:
-    """Give the unnamed file a hidden name beside ``path``, to be renamed onto it at once;
-    with ``new``, ``path`` itself where nothing has it yet (``""`` where something has), so
-    that no hidden name is left if eprun is killed before the rename."""
+def _link_new(handle: int, path: str) -> bool:
+    """Give the unnamed file ``path`` itself, if nothing has that name yet (linkat never
+    replaces): then no hidden name is left if eprun is killed before a rename."""
+    # os.link only asks linkat() to follow the /proc magic link when given a dir_fd.
+    proc_fds = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.link(str(handle), path, src_dir_fd=proc_fds, follow_symlinks=True)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.close(proc_fds)
+
+
+def _link_unnamed(handle: int, path: str) -> str:
+    """Give the unnamed file a hidden name beside ``path``, to be renamed onto it at once."""
     folder, base = os.path.split(os.path.abspath(path))
     # os.link only asks linkat() to follow the /proc magic link when given a dir_fd.
     proc_fds = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        if new:
-            try:
-                os.link(str(handle), path, src_dir_fd=proc_fds, follow_symlinks=True)
-                return path
-            except FileExistsError:
-                return ""
         for attempt in range(100):
             name = os.path.join(folder, f".{_hidden_stem(base)}.{os.getpid()}.{attempt}.tmp")
             try:
@@ -2665,8 +2671,9 @@ def _draw(rng, spec: InputSpec, shape: tuple, value_range: tuple | None, path: s
 
 def _require_fitting(array, spec: InputSpec, file: str, path: str,
                      option: str = "--inputs") -> None:
-    """An array of the ``--inputs`` file has the rank of the input it feeds and its fixed
-    dims: a wrong one is the file's mistake, said as such before onnxruntime blames a model."""
+    """An array of an ``--inputs`` (or ``option``) file has the rank of the input it feeds and
+    its fixed dims: a wrong one is the file's mistake, said as such before onnxruntime blames
+    a model."""
     if not spec.dims:  # a scalar, or an input whose shape the model does not declare
         return
     declared = [dim if isinstance(dim, int) else (dim or "?") for dim in spec.dims]
@@ -4105,7 +4112,7 @@ def _sensitivity_section(ranked: dict) -> str:
                      f"{_num(unit['gain_db'])} | {_num(unit['rel_error'])} |")
     recommendation = ranked["recommendation"]
     reached = recommendation["steps"][-1] if recommendation["steps"] else quantized
-    if any("inexact" in unit for unit in shown):
+    if any("inexact" in unit for unit in shown) or "inexact" in reached:
         lines += ["", ("\\* an estimate: quantize_static would calibrate a range from data "
                        "eprun does not have (the unit's `inexact` in the sensitivity answer says "
                        "which; `--calibration` with the int8 model's calibration data makes it "
@@ -6228,12 +6235,15 @@ class Requantizer:
     quantizer's own rules: which Q/DQ pairs survive an exclusion (one that a Transpose or a
     residual Add needed goes with it), what a restricted ``op_types_to_quantize`` leaves alone.
 
-    Its settings are read off the int8 model: the quantization types and ``per_channel`` from
-    its zero points and scales; ``op_types_to_quantize`` and the nodes it already leaves in
-    float by search, until the quantized tensors are the int8 model's (``settle``). Its
-    numbers are the int8 model's: every scale, zero point and quantized weight it has is
-    taken from there, so only a tensor the int8 model never quantized keeps the range that
-    calibration on eprun's seeded input gave it."""
+    Its settings are read off the int8 model: the quantization types, ``per_channel``,
+    ``reduce_range`` and the extra options a graph shows from its zero points, scales and
+    kernels; ``op_types_to_quantize``, an extra option that changes the quantized tensors and
+    the nodes it already leaves in float by search, until the quantized tensors are the int8
+    model's (``settle``). Its numbers are the int8 model's: every scale, zero point and
+    quantized weight it has is taken from there, so only a tensor the int8 model never
+    quantized keeps the range calibration on ``batches`` gave it (eprun's seeded input, or
+    with ``calibrated`` the int8 model's own calibration data, whose activation numbers are
+    kept: ``_take_activation``)."""
 
     def __init__(self, fp32_path: str, fp32_model, int8_model, *, int8_values: Callable,
                  batches: list[dict], calibrated: bool, folder: str) -> None:
@@ -6292,7 +6302,7 @@ class Requantizer:
         return path, large
 
     def quantize(self, op_types: list[str] | None, excluded) -> Any:
-        """One quantize_static call, calibrated on eprun's seeded input; the graph it wrote."""
+        """One quantize_static call, calibrated on ``batches``; the graph it wrote."""
         import onnx
 
         quantization = self.quantization
@@ -6394,10 +6404,11 @@ class Requantizer:
         self.excluded = excluded
         return True
 
-    def model(self, excluded: list[str]) -> tuple[Any, dict, list[str]]:
+    def model(self, excluded: list[str]) -> tuple[Any, dict, list[str], list[str]]:
         """The graph quantize_static writes with ``excluded`` (and the nodes the int8 model
         leaves in float) kept in float, its numbers taken from the int8 model: ``(model,
-        arrays by initializer name, tensors whose numbers the int8 model does not hold)``.
+        arrays by initializer name, tensors whose numbers the int8 model does not hold,
+        tensors it would calibrate anew)``.
         The arrays replace the graph's own initializers of those names.
 
         An activation's scale and zero point are the int8 model's QuantizeLinear's for the
@@ -6731,6 +6742,9 @@ class SensitivityRun:
         if self.calibration and self.requantizer is None and requantize:
             note(f"{self.calibration!r} is not used: graph edits take every number from the "
                  "int8 model")
+        if self.given_options and self.requantizer is None and requantize:
+            note(f"--extra-option {', '.join(self.given_options)} is not used: graph edits "
+                 "do not run the quantizer")
         if self.requantizer is not None:
             kept = set(self.requantizer.op_types or _installed_quantizer_op_types())
             left = set(self.requantizer.excluded)
@@ -6775,6 +6789,7 @@ class SensitivityRun:
         try:
             settled = requantizer.settle(self.fp32_model, _installed_quantizer_op_types())
         except QuantizerFailure as exc:
+            self._blame_given_options(requantizer, exc)
             note(f"{exc}; {fallback}")
             return None
         if not settled:
@@ -6784,6 +6799,22 @@ class SensitivityRun:
                  f"{', '.join(map(repr, differ[:3]))}); {fallback}")
             return None
         return requantizer if self._reproduces(requantizer, fallback) else None
+
+    def _blame_given_options(self, requantizer: Requantizer, failure: QuantizerFailure) -> None:
+        """A usage error where quantize_static fails only with the ``--extra-option`` given:
+        it is the option, not the model."""
+        if not self.given_options:
+            return
+        for key in self.given_options:
+            requantizer.extra_options.pop(key, None)
+        try:
+            requantizer.quantize(None, ())
+        except QuantizerFailure:
+            return  # it fails without them too: the model's
+        given = ", ".join(f"{key}={value!r}" for key, value in self.given_options.items())
+        cause = failure.__cause__ or failure
+        raise EprunError(f"--extra-option {given}: quantize_static refuses it "
+                         f"({type(cause).__name__}: {one_line(cause)})", EXIT_USAGE)
 
     def _reproduces(self, requantizer: Requantizer, fallback: str) -> bool:
         """Does the requantized model with nothing excluded give the int8 model's own final
@@ -6849,11 +6880,12 @@ class SensitivityRun:
             return None
         reason = next(filter(None, (_data_dependent(self.int8_index, unit)
                                     for unit in restored)), None)
+        source = "the --calibration data" if self.calibration else "eprun's seeded input"
         if reason is None and self.unknown:
             reason = (f"quantize_static would quantize {', '.join(self.unknown[:3])}"
                       f"{' and more' if len(self.unknown) > 3 else ''}, which the int8 model "
-                      "does not, with a range calibrated from data eprun does not have (here "
-                      "from eprun's seeded input)")
+                      f"does not, with a range calibrated from data eprun does not have (here "
+                      f"from {source})")
         if reason is None and self.fresh:
             more = " and more" if len(self.fresh) > 2 else ""
             cure = ("the --calibration data does not give the int8 model's ranges"
@@ -6873,9 +6905,11 @@ class SensitivityRun:
 
 def calibration_batches(model, file: str, path: str) -> list[dict]:
     """The arrays of a ``--calibration`` file (numpy.savez, one per input of the fp32 model)
-    as the batches quantize_static calibrates on: the model's own batch at a time where every
-    input fixes the same one and the file holds a multiple of it, else one batch (MinMax
-    calibration takes the smallest and largest values over all batches either way)."""
+    as the batches quantize_static calibrates on. Where inputs fix a batch size and the file
+    holds a multiple of it, that many rows at a time: those inputs and the ones whose first
+    dim is free are cut alike (their row counts must agree), the rest (a scalar, a state
+    whose first dim is fixed and given whole) go with every batch. Else the file is one
+    batch. MinMax calibration takes the smallest and largest values over all batches."""
     import numpy as np
 
     specs = specs_from_model(model)
@@ -6888,15 +6922,23 @@ def calibration_batches(model, file: str, path: str) -> list[dict]:
             raise EprunError(f"{file!r}: {spec.name!r} holds {array.dtype} values; {path!r} "
                              f"takes {spec.dtype}")
         arrays[spec.name] = array.astype(wanted, copy=False)
-    sizes = {spec.dims[0] if spec.dims and isinstance(spec.dims[0], int) else None
-             for spec in specs}
-    counts = {array.shape[0] if array.ndim else None for array in arrays.values()}
+    free = {spec.name for spec in specs if spec.dims and not isinstance(spec.dims[0], int)
+            and arrays[spec.name].ndim}
+    fixed = {spec.name: spec.dims[0] for spec in specs if spec.dims
+             and isinstance(spec.dims[0], int) and arrays[spec.name].ndim
+             and arrays[spec.name].shape[0] != spec.dims[0]}  # more rows than the model takes
+    rows = {name: arrays[name].shape[0] for name in (*free, *fixed)}
+    if len(set(rows.values())) > 1:
+        raise EprunError(f"the arrays in {file!r} disagree on the batch size ("
+                         + ", ".join(f"{name} {count}" for name, count in sorted(rows.items()))
+                         + "); give every batched input the same rows")
     batches = [arrays]
-    if len(sizes) == len(counts) == 1 and None not in sizes | counts:
-        size, count = sizes.pop(), counts.pop()
-        if count % size == 0:  # the model's fixed batch, one at a time
-            batches = [{name: array[start:start + size] for name, array in arrays.items()}
-                       for start in range(0, count, size)]
+    sizes = set(fixed.values())
+    if len(sizes) == 1 and next(iter(rows.values())) % next(iter(sizes)) == 0:
+        size, count = sizes.pop(), next(iter(rows.values()))
+        cut = {*free, *fixed}
+        batches = [{name: array[start:start + size] if name in cut else array
+                    for name, array in arrays.items()} for start in range(0, count, size)]
     for spec in specs:
         _require_fitting(batches[0][spec.name], spec, file, path, "--calibration")
     return batches
@@ -7307,6 +7349,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     paths_of = {"fp32": fp32, "int8": int8}
     graphs = {which: load_model(path, text_names=True) for which, path in paths_of.items()}
     require_in_order((graphs["fp32"], graphs["int8"]), (fp32, int8), swapped_ok)
+    if calibration is not None:  # a file that does not fit fails now, not after the measuring
+        calibration_batches(graphs["fp32"], calibration, fp32)
     _check_report_targets(paths, graphs, paths_of, force)
     requests = [list(request) for request in REPORT_REQUESTS]
     if target_providers is not None and target_providers not in requests:

@@ -208,6 +208,28 @@ def test_the_named_temporary_fallback_writes_and_cleans_up(tmp_path, monkeypatch
     assert sorted(os.listdir(tmp_path)) == ["out.bin"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="O_TMPFILE is Linux's")
+def test_a_new_file_is_linked_to_its_path_with_no_hidden_name(tmp_path, monkeypatch):
+    """On Linux a new path gets the unnamed file itself: no hidden name, no rename, so a
+    kill -9 at any moment leaves nothing but the complete file. A path that appears between
+    staging and commit is replaced through the hidden name, as any existing file is."""
+    target = tmp_path / "new.bin"
+    staged = tool.stage(b"complete", str(target))
+    assert staged.handle is not None and os.listdir(tmp_path) == []  # nothing named yet
+
+    def no_rename(*args):
+        raise AssertionError("renamed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tool.os, "replace", no_rename)
+        tool.commit([staged])
+    assert target.read_bytes() == b"complete" and os.listdir(tmp_path) == ["new.bin"]
+    staged = tool.stage(b"newer", str(target))
+    target.write_bytes(b"someone else's")  # appears after the check that it was free
+    tool.commit([staged])
+    assert target.read_bytes() == b"newer" and os.listdir(tmp_path) == ["new.bin"]
+
+
 def test_error_lines_escape_control_characters():
     assert tool.one_line("a\r b\n\n  c\x00d\te") == "a\\r b c\\x00d e"
 

@@ -15,7 +15,7 @@ import onnx
 import pytest
 import real_models
 from conftest import run_eprun
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 from test_expectations import table_rows
 
 import eprun as tool
@@ -255,6 +255,11 @@ def test_an_option_the_int8_model_does_not_show_is_told_with_extra_option(
     assert answer["quantizer"]["extra_options"] == forced
     assert "is not KEY=VALUE" in eprun_fails(2, "sensitivity", fp32, int8, "5",
                                              "--extra-option", "ForceQuantizeNoInputCheck")
+    # an option the quantizer refuses is the option's fault, not the model's
+    refused = eprun_fails(2, "sensitivity", fp32, int8, "5", "--extra-option",
+                          "OpTypesToExcludeOutputQuantization=3")
+    assert "--extra-option OpTypesToExcludeOutputQuantization=3: quantize_static refuses it" \
+        in refused
 
 
 def test_a_loan_ended_by_node_order_is_said_and_exact_with_the_calibration_data(tmp_path):
@@ -646,3 +651,37 @@ def test_the_report_section_marks_estimates_and_takes_the_calibration_data(eprun
             marked & {unit["name"] for unit in units[:10]}
     assert "\\* an estimate" in sections["plain"]
     assert "\\* an estimate" not in sections["calibrated"] and " * |" not in sections["calibrated"]
+    # a calibration file that does not fit is refused before anything is measured or written
+    np.savez(tmp_path / "wrong.npz", x=np.zeros((4, 7), np.float32))
+    refused = run_eprun("report", fp32, int8, "--out-dir", tmp_path / "refused",
+                        "--sensitivity", "--calibration", tmp_path / "wrong.npz")
+    assert refused.code == 4 and "'x' has shape [4, 7]" in refused.stderr
+    assert not (tmp_path / "refused").exists() or not os.listdir(tmp_path / "refused")
+
+
+def test_a_calibration_file_is_cut_into_the_batches_the_model_takes(tmp_path):
+    """A fixed batch of 1: every input with rows is cut one row at a time, alike, and a scalar
+    goes with each batch; a state whose first dim is fixed and given whole, beside a free
+    batch, makes one batch; rows that disagree are refused."""
+    fixed = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, ["batch", 3]),
+         helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(fixed)
+    rows = np.arange(24, dtype=np.float32).reshape(6, 4)
+    np.savez(tmp_path / "c.npz", x=rows, z=np.zeros((6, 3), np.float32), t=np.float32(2))
+    batches = tool.calibration_batches(model, str(tmp_path / "c.npz"), "m.onnx")
+    assert len(batches) == 6
+    assert all(batch["x"].shape == (1, 4) and batch["z"].shape == (1, 3)
+               and batch["t"].shape == () for batch in batches)
+    assert np.array_equal(np.concatenate([batch["x"] for batch in batches]), rows)
+    np.savez(tmp_path / "bad.npz", x=rows, z=np.zeros((5, 3), np.float32), t=np.float32(2))
+    with pytest.raises(tool.EprunError, match=r"disagree on the batch size \(x 6, z 5\)"):
+        tool.calibration_batches(model, str(tmp_path / "bad.npz"), "m.onnx")
+    state = real_models.stateful_vad(1)  # state [2, batch, 8] beside input [batch, 32]
+    np.savez(tmp_path / "vad.npz", input=np.zeros((6, 32), np.float32),
+             state=np.zeros((2, 6, 8), np.float32), sr=np.int64(16000))
+    (batch,) = tool.calibration_batches(state, str(tmp_path / "vad.npz"), "vad.onnx")
+    assert batch["state"].shape == (2, 6, 8) and batch["input"].shape == (6, 32)

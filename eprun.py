@@ -6151,13 +6151,25 @@ def _reduced_range(kernels: list[tuple]) -> bool:
 def _symmetric_kernels(kernels: list[tuple]) -> bool | None:
     """Whether every kernel's zero point sits at the middle of its type (``WeightSymmetric``);
     None without kernels."""
+    return _centred([zero for _, zero in kernels]) if kernels else None
+
+
+def _centred(points: list) -> bool:
+    """Whether every zero point sits at the middle of its type (0 for a signed one, 128 for
+    uint8), as a symmetric quantizer writes them; False for none."""
     import numpy as np
 
-    if not kernels:
-        return None
-    return all(np.all(zero == (0 if zero.dtype.kind == "i"
-                               else (int(np.iinfo(zero.dtype).max) + 1) // 2))
-               for _, zero in kernels)
+    return bool(points) and all(
+        point.dtype.kind in "iu" and np.all(point == (
+            0 if point.dtype.kind == "i" else (int(np.iinfo(point.dtype).max) + 1) // 2))
+        for point in points)
+
+
+def _same_numbers(mine: tuple | None, theirs: tuple | None) -> bool:
+    """Whether two (scale, zero point) pairs hold the same numbers, exactly."""
+    return mine is not None and theirs is not None and len(mine) == len(theirs) and all(
+        a is not None and b is not None and a.shape == b.shape and bool((a == b).all())
+        for a, b in zip(mine, theirs))
 
 
 def _visible_options(model) -> dict:
@@ -6178,21 +6190,15 @@ def _visible_options(model) -> dict:
 
 
 def _symmetric_activations(model) -> bool:
-    """Whether every activation's zero point sits at the middle of its type (0 for a signed
-    one, 128 for uint8): quantize_static's ``ActivationSymmetric``. Only a tensor's range
-    calibrated anew depends on it; every other number is the int8 model's."""
-    import numpy as np
+    """Whether every activation's zero point sits at the middle of its type: quantize_static's
+    ``ActivationSymmetric``. Only a tensor's range calibrated anew depends on it; every other
+    number is the int8 model's."""
     from onnx import numpy_helper
 
     weights = {tensor.name: tensor for tensor in model.graph.initializer}
-    points = [numpy_helper.to_array(weights[node.input[2]]) for node in model.graph.node
-              if node.op_type == "QuantizeLinear" and node.input[0] not in weights
-              and len(node.input) > 2 and node.input[2] in weights]
-    points = [point for point in points if point.dtype in (np.int8, np.uint8, np.int16,
-                                                           np.uint16)]
-    middle = {dtype: 0 if dtype.kind == "i" else (int(np.iinfo(dtype).max) + 1) // 2
-              for dtype in {point.dtype for point in points}}
-    return bool(points) and all(np.all(point == middle[point.dtype]) for point in points)
+    return _centred([numpy_helper.to_array(weights[node.input[2]]) for node in model.graph.node
+                     if node.op_type == "QuantizeLinear" and node.input[0] not in weights
+                     and len(node.input) > 2 and node.input[2] in weights])
 
 
 @contextlib.contextmanager
@@ -6531,10 +6537,8 @@ class Requantizer:
             elif by_name:
                 cut = quantizers[child].input[1] != quantizers[lender].input[1]
             else:
-                mine = _quantization_values(own, quantizers[child])
-                theirs = _quantization_values(own, quantizers[lender])
-                cut = mine is None or theirs is None or not all(
-                    a.shape == b.shape and (a == b).all() for a, b in zip(mine, theirs))
+                cut = not _same_numbers(_quantization_values(own, quantizers[child]),
+                                        _quantization_values(own, quantizers[lender]))
             if cut:
                 return not {op for _, _, op, _, _ in path[k:]} <= _RANGE_KEEPING_OPS
         return False
@@ -6622,11 +6626,9 @@ def _borrowed_ranges(graph, index: GraphIndex, quantizers: dict, values: Callabl
                         quantize.input[0] not in quantizers or quantize.input[0] == output:
                     continue
                 same_name = quantize.input[1] == quantizers[output].input[1]
-                mine = numbers(quantize.input[0])
                 if not same_name and (
                         node.op_type not in _RANGE_PASSING_OPS | _RANGE_LENDING_OUTPUTS
-                        or any(value is None for value in (*mine, *theirs)) or not all(
-                            a.shape == b.shape and (a == b).all() for a, b in zip(mine, theirs))):
+                        or not _same_numbers(numbers(quantize.input[0]), theirs)):
                     continue
                 if node.op_type in _RANGE_LENDING_OUTPUTS:
                     borrowed.setdefault(quantize.input[0],

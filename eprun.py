@@ -215,8 +215,8 @@ def parse_extra_option(text: str) -> tuple[str, Any]:
     3, ["MatMul"]), ``True``/``False`` as Python writes them, else as the string it is."""
     import json
 
-    key, _, value = text.partition("=")
-    if not key.strip() or not _:
+    key, equals, value = text.partition("=")
+    if not key.strip() or not equals:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     value = value.strip()
     if value in ("True", "False"):
@@ -6148,12 +6148,6 @@ def _reduced_range(kernels: list[tuple]) -> bool:
         span <= (full + 1) // 2 for span, full in spans)
 
 
-def _symmetric_kernels(kernels: list[tuple]) -> bool | None:
-    """Whether every kernel's zero point sits at the middle of its type (``WeightSymmetric``);
-    None without kernels."""
-    return _centred([zero for _, zero in kernels]) if kernels else None
-
-
 def _centred(points: list) -> bool:
     """Whether every zero point sits at the middle of its type (0 for a signed one, 128 for
     uint8), as a symmetric quantizer writes them; False for none."""
@@ -6177,28 +6171,20 @@ def _visible_options(model) -> dict:
     every activation's zero point sits at the middle of its type, ``DedicatedQDQPair`` where a
     tensor has a QuantizeLinear for each reader. (``ForceQuantizeNoInputCheck`` and the like
     can leave no trace; they are taken as off unless the tensors say otherwise.)"""
-    weights = {tensor.name for tensor in model.graph.initializer}
-    quantized = collections.Counter(node.input[0] for node in model.graph.node
-                                    if node.op_type == "QuantizeLinear"
-                                    and node.input[0] not in weights)
-    options = {}
-    if _symmetric_activations(model):
-        options["ActivationSymmetric"] = True
-    if any(count > 1 for count in quantized.values()):
-        options["DedicatedQDQPair"] = True
-    return options
-
-
-def _symmetric_activations(model) -> bool:
-    """Whether every activation's zero point sits at the middle of its type: quantize_static's
-    ``ActivationSymmetric``. Only a tensor's range calibrated anew depends on it; every other
-    number is the int8 model's."""
     from onnx import numpy_helper
 
     weights = {tensor.name: tensor for tensor in model.graph.initializer}
-    return _centred([numpy_helper.to_array(weights[node.input[2]]) for node in model.graph.node
-                     if node.op_type == "QuantizeLinear" and node.input[0] not in weights
-                     and len(node.input) > 2 and node.input[2] in weights])
+    quantizers = [node for node in model.graph.node
+                  if node.op_type == "QuantizeLinear" and node.input[0] not in weights]
+    options = {}
+    # (only a range calibrated anew depends on it: every other number is the int8 model's)
+    if _centred([numpy_helper.to_array(weights[node.input[2]]) for node in quantizers
+                 if len(node.input) > 2 and node.input[2] in weights]):
+        options["ActivationSymmetric"] = True
+    if any(count > 1 for count in collections.Counter(
+            node.input[0] for node in quantizers).values()):
+        options["DedicatedQDQPair"] = True
+    return options
 
 
 @contextlib.contextmanager
@@ -6260,13 +6246,14 @@ class Requantizer:
         self.quantization, self.batches, self.folder = quantization, batches, folder
         self.calibrated = calibrated
         self.int8_model, self.int8_values = int8_model, int8_values
+        index = self.int8_index = GraphIndex.of(int8_model.graph)
         self.target = quantized_signature(int8_model)
         self.types = quantization_types(int8_model)
         self.extra_options = _visible_options(int8_model)
-        kernels = _kernel_quantizations(GraphIndex.of(int8_model.graph), int8_values)
+        kernels = _kernel_quantizations(index, int8_values)
         self.types["reduce_range"] = _reduced_range(kernels)
-        symmetric = _symmetric_kernels(kernels)
-        if symmetric is not None and symmetric != self.types["weight_type"].startswith("QInt"):
+        symmetric = _centred([zero for _, zero in kernels])
+        if kernels and symmetric != self.types["weight_type"].startswith("QInt"):
             self.extra_options["WeightSymmetric"] = symmetric  # not the weight type's default
         self.output_path = os.path.join(folder, "requantized.onnx")
         self.calls = 0
@@ -6275,11 +6262,10 @@ class Requantizer:
         self.excluded: list[str] = []
         self.source = fp32_path
         self.fp32_path, self.large = self._named_copy(fp32_path)
-        index = self.int8_index = GraphIndex.of(int8_model.graph)
         self.int8_quantizers = _activation_quantizers(index)
-        self.int8_nodes = {node.name: node for node in _named_nodes(int8_model.graph)}
-        self.borrowed = _borrowed_ranges(int8_model.graph, index, self.int8_quantizers,
-                                         int8_values)
+        named = list(_named_nodes(int8_model.graph))
+        self.int8_nodes = {node.name: node for node in named}
+        self.borrowed = _borrowed_ranges(named, index, self.int8_quantizers, int8_values)
         # tensor -> (scale, zero point) quantize_static calibrated on ``batches``, nothing
         # excluded, where they are said to be the int8 model's data: set by the first
         # model([]) (the check that it writes the int8 model again)
@@ -6287,7 +6273,7 @@ class Requantizer:
         # (node, input position) -> the DequantizeLinear of a weight it reads in the int8 model
         self.int8_weight_readers = {
             (node.name, position): _weight_dequantizer(index, name)
-            for node in _named_nodes(int8_model.graph)
+            for node in named
             for position, name in enumerate(node.input)
             if _weight_dequantizer(index, name) is not None}
 
@@ -6464,22 +6450,17 @@ class Requantizer:
         scale the same node reads it with in the int8 model: then its int32 bias is the int8
         model's, scaled by the int8 model's weight scale, which the weight taken from there
         needs (the quantizer's own weight scale can differ: reduce_range, WeightSymmetric)."""
-        import numpy as np
         from onnx import numpy_helper
 
         theirs_node = self.int8_nodes.get(node.name)
         mine = index.producer(node.input[0]) if node.input else None
         theirs = (self.int8_index.producer(theirs_node.input[0])
                   if theirs_node is not None and theirs_node.input else None)
-        if mine is None or theirs is None or "DequantizeLinear" not in (
-                mine.op_type, theirs.op_type) or mine.op_type != theirs.op_type:
+        if mine is None or theirs is None or mine.op_type != "DequantizeLinear" or \
+                theirs.op_type != "DequantizeLinear" or mine.input[1] not in index.initializers:
             return False
-        mine_scale = index.initializers.get(mine.input[1])
-        theirs_scale = self.int8_values(theirs.input[1])
-        if mine_scale is None or theirs_scale is None:
-            return False
-        mine_scale = numpy_helper.to_array(mine_scale)
-        return mine_scale.shape == theirs_scale.shape and bool(np.all(mine_scale == theirs_scale))
+        return _same_numbers((numpy_helper.to_array(index.initializers[mine.input[1]]),),
+                             (self.int8_values(theirs.input[1]),))
 
     def calibration_differs(self) -> str | None:
         """Where the quantizer's own calibration (nothing excluded) does not give the int8
@@ -6599,19 +6580,20 @@ _RANGE_PASSING_OPS = _RANGE_KEEPING_OPS | {"Slice", "Split", "Gather", "GatherEl
                                           "MaxPool", "AveragePool", "Resize", "Pad"}
 
 
-def _borrowed_ranges(graph, index: GraphIndex, quantizers: dict, values: Callable) -> dict:
-    """Which activations of a QDQ graph borrowed their scale and zero point from a neighbour,
-    as a quantizer gives an op that passes values on (Reshape, Slice, MaxPool, Split) its
-    input's, and a symmetric one a Relu's input the Relu's output: ``{tensor: (lender, op
-    type, node name, by name)}``, for every op whose input and output are quantized with the
-    same numbers (by name, or by value across ``_RANGE_PASSING_OPS``)."""
+def _borrowed_ranges(nodes, index: GraphIndex, quantizers: dict, values: Callable) -> dict:
+    """Which activations of a QDQ graph (``nodes``, named as the units are) borrowed their
+    scale and zero point from a neighbour, as a quantizer gives an op that passes values on
+    (Reshape, Slice, MaxPool, Split) its input's, and a symmetric one a Relu's input the
+    Relu's output: ``{tensor: (lender, op type, node name, by name)}``, for every op whose
+    input and output are quantized with the same numbers (by name, or by value across
+    ``_RANGE_PASSING_OPS``)."""
     borrowed: dict = {}
 
     def numbers(tensor: str):
         node = quantizers[tensor]
         return [values(name) for name in node.input[1:3]]
 
-    for node in _named_nodes(graph):  # (named as the units are)
+    for node in nodes:
         if node.op_type in _QDQ_OPS:
             continue
         for output in node.output:
@@ -6722,6 +6704,9 @@ class SensitivityRun:
         self.fp32_model = load_model(fp32, text_names=True)
         self.int8_model = load_model(int8, text_names=True)
         require_in_order((self.fp32_model, self.int8_model), (fp32, int8), swapped_ok)
+        # a calibration file that does not fit fails before anything runs
+        self.batches = (calibration_batches(self.fp32_model, self.calibration, fp32)
+                        if self.calibration else None)
         require_qdq_form(self.int8_model, int8)
         self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
         self.int8_feed = feed_for(specs_from_model(self.int8_model), int8, self.feed)
@@ -6741,12 +6726,13 @@ class SensitivityRun:
         del session
         self.sessions = 0
         self.requantizer = self._requantizer() if requantize else None
-        if self.calibration and self.requantizer is None and requantize:
-            note(f"{self.calibration!r} is not used: graph edits take every number from the "
-                 "int8 model")
-        if self.given_options and self.requantizer is None and requantize:
-            note(f"--extra-option {', '.join(self.given_options)} is not used: graph edits "
-                 "do not run the quantizer")
+        if self.requantizer is None and requantize:  # graph edits: what was given goes unused
+            if self.calibration:
+                note(f"{self.calibration!r} is not used: graph edits take every number from "
+                     "the int8 model")
+            if self.given_options:
+                note(f"--extra-option {', '.join(self.given_options)} is not used: graph edits "
+                     "do not run the quantizer")
         if self.requantizer is not None:
             kept = set(self.requantizer.op_types or _installed_quantizer_op_types())
             left = set(self.requantizer.excluded)
@@ -6778,8 +6764,7 @@ class SensitivityRun:
             note(f"onnxruntime.quantization cannot be imported here ({type(exc).__name__}: "
                  f"{one_line(exc)}); {fallback}")
             return None
-        batches = (calibration_batches(self.fp32_model, self.calibration, self.fp32)
-                   if self.calibration else [calibration_rows(self.fp32_model, self.feed)])
+        batches = self.batches or [calibration_rows(self.fp32_model, self.feed)]
         requantizer = Requantizer(self.fp32, self.fp32_model, self.int8_model,
                                   int8_values=self._int8_value, batches=batches,
                                   calibrated=bool(self.calibration), folder=folder)
@@ -7003,8 +6988,6 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
     quantize_static extra options the int8 model was made with, over those eprun reads off it."""
     require_file(fp32)
     require_file(int8)
-    if calibration is not None:
-        require_file(calibration, "calibration")
     targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
                            ep_options)
     if jobs is not None and jobs < 1:
@@ -7343,8 +7326,6 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
         if given and not sensitivity_section:
             raise EprunError(f"{option} is the sensitivity section's: give --sensitivity too",
                              EXIT_USAGE)
-    if calibration is not None:
-        require_file(calibration, "calibration")
     require_out_dir(out_dir)
     names = (*REPORT_FILES, *((CHART_FILE,) if chart == "svg" else ()))
     paths = {name: os.path.join(out_dir, name) for name in names}

@@ -150,15 +150,23 @@ def deviations(tmp_path, case, requantize: bool, calibrated: bool = False,
         for unit in run.units:
             if only is not None and unit.name not in only:
                 continue
-            run.measure([unit])
-            emulated, inexact = run.last, run.inexact([unit])
             excluded = tmp_path / "x.onnx"
             models.quantize(fp32, excluded, **CALIBRATION, **{
                 **options, "exclude": [*options.get("exclude", ()), unit.name]})
-            real = final_output(excluded, run.int8_feed)
-            found[unit.name] = (float(np.abs(emulated.astype(np.float64) - real).max()
-                                      / (np.abs(real).max() or 1.0)), inexact)
+            found[unit.name] = deviation_from(run, [unit.name], excluded)
     return found, run
+
+
+def deviation_from(run: tool.SensitivityRun, names: list[str], requantized) -> tuple:
+    """``run``'s prediction with the units ``names`` restored against the final output of
+    ``requantized`` (quantize_static's model with them excluded), as a fraction of its range,
+    and the prediction's ``inexact``."""
+    restored = [unit for unit in run.units if unit.name in names]
+    run.measure(restored)
+    real = final_output(requantized, run.int8_feed)
+    deviation = float(np.abs(run.last.astype(np.float64) - real).max()
+                      / (np.abs(real).max() or 1.0))
+    return deviation, run.inexact(restored)
 
 
 def reduce_range_took_effect(tmp_path, build, options) -> bool:
@@ -244,11 +252,8 @@ def test_an_option_the_int8_model_does_not_show_is_told_with_extra_option(
                     extra_options=forced)
     for told in (None, forced):
         with tool.SensitivityRun(str(fp32), str(int8), 5, None, extra_options=told) as run:
-            restored = [unit for unit in run.units if unit.name in pair]
-            run.measure(restored)
-            real = final_output(tmp_path / "x.onnx", run.int8_feed)
-            deviation = float(np.abs(run.last - real).max() / np.abs(real).max())
-            assert run.inexact(restored) is None
+            deviation, inexact = deviation_from(run, pair, tmp_path / "x.onnx")
+        assert inexact is None
         assert (deviation > 1e-3) if told is None else (deviation < 1e-5), (told, deviation)
     answer = eprun("sensitivity", fp32, int8, "5", "--units", "/Split",
                    "--extra-option", "ForceQuantizeNoInputCheck=true")
@@ -274,11 +279,7 @@ def test_a_loan_ended_by_node_order_is_said_and_exact_with_the_calibration_data(
     models.quantize(fp32, tmp_path / "x.onnx", exclude=both, **CALIBRATION)
     for given in (None, str(calibration)):
         with tool.SensitivityRun(str(fp32), str(int8), 5, None, calibration=given) as run:
-            restored = [unit for unit in run.units if unit.name in both]
-            run.measure(restored)
-            real = final_output(tmp_path / "x.onnx", run.int8_feed)
-            deviation = float(np.abs(run.last - real).max() / np.abs(real).max())
-            inexact = run.inexact(restored)
+            deviation, inexact = deviation_from(run, both, tmp_path / "x.onnx")
             assert run.requantizer.calibrated is (given is not None)
         if given is None:
             assert inexact and "'/pool/MaxPool_output_0'" in inexact, inexact
@@ -685,3 +686,4 @@ def test_a_calibration_file_is_cut_into_the_batches_the_model_takes(tmp_path):
              state=np.zeros((2, 6, 8), np.float32), sr=np.int64(16000))
     (batch,) = tool.calibration_batches(state, str(tmp_path / "vad.npz"), "vad.onnx")
     assert batch["state"].shape == (2, 6, 8) and batch["input"].shape == (6, 32)
+

@@ -7,6 +7,7 @@ and eprun says so, may they differ). The ranking finds planted damage, and the r
 nodes_to_exclude, applied with quantize_static, reaches the error eprun promised."""
 from __future__ import annotations
 
+import argparse
 import os
 
 import models
@@ -285,6 +286,34 @@ def test_a_loan_ended_by_node_order_is_said_and_exact_with_the_calibration_data(
             assert inexact and "'/pool/MaxPool_output_0'" in inexact, inexact
         else:
             assert inexact is None and deviation < 1e-5, deviation
+
+
+def test_a_kernel_quantized_otherwise_keeps_the_calibrated_path(tmp_path):
+    """Another tool's rounding: the Gemm's kernel on a scale half the quantizer's (values
+    doubled, clipped) and its int32 bias requantized to match. The quantizer's own bias would
+    follow its own weight scale, not this kernel's; where the Gemm's input scale is the int8
+    model's, the bias is taken from there, so the calibrated path still writes this model."""
+    fp32 = models.save(named_chain(), tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, **CALIBRATION)
+    model = onnx.load(str(int8))
+    tensors = {tensor.name: tensor for tensor in model.graph.initializer}
+
+    def rewrite(name, value):
+        tensors[name].CopyFrom(numpy_helper.from_array(value, name))
+
+    weight = numpy_helper.to_array(tensors["W2_quantized"]).astype(np.int32)
+    rewrite("W2_quantized", np.clip(weight * 2, -127, 127).astype(np.int8))
+    rewrite("W2_scale", (numpy_helper.to_array(tensors["W2_scale"]) / 2).astype(np.float32))
+    bias = numpy_helper.to_array(tensors["b2_quantized"]).astype(np.int64)
+    rewrite("b2_quantized", (bias * 2).astype(np.int32))
+    rewrite("b2_quantized_scale",
+            (numpy_helper.to_array(tensors["b2_quantized_scale"]) / 2).astype(np.float32))
+    edited = models.save(model, tmp_path / "edited.onnx")
+    calibration = calibration_file(fp32, tmp_path / "cal.npz")
+    with tool.SensitivityRun(str(fp32), str(edited), 5, None,
+                             calibration=str(calibration)) as run:
+        assert run.predicted_by == "quantize_static" and run.requantizer.calibrated
 
 
 def test_calibration_data_the_int8_model_was_not_calibrated_on_is_said(tmp_path, capsys):
@@ -687,3 +716,35 @@ def test_a_calibration_file_is_cut_into_the_batches_the_model_takes(tmp_path):
     (batch,) = tool.calibration_batches(state, str(tmp_path / "vad.npz"), "vad.onnx")
     assert batch["state"].shape == (2, 6, 8) and batch["input"].shape == (6, 32)
 
+
+def test_extra_option_values_read_as_json_or_python_or_text():
+    assert tool.parse_extra_option("ForceQuantizeNoInputCheck=true") == (
+        "ForceQuantizeNoInputCheck", True)
+    assert tool.parse_extra_option(" ActivationSymmetric = False") == (
+        "ActivationSymmetric", False)
+    assert tool.parse_extra_option('OpTypesToExcludeOutputQuantization=["MatMul"]') == (
+        "OpTypesToExcludeOutputQuantization", ["MatMul"])
+    assert tool.parse_extra_option("CalibTensorRangeSymmetric=2") == (
+        "CalibTensorRangeSymmetric", 2)
+    assert tool.parse_extra_option("Mode=a=b") == ("Mode", "a=b")  # text, split at the first =
+    with pytest.raises(argparse.ArgumentTypeError, match="is not KEY=VALUE"):
+        tool.parse_extra_option("=true")
+
+
+def test_the_report_footnote_follows_an_estimated_last_step_alone():
+    """Every unit shown exact, the recommendation's last step an estimate (two units whose
+    loan only both together cut): the footnote the step points to is there."""
+    unit = {"name": "/a/Conv", "op_type": "Conv", "sqnr_db": 30.0, "gain_db": 1.0,
+            "rel_error": 0.1}
+    step = {"added": "/a/Conv", "sqnr_db": 31.0, "inexact": "calibrated anew"}
+    ranked = {"quantized": {"sqnr_db": 29.0, "rel_error": 0.1}, "output": "y",
+              "predicted_by": "quantize_static", "units": [unit],
+              "recommendation": {"nodes_to_exclude": ["/a/Conv"], "steps": [step],
+                                 "met": True}}
+    section = tool._sensitivity_section(ranked)
+    assert "(an estimate, as above)" in section and "\\* an estimate:" in section
+    assert " * |" not in section  # the unit itself is exact
+    plain_step = {key: value for key, value in step.items() if key != "inexact"}
+    exact = tool._sensitivity_section({**ranked, "recommendation": {
+        **ranked["recommendation"], "steps": [plain_step]}})
+    assert "estimate" not in exact

@@ -92,7 +92,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 __all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",
            "layers", "main", "partition", "placement", "providers", "report", "settings"]
 
@@ -569,11 +569,14 @@ class Progress:
 @contextlib.contextmanager
 def scratch_folder(prefix: str) -> Iterator[str]:
     """A temporary folder of eprun's own, removed when the block ends and on a signal too (the
-    signal path ends the process at once, so a ``TemporaryDirectory`` would stay behind)."""
+    signal path ends the process at once, so a ``TemporaryDirectory`` would stay behind).
+    Its name carries this process's id (``eprun-<what>-<pid>-...``), so that what a
+    ``kill -9`` leaves is known as eprun's and swept by the next one (``sweep_scratch``)."""
     import shutil
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix=prefix)
+    sweep_scratch(tempfile.gettempdir())
+    folder = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
     temporaries = current_run().temporaries
     temporaries.add(folder)
     try:
@@ -581,6 +584,46 @@ def scratch_folder(prefix: str) -> Iterator[str]:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         temporaries.discard(folder)
+
+
+# What scratch_folder names its folders: eprun-<what>-<pid>-<random>.
+_SCRATCH_NAME = re.compile(r"eprun-[a-z]+-([0-9]+)-[A-Za-z0-9_]+")
+
+
+def sweep_scratch(folder: str) -> None:
+    """Remove the scratch folders an eprun killed outright left in ``folder``: only folders
+    named as ``scratch_folder`` names them, owned by this user, not links, whose process is
+    gone. Anything else there is left alone."""
+    import shutil
+    import stat
+
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        match = _SCRATCH_NAME.fullmatch(name)
+        if match is None:
+            continue
+        path = os.path.join(folder, name)
+        try:
+            status = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.geteuid() or \
+                _process_alive(int(match.group(1))):
+            continue
+        shutil.rmtree(path, ignore_errors=True)  # by descriptors: a link inside is not followed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):
+        return True  # someone else's, or not a pid eprun could have had: leave it
+    return True
 
 
 def remove_temporaries() -> None:
@@ -680,12 +723,6 @@ def _shortened(path: str) -> str:
     return path if len(path) <= 160 else f"{path[:100]}...{path[-40:]}"
 
 
-def write_target(path: str) -> str:
-    """Where a write to ``path`` lands: a symbolic link is written through, to the file it
-    points to, and stays a link (eprun replaces only what it writes)."""
-    return os.path.realpath(path) if os.path.islink(path) else path
-
-
 def _places_of(path: str) -> list[str]:
     """Every path a write to ``path`` goes through: itself, each hop of a chain of links (a
     link to /proc/self/fd/1 is a way to stdout), and where it resolves."""
@@ -711,8 +748,8 @@ def check_output(path: str, inputs: list[str]) -> None:
     """Refuse an output path before anything is written: one that is (or resolves to) an input
     file, a model's external data included (exit 2); whose folder does not exist (exit 3, the
     path is not there); one under /dev, /proc or /sys, or that exists as anything but a
-    regular file (exit 4: a device or FIFO would be replaced by the rename). A link is
-    checked where it points (``write_target``)."""
+    regular file (exit 4: a device or FIFO would be replaced by the rename), or that is a
+    symbolic link (exit 4: eprun never writes through one, see ``refuse_link``)."""
     import stat
 
     for source in inputs:
@@ -729,7 +766,7 @@ def check_output(path: str, inputs: list[str]) -> None:
             raise EprunError(f"cannot write {path!r}: {how} under {system}, which eprun never "
                              "writes to (the JSON answer goes to stdout by itself); give the "
                              "path of a file")
-    path = write_target(path)
+    refuse_link(path)
     folder = os.path.dirname(os.path.abspath(path))
     name, longest = os.fsencode(os.path.basename(path)), _name_max(folder)
     if len(name) > longest:
@@ -741,13 +778,9 @@ def check_output(path: str, inputs: list[str]) -> None:
     if os.path.isdir(path):
         raise EprunError(f"cannot write {path!r}: it is a directory; name a file inside it")
     with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISREG(os.lstat(path).st_mode) and not os.path.islink(path):
+        if not stat.S_ISREG(os.lstat(path).st_mode):
             raise EprunError(f"cannot write {path!r}: it exists and is not a regular file (a "
                              "device, FIFO or socket); eprun replaces regular files only")
-        if os.path.islink(path) and os.path.exists(path) and \
-                not stat.S_ISREG(os.stat(path).st_mode):
-            raise EprunError(f"cannot write {path!r}: it links to something that is not a "
-                             "regular file; eprun replaces regular files only")
 
 
 def require_out_dir(out_dir: str) -> None:
@@ -769,43 +802,61 @@ def require_out_dir(out_dir: str) -> None:
 
 class Staged(NamedTuple):
     """A complete, synced file not yet at its path: an unnamed ``O_TMPFILE`` (``handle``) or a
-    hidden temporary file (``temporary``); ``folders``, the folders made for it (removed again
-    if it is not committed)."""
+    hidden temporary file (``temporary``, a name inside the folder), both in the folder that
+    ``folder`` (an open descriptor) is, where ``name`` is the file's name."""
 
     path: str
+    folder: int
+    name: str
     handle: int | None
     temporary: str | None
-    folders: tuple[str, ...] = ()
 
 
-def stage(data: bytes | Callable[[Any], None], path: str, make_folders: bool = False
+def refuse_link(path: str) -> None:
+    """An output path that is a symbolic link is refused: a link in a shared folder may lead
+    to anyone's file, and eprun writes only what it names itself."""
+    if os.path.islink(path):
+        raise EprunError(f"cannot write {path!r}: it is a symbolic link, and eprun never writes "
+                         "through a link; remove the link or name another path")
+
+
+def output_mode(sources: tuple[str, ...] = ()) -> int:
+    """The permission bits of a new output: ``0666 & ~umask``, and no more than each file it
+    derives from allows (a 0600 model gives 0600 outputs); never setuid, setgid or sticky."""
+    import stat
+
+    mode = 0o666 & ~_umask()
+    for source in sources:
+        with contextlib.suppress(OSError):
+            mode &= stat.S_IMODE(os.stat(source).st_mode)
+    return mode & 0o777
+
+
+def stage(data: bytes | Callable[[Any], None], path: str, like: tuple[str, ...] = ()
           ) -> Staged:
-    """Write ``data`` (bytes, or a function that writes into the open file) beside ``path``
-    without giving it a name there yet; with ``make_folders``, the missing folders on the way
-    are made first.
+    """Write ``data`` (bytes, or a function that writes into the open file) into the folder
+    of ``path`` without giving it a name there yet, with the permissions ``output_mode(like)``
+    allows.
 
-    On Linux the bytes go to an unnamed ``O_TMPFILE`` in the target folder, which vanishes by
-    itself if eprun dies, even by ``kill -9``. Elsewhere a hidden temporary file is used and
-    removed on any failure or signal eprun can catch.
+    The folder is opened once and every later step (creating, linking, renaming) is relative
+    to that descriptor, so a folder swapped for a link meanwhile changes nothing. On Linux the
+    bytes go to an unnamed ``O_TMPFILE``, which vanishes by itself if eprun dies, even by
+    ``kill -9``; elsewhere to a hidden file created with ``O_EXCL | O_NOFOLLOW``, removed on
+    any failure or signal eprun can catch.
     """
-    path = write_target(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    handle, temporary, made = None, None, []
+    refuse_link(path)
+    folder_path, name = os.path.split(os.path.abspath(path))
+    folder = handle = temporary = None
     try:
-        if make_folders:
-            for missing in _missing_folders(folder)[::-1]:  # the shallowest first
-                os.mkdir(missing)
-                made.append(missing)
+        folder = os.open(folder_path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                         | getattr(os, "O_CLOEXEC", 0))
         handle = _open_unnamed(folder)
         if handle is None:
-            import tempfile
-
-            descriptor, temporary = tempfile.mkstemp(prefix=f".{_hidden_stem(path)}.",
-                                                     suffix=".tmp", dir=folder)
-            current_run().temporaries.add(temporary)
-            os.chmod(temporary, 0o666 & ~_umask())
+            temporary, descriptor = _open_hidden(folder, name)
+            current_run().temporaries.add(os.path.join(folder_path, temporary))
         else:
             descriptor = os.dup(handle)
+        os.fchmod(descriptor, output_mode(like))
         with os.fdopen(descriptor, "wb") as stream:
             if callable(data):
                 data(stream)
@@ -813,9 +864,10 @@ def stage(data: bytes | Callable[[Any], None], path: str, make_folders: bool = F
                 stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
-        return Staged(path, handle, temporary, tuple(made))
+        return Staged(path, folder, name, handle, temporary)
     except BaseException as exc:
-        discard([Staged(path, handle, temporary, tuple(made))])
+        if folder is not None:
+            discard([Staged(path, folder, name, handle, temporary)])
         if isinstance(exc, OSError):
             raise EprunError(f"cannot write {path!r}: {exc.strerror or one_line(exc)}") from exc
         raise
@@ -823,15 +875,20 @@ def stage(data: bytes | Callable[[Any], None], path: str, make_folders: bool = F
 
 def discard(staged: list[Staged]) -> None:
     """Drop staged files that will not be committed."""
-    for item in reversed(staged):  # a folder made for the first is emptied by the later ones
+    for item in staged:
         if item.handle is not None:
             with contextlib.suppress(OSError):
                 os.close(item.handle)
         if item.temporary is not None:
             with contextlib.suppress(OSError):
-                os.unlink(item.temporary)
-            current_run().temporaries.discard(item.temporary)
-        _remove_folders(item.folders)
+                os.unlink(item.temporary, dir_fd=item.folder)
+            current_run().temporaries.discard(_temporary_path(item))
+        with contextlib.suppress(OSError):
+            os.close(item.folder)
+
+
+def _temporary_path(item: Staged) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(item.path)), item.temporary or "")
 
 
 def _missing_folders(folder: str) -> list[str]:
@@ -845,12 +902,6 @@ def _missing_folders(folder: str) -> list[str]:
             break
         folder = parent
     return missing
-
-
-def _remove_folders(folders: tuple[str, ...]) -> None:
-    for folder in reversed(folders):  # the deepest first, each empty once the one below is gone
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
 
 
 @contextlib.contextmanager
@@ -875,19 +926,24 @@ def signals_held() -> Iterator[None]:
 def commit(staged: list[Staged]) -> None:
     """Give every staged file its name, with signals held, so an interrupt lands before or
     after the whole set; each rename is atomic within its folder, so a reader sees an old or a
-    new file, never a partial one. The folders made for a file that did not get its name are
-    removed again."""
-    names: list[str] = []
+    new file, never a partial one. A name that is a link by now is replaced itself, never
+    followed: linking and renaming work on names, not on what they lead to."""
+    names: list[str | None] = [None] * len(staged)
     renamed = 0
     try:
         with signals_held():
-            for item in staged:  # named and renamed at once: no hidden name waits
-                if item.temporary is None and _link_new(item.handle, item.path):
-                    renamed += 1  # a new path: the unnamed file is linked there, no name between
+            for position, item in enumerate(staged):  # a new name: linked there, none between
+                if item.temporary is None and _link_unnamed(item, item.name):
+                    renamed += 1
                     continue
-                names.append(item.temporary or _link_unnamed(item.handle, item.path))
-                os.replace(names[-1], item.path)
+                names[position] = item.temporary or _link_hidden(item)
+                os.replace(names[position], item.name, src_dir_fd=item.folder,
+                           dst_dir_fd=item.folder)
+                names[position] = None
                 renamed += 1
+            for folder in {item.folder for item in staged}:  # the new names are durable too
+                with contextlib.suppress(OSError):
+                    os.fsync(folder)
     except BaseException as exc:
         if isinstance(exc, OSError):
             failed = staged[min(renamed, len(staged) - 1)].path  # exc.filename may be an fd
@@ -895,45 +951,64 @@ def commit(staged: list[Staged]) -> None:
                 from exc
         raise
     finally:
+        for item, name in zip(staged, names):
+            for hidden in {name, item.temporary} - {None}:  # what was not renamed
+                with contextlib.suppress(OSError):
+                    os.unlink(hidden, dir_fd=item.folder)
+            current_run().temporaries.discard(_temporary_path(item))
         for item in staged:
             if item.handle is not None:
                 with contextlib.suppress(OSError):
                     os.close(item.handle)
-        for name in {*names, *(item.temporary for item in staged)}:  # what was not renamed
-            if name and os.path.exists(name):
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
-            current_run().temporaries.discard(name)
-        for item in staged[renamed:]:
-            _remove_folders(item.folders)
+        for folder in {item.folder for item in staged}:
+            with contextlib.suppress(OSError):
+                os.close(folder)
 
 
-def write_atomically(data: bytes | Callable[[Any], None], path: str) -> None:
+def write_atomically(data: bytes | Callable[[Any], None], path: str,
+                     like: tuple[str, ...] = ()) -> None:
     """Write ``data`` to ``path`` so that ``path`` is either untouched or complete (see
     ``stage`` and ``commit``); two writers of the same path leave one complete file."""
-    commit([stage(data, path)])
+    commit([stage(data, path, like)])
 
 
-def _open_unnamed(folder: str) -> int | None:
-    """An unnamed file in ``folder`` (Linux ``O_TMPFILE``), or None where unsupported."""
+def _open_unnamed(folder: int) -> int | None:
+    """An unnamed file in the folder open as ``folder`` (Linux ``O_TMPFILE``), or None where
+    unsupported."""
     flag = getattr(os, "O_TMPFILE", 0)
     if not flag or not os.path.isdir("/proc/self/fd") or os.link not in os.supports_dir_fd:
         return None
     try:
-        return os.open(folder, flag | os.O_WRONLY, 0o666)
+        return os.open(".", flag | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o600,
+                       dir_fd=folder)
     except OSError as exc:
         if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
             return None  # the filesystem has no O_TMPFILE: use a named temporary file
         raise
 
 
-def _link_new(handle: int, path: str) -> bool:
-    """Give the unnamed file ``path`` itself, if nothing has that name yet (linkat never
-    replaces): then no hidden name is left if eprun is killed before a rename."""
+def _open_hidden(folder: int, name: str) -> tuple[str, int]:
+    """A new hidden file beside ``name`` in the open ``folder``: its name and descriptor.
+    ``O_EXCL | O_NOFOLLOW``: a name someone else made (a link, say) is never opened."""
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    for attempt in range(100):
+        hidden = f".{_hidden_stem(name)}.{os.getpid()}.{attempt}.tmp"
+        try:
+            return hidden, os.open(hidden, flags, 0o600, dir_fd=folder)
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, f"no free temporary name beside {name!r}")
+
+
+def _link_unnamed(item: Staged, name: str) -> bool:
+    """Give the unnamed file ``name`` in its folder, if nothing has that name yet (linkat
+    never replaces, and never follows a link at the new name)."""
     # os.link only asks linkat() to follow the /proc magic link when given a dir_fd.
     proc_fds = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        os.link(str(handle), path, src_dir_fd=proc_fds, follow_symlinks=True)
+        os.link(str(item.handle), name, src_dir_fd=proc_fds, dst_dir_fd=item.folder,
+                follow_symlinks=True)
         return True
     except FileExistsError:
         return False
@@ -941,22 +1016,32 @@ def _link_new(handle: int, path: str) -> bool:
         os.close(proc_fds)
 
 
-def _link_unnamed(handle: int, path: str) -> str:
-    """Give the unnamed file a hidden name beside ``path``, to be renamed onto it at once."""
-    folder, base = os.path.split(os.path.abspath(path))
-    # os.link only asks linkat() to follow the /proc magic link when given a dir_fd.
-    proc_fds = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        for attempt in range(100):
-            name = os.path.join(folder, f".{_hidden_stem(base)}.{os.getpid()}.{attempt}.tmp")
-            try:
-                os.link(str(handle), name, src_dir_fd=proc_fds, follow_symlinks=True)
-                return name
-            except FileExistsError:
+def _link_hidden(item: Staged) -> str:
+    """Give the unnamed file a hidden name beside its own, to be renamed onto it at once.
+    What an eprun killed in that instant left beside the same name goes first."""
+    _sweep_hidden(item.folder, item.name)
+    for attempt in range(100):
+        hidden = f".{_hidden_stem(item.name)}.{os.getpid()}.{attempt}.tmp"
+        if _link_unnamed(item, hidden):
+            return hidden
+    raise OSError(errno.EEXIST, f"no free temporary name beside {item.path!r}")
+
+
+def _sweep_hidden(folder: int, name: str) -> None:
+    """Remove the hidden temporaries beside ``name`` (``.<name>.<pid>.<n>.tmp``) whose eprun
+    is gone: regular files of this user only."""
+    import stat
+
+    pattern = re.compile(re.escape(f".{_hidden_stem(name)}.") + r"([0-9]+)\.[0-9]+\.tmp")
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(folder):
+            match = pattern.fullmatch(entry)
+            if match is None or _process_alive(int(match.group(1))):
                 continue
-    finally:
-        os.close(proc_fds)
-    raise OSError(errno.EEXIST, f"no free temporary name beside {path!r}")
+            with contextlib.suppress(OSError):
+                status = os.lstat(entry, dir_fd=folder)
+                if stat.S_ISREG(status.st_mode) and status.st_uid == os.geteuid():
+                    os.unlink(entry, dir_fd=folder)
 
 
 def _hidden_stem(path: str) -> str:
@@ -976,20 +1061,42 @@ _COPY_SLICE = 8 << 20
 def _copier(source: str, how: list[str]) -> Callable[[Any], None]:
     """A writer of a copy of ``source`` that appends to ``how`` the way it copied:
     ``"reflink"`` where the file system shares the blocks (btrfs, XFS: no space, no time),
-    else ``"copy"``."""
-    import shutil
-    import stat
-
+    else ``"copy"`` (the kernel's own copy where it has one)."""
     def copy(stream) -> None:
         with open(source, "rb") as original:
-            # private weights stay private: the copy gets the original's permissions
-            os.fchmod(stream.fileno(), stat.S_IMODE(os.fstat(original.fileno()).st_mode))
             if _reflink(original.fileno(), stream.fileno()):
                 how.append("reflink")
                 return
             how.append("copy")
-            shutil.copyfileobj(original, stream, 16 << 20)
+            _copy_bytes(original.fileno(), stream)
     return copy
+
+
+def _copy_bytes(source: int, stream) -> None:
+    """All of the open file ``source`` onto ``stream``: ``copy_file_range`` or ``sendfile``
+    (no bytes through Python) where the kernel has them, else in slices."""
+    stream.flush()
+    target = stream.fileno()
+    for kernel_copy in (getattr(os, "copy_file_range", None), getattr(os, "sendfile", None)):
+        if kernel_copy is None:
+            continue
+        try:
+            while True:
+                sent = (kernel_copy(source, target, 1 << 30) if kernel_copy is not os.sendfile
+                        else os.sendfile(target, source, None, 1 << 30))
+                if not sent:
+                    return
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP,
+                                 errno.EBADF, errno.ENOTSUP):
+                raise
+            if os.lseek(target, 0, os.SEEK_CUR):  # part copied: go on the plain way
+                break
+    while True:
+        chunk = os.read(source, _COPY_SLICE)
+        if not chunk:
+            return
+        stream.write(chunk)
 
 
 def _reflink(source: int, target: int) -> bool:
@@ -1010,6 +1117,32 @@ def _reflink(source: int, target: int) -> bool:
 
 
 # -- loading ---------------------------------------------------------------------------------------
+
+def _is_text(path: str) -> bool:
+    """Is ``path`` UTF-8 text (a folder named in another encoding under ``LC_ALL=C`` is not:
+    Python keeps its bytes as surrogates, which onnxruntime's string options refuse)?"""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def require_initializer_data(model, path: str) -> None:
+    """Refuse an initializer that declares dims but holds no data at all (neither inline nor
+    external): onnxruntime and numpy would fail on it each in their own words."""
+    from onnx import TensorProto
+
+    fields = ("raw_data", "float_data", "int32_data", "string_data", "int64_data",
+              "double_data", "uint64_data")
+    for tensor in model.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL or not math.prod(tensor.dims):
+            continue
+        if not any(len(getattr(tensor, field)) for field in fields):
+            raise EprunError(f"{path!r}: initializer {tensor.name!r} declares dims "
+                             f"{list(tensor.dims)} but holds no data; the model is broken: "
+                             "re-export or regenerate it")
+
 
 def load_model(path: str, inline_weights: bool = False, text_names: bool = False):
     """Parse an ONNX file's graph, turning every way it can be broken into one clear error.
@@ -1090,12 +1223,27 @@ _REFERENCE_BYTES = {**_ELEMENT_BYTES, 10: 2}
 
 
 def _safe_location(location: str, model_path: str) -> str:
-    """The file an external-data location names, refused (as onnxruntime does) outside the
-    model's folder."""
+    """The file an external-data location names, refused (as onnxruntime and onnx refuse it)
+    when it is outside the model's folder: an absolute path, a ``..`` on the way, or a
+    symbolic link on the way that resolves outside both the model's folder and the folder of
+    the file the model itself resolves to (a model linked into a cache, its data beside the
+    blob it links to, stays readable). A NUL byte names no file at all."""
+    if "\x00" in location:
+        raise EprunError(f"{model_path!r} keeps weights at {location!r}, a name with a NUL "
+                         "byte, which no file can have; the model is broken")
     if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
         raise EprunError(f"{model_path!r} keeps weights at {location!r}, outside its folder; "
                          "onnxruntime refuses that location")
-    return os.path.join(os.path.dirname(os.path.abspath(model_path)), location)
+    folder = os.path.dirname(os.path.abspath(model_path))
+    path = os.path.join(folder, location)
+    resolved = os.path.realpath(path)
+    if resolved != os.path.normpath(path):  # a link on the way: where does it lead?
+        allowed = {os.path.realpath(folder), os.path.dirname(os.path.realpath(model_path))}
+        if not any(os.path.commonpath([resolved, inside]) == inside for inside in allowed):
+            raise EprunError(f"{model_path!r} keeps weights at {location!r}, which a symbolic "
+                             f"link leads outside its folder (to {resolved!r}); eprun reads "
+                             "no data from outside the model's folder")
+    return path
 
 
 def _read_graph(path: str):
@@ -1384,50 +1532,67 @@ def external_data_files(model, model_path: str) -> list[str]:
     return [path for path in files if not _same_file(model_path, path)]
 
 
-def plan_external_data(model, model_path: str, out_path: str) -> list[dict]:
+def plan_external_data(model, model_path: str, out_path: str, replacing: bool = False
+                       ) -> list[dict]:
     """How a copy of ``model`` at ``out_path`` reaches each of its external data files:
     ``{"source", "file", "how"}`` per file, ``how`` being ``"shared"`` (the copy sits in the
     model's folder and reads the same file), ``"present"`` (the same bytes are already at
     ``file``, a file of its own) or ``"copy"`` (to be copied there).
 
-    onnxruntime resolves external data only inside the model's own folder, so a copy written
-    elsewhere needs each data file beside it. It is copied, never hard-linked: a second link
-    to the user's weights makes onnx (1.23+) refuse them afterwards as a "potential hardlink
-    attack", the original model included. A hard link already at the target (an older
-    eprun's) is replaced by a copy. The original data is never moved or rewritten, and a
-    different file already at the target is refused before anything is written.
+    A copy written elsewhere needs its data beside it (onnxruntime resolves external data
+    only inside the model's own folder). The names of those files are eprun's, never the
+    model's: ``<out name>.data``, then ``<out name>.1.data`` ... in the output's folder, so a
+    ``location`` such as ``sub/w.bin`` or ``.ssh/authorized_keys`` chooses nothing about where
+    eprun writes. A data file is copied, never hard-linked: a second link to the user's
+    weights makes onnx (1.23+) refuse them afterwards as a "potential hardlink attack", the
+    original model included; a hard link already there (an older eprun's) is replaced by a
+    copy. A link at a data file's name is refused, and so is a different file there unless
+    the output it belongs to is replaced too (``replacing``: eprun's own, or ``--force``).
     """
     source_folder = os.path.dirname(os.path.abspath(model_path))
-    out_path = write_target(out_path)  # a link to the copy: the data goes beside the copy
     target_folder = os.path.dirname(os.path.abspath(out_path))
     shared = os.path.isdir(target_folder) and os.path.samefile(source_folder, target_folder)
     plan = []
-    for source in external_data_files(model, model_path):
-        target = os.path.join(target_folder, os.path.relpath(source, source_folder))
-        entry = {"source": source, "file": target, "how": "shared" if shared else "copy"}
-        plan.append(entry)
+    for number, source in enumerate(external_data_files(model, model_path)):
         if shared:
+            plan.append({"source": source, "file": source, "how": "shared"})
             continue
+        target = os.path.join(target_folder, data_file_name(out_path, number))
+        entry = {"source": source, "file": target, "how": "copy"}
+        plan.append(entry)
         require_file(source, "external data")
-        if _same_file(target, out_path):
-            raise EprunError(f"cannot write {out_path!r}: the model's weights must sit at that "
-                             "same path; choose another output name", EXIT_USAGE)
-        if os.path.lexists(target):
-            if os.path.islink(target):  # never written through: it may lead to the original
-                if os.path.exists(target) and _same_bytes(source, target):
-                    entry["how"] = "present"
-                    continue
-                raise EprunError(f"cannot write {out_path!r}: its weights must sit at "
-                                 f"{target!r}, a link to other data; choose another output "
-                                 "folder")
-            if os.path.exists(target) and os.path.samefile(source, target):
-                continue  # a hard link: copied over, which gives the original its one link back
-            if os.path.exists(target) and _same_bytes(source, target):
-                entry["how"] = "present"
-                continue
-            raise EprunError(f"cannot write {out_path!r}: its weights must sit at {target!r}, "
-                             "which holds other data; choose another output folder")
+        if not os.path.lexists(target):
+            continue
+        refuse_link(target)
+        if os.path.samefile(source, target):
+            continue  # a hard link: copied over, which gives the original its one link back
+        if _same_bytes(source, target):
+            entry["how"] = "present"
+        elif not replacing:
+            raise EprunError(f"cannot write {out_path!r}: its weights go to {target!r}, which "
+                             "holds other data eprun did not write for it; move it away, "
+                             "choose another output name, or add --force")
     return plan
+
+
+def data_file_name(out_path: str, number: int) -> str:
+    """The name of the ``number``-th external data file of an output, in its folder."""
+    stem = _hidden_stem(out_path)  # room for the suffix within a file name's 255 bytes
+    return f"{stem}.data" if number == 0 else f"{stem}.{number}.data"
+
+
+def relocate_external_data(model, model_path: str, plan: list[dict]) -> None:
+    """Point each external tensor of ``model`` at the file ``plan`` gives its data, by the
+    name eprun chose (a plain file name in the output's folder)."""
+    moved = {entry["source"]: os.path.basename(entry["file"]) for entry in plan
+             if entry["how"] != "shared"}
+    for tensor in external_tensors(model):
+        source = _safe_location(_external_location(tensor).location, model_path)
+        if source not in moved:
+            continue  # a reference into the model file itself: written inline
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = moved[source]
 
 
 def _same_bytes(first: str, second: str) -> bool:
@@ -1628,14 +1793,17 @@ def _pieces_length(pieces: list) -> int:
     return sum(len(piece) if isinstance(piece, bytes) else piece[1] for piece in pieces)
 
 
-def _inline_writer(model, model_path: str) -> Callable[[Any], None]:
+def _inline_writer(model, model_path: str, relocate: list[dict] = ()) -> Callable[[Any], None]:
     """A writer of ``model`` as protobuf would serialize it with every payload that
     ``load_model`` left in ``model_path`` back inline: the same bytes as parsing the weights
     and calling ``SerializeToString``, without either. The graph is serialized (small), and
     each referring initializer gets its ``raw_data`` field back in field-number order, copied
-    from the file as it is written."""
-    serialized = model.SerializeToString()
+    from the file as it is written. ``relocate``: the external data plan whose file names
+    the other references take (``relocate_external_data``)."""
     own = _in_file_references(model, model_path)
+    if relocate:
+        relocate_external_data(model, model_path, relocate)
+    serialized = model.SerializeToString()
     if not any(own):
         return lambda stream: stream.write(serialized)
     payloads = iter(own)  # the graph's initializers, in the order they are serialized
@@ -2811,7 +2979,7 @@ def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *
     arrays = {f"input_{i}": np.asarray(value) for i, value in enumerate(inputs.values())}
     arrays.update({f"tensor_{i}": np.asarray(value) for i, value in enumerate(tensors.values())})
     arrays[_GOLDEN_META] = np.array(json.dumps(meta))
-    write_atomically(lambda stream: np.savez(stream, **arrays), path)
+    write_atomically(lambda stream: np.savez(stream, **arrays), path, like=(model,))
     return {"saved": path}
 
 
@@ -4292,7 +4460,8 @@ def growth_svg(measured: dict, growth_answer: dict) -> str:
     def y(value: float) -> float:
         return upper + plot_h * (1 - value / top)
 
-    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" data-generator="eprun" '
+              f'width="{width}" height="{height}" '
               f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">'),
              f'<rect width="{width}" height="{height}" fill="white"/>',
              (f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15">Relative '
@@ -4897,36 +5066,44 @@ PARTITION = declare(Command(
 
 # -- expose ----------------------------------------------------------------------------------------
 
-def expose(model: str, out: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS) -> dict:
-    """Save a copy of the model whose outputs include every boundary; the input is untouched."""
-    answer, staged = prepare_expose(model, out, boundary_ops)
+def expose(model: str, out: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
+           force: bool = False) -> dict:
+    """Save a copy of the model whose outputs include every boundary; the input is untouched.
+    An existing file at ``out`` that eprun did not write is replaced only with ``force``."""
+    answer, staged = prepare_expose(model, out, boundary_ops, force=force)
     commit(staged)
     return answer
 
 
 def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-                   copied: dict | None = None) -> tuple[dict, list[Staged]]:
+                   force: bool = False, checked: bool = False) -> tuple[dict, list[Staged]]:
     """Everything ``expose`` writes, checked and staged but not yet visible: the answer and
     the staged files (see ``commit``). A model keeping its weights in other files gets
     ``"external_data"`` in the answer: how the copy reaches each file (see
-    ``plan_external_data``). ``copied`` (target: how) skips the files another staging of
-    the same run already copies."""
+    ``plan_external_data``). The copy is marked as eprun's (``EPRUN_MARK``); an existing file
+    at ``out_path`` without that mark is replaced only with ``force`` (``checked``: the caller
+    has refused it already)."""
     model = load_model(model_path, text_names=True)
     check_output(out_path, [model_path, *external_data_files(model, model_path)])
+    replacing = os.path.isfile(out_path)
+    if replacing and not force and not checked and not is_eprun_model(out_path):
+        raise EprunError(f"refusing to replace {out_path!r}, which eprun did not write"
+                         f"{_swapped_hint(out_path)}; choose another output path, or add "
+                         "--force to replace it")
     boundaries = expose_in_place(model, boundary_ops)
-    plan = plan_external_data(model, model_path, out_path)
-    copied = {} if copied is None else copied
+    mark_as_eprun(model)
+    plan = plan_external_data(model, model_path, out_path, replacing=replacing or force)
+    like = (model_path,)
+    writer = _inline_writer(model, model_path, relocate=plan)
     staged: list[Staged] = []
     try:
         for entry in plan:
-            if entry["how"] == "copy" and entry["file"] in copied:
-                entry["how"] = copied[entry["file"]]
-            elif entry["how"] == "copy":
+            if entry["how"] == "copy":
                 how: list[str] = []
                 staged.append(stage(_copier(entry["source"], how), entry["file"],
-                                    make_folders=True))
-                entry["how"] = copied[entry["file"]] = how[0]
-        staged.append(stage(_inline_writer(model, model_path), out_path))
+                                    like=(entry["source"],)))
+                entry["how"] = how[0]
+        staged.append(stage(writer, out_path, like=like))
     except BaseException:
         discard(staged)
         raise
@@ -4936,13 +5113,53 @@ def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...]
         answer["external_data"] = plan
     return answer, staged
 
+
+# The metadata entry eprun sets in every model it writes: what it may replace without --force.
+EPRUN_MARK = ("eprun", "exposed: every layer boundary is a graph output")
+
+
+def mark_as_eprun(model) -> None:
+    """Set ``EPRUN_MARK`` in ``model``'s metadata (once, whatever was there under its key)."""
+    kept = [entry for entry in model.metadata_props if entry.key != EPRUN_MARK[0]]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = EPRUN_MARK
+
+
+def is_eprun_model(path: str) -> bool:
+    """Does the model at ``path`` carry eprun's mark (so replacing it loses nothing eprun
+    cannot write again)? Reads the graph only, never the weights."""
+    try:
+        model = load_model(path)
+    except (EprunError, OSError, ValueError):
+        return False
+    return any(entry.key == EPRUN_MARK[0] for entry in model.metadata_props)
+
+
+def _swapped_hint(out_path: str) -> str:
+    """For an output that is somebody's model: the arguments may be the wrong way round."""
+    try:
+        model = load_model(out_path)
+    except (EprunError, OSError, ValueError):
+        return ""
+    outputs = {value.name for value in model.graph.output}
+    if len(outputs) > 1 and set(find_boundaries(model.graph, BOUNDARY_OPS)) <= outputs:
+        return (" (it looks like an exposed copy, which eprun marks since 0.10: if an older "
+                "eprun wrote it, --force replaces it once)")
+    return (" (it is an ONNX model: are the arguments swapped? expose reads the first and "
+            "writes the second)")
+
 EXPOSE = declare(Command(
     name="expose",
     summary="save a copy whose graph outputs include every layer boundary (first input of each "
             "MatMul/Gemm, then the first float output)",
     run=expose,
     arguments=(arg("model", help="ONNX model file (never modified)"),
-               arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG),
+               arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG,
+               arg("--force", action="store_true",
+                   help="replace a file at OUT that eprun did not write (a model eprun wrote "
+                        "carries its mark and is replaced without it)")),
     fields=("model", "out", "boundaries", "outputs"),
     example="eprun.py expose int8.onnx int8_exposed.onnx"))
 
@@ -7384,7 +7601,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
         out_dir, paths, paths_of, boundary_ops,
         {"providers.json": provider_answer, "growth.json": growth_answer,
          "settings.json": settings_answer, "ep_report.md": markdown,
-         **({CHART_FILE: growth_svg(measured, growth_answer)} if chart == "svg" else {})})
+         **({CHART_FILE: growth_svg(measured, growth_answer)} if chart == "svg" else {})},
+        force=force)
     answer = {"out_dir": out_dir, "files": [paths[name] for name in names],
               "pairing": pairing,
               "check": {key: gate[key] for key in ("profile", "tolerance", "providers",
@@ -7399,26 +7617,30 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
 
 
 def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: tuple,
-                        contents: dict) -> list[dict]:
+                        contents: dict, *, force: bool) -> list[dict]:
     """Stage both exposed models and the ``contents`` (answers as JSON, the report's text),
     then commit them as one set; on any failure, or a signal, nothing is left: no staged file
-    and no folder the report made. Returns the exposed models' ``external_data`` entries."""
+    and no folder the report made. The folder is locked meanwhile (``locked_folder``), and
+    what may be replaced is checked again under the lock, so two reports into one folder
+    leave one run's set. Returns the exposed models' ``external_data`` entries."""
     created = _missing_folders(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     staged: list[Staged] = []
-    copied: dict[str, str] = {}  # both models' weights may be one file: copied once
     external: list[dict] = []
+    like = tuple(models.values())
     try:
-        for which in ("fp32", "int8"):
-            exposed, files = prepare_expose(models[which], paths[f"{which}_exposed.onnx"],
-                                            boundary_ops, copied)
-            staged += files
-            external += exposed.get("external_data", [])
-        for name, content in contents.items():
-            data = (content.encode("utf-8") if isinstance(content, str)
-                    else (to_json(content) + "\n").encode())
-            staged.append(stage(data, paths[name]))
-        commit(staged)
+        with locked_folder(out_dir):
+            _refuse_foreign(paths, force)
+            for which in ("fp32", "int8"):
+                exposed, files = prepare_expose(models[which], paths[f"{which}_exposed.onnx"],
+                                                boundary_ops, force=force, checked=True)
+                staged += files
+                external += exposed.get("external_data", [])
+            for name, content in contents.items():
+                data = (content.encode("utf-8") if isinstance(content, str)
+                        else (to_json(content) + "\n").encode())
+                staged.append(stage(data, paths[name], like=like))
+            commit(staged)
     except BaseException:
         discard(staged)
         for folder in created:  # the deepest first: each is empty once the one below is gone
@@ -7426,6 +7648,25 @@ def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: t
                 os.rmdir(folder)
         raise
     return external
+
+
+@contextlib.contextmanager
+def locked_folder(folder: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``folder`` itself (no lock file is left in it) for the
+    block; a second eprun writing into the same folder waits, and says so."""
+    import fcntl
+
+    descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                         | getattr(os, "O_CLOEXEC", 0))
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            note(f"waiting for another eprun writing into {folder!r}")
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # which releases the lock
 
 
 def _optional_sensitivity(fp32: str, int8: str, seed: int, inputs: InputOptions | None,
@@ -7451,7 +7692,7 @@ _REPORT_SIGNATURES = {"providers.json": {"model", "available", "cases", "note"},
                       "growth.json": {"seed", "layer_count", "rel_error", "ratios"},
                       "settings.json": {"model", "seed", "baseline", "cases", "all_equal"},
                       "ep_report.md": "eprun report, generated by",
-                      CHART_FILE: '<svg xmlns="http://www.w3.org/2000/svg"'}
+                      CHART_FILE: '<svg xmlns="http://www.w3.org/2000/svg" data-generator="eprun" '}
 
 
 REPORT = declare(Command(
@@ -7487,46 +7728,48 @@ REPORT = declare(Command(
 
 def _check_report_targets(paths: dict, graphs: dict, paths_of: dict, force: bool) -> None:
     """Refuse, before anything is measured, every deliverable path ``report`` must not
-    replace: an input or its weights (exit 2), a device or folder (exit 4), a file eprun did
-    not write (exit 4, unless ``force``), and a place where the two models' external weights
-    would need different files."""
+    replace: an input or its weights (exit 2), a device, folder or link (exit 4), a file
+    eprun did not write (exit 4, unless ``force``), and a data file of an exposed model that
+    holds other data."""
     protected = [path for which, model_path in paths_of.items()
                  for path in (model_path, *external_data_files(graphs[which], model_path))]
-    for name, path in paths.items():
+    for path in paths.values():
         if os.path.isdir(os.path.dirname(os.path.abspath(path))):
             check_output(path, protected)
+    _refuse_foreign(paths, force)
+    for which, model_path in paths_of.items():
+        out = paths[f"{which}_exposed.onnx"]
+        plan_external_data(graphs[which], model_path, out,
+                           replacing=force or os.path.isfile(out))
+
+
+def _refuse_foreign(paths: dict, force: bool) -> None:
+    """Without ``force``, refuse a deliverable path that holds a file eprun did not write."""
+    for name, path in paths.items():
         if not force and os.path.isfile(path) and not _written_by_eprun(name, path):
             raise EprunError(f"refusing to replace {path!r}, which eprun did not write; move "
                              "it away, choose another --out-dir, or add --force")
-    targets: dict[str, str] = {}
-    for which, model_path in paths_of.items():
-        out = paths[f"{which}_exposed.onnx"]
-        for entry in plan_external_data(graphs[which], model_path, out):
-            source, target = entry["source"], entry["file"]
-            if target in targets and not _same_bytes(targets[target], source):
-                raise EprunError(f"both models keep their weights in a file named "
-                                 f"{os.path.basename(target)!r}, and their exposed copies "
-                                 f"would need both at {target!r}; choose an --out-dir beside "
-                                 "one of them")
-            targets[target] = source
 
 
 def _written_by_eprun(name: str, path: str) -> bool:
-    """Does the file at a deliverable's path look like eprun's own (so replacing it loses
-    nothing eprun cannot write again)?"""
+    """Does the file at a deliverable's path carry eprun's mark: a model its metadata entry
+    (``EPRUN_MARK``), the report and chart their first words, a JSON answer its exact form
+    (one compact line as eprun writes it, with the command's fields)? Replacing such a file
+    loses nothing eprun cannot write again."""
     import json
 
     signature = _REPORT_SIGNATURES.get(name)
+    if signature is None:
+        return is_eprun_model(path)
     try:
-        if signature is None:  # an exposed model: any ONNX model eprun can parse
-            load_model(path)
-            return True
         with open(path, encoding="utf-8") as stream:
             if isinstance(signature, str):
                 return stream.read(len(signature)) == signature
-            answer = json.load(stream)
-        return isinstance(answer, dict) and signature <= set(answer)
-    except (EprunError, OSError, ValueError):
+            text = stream.read(1 << 24)
+        answer = json.loads(text)
+        return (isinstance(answer, dict) and signature <= set(answer)
+                and text == to_json(answer) + "\n")
+    except (OSError, ValueError, TypeError, RecursionError):
         return False
 
 

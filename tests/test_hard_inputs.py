@@ -191,7 +191,7 @@ def test_the_named_temporary_fallback_writes_and_cleans_up(tmp_path, monkeypatch
     assert target.read_bytes() == b"complete"
     assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~tool._umask())
 
-    def fail(*args):
+    def fail(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     def half_written(stream):
@@ -217,7 +217,7 @@ def test_a_new_file_is_linked_to_its_path_with_no_hidden_name(tmp_path, monkeypa
     staged = tool.stage(b"complete", str(target))
     assert staged.handle is not None and os.listdir(tmp_path) == []  # nothing named yet
 
-    def no_rename(*args):
+    def no_rename(*args, **kwargs):
         raise AssertionError("renamed")
 
     with monkeypatch.context() as patched:

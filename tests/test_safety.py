@@ -179,19 +179,21 @@ def test_outputs_that_are_not_regular_files_are_refused(lab_pair, external, tmp_
     assert not (tmp_path / "no").exists()
 
 
-def test_an_output_link_is_written_through_and_stays_a_link(lab_pair, tmp_path):
+def test_an_output_link_is_refused_and_what_it_leads_to_untouched(lab_pair, tmp_path):
+    """A link at an output path may lead to anyone's file: eprun never writes through one."""
     fp32, _ = lab_pair
     (tmp_path / "real").mkdir()
+    victim = tmp_path / "real" / "victim.onnx"
+    victim.write_bytes(b"the user's own file")
     link = tmp_path / "out.onnx"
-    link.symlink_to(tmp_path / "real" / "exposed.onnx")  # dangling until eprun writes
-    result = run_eprun("expose", fp32, link)
-    assert result.code == 0, result.stderr
-    assert result.answer["out"] == str(link)
-    assert link.is_symlink() and (tmp_path / "real" / "exposed.onnx").is_file()
-    onnx.checker.check_model(onnx.load(str(link)))
-    # a link into a folder that is not there: the path is not there
-    (tmp_path / "nowhere.onnx").symlink_to(tmp_path / "no" / "such.onnx")
-    one_error_line(run_eprun("expose", fp32, tmp_path / "nowhere.onnx"), 3)
+    link.symlink_to(victim)
+    line = one_error_line(run_eprun("expose", fp32, link), 4)
+    assert "symbolic link" in line
+    assert link.is_symlink() and victim.read_bytes() == b"the user's own file"
+    dangling = tmp_path / "nowhere.onnx"  # dangling until something writes through it
+    dangling.symlink_to(tmp_path / "real" / "new.onnx")
+    assert "symbolic link" in one_error_line(run_eprun("expose", fp32, dangling), 4)
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["victim.onnx"]
 
 
 def test_nothing_under_dev_or_proc_is_ever_written(lab_pair, tmp_path):
@@ -242,18 +244,23 @@ def test_report_refuses_files_it_did_not_write(lab_pair, tmp_path):
     assert again.code == 0, again.stderr
 
 
-def test_report_with_clashing_weights_writes_nothing(tmp_path):
-    """Two models that both keep their weights in model.onnx.data, reported elsewhere."""
+def test_report_of_two_models_with_one_weights_name_gives_each_copy_its_own(tmp_path):
+    """Two models that both keep their weights in model.onnx.data, reported elsewhere: each
+    exposed copy's weights get a name eprun chooses from that copy's name, so they never
+    need one file (an older eprun refused this pair)."""
     for name, seed in (("a", 1), ("b", 2)):
         (tmp_path / name).mkdir()
         onnx.save(models.chain(features=64, widths=(64, 64, 64), seed=seed),
                   str(tmp_path / name / "model.onnx"), save_as_external_data=True,
                   location="model.onnx.data", size_threshold=0)
     out = tmp_path / "report"
-    line = one_error_line(run_eprun("report", tmp_path / "a" / "model.onnx",
-                                    tmp_path / "b" / "model.onnx", "--out-dir", out), 4)
-    assert "both models keep their weights in a file named 'model.onnx.data'" in line
-    assert not out.exists()
+    result = run_eprun("report", tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx",
+                       "--out-dir", out)
+    assert result.code == 0, result.stderr
+    for which, name in (("fp32", "a"), ("int8", "b")):
+        data = out / f"{which}_exposed.onnx.data"
+        assert data.read_bytes() == (tmp_path / name / "model.onnx.data").read_bytes()
+    assert not (out / "model.onnx.data").exists()
 
 
 def test_a_write_error_leaves_the_previous_deliverables(lab_pair, tmp_path):

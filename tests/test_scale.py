@@ -251,6 +251,9 @@ def test_expose_writes_the_payloads_back_byte_for_byte(eprun, tmp_path, build):
     assert [value.name for value in exposed.graph.output] == answer["outputs"]
     assert out.read_bytes() == exposed.SerializeToString()  # protobuf's own field order
     del exposed.graph.output[len(whole.graph.output):]
+    assert [(entry.key, entry.value) for entry in exposed.metadata_props] == [
+        ("eprun", "exposed: every layer boundary is a graph output")]  # eprun's mark
+    del exposed.metadata_props[:]
     assert exposed == whole  # weights, subgraphs and every other field as they were
     assert list((tmp_path / "out").iterdir()) == [out]  # no data file beside it
 
@@ -336,7 +339,7 @@ def test_expose_copies_external_data_into_another_folder(eprun, external_pair, t
     out = tmp_path / "elsewhere" / "exposed.onnx"
     out.parent.mkdir()
     answer = eprun("expose", fp32, out)
-    copy = out.parent / "fp32.data"
+    copy = out.parent / "exposed.onnx.data"  # named after the copy, not the model's location
     assert answer["external_data"] == [{"source": str(data), "file": str(copy),
                                         "how": answer["external_data"][0]["how"]}]
     assert answer["external_data"][0]["how"] in ("copy", "reflink")
@@ -347,13 +350,19 @@ def test_expose_copies_external_data_into_another_folder(eprun, external_pair, t
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == answer["outputs"]
     session.run(None, {"x": models.contract_input(0, 8)})
-    # the same again is fine and says so; different data at the target is never overwritten
+    # the same again is fine and says so; different data at the target is overwritten only
+    # along with eprun's own exposed copy, never beside a path that holds none
     assert eprun("expose", fp32, out)["external_data"][0]["how"] == "present"
     copy.unlink()
     copy.write_bytes(b"somebody else's weights")
-    result = run_eprun("expose", fp32, out)
+    other = out.parent / "other.onnx"
+    (out.parent / "other.onnx.data").write_bytes(b"somebody else's weights")
+    result = run_eprun("expose", fp32, other)
     assert result.code == 4 and "holds other data" in result.stderr
-    assert copy.read_bytes() == b"somebody else's weights"
+    assert (out.parent / "other.onnx.data").read_bytes() == b"somebody else's weights"
+    assert not other.exists()
+    assert eprun("expose", fp32, out)["external_data"][0]["how"] in ("copy", "reflink")
+    assert copy.read_bytes() == before[1]
     # a hard link an older eprun left there is replaced by a copy: the original's one link back
     copy.unlink()
     os.link(data, copy)
@@ -361,9 +370,10 @@ def test_expose_copies_external_data_into_another_folder(eprun, external_pair, t
     assert data.stat().st_nlink == 1 and copy.read_bytes() == before[1]
 
 
-def test_expose_into_a_new_subfolder_of_weights_and_nothing_left_on_failure(eprun, tmp_path):
-    """Weights at a relative location with a folder ("w/fp32.data"): the folder is made beside
-    the copy, and removed again when the write fails."""
+def test_weights_in_a_subfolder_are_copied_beside_the_copy_and_nothing_left_on_failure(
+        eprun, tmp_path):
+    """Weights at a relative location with a folder ("w/fp32.data"): the copy's weights go
+    beside it under eprun's own name, no folder is made, and a failure leaves nothing."""
     model = weighty_chain(widths=[48, 8])
     source = tmp_path / "models"
     (source / "w").mkdir(parents=True)
@@ -372,7 +382,8 @@ def test_expose_into_a_new_subfolder_of_weights_and_nothing_left_on_failure(epru
     out = tmp_path / "out"
     out.mkdir()
     answer = eprun("expose", source / "m.onnx", out / "m.onnx")
-    assert [entry["file"] for entry in answer["external_data"]] == [str(out / "w" / "fp32.data")]
+    assert [entry["file"] for entry in answer["external_data"]] == [str(out / "m.onnx.data")]
+    assert sorted(path.name for path in out.iterdir()) == ["m.onnx", "m.onnx.data"]
     ort.InferenceSession(str(out / "m.onnx"), providers=["CPUExecutionProvider"]).run(
         None, {"x": models.contract_input(0, 40)})
     import eprun as tool
@@ -380,7 +391,7 @@ def test_expose_into_a_new_subfolder_of_weights_and_nothing_left_on_failure(epru
     empty = tmp_path / "empty"
     empty.mkdir()
     _, staged = tool.prepare_expose(str(source / "m.onnx"), str(empty / "m.onnx"))
-    assert [path.name for path in empty.iterdir()] == ["w"]  # made for the staged copy
+    assert not list(empty.iterdir())  # staged, unnamed
     tool.discard(staged)  # what a failure before the commit does
     assert not list(empty.iterdir())
 
@@ -562,10 +573,10 @@ def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(tmp_
         float(np.abs(expected).max()), rel=1e-6)
 
 
-def test_external_data_beside_a_linked_output_and_a_linked_target(eprun, external_pair,
-                                                                 tmp_path):
-    """An output that is a link: the weights go beside the file it leads to. A data target
-    that is a link is never written through (it may lead to the user's own weights)."""
+def test_a_linked_output_or_a_linked_data_target_is_refused(eprun_fails, external_pair,
+                                                            tmp_path):
+    """An output that is a link, or a link at the name its weights would get, is refused:
+    either may lead to the user's own weights."""
     fp32 = external_pair[0]
     data = fp32.parent / "fp32.data"
     before = (data.stat().st_ino, data.read_bytes())
@@ -573,14 +584,11 @@ def test_external_data_beside_a_linked_output_and_a_linked_target(eprun, externa
     (tmp_path / "links").mkdir()
     link = tmp_path / "links" / "exposed.onnx"
     link.symlink_to(tmp_path / "real" / "exposed.onnx")
-    eprun("expose", fp32, link)
-    assert (tmp_path / "real" / "fp32.data").read_bytes() == before[1]
-    assert not (tmp_path / "links" / "fp32.data").exists()
-    ort.InferenceSession(str(tmp_path / "real" / "exposed.onnx"),
-                         providers=["CPUExecutionProvider"])
+    assert "symbolic link" in eprun_fails(4, "expose", fp32, link)
+    assert not list((tmp_path / "real").iterdir())
     out = tmp_path / "other"
     out.mkdir()
-    (out / "fp32.data").symlink_to(data)
-    answer = eprun("expose", fp32, out / "exposed.onnx")
-    assert answer["external_data"][0]["how"] == "present"
+    (out / "exposed.onnx.data").symlink_to(data)
+    assert "symbolic link" in eprun_fails(4, "expose", fp32, out / "exposed.onnx")
     assert (data.stat().st_ino, data.read_bytes()) == before  # the user's file untouched
+    assert sorted(path.name for path in out.iterdir()) == ["exposed.onnx.data"]

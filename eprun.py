@@ -123,9 +123,18 @@ class EprunError(Exception):
         return type(self), (str(self), self.code)
 
 
+class ModelChanged(EprunError):
+    """A model file that changed while eprun read it: no other way of reading it helps."""
+
+
 class ProviderRefused(EprunError):
     """A session that opened without a provider it was asked for (``require_got``): no other
     way of opening it changes that."""
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """A write the disk or quota had no room for: the machine's failure, said plainly."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 # -- arguments -------------------------------------------------------------------------------------
@@ -383,7 +392,7 @@ class Run:
     ``answered``: the answer is out. ``quiet_ort``: onnxruntime's log and warnings are
     silenced for this run (not with ``EPRUN_DEBUG``); ``quieted``: that was done.
     ``session_config``: session config entries every session of the run gets (a sensitivity
-    worker's: no spinning threads)."""
+    worker's: no spinning threads). ``warned``: the knob warnings given (``knob_warning``)."""
 
     program: bool = False
     argv: tuple = ()
@@ -397,6 +406,7 @@ class Run:
     quiet_ort: bool = False
     quieted: bool = False
     session_config: dict = dataclasses.field(default_factory=dict)
+    warned: set = dataclasses.field(default_factory=set)
 
 
 _RUNS = [Run()]  # the run in progress last; the first is that of direct calls
@@ -522,18 +532,38 @@ def note(message: str) -> None:
         print(f"eprun: note: {one_line(message)}", file=sys.stderr, flush=True)
 
 
+# -- eprun's own environment knobs ---------------------------------------------------------------
+
+def debugging() -> bool:
+    """``EPRUN_DEBUG``: on for 1, yes, true, on (any case), off for unset, empty, 0, no, false,
+    off; any other value is on, said once (a typo should not hide the traceback asked for)."""
+    value = os.environ.get("EPRUN_DEBUG", "").strip().lower()
+    return value not in ("", "0", "no", "false", "off", "n", "f")
+
+
+def knob_warning(message: str) -> None:
+    """A warning about one of eprun's own environment variables, once per run; the run goes
+    on with the default."""
+    warned = current_run().warned
+    if message not in warned:
+        warned.add(message)
+        say(f"eprun: warning: {one_line(message)}")
+
+
 # -- progress --------------------------------------------------------------------------------------
 
 def _progress_after() -> float:
-    text = os.environ.get("EPRUN_PROGRESS_AFTER", "2")
+    """``EPRUN_PROGRESS_AFTER``: seconds before progress shows (default 2, ``inf`` never);
+    a value that is not a number of seconds is a warning, and the default."""
+    text = os.environ.get("EPRUN_PROGRESS_AFTER") or "2"  # empty: as if unset
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if math.isnan(seconds) or seconds < 0:  # inf: never
-        raise EprunError(f"EPRUN_PROGRESS_AFTER={text!r} is not a number of seconds (it sets "
-                         "after how long progress is shown; unset it for the default, 2)",
-                         EXIT_USAGE)
+    if math.isnan(seconds) or seconds < 0:
+        knob_warning(f"EPRUN_PROGRESS_AFTER={text!r} is not a number of seconds (it sets after "
+                     "how long progress is shown); using the default, 2")
+        return 2.0
     return seconds
 
 
@@ -663,6 +693,7 @@ def _act_on_signal(signum: int) -> None:
     code = 130 if signum == signal.SIGINT else 128 + signum
     run = current_run()
     if run.program:
+        stop_workers()
         remove_temporaries()
         if signum == signal.SIGINT:
             write_fd(run.stderr if run.stderr is not None else 2, b"eprun: error: interrupted\n")
@@ -670,6 +701,18 @@ def _act_on_signal(signum: int) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise SystemExit(code)
+
+
+def stop_workers() -> None:
+    """Kill every worker process this process started, at once: a signal that ends eprun
+    ends its workers too (they would otherwise go on alone, and keep multiprocessing's
+    resource tracker alive)."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None:
+        return
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(Exception):
+            child.kill()
 
 
 def _install_signal_handlers() -> dict:
@@ -1161,16 +1204,20 @@ def load_model(path: str, inline_weights: bool = False, text_names: bool = False
     require_file(path)
     model = None if inline_weights else _read_graph(path)
     if model is None:
+        before = file_stamp(path)
         try:
             model = onnx.load(path, load_external_data=False)
         except Exception as exc:  # DecodeError, external data problems, OS errors
             raise EprunError(f"{path!r} is not a loadable ONNX model ({type(exc).__name__}: "
                              f"{one_line(exc)}); re-export or regenerate it") from exc
+        require_same_stamp(path, before)
+        remember_stamp(path, before)
     if model.ir_version < 1 or not model.HasField("graph") or not model.graph.output:
         raise EprunError(f"{path!r} is not a loadable ONNX model (no IR version, graph or "
                          "output); re-export or regenerate it")
     if text_names:
         require_text_names(model, path)
+    require_initializer_data(model, path)
     return model
 
 
@@ -1276,7 +1323,7 @@ def _read_graph(path: str):
         model.ParseFromString(serialized)
     except Exception:  # any surprise: the ordinary parse decides
         return None
-    current_run().read_stamps[os.path.realpath(path)] = stamp  # see require_unchanged
+    remember_stamp(path, stamp)  # see require_unchanged
     return model
 
 
@@ -1320,19 +1367,53 @@ class _FileBytes:
 
 
 def _stamp(status: os.stat_result) -> tuple:
-    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns,
+            status.st_ctime_ns)
 
 
 def require_unchanged(path: str, status: os.stat_result | None = None) -> None:
-    """Refuse to read weights from a model file that changed since its graph was read: its
-    payloads would be taken at offsets that now hold something else."""
-    stamp = current_run().read_stamps.get(os.path.realpath(path))
+    """Refuse a model file that changed since eprun first read it (``remember_stamp``): its
+    payloads would be taken at offsets that now hold something else, and a session made from
+    it would measure another model than the one checked."""
+    stamp = _stamp_of(path)
     try:
         now = _stamp(status or os.stat(path))
     except OSError:
         now = None
     if stamp is not None and now != stamp:
-        raise EprunError(f"{path!r} changed while eprun was reading it; run the command again")
+        raise ModelChanged(f"{path!r} changed while eprun was reading it; run the command "
+                           "again")
+
+
+def remember_stamp(path: str, stamp: tuple | None = None) -> None:
+    """Keep ``path``'s stamp (device, inode, size, times) as of this read of its graph: the
+    weights read later must come from that same file (``require_unchanged``)."""
+    try:
+        stamp = stamp or _stamp(os.stat(path))
+    except OSError:
+        return
+    stamps = current_run().read_stamps
+    stamps[os.path.abspath(path)] = stamps[os.path.realpath(path)] = stamp
+
+
+def file_stamp(path: str) -> tuple | None:
+    """``path``'s stamp now, None where it cannot be read."""
+    try:
+        return _stamp(os.stat(path))
+    except OSError:
+        return None
+
+
+def require_same_stamp(path: str, before: tuple | None) -> None:
+    """Refuse a model file whose stamp is not ``before`` any more."""
+    if before is not None and file_stamp(path) != before:
+        raise ModelChanged(f"{path!r} changed while eprun was reading it; run the command "
+                           "again")
+
+
+def _stamp_of(path: str) -> tuple | None:
+    stamps = current_run().read_stamps
+    return stamps.get(os.path.abspath(path), stamps.get(os.path.realpath(path)))
 
 
 def _graph_with_references(data, location: bytes) -> bytes:
@@ -1398,7 +1479,9 @@ def _wire_fields(data, start: int, end: int):
     message serialized in ``data[start:end]``; a length-delimited value starts after its
     length. Groups (wire types 3 and 4), unused by ONNX, are refused, and so is what protobuf
     itself refuses (its parser is what the walk stands in for): a tag or a length longer than
-    5 bytes, a tag beyond 32 bits or of field 0, a length of 2 GiB or more."""
+    5 bytes, a tag beyond 32 bits or of field 0. A length may pass protobuf's 2 GiB: the
+    graph of a model over 2 GB in one file, and its large payloads, are walked over, never
+    parsed (what is parsed afterwards, the graph with references, is small)."""
     position = start
     while position < end:
         key, value_at = _varint(data, position, _MAX_TAG_BYTES)
@@ -1411,8 +1494,6 @@ def _wire_fields(data, start: int, end: int):
             field_end = value_at + 8
         elif wire == 2:
             length, value_at = _varint(data, value_at, _MAX_TAG_BYTES)
-            if length >= 1 << 31:
-                raise ValueError(f"length {length}")
             field_end = value_at + length
         elif wire == 5:
             field_end = value_at + 4
@@ -1424,7 +1505,7 @@ def _wire_fields(data, start: int, end: int):
         position = field_end
 
 
-# protobuf reads tags and lengths as 32-bit varints: at most 5 bytes.
+# protobuf reads tags and lengths as varints of at most 5 bytes (lengths up to 32 GiB here).
 _MAX_TAG_BYTES = 5
 
 
@@ -2473,15 +2554,54 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
         if on.options:
             extra["provider_options"] = [dict(on.options.get(name, {})) for name in on.names]
     return_freed_memory()  # what sessions released before this one, so peaks do not stack
+    path = source if isinstance(source, str) else None
+    before = file_stamp(path) if path is not None else None
+    if path is not None and not _is_text(path):
+        source = _bytes_for_a_path_not_text(path)
     try:
         session = ort.InferenceSession(source, sess_options=options, **extra)
     except Exception as exc:
         asked = "" if on.requested == [CPU_EP] else f" with providers {on.requested}"
         raise EprunError(f"onnxruntime cannot open {what}{asked}: "
-                         f"{type(exc).__name__}: {one_line(exc)}") from exc
+                         f"{type(exc).__name__}: {one_line(exc)}{_too_large_hint(path)}"
+                         ) from exc
+    if path is not None:  # what onnxruntime read is one file, not two
+        require_same_stamp(path, before)
+    try:  # onnxruntime hands names over as text: a name that is not UTF-8 fails on first use
+        [value.name for value in (*session.get_inputs(), *session.get_outputs())]
+    except UnicodeDecodeError as exc:
+        raise EprunError(f"{what} has an input or output whose name is not UTF-8 text "
+                         f"({one_line(exc)}); eprun reads tensor names as text: give it a "
+                         "UTF-8 name") from exc
     if not on.allow_fallback:
         require_got(session, on, what)
     return session
+
+
+def _bytes_for_a_path_not_text(path: str) -> bytes:
+    """onnxruntime takes a path as UTF-8 text, and a folder named in another encoding is not
+    (Python keeps its bytes as surrogates): such a model is handed over as its bytes, which
+    works unless it keeps weights in other files (found beside a path only)."""
+    model = load_model(path)
+    if external_data_files(model, path):
+        raise EprunError(f"{path!r} is not UTF-8 text, which onnxruntime needs to find the "
+                         "external data beside a model; rename its folder (or the model) in "
+                         "UTF-8")
+    with open(path, "rb") as stream:
+        return stream.read()
+
+
+def _too_large_hint(path: str | None) -> str:
+    """Why onnxruntime cannot parse a model file of 2 GB or more: protobuf's limit."""
+    try:
+        size = os.path.getsize(path) if path is not None else 0
+    except OSError:
+        return ""
+    if size < 1 << 31:
+        return ""
+    return (f" (the file is {size / (1 << 30):.1f} GiB in one piece, past protobuf's 2 GiB "
+            "limit, which onnxruntime cannot load from a path; keep its weights as external "
+            "data: onnx.save_model(model, path, save_as_external_data=True))")
 
 
 def return_freed_memory() -> None:
@@ -2854,16 +2974,10 @@ def _require_fitting(array, spec: InputSpec, file: str, path: str,
 
 
 def _load_inputs_file(file: str, names: list[str], path: str, what: str = "inputs") -> dict:
-    """The arrays of an ``.npz`` file, one per input name, exactly."""
-    import numpy as np
-
+    """The arrays of an ``.npz`` file, one per input name: only those members are read
+    (``read_npz``); a member no input is called is left unread, and said so."""
     require_file(file, what)
-    try:
-        with np.load(file, allow_pickle=False) as archive:
-            stored = {name: archive[name] for name in archive.files}
-    except Exception as exc:  # not a zip, a pickled object array, a damaged member
-        raise EprunError(f"cannot read the {what} file {file!r} ({type(exc).__name__}: "
-                         f"{one_line(exc)}); write it with numpy.savez") from exc
+    stored = read_npz(file, names, what, per=f"per input of {path!r}")
     for name, array in stored.items():
         if array.dtype.kind not in "biuf":
             raise EprunError(f"{file!r}: {name!r} holds {array.dtype} values; the inputs must be "
@@ -2871,16 +2985,74 @@ def _load_inputs_file(file: str, names: list[str], path: str, what: str = "input
         if array.ndim and array.shape[0] == 0:
             raise EprunError(f"{file!r}: {name!r} has 0 rows (shape {list(array.shape)}); give "
                              "at least one")
-    missing = [name for name in names if name not in stored]
-    extra = [name for name in stored if name not in names]
-    if missing or extra:
-        raise EprunError(f"{file!r} must hold one array per input of {path!r} "
-                         f"({', '.join(names)}): "
-                         + "; ".join(part for part in (
-                             f"missing {', '.join(missing)}" if missing else "",
-                             f"no input is called {', '.join(extra)}" if extra else "")
-                             if part))
     return stored
+
+
+# Bytes a .npy member may hold beyond its array's data: the header (numpy pads it to 64 bytes,
+# and allows up to 4 GB only in format 2, which no real file needs).
+_NPY_HEADER_BYTES = 1 << 16
+
+
+def read_npz(file: str, names: list[str], what: str = "inputs", *, per: str = "",
+             exact: bool = False, quiet: bool = False, max_bytes: int | None = None) -> dict:
+    """The members ``names`` of an ``.npz`` file as arrays, and nothing else of it read.
+
+    A zip member says how large it is before it is inflated: a member that declares more
+    bytes than its .npy header's shape and type need (a zip bomb) is refused before it is
+    inflated, and members no name asks for are never inflated at all. Object arrays (pickles)
+    are refused. A missing name is an error (``per``: what each array is for, for the
+    message); an extra one a note, or an error too where the file must hold exactly ``names``
+    (``exact``), or nothing at all (``quiet``). ``max_bytes`` bounds the first member
+    (a record, not data)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(file) as archive:
+            members = {info.filename[:-4] if info.filename.endswith(".npy") else
+                       info.filename: info for info in archive.infolist()}
+            missing = [name for name in names if name not in members]
+            extra = [name for name in members if name not in names]
+            if missing or (extra and exact):
+                unknown = "nothing is called" if exact else "no input is called"
+                raise EprunError(f"{file!r} must hold one array {per} ({', '.join(names)}): "
+                                 + "; ".join(part for part in (
+                                     f"missing {', '.join(missing)}" if missing else "",
+                                     f"{unknown} {', '.join(extra)}" if extra else "")
+                                     if part))
+            if extra and not quiet:
+                note(f"{file!r}: {', '.join(map(repr, extra))} is no input's name; left unread")
+            return {name: _read_npy_member(archive, members[name], file,
+                                           max_bytes if position == 0 else None)
+                    for position, name in enumerate(names)}
+    except EprunError:
+        raise
+    except Exception as exc:  # not a zip, a pickled object array, a damaged member
+        raise EprunError(f"cannot read the {what} file {file!r} ({type(exc).__name__}: "
+                         f"{one_line(exc)}); write it with numpy.savez") from exc
+
+
+def _read_npy_member(archive, info, file: str, max_bytes: int | None = None):
+    """One member of an open .npz, its declared size checked against its header (and
+    ``max_bytes``) first."""
+    import numpy as np
+
+    with archive.open(info) as stream:
+        version = np.lib.format.read_magic(stream)
+        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                  else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = reader(stream)
+        needed = math.prod(shape) * dtype.itemsize
+        if dtype.hasobject:
+            raise ValueError(f"{info.filename!r} holds Python objects, which eprun never reads")
+        if max_bytes is not None and needed > max_bytes:
+            raise ValueError(f"{info.filename!r} is {needed} bytes, more than such a member "
+                             f"ever holds ({max_bytes})")
+        if info.file_size > needed + _NPY_HEADER_BYTES:
+            raise EprunError(f"{file!r}: member {info.filename!r} declares "
+                             f"{info.file_size} bytes where its shape {list(shape)} of "
+                             f"{dtype} needs {needed}; refusing to inflate it")
+    with archive.open(info) as stream:
+        return np.lib.format.read_array(stream, allow_pickle=False)
 
 
 def feed_for(specs: list[InputSpec], other_path: str, feed: Feed) -> dict:
@@ -2961,6 +3133,8 @@ def _require_numeric(value, name: str, path: str, command: str = "check") -> Non
 
 # The member of a golden .npz that says what it holds; the arrays are input_<i>, tensor_<i>.
 _GOLDEN_META = "eprun"
+# The largest record (JSON text) a golden file may have: names and versions, not data.
+_GOLDEN_RECORD_BYTES = 16 << 20
 
 
 def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *,
@@ -3009,14 +3183,23 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed:
     ``seed`` other than the one they were drawn with is said to be unused."""
     import json
 
-    import numpy as np
-
     require_file(path, "golden")
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            meta = json.loads(str(archive[_GOLDEN_META]))
-            inputs = {name: archive[f"input_{i}"] for i, name in enumerate(meta["inputs"])}
-            tensors = {name: archive[f"tensor_{i}"] for i, name in enumerate(meta["tensors"])}
+        record = read_npz(path, [_GOLDEN_META], "golden", per="", quiet=True,
+                          max_bytes=_GOLDEN_RECORD_BYTES)[_GOLDEN_META]
+        meta = json.loads(str(record[()]))
+        if not isinstance(meta, dict) or not all(
+                isinstance(meta.get(key), list) and all(isinstance(name, str)
+                                                        for name in meta[key])
+                for key in ("inputs", "tensors")):
+            raise ValueError("its record does not list the inputs and tensors it holds")
+        members = [f"input_{i}" for i in range(len(meta["inputs"]))] + [
+            f"tensor_{i}" for i in range(len(meta["tensors"]))]
+        arrays = read_npz(path, [_GOLDEN_META, *members], "golden",
+                          per="per name its record lists", exact=True,
+                          max_bytes=_GOLDEN_RECORD_BYTES)
+        inputs = {name: arrays[f"input_{i}"] for i, name in enumerate(meta["inputs"])}
+        tensors = {name: arrays[f"tensor_{i}"] for i, name in enumerate(meta["tensors"])}
     except Exception as exc:
         raise EprunError(f"{path!r} is not a golden file eprun wrote ({type(exc).__name__}: "
                          f"{one_line(exc)}); write one with --save-outputs or "
@@ -3321,18 +3504,26 @@ def open_exposed(model, model_path: str, settings: dict | None = None,
     serialized = model.SerializeToString()
     values = [ort.OrtValue.ortvalue_from_numpy(array) for array in arrays]
 
+    folder_path = os.path.dirname(os.path.abspath(data_path))
+    if not _is_text(folder_path):  # a config entry is UTF-8 text: such a folder gets maps
+        external_via_folder = False
+    else:
+        external_via_folder = bool(external) and ort_release() >= _FOLDER_OPTION_SINCE
+
     def session_with(extra_names: list[str], extra_values: list, folder_option: bool):
         folder = {"session.model_external_initializers_file_folder_path":
-                  os.path.dirname(os.path.abspath(data_path))} if folder_option else None
+                  folder_path} if folder_option else None
         options = session_options(**(settings or {}), config=folder)
         if names or extra_names:
             options.add_external_initializers(names + extra_names, values + extra_values)
-        return open_session(serialized, options, what=repr(model_path), on=on)
+        session = open_session(serialized, options, what=repr(model_path), on=on)
+        require_unchanged(model_path)  # the weights onnxruntime read are the ones checked
+        return session
 
-    if external and ort_release() >= _FOLDER_OPTION_SINCE:
+    if external_via_folder:
         try:
             return session_with([], [], folder_option=True)
-        except ProviderRefused:
+        except (ProviderRefused, ModelChanged):
             raise
         except EprunError:  # a location it refuses (a link out of the folder): map the data
             pass
@@ -4588,8 +4779,9 @@ def output_format(given: str | None) -> str:
         return given
     text = os.environ.get("EPRUN_FORMAT", "")
     if text and text not in FORMATS:
-        raise EprunError(f"EPRUN_FORMAT={text!r} is not a format eprun prints (json or table); "
-                         "unset it for JSON", EXIT_USAGE)
+        knob_warning(f"EPRUN_FORMAT={text!r} is not a format eprun prints (json or table); "
+                     "printing JSON")
+        return "json"
     return text or "json"
 
 
@@ -4830,6 +5022,8 @@ def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
             session = open_session(model, on=on)
             actual, error = list(session.get_providers()), None
             del session
+        except ModelChanged:
+            raise
         except EprunError as exc:  # the contract's error: onnxruntime's exception class
             actual, error = [], type(exc.__cause__).__name__
         rejected = [name for name in fallback_of(requested, actual)
@@ -5273,12 +5467,16 @@ class SettingsRunner:
         self.feed: Feed | None = None
         self.on = (targets or Targets()).candidate
         self.actual: list[str] = []
+        self.stamp: tuple | None = None  # the model file every case is measured on
 
     def session(self, level: str, intra_op: int, disabled: list[str] = (),
                 optimized_path: str | None = None):
         options = session_options(level=level, threads=intra_op, optimized_path=optimized_path)
         session = open_session(self.model, options, what=repr(self.model), disabled=disabled,
                                on=self.on)
+        if self.stamp is None:
+            self.stamp = file_stamp(self.model)
+        require_same_stamp(self.model, self.stamp)  # each case the same file as the first
         self.actual = list(session.get_providers())
         if self.feed is None:  # from the first session's metadata: a float model needs no onnx
             self.feed = make_feeds(session_specs(session, self.model), self.seed, self.inputs,
@@ -5662,8 +5860,12 @@ def placement(model: str, providers: list[str], seed: int = 0,
         actual = list(session.get_providers())
         if source == "graph_assignment_info":
             assigned = session.get_provider_graph_assignment_info()
-            nodes = [{"name": node.name, "op_type": node.op_type, "provider": subgraph.ep_name}
-                     for subgraph in assigned for node in subgraph.get_nodes()]
+            try:
+                nodes = [{"name": node.name, "op_type": node.op_type,
+                          "provider": subgraph.ep_name}
+                         for subgraph in assigned for node in subgraph.get_nodes()]
+            except UnicodeDecodeError as exc:  # onnxruntime decodes node names as UTF-8
+                raise _not_text(model, exc) from exc
             subgraphs = [subgraph.ep_name for subgraph in assigned]
         else:
             shaped = inputs or InputOptions()
@@ -5671,7 +5873,10 @@ def placement(model: str, providers: list[str], seed: int = 0,
                               dataclasses.replace(shaped, rows=shaped.rows or 1), model)
             run_session(session, None, feed.arrays, what=repr(model),
                         hint=dims_hint(feed))
-            nodes = _profiled_nodes(session.end_profiling())
+            try:
+                nodes = _profiled_nodes(session.end_profiling())
+            except UnicodeDecodeError as exc:
+                raise _not_text(model, exc) from exc
             # runs of consecutive nodes on one provider, in the order they ran
             subgraphs = [provider for provider, _ in
                          itertools.groupby(node["provider"] for node in nodes)]
@@ -5683,6 +5888,11 @@ def placement(model: str, providers: list[str], seed: int = 0,
     return {"model": model, "requested": providers, "actual": actual,
             "fell_back": differs_from_request(providers, actual), "source": source,
             "counts": counts, "nodes": nodes, "subgraphs": dict(collections.Counter(subgraphs))}
+
+
+def _not_text(model: str, exc: UnicodeDecodeError) -> EprunError:
+    return EprunError(f"{model!r} has a node whose name is not UTF-8 text ({one_line(exc)}); "
+                      "placement reports node names as text: give it a UTF-8 name")
 
 
 def _profiled_nodes(profile_path: str) -> list[dict]:
@@ -6411,7 +6621,7 @@ def _quiet_quantizer() -> Iterator[None]:
     import logging
     import warnings
 
-    if os.environ.get("EPRUN_DEBUG"):
+    if debugging():
         yield
         return
     root = logging.getLogger()
@@ -7293,7 +7503,8 @@ def _in_workers(run: SensitivityRun, units: list[Unit], parallel: Parallel, jobs
                          run.requantizer.extra_options, run.requantizer.calibrated)),
             "folder": run.folder if run.requantizer is not None else None}
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(
+    spec["parent"] = os.getpid()
+    with _isolated_spawning(), concurrent.futures.ProcessPoolExecutor(
             max_workers=jobs, mp_context=context, initializer=_worker_start,
             initargs=(spec,)) as pool:
         futures = [pool.submit(_worker_measure, unit.name) for unit in units]
@@ -7313,6 +7524,32 @@ def _in_workers(run: SensitivityRun, units: list[Unit], parallel: Parallel, jobs
                 future.cancel()
 
 
+@contextlib.contextmanager
+def _isolated_spawning() -> Iterator[None]:
+    """Worker processes (and multiprocessing's resource tracker) started in the block run
+    Python isolated (``-I``): no working directory on ``sys.path`` before the parent's own
+    path is restored, no ``PYTHON*`` variables, no user site. multiprocessing starts them as
+    ``python -c ...``, which would put the working directory first: a ``copyreg.py`` or
+    ``pickle.py`` there would run in every worker."""
+    from multiprocessing import spawn, util
+
+    commands = spawn.get_command_line
+    flags = util._args_from_interpreter_flags
+
+    def isolated_command(**kwargs) -> list[str]:
+        command = commands(**kwargs)
+        return [command[0], "-I", *command[1:]]
+
+    def isolated_flags() -> list[str]:  # the resource tracker's command line
+        return ["-I", *[flag for flag in flags() if flag != "-I"]]
+
+    spawn.get_command_line, util._args_from_interpreter_flags = isolated_command, isolated_flags
+    try:
+        yield
+    finally:
+        spawn.get_command_line, util._args_from_interpreter_flags = commands, flags
+
+
 _WORKER: dict = {}  # a sensitivity worker process's open run
 
 
@@ -7323,8 +7560,11 @@ def _worker_start(spec: dict) -> None:
     import tempfile
 
     with contextlib.suppress(Exception):  # Linux: die with the parent, whatever ends it
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if not os.environ.get("EPRUN_DEBUG"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != spec["parent"]:  # the parent died before that could take effect
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(spec["parent"],), daemon=True).start()
+    if not debugging():
         sink = os.open(os.devnull, os.O_WRONLY)
         os.dup2(sink, 1)
         os.dup2(sink, 2)
@@ -7347,6 +7587,16 @@ def _worker_start(spec: dict) -> None:
         return
     _WORKER["run"] = run
     _WORKER["units"] = {unit.name: unit for unit in run.units}
+
+
+def _watch_parent(parent: int) -> None:
+    """A worker's watch, where ``PR_SET_PDEATHSIG`` is missing or the parent thread that
+    started it ended: once its parent is gone, the worker ends too."""
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
@@ -7681,6 +7931,8 @@ def _optional_sensitivity(fp32: str, int8: str, seed: int, inputs: InputOptions 
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # whatever it was (MemoryError too), the report still goes out
+        if out_of_space(exc):  # but a full disk is the machine's failure: the report fails
+            raise
         why = one_line(exc) if isinstance(exc, EprunError) else (
             f"internal error: {type(exc).__name__}: {one_line(exc)}")
         note(f"report --sensitivity: the section is left out: {why}")
@@ -7972,8 +8224,9 @@ def _main(argv: list[str] | None, restore_handlers: bool) -> int:
         replaced = _install_signal_handlers()
         run.argv = tuple(sys.argv[1:] if argv is None else argv)
         parser = build_parser()
-        if not run.argv:  # bare eprun: what it can do, then why nothing ran
-            parser.print_help(sys.stderr)
+        if not run.argv:  # bare eprun: a short usage, the commands, and where help is
+            parser.print_usage(sys.stderr)
+            print(f"commands: {', '.join(COMMANDS)}", file=sys.stderr)
             parser.error("no command given")
         args, extra = parser.parse_known_args(argv)
         _seed_from(args, extra)
@@ -7986,7 +8239,7 @@ def _main(argv: list[str] | None, restore_handlers: bool) -> int:
             say("eprun: error: stdout is closed, so there is nowhere to write the answer")
             return EXIT_FAILURE
         with warnings.catch_warnings():
-            run.quiet_ort = not os.environ.get("EPRUN_DEBUG")
+            run.quiet_ort = not debugging()
             if run.quiet_ort:  # "Specified provider ... is not in available provider names"
                 warnings.filterwarnings("ignore", category=UserWarning, module="onnxruntime")
             return _run(args)
@@ -8098,13 +8351,17 @@ def _report_failure(exc: BaseException, store=None) -> None:
     """The one stderr line of a failure. What the command printed meanwhile (onnxruntime's
     banners and warnings, eprun's notes) is dropped, or shown first with ``EPRUN_DEBUG=1``,
     which also adds the traceback. An exception eprun did not expect is an internal error."""
-    if os.environ.get("EPRUN_DEBUG"):
+    if debugging():
         import traceback
 
         replay(store)
         say("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
     if isinstance(exc, EprunError):
         message = str(exc)
+    elif out_of_space(exc):
+        where = f" writing {exc.filename!r}" if isinstance(exc.filename, str) else ""
+        message = (f"{exc.strerror}{where}; free some space (or set TMPDIR to a folder with "
+                   "room) and run again")
     else:
         message = (f"internal error: {type(exc).__name__}: {exc} (rerun with EPRUN_DEBUG=1 "
                    "and report it)")

@@ -1,0 +1,1029 @@
+"""The threat model's tests (issue 32): eprun is safe with untrusted models, in shared folders
+and as root.
+
+Whoever wrote the model, planted a link in the output folder or runs a second eprun beside
+this one: eprun never writes through a symbolic link (W1), chooses the names it writes itself
+(W2), never hands out more permission than the user's umask and the source allow (W3),
+replaces only what it wrote unless told ``--force`` (W4), and two runs into one folder leave one
+run's set (W5). It runs no code from the working directory (R6), refuses a model that changes
+under it (R7), leaves no process or scratch folder behind (R8), reads what it was given only as
+far as it needs (R9), and every refusal is one clean line (C10, C11).
+
+Every refusal here is the exit code, an empty stdout, exactly one ``eprun: error:`` line and no
+traceback, with every file of the test's folder (victims included) left byte for byte, inode
+and mode as it was. Every hostile folder is built inside the test's ``tmp_path``.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import models
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import EPRUN, Result, run_eprun
+from onnx import TensorProto, helper, numpy_helper
+
+import eprun as tool
+
+SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
+GIB = 1 << 30
+
+
+# -- how a run is judged -----------------------------------------------------------------------
+
+def in_process(capfd, *argv) -> Result:
+    """``eprun.main(argv)`` in this process: its exit code and what reached fds 1 and 2.
+    ``sys.stdout`` and ``sys.stderr`` are the descriptors meanwhile, as in a process of its own
+    (capfd otherwise writes Python's prints to its file directly, past eprun's hold on fd 2)."""
+    capfd.readouterr()
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    try:
+        code = tool.main([str(arg) for arg in argv])
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = streams
+    out, err = capfd.readouterr()
+    return Result(subprocess.CompletedProcess(list(argv), code, out, err))
+
+
+def refused(result: Result, code: int = 4) -> str:
+    """A clean refusal: ``code``, nothing on stdout, one error line, no traceback and no
+    internal error; returns the line."""
+    assert result.code == code, (result.code, result.stderr)
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eprun: error: "), result.stderr
+    assert "internal error" not in lines[0]
+    return lines[0]
+
+
+def snapshot(root) -> dict:
+    """Everything under ``root``, links not followed: each entry's mode and inode, and its
+    bytes' digest (a file) or its target (a link)."""
+    seen = {}
+    for folder, folders, files in os.walk(root):
+        for name in (*folders, *files):
+            path = os.path.join(folder, name)
+            status = os.lstat(path)
+            if stat.S_ISLNK(status.st_mode):
+                what = os.readlink(path)
+            elif stat.S_ISREG(status.st_mode):
+                what = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            else:
+                what = None
+            seen[os.path.relpath(path, root)] = (status.st_mode, status.st_ino, what)
+    return seen
+
+
+def mode_of(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+@pytest.fixture
+def victim(tmp_path) -> Path:
+    """A file of somebody else's that no eprun run may touch."""
+    folder = tmp_path / "victim"
+    folder.mkdir()
+    path = folder / "secret.txt"
+    path.write_bytes(b"precious, and not eprun's\n")
+    path.chmod(0o640)
+    return path
+
+
+@pytest.fixture
+def own_pair(lab_pair, tmp_path) -> tuple[Path, Path]:
+    """Copies of the lab pair (written by onnx.save, not eprun) that a test may chmod or see
+    overwritten."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    copies = []
+    for source in lab_pair:
+        copies.append(folder / source.name)
+        shutil.copyfile(source, copies[-1])
+    return copies[0], copies[1]
+
+
+# -- models whose weights live elsewhere ------------------------------------------------------
+
+def external_model(folder: Path, location: str, data_at: Path | None = None,
+                   seed: int = 2) -> Path:
+    """``folder``/m.onnx, a 64-wide chain whose every initializer is external data at
+    ``location``, one file written at ``data_at`` (default: where the location names)."""
+    model = models.chain(features=64, widths=(64, 64, 64), seed=seed)
+    blob = bytearray()
+    for tensor in model.graph.initializer:
+        raw = numpy_helper.to_array(tensor).tobytes()
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", str(len(blob))),
+                           ("length", str(len(raw)))):
+            tensor.external_data.add(key=key, value=value)
+        blob += raw
+    data_at = data_at if data_at is not None else folder / location
+    data_at.parent.mkdir(parents=True, exist_ok=True)
+    data_at.write_bytes(bytes(blob))
+    path = folder / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def final_output(path, seed: int = 3):
+    """The model's "y" on the contract input, from a session onnxruntime opens by path (so it
+    finds the external data itself), optimizations off."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(["y"], {"x": models.contract_input(seed, 64)})[0]
+
+
+def locations(path) -> set[str]:
+    model = onnx.load(str(path), load_external_data=False)
+    return {entry.value for tensor in model.graph.initializer
+            for entry in tensor.external_data if entry.key == "location"}
+
+
+# == W1 never through a symlink ================================================================
+
+@pytest.mark.parametrize("leads_to", ["victim", "nothing"])
+def test_expose_never_writes_through_an_output_link(capfd, lab_pair, tmp_path, victim,
+                                                    leads_to):
+    fp32, _ = lab_pair
+    link = tmp_path / "out.onnx"
+    target = victim if leads_to == "victim" else victim.parent / "planted.onnx"
+    link.symlink_to(target)
+    before = snapshot(tmp_path)
+    line = refused(in_process(capfd, "expose", fp32, link))
+    assert "symbolic link" in line
+    assert snapshot(tmp_path) == before
+    assert not (victim.parent / "planted.onnx").exists()
+
+
+@pytest.mark.parametrize("name", ["growth.json", "ep_report.md"])
+def test_report_never_writes_through_a_deliverable_link(capfd, lab_pair, tmp_path, victim,
+                                                        name):
+    fp32, int8 = lab_pair
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    before = snapshot(tmp_path)
+    line = refused(in_process(capfd, "report", fp32, int8, "--out-dir", out))
+    assert "symbolic link" in line
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("leads_to", ["victim", "nothing"])
+def test_a_golden_file_is_never_written_through_a_link(capfd, lab_pair, tmp_path, victim,
+                                                       leads_to):
+    fp32, _ = lab_pair
+    link = tmp_path / "golden.npz"
+    link.symlink_to(victim if leads_to == "victim" else victim.parent / "planted.npz")
+    before = snapshot(tmp_path)
+    line = refused(in_process(capfd, "check", fp32, fp32, "--save-outputs", link))
+    assert "symbolic link" in line
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("at_stage", ["a file", "nothing"])
+def test_a_link_planted_between_stage_and_commit_is_replaced_itself(tmp_path, victim,
+                                                                    at_stage):
+    """The race: the name is a regular file (or free) when eprun stages, and a link to a victim
+    by the time it commits. The link itself is replaced, never its target."""
+    path = tmp_path / "out.bin"
+    if at_stage == "a file":
+        path.write_bytes(b"old")
+    victim_before = snapshot(victim.parent)
+    staged = tool.stage(b"new", str(path))
+    if path.exists():
+        path.unlink()
+    path.symlink_to(victim)
+    tool.commit([staged])
+    assert not path.is_symlink() and stat.S_ISREG(path.lstat().st_mode)
+    assert path.read_bytes() == b"new"
+    assert snapshot(victim.parent) == victim_before
+    assert sorted(os.listdir(tmp_path)) == ["out.bin", "victim"]  # no temporary left
+
+
+# == W2 external data: eprun chooses the written names =========================================
+
+def test_exposed_weights_get_eprun_s_own_name(capfd, tmp_path):
+    model = external_model(tmp_path / "model", "sub/w.bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    result = in_process(capfd, "expose", model, out / "exposed.onnx")
+    assert result.code == 0, result.stderr
+    assert sorted(os.listdir(out)) == ["exposed.onnx", "exposed.onnx.data"]
+    assert locations(out / "exposed.onnx") == {"exposed.onnx.data"}
+    np.testing.assert_array_equal(final_output(out / "exposed.onnx"), final_output(model))
+    entries = result.answer["external_data"]
+    assert entries and all(entry["file"] == str(out / "exposed.onnx.data") for entry in entries)
+
+
+def test_a_location_naming_a_hidden_folder_creates_none(capfd, tmp_path):
+    folder = tmp_path / "model"
+    model = external_model(folder, ".ssh/authorized_keys")
+    assert (folder / ".ssh" / "authorized_keys").is_file()
+    out = tmp_path / "out"
+    out.mkdir()
+    in_process(capfd, "expose", model, out / "exposed.onnx")
+    assert not (out / ".ssh").exists()
+    assert set(os.listdir(out)) <= {"exposed.onnx", "exposed.onnx.data"}
+
+
+@pytest.mark.parametrize("command", ["expose", "layers", "settings"])
+def test_weights_behind_a_link_out_of_the_folder_are_refused(capfd, tmp_path, command):
+    outside = tmp_path / "outside"
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "sub").symlink_to(outside, target_is_directory=True)
+    model = external_model(folder, "sub/w.bin", data_at=outside / "w.bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = {"expose": ["expose", model, out / "exposed.onnx"],
+            "layers": ["layers", model, model, "1"],
+            "settings": ["settings", model, "1"]}[command]
+    before = snapshot(tmp_path)
+    line = refused(in_process(capfd, *argv))
+    assert "sub/w.bin" in line and "outside" in line
+    assert snapshot(tmp_path) == before
+
+
+def test_a_link_at_the_data_file_s_name_is_refused(capfd, tmp_path, victim):
+    model = external_model(tmp_path / "model", "w.bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "exposed.onnx.data").symlink_to(victim)
+    before = snapshot(tmp_path)
+    line = refused(in_process(capfd, "expose", model, out / "exposed.onnx"))
+    assert "symbolic link" in line
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["expose", "layers", "growth", "settings", "check",
+                                     "placement"])
+def test_a_location_with_a_nul_byte_is_one_clean_line(capfd, tmp_path, command):
+    folder = tmp_path / "model"
+    model = external_model(folder, "w\x00.bin", data_at=folder / "w.bin")
+    argv = {"expose": ["expose", model, tmp_path / "exposed.onnx"],
+            "layers": ["layers", model, model, "1"],
+            "growth": ["growth", model, model, "1"],
+            "settings": ["settings", model, "1"],
+            "check": ["check", model, model],
+            "placement": ["placement", model, "CPUExecutionProvider"]}[command]
+    before = snapshot(tmp_path)
+    refused(in_process(capfd, *argv))
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("where", ["absolute", "parent"])
+@pytest.mark.parametrize("command", ["expose", "layers", "settings"])
+def test_reading_stays_inside_the_model_s_folder(capfd, tmp_path, where, command):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    data = tmp_path / "x"  # a real file, so the refusal is not "missing"
+    model = external_model(folder, str(data) if where == "absolute" else "../x", data_at=data)
+    argv = {"expose": ["expose", model, tmp_path / "exposed.onnx"],
+            "layers": ["layers", model, model, "1"],
+            "settings": ["settings", model, "1"]}[command]
+    before = snapshot(tmp_path)
+    line = refused(in_process(capfd, *argv))
+    # settings hands the path to onnxruntime without reading the graph: its own refusal
+    assert "outside" in line or (command == "settings" and (
+        "Absolute path" in line or "escapes model directory" in line))
+    assert snapshot(tmp_path) == before
+
+
+# == W3 mode bits ===============================================================================
+
+def test_a_copied_data_file_loses_setuid_setgid_and_sticky(capfd, tmp_path):
+    assert os.geteuid() == 0  # root keeps special bits on its own writes: the case that matters
+    model = external_model(tmp_path / "model", "w.bin")
+    data = tmp_path / "model" / "w.bin"
+    data.chmod(0o6755)
+    out = tmp_path / "out"
+    out.mkdir()
+    with umask(0o022):
+        result = in_process(capfd, "expose", model, out / "exposed.onnx")
+    assert result.code == 0, result.stderr
+    copies = [entry["file"] for entry in result.answer["external_data"]]
+    assert copies
+    for copy in copies:
+        mode = mode_of(copy)
+        assert mode & SPECIAL_BITS == 0, oct(mode)
+        assert mode & ~(0o666 & ~0o022) == 0, oct(mode)
+        assert mode & ~0o6755 == 0, oct(mode)
+
+
+def test_a_private_model_gives_a_private_exposed_copy(capfd, own_pair, tmp_path):
+    assert os.geteuid() == 0
+    fp32, _ = own_pair
+    fp32.chmod(0o600)
+    with umask(0o022):
+        result = in_process(capfd, "expose", fp32, tmp_path / "exposed.onnx")
+    assert result.code == 0, result.stderr
+    assert mode_of(tmp_path / "exposed.onnx") == 0o600
+
+
+@pytest.mark.parametrize("model_mode, mask, wanted", [
+    pytest.param(0o600, 0o022, 0o600, id="models-0600-umask-022"),
+    pytest.param(0o644, 0o022, 0o644, id="models-0644-umask-022"),
+    pytest.param(0o644, 0o077, 0o600, id="models-0644-umask-077")])
+def test_report_files_are_no_more_open_than_the_models_and_the_umask(
+        capfd, own_pair, tmp_path, model_mode, mask, wanted):
+    assert os.geteuid() == 0
+    for model in own_pair:
+        model.chmod(model_mode)
+    out = tmp_path / "out"
+    with umask(mask):
+        result = in_process(capfd, "report", *own_pair, "--out-dir", out)
+    assert result.code == 0, result.stderr
+    assert os.listdir(out)
+    assert {name: oct(mode_of(out / name)) for name in os.listdir(out)} == {
+        name: oct(wanted) for name in os.listdir(out)}
+
+
+def test_a_golden_file_has_no_special_bits_and_keeps_to_the_umask(capfd, own_pair, tmp_path):
+    assert os.geteuid() == 0
+    fp32, _ = own_pair
+    fp32.chmod(0o6755)
+    golden = tmp_path / "golden.npz"
+    with umask(0o027):
+        result = in_process(capfd, "check", fp32, fp32, "--save-outputs", golden)
+    assert result.code == 0, result.stderr
+    mode = mode_of(golden)
+    assert mode & SPECIAL_BITS == 0, oct(mode)
+    assert mode & ~(0o666 & ~0o027) == 0, oct(mode)
+
+
+# == W4 "not written by eprun" means it =========================================================
+
+def test_expose_onto_the_users_fp32_model_is_refused_as_swapped(capfd, own_pair):
+    fp32, int8 = own_pair
+    before, listed = fp32.read_bytes(), snapshot(fp32.parent)
+    line = refused(in_process(capfd, "expose", int8, fp32))
+    assert "--force" in line and "swapped" in line
+    assert snapshot(fp32.parent) == listed
+    forced = in_process(capfd, "expose", int8, fp32, "--force")
+    assert forced.code == 0, forced.stderr
+    assert fp32.read_bytes() != before
+    written = onnx.load(str(fp32))
+    assert "QuantizeLinear" in {node.op_type for node in written.graph.node}  # int8's copy
+
+
+def test_expose_replaces_its_own_output_and_marks_it(capfd, lab_pair, tmp_path):
+    fp32, _ = lab_pair
+    out = tmp_path / "exposed.onnx"
+    for _ in range(2):
+        result = in_process(capfd, "expose", fp32, out)
+        assert result.code == 0, result.stderr
+    marks = {entry.key: entry.value for entry in onnx.load(str(out)).metadata_props}
+    assert marks.get("eprun")
+
+
+def test_expose_refuses_any_other_onnx_model_without_force(capfd, lab_pair, tmp_path):
+    fp32, _ = lab_pair
+    out = models.save(models.ops_graph(["Relu", "Abs"]), tmp_path / "mine.onnx")
+    before = snapshot(tmp_path)
+    refused(in_process(capfd, "expose", fp32, out))
+    assert snapshot(tmp_path) == before
+    forced = in_process(capfd, "expose", fp32, out, "--force")
+    assert forced.code == 0, forced.stderr
+    assert {entry.key for entry in onnx.load(str(out)).metadata_props} >= {"eprun"}
+
+
+def test_report_refuses_a_users_model_at_a_deliverable_path(capfd, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    out = tmp_path / "out"
+    out.mkdir()
+    models.save(models.ops_graph(["Relu"]), out / "fp32_exposed.onnx")
+    before = snapshot(tmp_path)
+    line = refused(in_process(capfd, "report", fp32, int8, "--out-dir", out))
+    assert "fp32_exposed.onnx" in line
+    assert snapshot(tmp_path) == before
+    forced = in_process(capfd, "report", fp32, int8, "--out-dir", out, "--force")
+    assert forced.code == 0, forced.stderr
+
+
+def test_report_refuses_pretty_printed_json_that_only_looks_like_its_own(capfd, lab_pair,
+                                                                         tmp_path):
+    fp32, int8 = lab_pair
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = {"seed": 0, "layer_count": 2, "rel_error": [0.5, 1.5], "ratios": [3.0],
+            "monotone": True, "total_growth": 3.0, "max_ratio": 3.0}
+    (out / "growth.json").write_text(json.dumps(mine, indent=2) + "\n")
+    before = snapshot(tmp_path)
+    refused(in_process(capfd, "report", fp32, int8, "--out-dir", out))
+    assert snapshot(tmp_path) == before
+
+
+def test_a_second_report_replaces_its_own_set_without_force(capfd, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    out = tmp_path / "out"
+    for seed in ("1", "2"):
+        result = in_process(capfd, "report", fp32, int8, "--out-dir", out, "--seed", seed)
+        assert result.code == 0, result.stderr
+    assert json.loads((out / "growth.json").read_text())["seed"] == 2
+
+
+# == W5 two runs, one folder ====================================================================
+
+def report_command(fp32, int8, out, seed: int) -> list[str]:
+    return [sys.executable, str(EPRUN), "report", str(fp32), str(int8), "--out-dir", str(out),
+            "--seed", str(seed)]
+
+
+# eprun with a pause after it names growth.json: a commit slow enough for another run's to
+# land in the middle of it, unless the folder is held for the whole set
+PAUSED_AFTER_GROWTH = """
+import os, sys, time
+sys.argv = [sys.argv[1]] + sys.argv[2:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+import eprun
+def pausing(real):
+    def call(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if len(args) > 1 and os.path.basename(os.fsdecode(args[1])) == "growth.json":
+            time.sleep(1.5)
+        return result
+    return call
+os.link, os.replace, os.rename = pausing(os.link), pausing(os.replace), pausing(os.rename)
+sys.exit(eprun.main())
+"""
+
+
+def test_two_reports_into_one_folder_leave_one_run_s_set(lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    out = tmp_path / "shared"
+    out.mkdir()
+    slow = report_command(fp32, int8, out, 1)
+    slow[1:2] = ["-c", PAUSED_AFTER_GROWTH, str(EPRUN)]
+    runs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for argv in (slow, report_command(fp32, int8, out, 2))]
+    finished = [run.communicate(timeout=60) for run in runs]
+    for run, (_, err) in zip(runs, finished):
+        assert run.returncode == 0, err
+    files = {os.path.basename(path) for path in json.loads(finished[0][0])["files"]}
+    assert set(os.listdir(out)) == files  # no temporary, no stray file
+    seeds = {name: json.loads((out / name).read_text())["seed"]
+             for name in ("growth.json", "settings.json")}
+    assert seeds["growth.json"] == seeds["settings.json"], seeds
+    assert seeds["growth.json"] in (1, 2)
+
+
+def test_a_report_waits_while_another_holds_the_folder(lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    out = tmp_path / "held"
+    out.mkdir()
+    holder = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        run = subprocess.Popen(report_command(fp32, int8, out, 1), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        waited = run.poll() is None
+        listing = os.listdir(out)
+        fcntl.flock(holder, fcntl.LOCK_UN)
+    finally:
+        os.close(holder)
+    out_text, err = run.communicate(timeout=60)
+    assert waited, f"report did not wait for the lock (exit {run.returncode}): {err}"
+    assert listing == []
+    assert run.returncode == 0, err
+    assert "Traceback" not in err
+    assert set(os.listdir(out)) == {os.path.basename(path)
+                                    for path in json.loads(out_text)["files"]}
+
+
+# == R6 no code from the working directory, R8 nothing left behind ==============================
+
+@pytest.fixture(scope="module")
+def sensitivity_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """A named chain and its QDQ quantization: sensitivity spreads its units over workers."""
+    folder = tmp_path_factory.mktemp("sensitivity")
+    model = models.chain(features=8, widths=(12, 10, 10, 8, 6), seed=3, gemm_layers=(2,))
+    for index, node in enumerate(model.graph.node):
+        node.name = f"{node.op_type.lower()}{index}"
+    fp32 = models.save(model, folder / "f.onnx")
+    int8 = models.quantize(fp32, folder / "q.onnx", seed=1, rows=4)
+    return fp32, int8
+
+
+def sensitivity_argv(pair) -> list[str]:
+    return [sys.executable, str(EPRUN), "sensitivity", str(pair[0]), str(pair[1]), "5",
+            "--max-units", "2", "--jobs", "2"]
+
+
+def tagged(tag: str) -> list[int]:
+    """The processes alive whose environment holds ``EPRUN_TEST_TAG=tag``."""
+    wanted = f"EPRUN_TEST_TAG={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path("/proc", entry, "environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def start_tagged(argv: list[str], tag: str, cwd=None, env: dict | None = None):
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=cwd, env={**os.environ, **(env or {}), "EPRUN_TEST_TAG": tag})
+
+
+def wait_for_a_child(process, tag: str) -> bool:
+    """Wait until a process other than ``process`` carries the tag (a worker); False if
+    ``process`` ended first."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if any(pid != process.pid for pid in tagged(tag)):
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def gone_within(tag: str, seconds: float) -> list[int]:
+    """The tagged processes still alive after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    alive = tagged(tag)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = tagged(tag)
+    return alive
+
+
+def test_workers_run_no_module_from_the_working_directory(sensitivity_pair, tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    for name in ("copyreg", "numpy", "onnx"):
+        (cwd / f"{name}.py").write_text(f"open({str(markers / name)!r}, 'w').write('ran')\n")
+    tag = uuid.uuid4().hex
+    run = start_tagged(sensitivity_argv(sensitivity_pair), tag, cwd=cwd)
+    worked = wait_for_a_child(run, tag)
+    out, err = run.communicate(timeout=60)
+    assert worked, "no worker process was started"
+    assert os.listdir(markers) == [], "a module from the working directory ran"
+    assert run.returncode == 0, err
+    assert json.loads(out)["units"]
+
+
+def test_workers_do_not_run_pythonstartup(sensitivity_pair, tmp_path):
+    marker = tmp_path / "startup-ran"
+    script = tmp_path / "startup.py"
+    script.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    tag = uuid.uuid4().hex
+    run = start_tagged(sensitivity_argv(sensitivity_pair), tag,
+                       env={"PYTHONSTARTUP": str(script)})
+    worked = wait_for_a_child(run, tag)
+    _, err = run.communicate(timeout=60)
+    assert worked, "no worker process was started"
+    assert run.returncode == 0, err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_ends_every_worker_and_leaves_no_scratch(sensitivity_pair, own_tmpdir,
+                                                          signum, code):
+    tag = uuid.uuid4().hex
+    run = start_tagged(sensitivity_argv(sensitivity_pair), tag)
+    assert wait_for_a_child(run, tag), "no worker process was started"
+    run.send_signal(signum)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == code, err
+    assert out == ""
+    assert gone_within(tag, 10) == []
+    assert [name for name in os.listdir(own_tmpdir) if name.startswith("eprun")] == []
+
+
+def test_what_a_kill_leaves_is_swept_by_the_next_run(sensitivity_pair, own_tmpdir, tmp_path):
+    scratch = Path(own_tmpdir)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    dead, live = ended.pid, os.getpid()
+    elsewhere = tmp_path / "linked"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("mine")
+    kept = [f"eprun-{live}-x", f"eprun-sensitivity-{live}-x", f"my-eprun-sensitivity-{dead}-x"]
+    for name in kept:
+        (scratch / name).mkdir()
+        (scratch / name / "keep").write_text("mine")
+    links = ["eprun-1-x", f"eprun-sensitivity-{dead}-x"]
+    for name in links:
+        (scratch / name).symlink_to(elsewhere, target_is_directory=True)
+    decoys = snapshot(scratch)
+    names = set(os.listdir(scratch))
+
+    tag = uuid.uuid4().hex
+    run = start_tagged(sensitivity_argv(sensitivity_pair), tag)
+    assert wait_for_a_child(run, tag), "no worker process was started"
+    run.kill()
+    run.communicate(timeout=60)
+    assert gone_within(tag, 10) == []
+    left = set(os.listdir(scratch)) - names
+    assert any(name.startswith("eprun-") for name in left), left  # the kill left its scratch
+
+    again = run_eprun(*sensitivity_argv(sensitivity_pair)[2:])
+    assert again.code == 0, again.stderr
+    assert set(os.listdir(scratch)) == names
+    assert snapshot(scratch) == decoys
+    assert (elsewhere / "keep").read_text() == "mine"
+
+
+# == R7 a model that changes under eprun ========================================================
+
+@pytest.mark.parametrize("changes", [True, False])
+@pytest.mark.parametrize("command", ["layers", "settings"])
+def test_a_model_replaced_while_sessions_open_is_refused(capfd, monkeypatch, tmp_path, command,
+                                                         changes):
+    widths = (64, 64, 64)
+    model = models.save(models.chain(features=64, widths=widths, seed=5), tmp_path / "m.onnx")
+    quantized = models.quantize(model, tmp_path / "q.onnx", seed=1)
+    other = models.save(models.chain(features=64, widths=widths, seed=6), tmp_path / "o.onnx")
+    real = ort.InferenceSession
+
+    class Replacing(real):
+        """The first session opened finds the model file replaced: same graph, other
+        weights."""
+
+        def __init__(self, *args, **kwargs):
+            if changes and other.exists():
+                os.replace(other, model)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", Replacing)
+    argv = (["layers", model, quantized, "1"] if command == "layers"
+            else ["settings", model, "1"])
+    result = in_process(capfd, *argv)
+    if changes:
+        assert not other.exists()  # it did change under eprun
+        assert "changed" in refused(result)
+    else:
+        assert result.code == 0, result.stderr
+
+
+# == R9 bounded reads ===========================================================================
+
+def zeros(count: int) -> Iterator[bytes]:
+    """``count`` zero bytes, a MiB at a time."""
+    chunk = bytes(1 << 20)
+    while count > 0:
+        yield chunk[:count]
+        count -= len(chunk)
+
+
+def npy_header(shape: tuple) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return buffer.getvalue()
+
+
+def write_member(archive: zipfile.ZipFile, name: str, pieces) -> None:
+    """One member written piece by piece: no 1 GiB in memory or on disk."""
+    with archive.open(name, "w", force_zip64=True) as member:
+        for piece in pieces:
+            member.write(piece)
+
+
+@pytest.fixture(scope="module")
+def inputs_x():
+    return models.contract_input(7, 8)
+
+
+@pytest.fixture(scope="module")
+def with_junk(tmp_path_factory, inputs_x) -> Path:
+    """x, and an unused member that declares 1 GiB (deflated: the file stays small)."""
+    path = tmp_path_factory.mktemp("junk") / "inputs.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        write_member(archive, "x.npy", [npy_header(inputs_x.shape), inputs_x.tobytes()])
+        write_member(archive, "junk.npy", [npy_header((GIB // 4,)), *zeros(GIB)])
+    with zipfile.ZipFile(path) as archive:
+        assert archive.getinfo("junk.npy").file_size >= GIB
+    assert path.stat().st_size < 64 << 20
+    return path
+
+
+@pytest.fixture(scope="module")
+def padded_x(tmp_path_factory, inputs_x) -> Path:
+    """x whose member declares 1 GiB where its header's shape needs 2 KiB."""
+    path = tmp_path_factory.mktemp("padded") / "inputs.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        write_member(archive, "x.npy",
+                     [npy_header(inputs_x.shape), inputs_x.tobytes(), *zeros(GIB)])
+    assert path.stat().st_size < 64 << 20
+    return path
+
+
+def test_an_unused_member_of_an_inputs_file_is_never_decompressed(lab_pair, with_junk):
+    fp32, int8 = lab_pair
+    started = time.monotonic()
+    result = run_eprun("layers", fp32, int8, "1", "--inputs", with_junk)
+    took = time.monotonic() - started
+    assert result.code == 0, result.stderr
+    assert result.answer["rows"] == 64
+    assert took < 10, took
+
+
+def test_a_member_larger_than_its_shape_is_refused_fast(lab_pair, padded_x):
+    fp32, int8 = lab_pair
+    before = snapshot(padded_x.parent)
+    started = time.monotonic()
+    refused(run_eprun("layers", fp32, int8, "1", "--inputs", padded_x))
+    assert time.monotonic() - started < 10
+    assert snapshot(padded_x.parent) == before
+
+
+def test_a_deeply_nested_golden_record_is_one_clean_line(capfd, lab_pair, tmp_path):
+    fp32, _ = lab_pair
+    golden = tmp_path / "golden.npz"
+    saved = in_process(capfd, "check", fp32, fp32, "--save-outputs", golden)
+    assert saved.code == 0, saved.stderr
+    with np.load(golden, allow_pickle=False) as archive:
+        members = {name: archive[name] for name in archive.files}
+    records = [name for name, value in members.items()
+               if value.dtype.kind == "U" and value.ndim == 0]
+    assert len(records) == 1, list(members)  # the JSON record eprun writes
+    json.loads(str(members[records[0]]))
+    members[records[0]] = np.array("[" * 900 + "]" * 900)
+    np.savez(golden, **members)
+    before = snapshot(tmp_path)
+    result = in_process(capfd, "check", fp32, fp32, "--load-outputs", golden)
+    refused(result)
+    assert "RecursionError" not in result.stderr
+    assert snapshot(tmp_path) == before
+
+
+# == C10 clean errors ===========================================================================
+
+@pytest.mark.parametrize("command", ["layers", "settings", "expose"])
+def test_an_initializer_without_data_is_one_clean_line(capfd, tmp_path, command):
+    empty = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[4, 4])
+    model = models.save(models.finish(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [models.float_input("x", 4)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [empty]),
+        tmp_path / "empty.onnx")
+    argv = {"layers": ["layers", model, model, "1"], "settings": ["settings", model, "1"],
+            "expose": ["expose", model, tmp_path / "exposed.onnx"]}[command]
+    before = snapshot(tmp_path)
+    refused(in_process(capfd, *argv))
+    assert snapshot(tmp_path) == before
+
+
+def test_a_folder_name_that_is_not_utf8_under_the_c_locale(lab_pair, tmp_path):
+    fp32, _ = lab_pair
+    folder = os.fsencode(tmp_path) + b"/models-\xff"
+    os.mkdir(folder)
+    model = folder + b"/fp32.onnx"
+    shutil.copyfile(fp32, model)
+    before = snapshot(tmp_path)
+    proc = subprocess.run([sys.executable, str(EPRUN), "settings", model, "1"],
+                          capture_output=True, timeout=120, env={**os.environ, "LC_ALL": "C"})
+    err = proc.stderr.decode("utf-8", "backslashreplace")
+    assert proc.returncode in (0, 4), err
+    for word in ("internal error", "TypeError", "Traceback"):
+        assert word not in err
+    if proc.returncode == 0:
+        assert len(proc.stdout.splitlines()) == 1
+        json.loads(proc.stdout)
+    else:
+        refused(Result(subprocess.CompletedProcess([], 4, proc.stdout.decode(), err)))
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("value, traceback", [
+    ("0", False), ("no", False), ("false", False), ("off", False), ("", False), ("1", True)])
+def test_eprun_debug_takes_words_for_no(capfd, monkeypatch, tmp_path, value, traceback):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model at all")
+    monkeypatch.setenv("EPRUN_DEBUG", value)
+    before = snapshot(tmp_path)
+    result = in_process(capfd, "layers", broken, broken, "1")
+    assert result.code == 4 and result.stdout == ""
+    if traceback:
+        assert "Traceback" in result.stderr
+    else:
+        refused(result)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("renamed", [b"relu_node", b"hidden_tensor"])
+def test_placement_of_names_that_are_not_utf8_is_one_clean_line(capfd, tmp_path, renamed):
+    nodes = [helper.make_node("Relu", ["x"], ["hidden_tensor"], name="relu_node"),
+             helper.make_node("Abs", ["hidden_tensor"], ["y"], name="abs_node")]
+    model = models.finish(nodes, [models.float_input("x", 4)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    serialized = model.SerializeToString()
+    patched = renamed[:4] + b"\xff" + renamed[5:]  # the same length: the message stays valid
+    assert serialized.count(renamed) >= 1
+    path = tmp_path / "names.onnx"
+    path.write_bytes(serialized.replace(renamed, patched))
+    before = snapshot(tmp_path)
+    result = in_process(capfd, "placement", path, "CPUExecutionProvider")
+    if renamed == b"hidden_tensor":  # no name placement reports: the answer stands
+        assert result.code == 0, result.stderr
+        assert [node["name"] for node in result.answer["nodes"]] == ["relu_node", "abs_node"]
+    else:
+        refused(result)
+    assert snapshot(tmp_path) == before
+
+
+def test_report_sensitivity_with_a_full_disk_is_an_error(capfd, monkeypatch, lab_pair,
+                                                         tmp_path, own_tmpdir):
+    """Writing the requantizer's scratch copy of the fp32 model fails for want of space: the
+    report fails, instead of leaving the section out with a note."""
+    fp32, int8 = lab_pair
+    real_save = onnx.save
+
+    def full_disk(proto, f, *args, **kwargs):
+        target = os.fspath(getattr(f, "name", f)) if not isinstance(f, int) else ""
+        if isinstance(target, str) and target.startswith(own_tmpdir):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(proto, f, *args, **kwargs)
+
+    monkeypatch.setattr(onnx, "save", full_disk)
+    monkeypatch.setattr(onnx, "save_model", full_disk)
+    out = tmp_path / "report"
+    before = snapshot(tmp_path)
+    line = refused(in_process(capfd, "report", fp32, int8, "--out-dir", out, "--sensitivity"))
+    assert "No space left" in line
+    assert snapshot(tmp_path) == before and not out.exists()
+
+
+# == C11 ========================================================================================
+
+def test_a_bad_progress_delay_is_a_warning_not_a_failure(capfd, monkeypatch, lab_pair):
+    fp32, int8 = lab_pair
+    monkeypatch.setenv("EPRUN_PROGRESS_AFTER", "abc")
+    result = in_process(capfd, "layers", fp32, int8, "1")
+    assert result.code == 0, result.stderr
+    assert result.answer["layer_count"] == 6
+    warnings = [line for line in result.stderr.splitlines()
+                if line.startswith("eprun: warning:")]
+    assert warnings and any("EPRUN_PROGRESS_AFTER" in line for line in warnings), result.stderr
+
+
+def test_bare_eprun_is_a_short_usage_error():
+    result = run_eprun()
+    assert result.code == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) <= 4, result.stderr
+    assert "--help" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Has process ``pid`` a handler of its own for ``signum`` (/proc's SigCgt mask)?"""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_ctrl_c_while_layers_starts_is_one_line(lab_pair):
+    """Ctrl-C 0.25, 0.4 and 0.6 s after the start, but not before eprun's own code runs (its
+    SIGTERM handler is in place): on a loaded machine the interpreter can still be importing
+    ``signal`` for eprun's first line at 0.25 s, where no handler can exist yet."""
+    fp32, int8 = lab_pair
+    interrupted = 0
+    for delay in (0.25, 0.4, 0.6):
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, str(EPRUN), "layers", str(fp32), str(int8),
+                                 "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        while (not catches(proc.pid, signal.SIGTERM) and proc.poll() is None
+               and time.monotonic() < started + 60):
+            time.sleep(0.001)
+        time.sleep(max(0.0, started + delay - time.monotonic()))
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        if proc.returncode == 0:  # it finished first: then its answer is whole
+            assert json.loads(out)["layer_count"] == 6
+            continue
+        assert (proc.returncode, out, err) == (130, "", "eprun: error: interrupted\n"), delay
+        interrupted += 1
+    assert interrupted >= 1
+
+
+def test_a_hidden_name_a_kill_left_is_removed_by_the_next_replacement(capfd, lab_pair, tmp_path):
+    """Only the instant between a hidden name and its rename can leave a `.name.pid.n.tmp`:
+    the next eprun that replaces the same file removes those whose process is gone, and
+    leaves a live process's (and anything not of that form) alone."""
+    fp32, _ = lab_pair
+    out = tmp_path / "exposed.onnx"
+    assert in_process(capfd, "expose", fp32, out).code == 0
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    left = tmp_path / f".exposed.onnx.{dead}.0.tmp"
+    live = tmp_path / f".exposed.onnx.{os.getpid()}.7.tmp"
+    other = tmp_path / ".exposed.onnx.notes"
+    for path in (left, live, other):
+        path.write_bytes(b"half")
+    assert in_process(capfd, "expose", fp32, out).code == 0
+    assert not left.exists() and live.exists() and other.exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        ["exposed.onnx", live.name, other.name])
+
+
+def test_a_full_disk_is_one_plain_line(capfd, monkeypatch, lab_pair, tmp_path):
+    """ENOSPC where eprun did not expect it (here: writing a golden file) is said as what it
+    is, not as an internal error."""
+    fp32, int8 = lab_pair
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "/somewhere/full")
+
+    monkeypatch.setattr(tool, "save_golden", full)
+    line = refused(in_process(capfd, "check", fp32, int8, "--save-outputs",
+                              tmp_path / "golden.npz"))
+    assert line == ("eprun: error: No space left on device writing '/somewhere/full'; free "
+                    "some space (or set TMPDIR to a folder with room) and run again")
+
+
+# == a model over 2 GB in one file ==============================================================
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def _length_field(number: int, length: int) -> bytes:
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+@pytest.fixture(scope="module")
+def over_2gb(tmp_path_factory) -> Path:
+    """ReduceSum(big) + x, with ``big`` 2.1 GiB of float zeros inline: protobuf refuses the
+    file (its 2 GiB limit). Written sparse: the payload's bytes are never on disk."""
+    count = (1 << 31) // 4 + 1024  # float elements, just over 2 GiB of them
+    tensor = TensorProto(name="big", data_type=TensorProto.FLOAT, dims=[count // 4, 4])
+    tensor_bytes = tensor.SerializeToString() + _length_field(9, count * 4)  # raw_data
+    tensor_length = len(tensor_bytes) + count * 4
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["big"], ["total"], name="sum", keepdims=1),
+         helper.make_node("Add", ["x", "total"], ["y"], name="add")], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])]).SerializeToString()
+    graph_length = len(graph) + len(_length_field(5, tensor_length)) + tensor_length
+    model = helper.make_model(helper.make_graph([], "empty", [], []),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ClearField("graph")
+    path = tmp_path_factory.mktemp("over_2gb") / "big.onnx"
+    with open(path, "wb") as stream:
+        stream.write(model.SerializeToString() + _length_field(7, graph_length) + graph
+                     + _length_field(5, tensor_length) + tensor_bytes)
+        stream.truncate(stream.tell() + count * 4)
+    assert os.path.getsize(path) > 1 << 31
+    return path
+
+
+def test_partition_walks_a_model_over_2gb(capfd, over_2gb):
+    result = in_process(capfd, "partition", over_2gb, "Add")
+    assert result.code == 0, result.stderr
+    assert result.answer["nodes"] == 2 and result.answer["partitions"] == [
+        {"owner": "cpu", "nodes": ["ReduceSum"], "size": 1},
+        {"owner": "ep", "nodes": ["Add"], "size": 1}]
+
+
+def test_where_onnxruntime_cannot_load_over_2gb_the_error_says_so(capfd, over_2gb):
+    line = refused(in_process(capfd, "settings", over_2gb, "1"))
+    assert "past protobuf's 2 GiB limit" in line and "save_as_external_data=True" in line

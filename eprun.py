@@ -1330,6 +1330,40 @@ def _read_graph(path: str):
 _READ_WHOLE_BYTES = 16 << 20
 
 
+def external_locations(path: str) -> list[str]:
+    """The ``location`` of every external-data tensor of the model file's main graph, read off
+    the wire without parsing anything (no onnx import): what a path handed to onnxruntime
+    will make it open, checked first (``_safe_location``) since older releases do not confine
+    it. Empty where the file is not plain protobuf as the walk expects: onnxruntime decides."""
+    locations = []
+    try:
+        with open(path, "rb", buffering=0) as stream:
+            size = os.fstat(stream.fileno()).st_size
+            data = stream.read() if size <= _READ_WHOLE_BYTES else _FileBytes(stream, size)
+            for number, wire, _, body, end in _wire_fields(data, 0, len(data)):
+                if number != _MODEL_GRAPH or wire != 2:
+                    continue
+                for g_number, g_wire, _, g_body, g_end in _wire_fields(data, body, end):
+                    if g_number == _GRAPH_INITIALIZER and g_wire == 2:
+                        locations += _tensor_locations(data, g_body, g_end)
+    except (OSError, ValueError, IndexError):
+        return []
+    return locations
+
+
+def _tensor_locations(data, body: int, end: int) -> list[str]:
+    """The ``location`` entries of one serialized TensorProto's external data."""
+    found = []
+    for number, wire, _, value_at, field_end in _wire_fields(data, body, end):
+        if number != _TENSOR_EXTERNAL_DATA or wire != 2:
+            continue
+        entry = {e_number: bytes(data[e_at:e_end]) for e_number, e_wire, _, e_at, e_end
+                 in _wire_fields(data, value_at, field_end) if e_wire == 2}
+        if entry.get(1) == b"location" and 2 in entry:
+            found.append(entry[2].decode("utf-8", "surrogateescape"))
+    return found
+
+
 class _FileBytes:
     """An open file seen as the bytes it holds, read on demand at offsets (a block at a time
     for single bytes). Not a memory map: a file cut short meanwhile gives a short read, an
@@ -2556,6 +2590,8 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
     return_freed_memory()  # what sessions released before this one, so peaks do not stack
     path = source if isinstance(source, str) else None
     before = file_stamp(path) if path is not None else None
+    for location in external_locations(path) if path is not None else ():
+        _safe_location(location, path)  # confined here, whatever the release confines
     if path is not None and not _is_text(path):
         source = _bytes_for_a_path_not_text(path)
     try:

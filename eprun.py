@@ -2184,16 +2184,20 @@ def differs_from_request(requested: list[str], actual: list[str]) -> bool:
     return actual != requested
 
 
-def fallback_of(requested: list[str], actual: list[str]) -> list[str]:
+def fallback_of(requested: list[str], actual: list[str], nodes: dict | None = None
+                ) -> list[str]:
     """The requested providers a session did not get: the one fallback rule. onnxruntime
     appending the CPU provider to what was asked is not a fallback; a requested provider
-    missing from the session is, and so is a policy that prefers a GPU or NPU and got the CPU
-    alone."""
-    missing = [name for name in requested
-               if not name.startswith(POLICY_PREFIX) and name not in actual]
+    missing from the session is, and so is one the session lists but that took no node
+    (``nodes``, where known: ``get_providers()`` lists an EP whatever it took), and a policy
+    that prefers a GPU or NPU and got the CPU alone."""
+    took = set(actual) if nodes is None else {name for name, count in nodes.items() if count}
+    missing = [name for name in requested if not name.startswith(POLICY_PREFIX)
+               and (name not in actual or (name != CPU_EP and nodes is not None
+                                           and name not in took))]
     policies = [name for name in requested if name.startswith(POLICY_PREFIX)]
     if any(name[len(POLICY_PREFIX):] in _ACCELERATOR_POLICIES for name in policies) and \
-            set(actual) <= {CPU_EP}:
+            (set(actual) <= {CPU_EP} or took <= {CPU_EP}):
         missing += policies
     return missing
 
@@ -2346,6 +2350,8 @@ def prepare_providers(lists: list[list[str]], libraries: list[str] = (),
         if not any(provider in requested for requested in lists):
             raise EprunError(f"--ep-option names {provider}, which no provider list of this "
                              f"command asks for ({'; '.join(map(','.join, lists))})", EXIT_USAGE)
+    for message in option_warnings(options or {}):
+        note(message)
     for name in sorted(set(options or {}) & PLUGINS.names()):
         note(f"{name} is a plugin EP: onnxruntime hands it the --ep-option values unchecked, "
              "and it may ignore one it does not use without an error (the EP's own warnings "
@@ -2417,19 +2423,132 @@ def require_known_providers(requested: list[str]) -> None:
         raise EprunError(messages[0], EXIT_USAGE)
 
 
-def require_got(session, on: ProviderRequest, what: str) -> None:
-    """Refuse (exit 4) a session that misses a requested provider: a number measured on
-    another provider than the one asked for is a wrong answer. (With ``--allow-fallback`` it is
-    measured anyway, and the answer records what it ran on.)"""
+def require_got(session, on: ProviderRequest, what: str, source=None) -> None:
+    """Refuse (exit 4) a session that misses a requested provider, or whose provider took no
+    node: a number measured on another provider than the one asked for is a wrong answer.
+    (With ``--allow-fallback`` it is measured anyway, and the answer records what it ran
+    on.) The refusal says why the provider is missing where that can be known: the package
+    that has it, or the provider's own words on the options it was given (``source``: what
+    the session was opened from, to ask the provider again)."""
     actual = list(session.get_providers())
-    missing = fallback_of(on.requested, actual)
-    if missing:
-        why = "".join(f" ({message})" for message in plugin_notes([missing]))
-        raise ProviderRefused(f"{what} asked for {','.join(on.requested)} and got "
-                         f"{','.join(actual)} ({', '.join(missing)} missing{why}); a "
-                         "measurement on other providers would answer another question: "
-                         "install or fix the provider, or add --allow-fallback to measure on "
-                         "what the session got")
+    nodes = nodes_of(session)
+    missing = fallback_of(on.requested, actual, nodes)
+    if not missing:
+        return
+    idle = [name for name in missing if name in actual]
+    if idle:
+        got = (f"{', '.join(idle)} took 0 of {sum(nodes.values())} nodes (they ran on "
+               f"{', '.join(name for name, count in nodes.items() if count) or 'nothing'})")
+    else:
+        reasons = [why_missing(name, on, source) for name in missing]
+        got = (f"got {','.join(actual)} ({', '.join(missing)} missing"
+               + "".join(f"; {reason}" for reason in reasons if reason) + ")")
+    raise ProviderRefused(f"{what} asked for {','.join(on.requested)} and {got}; a "
+                          "measurement on other providers would answer another question: "
+                          "install or fix the provider (or its options), or add "
+                          "--allow-fallback to measure on what the session got")
+
+
+# The package that brings each execution provider onnxruntime's plain CPU build lacks.
+PROVIDER_PACKAGES = {
+    "CUDAExecutionProvider": "onnxruntime-gpu", "TensorrtExecutionProvider": "onnxruntime-gpu",
+    "OpenVINOExecutionProvider": "onnxruntime-openvino",
+    "DmlExecutionProvider": "onnxruntime-directml", "QNNExecutionProvider": "onnxruntime-qnn",
+    "ROCMExecutionProvider": "onnxruntime-rocm", "MIGraphXExecutionProvider":
+    "onnxruntime-migraphx", "VitisAIExecutionProvider": "onnxruntime-vitisai",
+    "CoreMLExecutionProvider": "onnxruntime (its macOS build)",
+    "WebGpuExecutionProvider": "onnxruntime-webgpu"}
+
+
+# The option keys of the built-in EPs users most often pass (onnxruntime's docs, 1.16 - 1.24):
+# a key outside these is flagged before any session, never refused (releases add keys).
+PROVIDER_OPTION_KEYS = {
+    "OpenVINOExecutionProvider": (
+        "device_type", "precision", "num_of_threads", "cache_dir", "context",
+        "enable_opencl_throttling", "enable_qdq_optimizer", "disable_dynamic_shapes",
+        "enable_dynamic_shapes", "model_priority", "num_streams", "load_config", "device_id",
+        "enable_npu_fast_compile", "reshape_input", "layout", "device_luid",
+        "enable_causallm"),
+    "CUDAExecutionProvider": (
+        "device_id", "gpu_mem_limit", "arena_extend_strategy", "cudnn_conv_algo_search",
+        "do_copy_in_default_stream", "cudnn_conv_use_max_workspace",
+        "cudnn_conv1d_pad_to_nc1d", "enable_cuda_graph", "enable_skip_layer_norm_strict_mode",
+        "use_ep_level_unified_stream", "use_tf32", "prefer_nhwc", "tunable_op_enable",
+        "tunable_op_tuning_enable", "tunable_op_max_tuning_duration_ms", "sdpa_kernel",
+        "has_user_compute_stream", "user_compute_stream", "fuse_conv_bias"),
+    "CPUExecutionProvider": ()}
+
+
+def option_warnings(options: dict) -> list[str]:
+    """One message per ``--ep-option`` key a built-in EP eprun knows the options of does not
+    take, with the nearest key."""
+    import difflib
+
+    messages = []
+    for provider, settings in options.items():
+        known = PROVIDER_OPTION_KEYS.get(provider)
+        for key in settings if known is not None else ():
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else (
+                    f"it takes {', '.join(known)}" if known else "it takes no options")
+                messages.append(f"--ep-option {provider}:{key}: {provider} has no option "
+                                f"{key!r} that eprun knows of; {hint}")
+    return messages
+
+
+def why_missing(name: str, on: ProviderRequest, source=None) -> str:
+    """Why a requested provider is not in a session, in a few words: not in this build (and
+    the package that has it), a plugin without a device here, or what the provider itself
+    said when it did not start (asked again, ``provider_refusal``)."""
+    if name.startswith(POLICY_PREFIX):
+        return ""
+    notes = plugin_notes([[name]])
+    if notes:
+        return "; ".join(notes)
+    if name not in import_ort().get_available_providers():
+        package = PROVIDER_PACKAGES.get(name)
+        return (f"this onnxruntime build has no {name}" +
+                (f": it comes with the package {package}" if package else ""))
+    if source is None:
+        return ""
+    reason = provider_refusal(source, on, name)
+    given = _options_text(on.options, [name])
+    return (f"{name} did not start" + (f" with the options given ({given})" if given else "")
+            + (f": {reason}" if reason else ""))
+
+
+# onnxruntime's log lines: "[E:onnxruntime:Default, file.cc:12 Function] message"
+_LOG_ERROR = re.compile(r"\[E:onnxruntime:[^\]]*\]\s*(.*)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def provider_refusal(source, on: ProviderRequest, name: str) -> str:
+    """What provider ``name`` says when a session asks for it alone, strictly (no quiet
+    fallback), with ``on``'s options: its exception, or else the error it logs (onnxruntime
+    drops an EP that fails to start and logs why, even where fallback is off). Empty where
+    it says nothing."""
+    ort = import_ort()
+    alone = ProviderRequest([name], options=on.options, strict=True)
+    run = current_run()
+    ort.set_default_logger_severity(3)  # errors: what the provider says when it will not start
+    try:
+        with captured_chatter() as store:
+            try:
+                open_session(source, what="the provider check", on=alone)
+            except EprunError as exc:
+                return one_line(exc.__cause__ or exc)
+    finally:
+        ort.set_default_logger_severity(4 if run.quiet_ort else 2)
+    if store is None:
+        return ""
+    store.seek(0)
+    for line in store.read().decode("utf-8", "replace").splitlines():
+        match = _LOG_ERROR.search(_ANSI.sub("", line))
+        if match:
+            text = match.group(1)
+            return one_line(text.split("[ERROR]", 1)[-1] if "[ERROR]" in text else text)
+    return ""
 
 
 def parse_ep_option(text: str) -> tuple[str, str, str]:
@@ -2459,12 +2578,15 @@ class Targets(NamedTuple):
     def given(self) -> bool:
         return self.candidate is not None or self.reference is not None
 
-    def field(self, actual: list[str], reference_actual: list[str]) -> dict:
-        """The answer's ``providers`` record: what was asked, what each side's session got."""
+    def field(self, candidate: Got, reference: Got) -> dict:
+        """The answer's ``providers`` record: what was asked, what each side's session got,
+        and how many nodes each provider took there."""
         requested = (self.candidate.requested if self.candidate else [CPU_EP])
-        record = {"requested": requested, "actual": actual,
-                  "fell_back": differs_from_request(requested, actual),
-                  "missing": fallback_of(requested, actual), "reference": reference_actual}
+        record = {"requested": requested, "actual": candidate.actual,
+                  "fell_back": differs_from_request(requested, candidate.actual),
+                  "missing": fallback_of(requested, candidate.actual, candidate.nodes),
+                  "reference": reference.actual, **nodes_record(candidate.nodes),
+                  **nodes_record(reference.nodes, "reference_")}
         options = (self.candidate or self.reference).options
         if options:
             record["options"] = options
@@ -2576,10 +2698,14 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
     own exception, and a session without a provider ``on`` requires is refused
     (``require_got``)."""
     ort = import_ort()
+    counting = records_assignment()
     on = on or ProviderRequest([CPU_EP])
     extra = {"disabled_optimizers": list(disabled)} if disabled else {}
     if on.strict:  # an EP that fails to start is the answer, not a quiet retry on the CPU
         extra["enable_fallback"] = 0
+    if counting:  # which provider each node went to: the truth get_providers() is not
+        options = options if options is not None else ort.SessionOptions()
+        options.add_session_config_entry(_ASSIGNMENT_KEY, "1")
     if on.by_devices():
         options = options if options is not None else session_options()
         on.add_to(options)
@@ -2599,7 +2725,7 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
     except Exception as exc:
         asked = "" if on.requested == [CPU_EP] else f" with providers {on.requested}"
         raise EprunError(f"onnxruntime cannot open {what}{asked}: "
-                         f"{type(exc).__name__}: {one_line(exc)}{_too_large_hint(path)}"
+                         f"{type(exc).__name__}: {native_message(exc)}{_too_large_hint(path)}"
                          ) from exc
     if path is not None:  # what onnxruntime read is one file, not two
         require_same_stamp(path, before)
@@ -2609,9 +2735,65 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
         raise EprunError(f"{what} has an input or output whose name is not UTF-8 text "
                          f"({one_line(exc)}); eprun reads tensor names as text: give it a "
                          "UTF-8 name") from exc
+    if counting:
+        session.eprun_nodes = _assigned_nodes(session)
     if not on.allow_fallback:
-        require_got(session, on, what)
+        require_got(session, on, what, source)
     return session
+
+
+# The session config entry that makes onnxruntime (1.24+) keep each node's provider.
+_ASSIGNMENT_KEY = "session.record_ep_graph_assignment_info"
+
+
+def records_assignment() -> bool:
+    """Does this onnxruntime tell which provider each node was assigned to (1.24+)?"""
+    return hasattr(import_ort().InferenceSession, "get_provider_graph_assignment_info")
+
+
+def _assigned_nodes(session) -> dict:
+    """``{provider: nodes}`` as onnxruntime assigned the (optimized) graph's nodes."""
+    counts: dict = {}
+    for subgraph in session.get_provider_graph_assignment_info():
+        counts[subgraph.ep_name] = counts.get(subgraph.ep_name, 0) + len(subgraph.get_nodes())
+    return counts
+
+
+def nodes_of(session) -> dict | None:
+    """What ``open_session`` learnt of the nodes each provider took; None where it cannot be
+    known (onnxruntime before 1.24)."""
+    return getattr(session, "eprun_nodes", None)
+
+
+def nodes_record(nodes: dict | None, prefix: str = "") -> dict:
+    """The record fields that say how many nodes each provider took, or why that is unknown
+    (``prefix``: whose, e.g. the reference's)."""
+    if nodes is not None:
+        return {f"{prefix}nodes_per_provider": nodes}
+    return {f"{prefix}nodes_per_provider": None,
+            f"{prefix}nodes_unknown": f"onnxruntime {import_ort().__version__} does not say "
+                                      "which provider each node went to (1.24 and later do)"}
+
+
+class Got(NamedTuple):
+    """What a session got: its providers (``get_providers()``) and the nodes each took."""
+
+    actual: list
+    nodes: dict | None = None
+
+    @classmethod
+    def of(cls, session) -> Got:
+        return cls(list(session.get_providers()), nodes_of(session))
+
+
+# The source position and C++ signature onnxruntime puts before a native exception's words.
+_NATIVE_PREFIX = re.compile(r"^\S+\.(?:cc|cpp|h):\d+ (?:[^(]*\([^)]*\)(?: const)? )?")
+
+
+def native_message(exc: BaseException) -> str:
+    """A native exception's message in one line, without the source file and C++ signature
+    before it ("/onnxruntime/...cc:1053 std::shared_ptr<...> f(...) Invalid option: x")."""
+    return one_line(_NATIVE_PREFIX.sub("", one_line(exc)))
 
 
 def _bytes_for_a_path_not_text(path: str) -> bytes:
@@ -2638,6 +2820,15 @@ def _too_large_hint(path: str | None) -> str:
     return (f" (the file is {size / (1 << 30):.1f} GiB in one piece, past protobuf's 2 GiB "
             "limit, which onnxruntime cannot load from a path; keep its weights as external "
             "data: onnx.save_model(model, path, save_as_external_data=True))")
+
+
+def fetch(session, names: list[str], feed: dict, what: str = "model", hint: str = "") -> dict:
+    """``names`` by name from one run of ``session``; a name that is a graph input the
+    session does not also output (``expose_in_place`` leaves it an input) is its feed."""
+    outputs = {value.name for value in session.get_outputs()}
+    run = [name for name in names if name in outputs or name not in feed]
+    values = dict(zip(run, run_session(session, run, feed, what=what, hint=hint)))
+    return {name: values[name] if name in values else feed[name] for name in names}
 
 
 def return_freed_memory() -> None:
@@ -3174,23 +3365,56 @@ _GOLDEN_RECORD_BYTES = 16 << 20
 
 
 def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *,
-                providers: list[str], seed: int) -> dict:
+                providers: list[str], seed: int | None, nodes: dict | None = None) -> dict:
     """Store reference tensors measured here (``kind`` "outputs" for check, "boundaries" for
     layers) with the inputs they were measured on, for a run on another machine
     (``load_golden``): the numbers a model gives depend on the machine, and the point is to
-    compare across machines. Written all or nothing; returns the answer's ``golden`` record."""
+    compare across machines. The file knows what it was made from: the model's fingerprint
+    (graph and weights), the inputs' digest, the seed that drew them (None when none did),
+    onnxruntime's version, the providers and the nodes each took. Written all or nothing;
+    returns the answer's ``golden`` record."""
     import json
 
     import numpy as np
 
     meta = {"eprun": __version__, "kind": kind, "model": os.path.basename(model),
             "tensors": list(tensors), "inputs": list(inputs), "providers": providers,
-            "onnxruntime": import_ort().__version__, "machine": machine(), "seed": seed}
+            "onnxruntime": import_ort().__version__, "machine": machine(), "seed": seed,
+            "fingerprint": model_fingerprint(model), "inputs_sha256": arrays_digest(inputs),
+            "nodes_per_provider": nodes}
     arrays = {f"input_{i}": np.asarray(value) for i, value in enumerate(inputs.values())}
     arrays.update({f"tensor_{i}": np.asarray(value) for i, value in enumerate(tensors.values())})
     arrays[_GOLDEN_META] = np.array(json.dumps(meta))
     write_atomically(lambda stream: np.savez(stream, **arrays), path, like=(model,))
     return {"saved": path}
+
+
+def model_fingerprint(path: str) -> str:
+    """A digest of everything a model's numbers come from: the model file and each external
+    data file it names (graph and weights), in that order."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for file in (path, *external_data_files(load_model(path), path)):
+        digest.update(b"%d\0" % os.path.getsize(file))
+        with open(file, "rb") as stream:
+            for chunk in iter(lambda: stream.read(_COPY_SLICE), b""):
+                digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def arrays_digest(arrays: dict) -> str:
+    """A digest of named arrays: names, types, shapes and values."""
+    import hashlib
+
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for name, given in arrays.items():
+        value = np.ascontiguousarray(given)
+        digest.update(f"{name}\0{value.dtype.str}\0{list(value.shape)}\0".encode())
+        digest.update(value.tobytes())
+    return f"sha256:{digest.hexdigest()}"
 
 
 def machine() -> str:
@@ -3211,12 +3435,16 @@ def machine() -> str:
     return ", ".join(described)
 
 
-def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed: int
+def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed: int, *,
+                graph, seed_given: bool = True, given_inputs: dict | None = None
                 ) -> tuple[dict, dict, dict]:
     """``(record, inputs, tensors)`` of a golden file, refused (exit 4) when it holds another
-    kind of tensors or other names than ``tensor_names`` (what ``model`` gives here): tensors
-    of another graph are not compared. The stored inputs are the ones measured on, so a
-    ``seed`` other than the one they were drawn with is said to be unused."""
+    kind of tensors or other names than ``tensor_names`` (what ``model`` gives here), when
+    ``model``'s graph or weights are not those it was saved from (its fingerprint), or when
+    the inputs asked for contradict the stored ones: a ``seed`` given (``seed_given``) that is
+    not the one they were drawn with, or ``given_inputs`` (an ``--inputs`` file) that differ.
+    The stored inputs are the ones measured on, and fed; they must be ``graph``'s inputs
+    (``model`` parsed)."""
     import json
 
     require_file(path, "golden")
@@ -3250,15 +3478,44 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed:
                       f"{len(tensor_names)}")
         raise EprunError(f"{path!r} was saved from another graph than {model!r} "
                          f"({differ}); refusing to compare")
+    require_golden_inputs(path, inputs, graph, model)
+    _require_same_source(path, meta, model, inputs, seed=seed if seed_given else None,
+                         given_inputs=given_inputs)
     if os.path.basename(model) != meta.get("model"):
         note(f"{path!r} was saved from {meta.get('model')!r}, and is compared as "
-             f"{os.path.basename(model)!r}'s: the tensor names match")
-    if meta.get("seed") is not None and meta["seed"] != seed:
-        note(f"the inputs come from {path!r} (drawn there with seed {meta['seed']}), not from "
-             f"seed {seed}")
-    record = {"loaded": path, **{key: meta.get(key) for key in ("model", "providers",
-                                                               "onnxruntime", "machine")}}
+             f"{os.path.basename(model)!r}'s: the tensor names and the fingerprint match")
+    record = {"loaded": path, **{key: meta.get(key) for key in (
+        "model", "fingerprint", "providers", "nodes_per_provider", "onnxruntime", "machine",
+        "seed")}}
     return record, inputs, tensors
+
+
+def _require_same_source(path: str, meta: dict, model: str, inputs: dict, *,
+                         seed: int | None, given_inputs: dict | None) -> None:
+    """Refuse a golden file whose model or inputs are not the ones asked for here: a model
+    with the same names but other weights, a seed given that did not draw the stored inputs,
+    or an inputs file that holds other values than them."""
+    import numpy as np
+
+    stored = meta.get("fingerprint")
+    if stored is None:
+        note(f"{path!r} was saved by eprun {meta.get('eprun')}, before golden files knew their "
+             "model: eprun cannot check that it was saved from this one")
+    elif stored != (here := model_fingerprint(model)):
+        raise EprunError(f"{path!r} was saved from a model with the tensor names of "
+                         f"{model!r} but other graph or weights (fingerprint {stored[:19]}..., "
+                         f"{model!r} has {here[:19]}...): stale golden outputs pass or fail "
+                         "for the wrong reason; save the golden file again from this model")
+    if seed is not None and "seed" in meta and meta["seed"] != seed:
+        drawn = (f"drawn with seed {meta['seed']}" if meta["seed"] is not None
+                 else "taken from an inputs file")
+        raise EprunError(f"seed {seed} contradicts {path!r}: its inputs were {drawn}; leave "
+                         "the seed out (the stored inputs are fed) or give that one")
+    for name, value in (given_inputs or {}).items():
+        kept = inputs.get(name)
+        if kept is None or kept.shape != value.shape or not np.array_equal(kept, value):
+            raise EprunError(f"the --inputs file contradicts {path!r}: its {name!r} is not the "
+                             "stored input; leave --inputs out (the stored inputs are fed)")
 
 
 def require_golden_inputs(path: str, stored: dict, graph, model: str) -> None:
@@ -3276,9 +3533,9 @@ def golden_paths(save: str | None, load: str | None, inputs: list[str], option: 
     if save and load:
         raise EprunError(f"--save-{option} and --load-{option} exclude each other: save on "
                          "the machine that gives the reference, load on the other", EXIT_USAGE)
-    if load and shaped is not None and (shaped.file or shaped.rows is not None):
-        raise EprunError(f"--load-{option} feeds the inputs stored in {load!r}; drop --inputs "
-                         "and --rows", EXIT_USAGE)
+    if load and shaped is not None and shaped.rows is not None:
+        raise EprunError(f"--load-{option} feeds the inputs stored in {load!r}; drop --rows",
+                         EXIT_USAGE)
     if save:
         check_output(save, inputs)
 
@@ -3483,12 +3740,16 @@ def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS, extra: 
     Each new output is declared with its inferred type, so an int8 tensor is never declared
     float and the session still opens. A type nothing can infer is declared float in a saved
     file (a graph output must have a type) and left to onnxruntime in memory
-    (``unknown_as_float=False``), which infers it when the session opens.
+    (``unknown_as_float=False``), which infers it when the session opens. In memory a graph
+    input is not made an output either: some EPs refuse a name that is both (OpenVINO:
+    "Duplicate definition of name"), and its value is the feed itself (``fetch``).
     """
     import onnx
 
     boundaries = find_boundaries(model.graph, boundary_ops)
     existing = {value.name for value in model.graph.output}
+    if not unknown_as_float:
+        existing |= {value.name for value in graph_inputs(model)}
     missing = [name for name in dict.fromkeys([*boundaries, *extra]) if name not in existing]
     if missing:
         types = types if types is not None else tensor_types(model)
@@ -3734,7 +3995,7 @@ class PairedModel:
     def __init__(self, path: str, boundary_ops: tuple[str, ...],
                  on: ProviderRequest | None = None, output: str | None = None) -> None:
         self.path, self.boundary_ops, self.on = path, boundary_ops, on
-        self.actual: list[str] = []
+        self.got = Got([])
         self.model = load_model(path, text_names=True)
         outputs = [value.name for value in self.model.graph.output]
         if output is not None and output not in outputs:
@@ -3780,7 +4041,7 @@ class PairedModel:
             expose_in_place(model, self.boundary_ops, extra=names, types=self.types,
                             unknown_as_float=False)
         session = open_exposed(model, self.path, on=self.on)
-        self.actual = list(session.get_providers())
+        self.got = Got.of(session)
         return session
 
     def boundary_bytes(self, name: str, rows: int) -> int | None:
@@ -3843,7 +4104,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     batches = plan_batches(sizes, budget)
 
     side_values = segments.fp32_values(fp32, feed.arrays) if segments else {}
-    entries, final, previous = [], None, None
+    entries, final, previous, reference_final = [], None, None, None
     progress = Progress("comparing boundaries", len(pairs))
     kept = {}  # the fp32 tensors --save-boundaries stores
     for batch in batches:  # one session at a time, released before the next opens
@@ -3869,7 +4130,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
             entries.append(entry)
             progress.step(k + 1)
             if k == len(pairs) - 1:
-                final = b
+                final, reference_final = b, a
             previous = a
         del a_values, b_values
     progress.close()
@@ -3877,21 +4138,47 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if not feed.contract_shaped:
         answer["inputs"] = feed.fed
     answer.update(layer_count=len(entries), layers=entries)
+    if not (feed.contract_shaped and not (metrics or local or targets.given or output
+                                          or save_boundaries or load_boundaries)
+            and boundary_ops == BOUNDARY_OPS and not (pairing != "position" and pair == "auto")):
+        answer["first_divergence"] = first_divergence(entries)  # (the contract's stays as is)
     if pairing != "position" and pair == "auto":  # said only where it is not the contract's
         answer["pairing"] = pairing
     if segments is not None:
         answer["local_unavailable"] = segments.unavailable
     if targets.given:
-        answer["providers"] = targets.field(int8.actual, fp32.actual)
-    if targets.accelerated() and entries:
+        answer["providers"] = targets.field(int8.got, fp32.got)
+    if targets.accelerated() and entries and not _fell_back(targets.candidate, int8.got):
         answer["exposure"] = exposure_of(int8, int8_names[-1], final, int8_feed)
+    if targets.reference is not None and targets.reference.requested != [CPU_EP] and entries \
+            and not load_boundaries and not _fell_back(targets.reference, fp32.got):
+        answer["reference_exposure"] = exposure_of(fp32, fp32_names[-1], reference_final,
+                                                   feed.arrays)
     if save_boundaries:
         golden = save_golden(save_boundaries, "boundaries", fp32_path,
                              {name: kept[name] for name in fp32_names}, feed.arrays,
-                             providers=fp32.actual, seed=seed)
+                             providers=fp32.got.actual, seed=drawn_with(feed, seed),
+                             nodes=fp32.got.nodes)
     if golden:
         answer["golden"] = golden
     return answer, final
+
+
+def _fell_back(on: ProviderRequest | None, got: Got) -> bool:
+    """Did a side measured anyway (``--allow-fallback``) miss what it asked for? Its exposure
+    would describe the CPU, not the target: it is not said."""
+    return on is not None and bool(fallback_of(on.requested, got.actual, got.nodes))
+
+
+def first_divergence(entries: list[dict]) -> dict | None:
+    """Where the two sides first differ: ``{"index", "boundary", "max_abs_error"}`` of the
+    first boundary whose error is not zero (a non-finite one counts), None when none is. For
+    the same model on two providers, the layer the kernels disagree from."""
+    for entry in entries:
+        error = entry["max_abs_error"]
+        if error is None or error != 0:
+            return {"index": entry["index"], "boundary": entry["fp32"], "max_abs_error": error}
+    return None
 
 
 def _stored_boundaries(path: str, fp32: PairedModel, pairs: list, seed: int,
@@ -3899,10 +4186,22 @@ def _stored_boundaries(path: str, fp32: PairedModel, pairs: list, seed: int,
     """``(golden record, fp32 boundary tensors, inputs)`` from a ``--save-boundaries`` file,
     checked against the fp32 model; its inputs are the ones to feed the int8 model."""
     golden, stored_inputs, stored = load_golden(
-        path, "boundaries", [fp32.boundaries[i] for i, _ in pairs], fp32.path, seed)
-    require_golden_inputs(path, stored_inputs, fp32.model, fp32.path)
-    fp32.actual = golden["providers"]
+        path, "boundaries", [fp32.boundaries[i] for i, _ in pairs], fp32.path, seed,
+        graph=fp32.model, given_inputs=_given_inputs(inputs, fp32.model, fp32.path))
+    fp32.got = Got(golden["providers"], golden.get("nodes_per_provider"))
     return golden, stored, dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs)
+
+
+def _given_inputs(inputs: InputOptions | None, graph, path: str) -> dict | None:
+    """The arrays of an ``--inputs`` file given beside a golden file, to check against it."""
+    if inputs is None or not inputs.file:
+        return None
+    return _load_inputs_file(inputs.file, [value.name for value in graph_inputs(graph)], path)
+
+
+def drawn_with(feed: Feed, seed: int) -> int | None:
+    """The seed that drew some of ``feed``'s inputs; None when every one came from a file."""
+    return seed if any(entry["source"] != "file" for entry in feed.fed) else None
 
 
 def _boundary_values(side: PairedModel, names: list[str], feeds: dict,
@@ -3911,9 +4210,7 @@ def _boundary_values(side: PairedModel, names: list[str], feeds: dict,
     (quantized ones read back through their scale and zero point); ``hint`` is added to a
     failed run's error (the dims eprun chose)."""
     wanted = list(dict.fromkeys(names + side.runtime))
-    values = run_session(side.session(side.runtime), wanted, feeds, what=repr(side.path),
-                         hint=hint)
-    fetched = dict(zip(wanted, values))
+    fetched = fetch(side.session(side.runtime), wanted, feeds, what=repr(side.path), hint=hint)
     return {name: side.quantization.read(name, fetched) for name in names}
 
 
@@ -3990,7 +4287,7 @@ def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict) -> di
     diff = (largest_of(differences(exposed_value, value)[2])
             if value.shape == exposed_value.shape else float("nan"))
     if diff != 0:
-        note(f"exposing the boundaries moved {output!r} on {','.join(side.actual)} by "
+        note(f"exposing the boundaries moved {output!r} on {','.join(side.got.actual)} by "
              f"{diff:.6g} (max abs): the session compiles or optimizes the exposed graph "
              "differently, so the table describes the exposed graph, not exactly the plain one")
     return {"output": output, "max_abs_diff": float(diff)}
@@ -4301,9 +4598,7 @@ class LocalSegments:
                          for source in segment.sides.values()} - set(inputs))
         values = dict(inputs)
         if wanted:
-            session = fp32.session(wanted)
-            values.update(zip(wanted, run_session(session, wanted, inputs,
-                                                  what=repr(fp32.path))))
+            values.update(fetch(fp32.session(wanted), wanted, inputs, what=repr(fp32.path)))
         return values
 
     def _fed(self, name: str, value):
@@ -4386,7 +4681,8 @@ def growth_of(measured: dict) -> dict:
         worst = None if largest is None else {"index": largest[0], "rel_error": largest[1]}
         answer.update(local_rel_error=local_rel, worst_local=worst,
                       local_unavailable=measured["local_unavailable"])
-    for key in ("pairing", "providers", "exposure", "golden"):
+    for key in ("first_divergence", "pairing", "providers", "exposure", "reference_exposure",
+                "golden"):
         if key in measured:
             answer[key] = measured[key]
     return answer
@@ -4547,6 +4843,24 @@ def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict
     return "\n".join(lines)
 
 
+def _where_ran(answer: dict) -> str:
+    """Where a section's sessions ran, in words: the contract's CPU, or each side's providers
+    and the nodes they took (``providers`` record)."""
+    record = answer.get("providers")
+    if record is None:
+        return "on the CPU provider"
+
+    def side(actual: list[str], nodes: dict | None) -> str:
+        took = (" (" + ", ".join(f"{count} nodes on {name}" for name, count in nodes.items())
+                + ")") if nodes else ""
+        return f"{_ops(actual)}{took}"
+
+    fell = " — **a fallback**: not what was asked for" if record.get("missing") else ""
+    reference = side(record["reference"], record.get("reference_nodes_per_provider"))
+    candidate = side(record["actual"], record.get("nodes_per_provider"))
+    return f"the fp32 model on {reference}, the int8 model on {candidate}{fell}"
+
+
 def _providers_section(provider_answer: dict) -> list[str]:
     """What was requested and what each session got."""
     import onnxruntime
@@ -4598,8 +4912,8 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
                f"`{item['name']}` {item['dtype']} {item['shape']} from {item['source']}"
                for item in measured["inputs"]))
     lines = ["## 층을 거듭하며 자란 오차", "",
-              (f"Input: {fed}, both models exposed in memory and run on the CPU provider with "
-              "default session options; boundary k pairs the k-th tensor of each model"
+              (f"Input: {fed}, both models exposed in memory and run {_where_ran(measured)} "
+              "with default session options; boundary k pairs the k-th tensor of each model"
               f"{'' if facts['in_order'] else ' named after it'} (`growth.json`)."), "",
               ("| boundary | fp32 tensor | int8 tensor | max abs error | scale | rel error | "
               "cos min | ratio to previous | clipped |"),
@@ -4755,7 +5069,24 @@ def _clipping_prose(entries: list[dict]) -> str:
                if len(clipping) > 1 else "."))
 
 
-def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dict,
+def _exposure_line(exposure: dict | None) -> str:
+    """Did exposing the int8 boundaries move the final output where the table was measured?"""
+    head = ("- **Exposure**: exposing the int8 boundary tensors as outputs can change which "
+            "fused kernels onnxruntime picks (a DequantizeLinear whose output is a graph "
+            "output cannot be folded into a QLinearMatMul).")
+    if exposure is None or exposure.get("max_abs_diff") is None:
+        return (head + " It was not measured here: the table's sessions did not run where "
+                "they were asked to, or the output is not one of the plain model's.")
+    return (head + f" Here the exposed int8 model's final output `{exposure['output']}` was "
+            + ("bitwise equal to the plain model's, so the error table describes the model "
+               "as deployed."
+               if exposure["bitwise_equal"] else
+               f"**not** equal to the plain model's (max abs diff "
+               f"{_num(exposure['max_abs_diff'])}): the error table describes the exposed "
+               "graph, whose kernels differ from the model as deployed."))
+
+
+def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dict | None,
                      gate: dict) -> list[str]:
     """What holds on this machine only: providers, software, settings, exposure, the gate."""
     import platform
@@ -4777,7 +5108,10 @@ def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dic
               f"{os.cpu_count()} logical CPUs. The error table used onnxruntime's default "
               "session options (all graph optimizations, default thread count); other kernels "
               "round differently, so the error values in the last digits are this stack's."),
-              f"- **Settings** (`settings.json`, int8 model, seed {settings_answer['seed']}): "
+              "- **Settings** (`settings.json`, int8 model"
+              + (f" on {_ops(settings_answer['providers']['actual'])}"
+                 if "providers" in settings_answer else "")
+              + f", seed {settings_answer['seed']}): "
               + ("all three cases (ORT_ENABLE_ALL with 1 thread, ORT_DISABLE_ALL with 2, "
                  "ORT_ENABLE_ALL with 2) were bitwise equal to the single-threaded unoptimized "
                  "baseline here. That is a measurement of this machine, not a guarantee."
@@ -4787,16 +5121,7 @@ def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dic
                              f"{_num(case['max_abs_diff'])})" for case in differing) + "."),
               (f"  Baseline output: max |y| = {_num(base['max_abs_output'])}, "
               f"mean = {_num(base['mean_output'])}."),
-              "- **Exposure**: exposing the int8 boundary tensors as outputs can change which "
-              "fused kernels onnxruntime picks (a DequantizeLinear whose output is a graph "
-              "output cannot be folded into a QLinearMatMul). Here the exposed int8 model's "
-              f"final output `{exposure['output']}` was "
-              + ("bitwise equal to the plain model's, so the error table describes the model "
-                 "as deployed."
-                 if exposure["bitwise_equal"] else
-                 f"**not** equal to the plain model's (max abs diff "
-                 f"{_num(exposure['max_abs_diff'])}): the error table describes the exposed "
-                 "graph, whose kernels differ from the model as deployed."),
+              _exposure_line(exposure),
               _gate_line(gate),
               ("- **No timing was measured.** Nothing here says anything about speed; latency on "
               "this machine would not carry over to an accelerator anyway."), ""]
@@ -4884,7 +5209,8 @@ def _layers_table(answer: dict, colour: bool) -> list[str]:
     entries = answer["layers"]
     extra = [key for key in ("sqnr_db", "mse") if any(key in entry for entry in entries)]
     local = any("local" in entry for entry in entries)
-    headers = ["boundary", "fp32 tensor", "int8 tensor", "max abs error", "scale",
+    sides = _side_names(answer)
+    headers = ["boundary", f"{sides[0]} tensor", f"{sides[1]} tensor", "max abs error", "scale",
                "rel error", "cos min", *extra, *(["local rel error"] if local else [])]
     rows = [[entry["index"], entry["fp32"], entry["int8"], entry["max_abs_error"],
              entry["scale"], entry["rel_error"], entry["cos_min"],
@@ -4897,6 +5223,7 @@ def _layers_table(answer: dict, colour: bool) -> list[str]:
     lines += aligned(headers, rows, _worst([entry["rel_error"] for entry in entries],
                                            [_is_lost(entry["rel_error"]) for entry in entries]),
                      colour)
+    lines += _divergence_lines(answer)
     for entry in entries:
         counts = entry.get("nonfinite") or {}
         if any(counts.values()):
@@ -4904,6 +5231,33 @@ def _layers_table(answer: dict, colour: bool) -> list[str]:
                          f"{counts.get('fp32', 0)} in the fp32 tensor and "
                          f"{counts.get('int8', 0)} in the int8 one")
     return lines
+
+
+def _side_names(answer: dict) -> tuple[str, str]:
+    """What to call the two sides of a comparison in a table: fp32 and int8, the contract's
+    words, unless the answer ran them on providers of their own (the same file on the CPU and
+    on an EP is no fp32/int8 pair): then the reference and the candidate, with where each
+    ran."""
+    record = answer.get("providers")
+    if not record:
+        return "fp32", "int8"
+
+    def short(names: list[str]) -> str:
+        return ",".join(name.replace("ExecutionProvider", "") for name in names) or "none"
+
+    return (f"reference ({short(record['reference'])})",
+            f"candidate ({short(record['actual'])})")
+
+
+def _divergence_lines(answer: dict) -> list[str]:
+    """Where the two sides first differ, where the answer says (``first_divergence``)."""
+    if "first_divergence" not in answer:
+        return []
+    first = answer["first_divergence"]
+    if first is None:
+        return ["first divergence: none, every boundary is equal"]
+    return [(f"first divergence: boundary {first['index']} ({first['boundary']}), max abs "
+             f"error {_num(first['max_abs_error'])}")]
 
 
 def _inputs_lines(answer: dict) -> list[str]:
@@ -4915,9 +5269,11 @@ def _inputs_lines(answer: dict) -> list[str]:
 def _placement_table(answer: dict, colour: bool) -> list[str]:
     """Where onnxruntime put the nodes: the providers asked for and got, nodes per provider,
     and the nodes off the first provider asked for (all of them when it fell back)."""
+    fell = fallback_of(answer["requested"], answer["actual"], answer["counts"])
     lines = [(f"placement: {answer['model']}, asked {','.join(answer['requested'])}, got "
               f"{','.join(answer['actual'])}"
-              f"{' (fell back)' if answer['fell_back'] else ''}; from {answer['source']}")]
+              f"{' (fell back: ' + ', '.join(fell) + ' ran no node)' if fell else ''}; "
+              f"from {answer['source']}")]
     counts = answer["counts"]
     lines += aligned(["provider", "nodes"], [[name, count] for name, count in counts.items()],
                      None, colour)
@@ -4939,6 +5295,7 @@ def _growth_table(answer: dict, colour: bool) -> list[str]:
     lines = [f"growth: seed {answer['seed']}, {answer['layer_count']} boundaries"]
     lines += aligned(["boundary", "rel error", "ratio to previous"], rows,
                      jump["index"] if jump else None, colour)
+    lines += _divergence_lines(answer)
     total = answer["total_growth"]
     if total is None:
         lines.append(f"total growth: none ({_no_growth_why(answer['rel_error'])})")
@@ -4987,14 +5344,20 @@ def _check_table(answer: dict, colour: bool) -> list[str]:
 def _settings_table(answer: dict, colour: bool) -> list[str]:
     base = answer["baseline"]
     cases = answer["cases"]
-    rows = [[base["level"], base["intra_op"], 0.0, True],
-            *[[case["level"], case["intra_op"], case["max_abs_diff"], case["bitwise_equal"]]
-              for case in cases]]
+    swept = any("ep_option" in case for case in cases)
+
+    def option(case: dict) -> list:
+        given = case.get("ep_option")
+        return ([f"{given['key']}={given['value']}" if given else ""] if swept else [])
+
+    rows = [[base["level"], base["intra_op"], *option({}), 0.0, True],
+            *[[case["level"], case["intra_op"], *option(case), case["max_abs_diff"],
+               case["bitwise_equal"]] for case in cases]]
     differing = [case["max_abs_diff"] if not case["bitwise_equal"] else None for case in cases]
     worst = _worst(differing)
     lines = [f"settings: {answer['model']}, seed {answer['seed']}, against the first row"]
-    lines += aligned(["level", "threads", "max abs diff", "bitwise equal"], rows,
-                     None if worst is None else worst + 1, colour)
+    lines += aligned(["level", "threads", *(["ep option"] if swept else []), "max abs diff",
+                      "bitwise equal"], rows, None if worst is None else worst + 1, colour)
     lines.append("all equal" if answer["all_equal"] else "not all equal")
     return lines
 
@@ -5033,20 +5396,24 @@ _TABLES = {"layers": _layers_table, "growth": _growth_table, "check": _check_tab
 # -- providers -------------------------------------------------------------------------------------
 
 def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
-              ep_options: dict | None = None) -> dict:
+              ep_options: dict | None = None, *, nodes: bool = False,
+              fail_on_fallback: bool = False) -> dict:
     """One session per requested list; what it actually holds, what was missing, and whether
     it fell back. A model onnxruntime cannot open is reported per case, not as a failure.
 
     Installed plugin EP packages and ``ep_library`` files are registered first, so
     ``available`` lists the plugin EPs that offer a device here, and a plugin EP is asked for
     through its devices (``ProviderRequest``). A provider that rejects its ``ep_options`` is
-    a failure (exit 4, with its message), not a case that quietly fell back."""
+    the case's ``error``, with its own words on stderr. Each case also says how many nodes
+    each provider took (``nodes_per_provider``: a listed EP may have taken none), except in
+    the contract's own call (a contract-shaped model, no option), whose answer stays exactly
+    the contract's; ``nodes`` asks for them there too."""
     require_file(model)
     ort = import_ort()
     ep_options = ep_options or {}
     prepare_providers(lists, ep_library, ep_options, discover=True)
     available = list(ort.get_available_providers())
-    cases = []
+    cases, counts, shaped = [], [], True
     for message in dict.fromkeys(m for requested in lists
                                  for m in provider_warnings(requested)):
         note(message)
@@ -5054,44 +5421,65 @@ def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
         note(message)
     for requested in lists:
         on = ProviderRequest(requested, options=ep_options)
+        got, error = Got([], {}), None
         try:
             session = open_session(model, on=on)
-            actual, error = list(session.get_providers()), None
+            got = Got.of(session)
+            shaped = shaped and _contract_shaped(session)
             del session
         except ModelChanged:
             raise
         except EprunError as exc:  # the contract's error: onnxruntime's exception class
-            actual, error = [], type(exc.__cause__).__name__
-        rejected = [name for name in fallback_of(requested, actual)
-                    if name in ep_options and name in available]
-        if rejected and not error:  # onnxruntime dropped it and went on: ask for its reason
-            try:
-                open_session(model, what=repr(model), on=dataclasses.replace(on, strict=True))
-            except EprunError as exc:
-                raise EprunError(f"{', '.join(rejected)} does not start with the options "
-                                 f"given ({_options_text(ep_options, rejected)}): "
-                                 f"{type(exc.__cause__).__name__}: "
-                                 f"{one_line(exc.__cause__)}") from exc
-        cases.append({
+            error = type(exc.__cause__).__name__
+            if any(name in ep_options for name in requested):  # its words on what it refused
+                note(f"case {','.join(requested)}: {native_message(exc.__cause__ or exc)}")
+        case = {
             "requested": requested,
-            "actual": actual,
+            "actual": got.actual,
             "missing": [name for name in requested
                         if name not in available and not name.startswith(POLICY_PREFIX)],
-            "fell_back": differs_from_request(requested, actual),
+            "fell_back": differs_from_request(requested, got.actual),
             "error": error,
-        })
+        }
+        rejected = [name for name in fallback_of(requested, got.actual)
+                    if name in ep_options and name in available]
+        if rejected and not error:  # onnxruntime dropped it and went on: ask it why
+            case["error"] = "RuntimeError"  # what a provider that will not start raises
+            for name in rejected:
+                note(f"case {','.join(requested)}: {why_missing(name, on, model)}")
+        cases.append(case)
+        counts.append(got.nodes)
+    if nodes or fail_on_fallback or ep_options or ep_library or not shaped:
+        for case, counted in zip(cases, counts):
+            case.update(nodes_record(counted))
     return {"model": model, "available": available, "cases": cases}
+
+
+def _contract_shaped(session) -> bool:
+    """Does the session take the contract's one float32 ``[batch, F]`` input?"""
+    inputs = session.get_inputs()
+    if len(inputs) != 1 or inputs[0].type != "tensor(float)" or len(inputs[0].shape) != 2:
+        return False
+    batch, features = inputs[0].shape
+    return not isinstance(batch, int) and isinstance(features, int)
 
 
 def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
     """``--fail-on-fallback``: which cases did not get a provider they asked for."""
     fell = [(index, case) for index, case in enumerate(answer["cases"])
-            if fallback_of(case["requested"], case["actual"])]
+            if fallback_of(case["requested"], case["actual"], case.get("nodes_per_provider"))]
     if not args.fail_on_fallback or not fell:
         return None
+    def got(case: dict) -> str:
+        nodes = case.get("nodes_per_provider") or {}
+        idle = [name for name in fallback_of(case["requested"], case["actual"], nodes or None)
+                if name in case["actual"]]
+        return (f"{', '.join(idle)} took 0 of {sum(nodes.values())} nodes" if idle else
+                f"got {','.join(case['actual']) or 'no session'}")
+
     return "fallback: " + "; ".join(
-        f"case {index} asked for {','.join(case['requested'])} and got "
-        f"{','.join(case['actual']) or 'no session'}" for index, case in fell)
+        f"case {index} asked for {','.join(case['requested'])} and {got(case)}"
+        for index, case in fell)
 
 
 PROVIDERS = declare(Command(
@@ -5106,9 +5494,16 @@ PROVIDERS = declare(Command(
                *EP_ARGS,
                arg("--fail-on-fallback", action="store_true",
                    help="exit 1 (after printing the answer) when a case did not get a provider "
-                        "it asked for (onnxruntime adding the CPU provider is not a fallback)")),
+                        "it asked for, or the provider took no node (onnxruntime adding the "
+                        "CPU provider is not a fallback)"),
+               arg("--nodes", action="store_true",
+                   help="say how many nodes each provider took in every case, also where the "
+                        "answer would otherwise be exactly the contract's (a contract-shaped "
+                        "model and no option)")),
     fields=("model", "available", "cases"),
-    detail='cases: [{"requested", "actual", "missing", "fell_back", "error"}]',
+    detail='cases: [{"requested", "actual", "missing", "fell_back", "error"}]; each case adds '
+           '"nodes_per_provider" (null and "nodes_unknown" before onnxruntime 1.24) unless the '
+           'call is the contract\'s own (a contract-shaped model, no option; --nodes adds it)',
     example="eprun.py providers model.onnx CUDAExecutionProvider,CPUExecutionProvider "
             "CPUExecutionProvider",
     verdict=providers_verdict))
@@ -5502,7 +5897,7 @@ class SettingsRunner:
         self.model, self.seed, self.inputs = model, seed, inputs
         self.feed: Feed | None = None
         self.on = (targets or Targets()).candidate
-        self.actual: list[str] = []
+        self.got = Got([])
         self.stamp: tuple | None = None  # the model file every case is measured on
 
     def session(self, level: str, intra_op: int, disabled: list[str] = (),
@@ -5513,7 +5908,7 @@ class SettingsRunner:
         if self.stamp is None:
             self.stamp = file_stamp(self.model)
         require_same_stamp(self.model, self.stamp)  # each case the same file as the first
-        self.actual = list(session.get_providers())
+        self.got = Got.of(session)
         if self.feed is None:  # from the first session's metadata: a float model needs no onnx
             self.feed = make_feeds(session_specs(session, self.model), self.seed, self.inputs,
                                    self.model)
@@ -5529,26 +5924,51 @@ class SettingsRunner:
     def output(self, level: str, intra_op: int, disabled: list[str] = ()):
         return self.run(self.session(level, intra_op, disabled))
 
+    def output_with(self, provider: str, key: str, value: str):
+        """The output at the baseline's level and threads, with one provider option set."""
+        base_on = self.on
+        options = {**base_on.options, provider: {**base_on.options.get(provider, {}), key: value}}
+        self.on = dataclasses.replace(base_on, options=options)
+        try:
+            return self.output(*SETTINGS_BASELINE)
+        finally:
+            self.on = base_on
+
+
+def parse_option_sweep(text: str) -> tuple[str, str, list[str]]:
+    """``EP:KEY=V1,V2,...``: the values of one provider option to try, each a case."""
+    provider, key, values = parse_ep_option(text)
+    items = [value.strip() for value in values.split(",") if value.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"{text!r} names no value to try (EP:KEY=V1,V2,...)")
+    return provider, key, items
+
 
 def settings(model: str, seed: int, inputs: InputOptions | None = None,
              explain: bool = False, *, providers: list[str] | None = None,
              allow_fallback: bool = False, ep_library: list[str] = (),
-             ep_options: dict | None = None) -> dict:
+             ep_options: dict | None = None, ep_option_sweep: list = ()) -> dict:
     """The first output under other optimization levels and intra-op thread counts, compared
     with the single-threaded, unoptimized baseline bit for bit.
 
     The baseline runs twice; one that does not reproduce itself is reported (``repeatable``
     false). With ``explain``, each case that differs is explained (``explain_case``). With
     ``providers`` every session runs there (``reference`` in the answer's ``providers`` is
-    the baseline's session): what the settings change on the EP a model is deployed to.
+    the baseline's session): what the settings change on the EP a model is deployed to; on
+    an EP the knobs that matter are its own options, and ``ep_option_sweep`` (provider, key,
+    values) adds a case per value, at the baseline's level and threads.
     """
     import numpy as np
 
     require_file(model)
+    for provider, key, _ in ep_option_sweep:
+        if provider not in (providers or ()):
+            raise EprunError(f"--ep-option-sweep {provider}:{key}: give {provider} in "
+                             "--providers, where the sweep runs", EXIT_USAGE)
     targets = targets_from(providers, None, allow_fallback, ep_library, ep_options)
     runner = SettingsRunner(model, seed, inputs, targets)
     base_session = runner.session(*SETTINGS_BASELINE)
-    base_actual = runner.actual
+    base_got = runner.got
     base = runner.run(base_session)
     repeatable = bitwise_equal(base, runner.run(base_session))
     del base_session
@@ -5563,18 +5983,27 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
         diff = largest_of(differences(base, y)[2]) if same_shape else float("nan")
         cases.append({"level": level, "intra_op": intra_op, "max_abs_diff": float(diff),
                       "bitwise_equal": bitwise_equal(base, y)})
+    for provider, key, values in ep_option_sweep:
+        for value in values:
+            y = runner.output_with(provider, key, value)
+            diff = (largest_of(differences(base, y)[2]) if y.shape == base.shape
+                    else float("nan"))
+            cases.append({"level": SETTINGS_BASELINE[0], "intra_op": SETTINGS_BASELINE[1],
+                          "ep_option": {"provider": provider, "key": key, "value": value},
+                          "max_abs_diff": float(diff), "bitwise_equal": bitwise_equal(base, y),
+                          **nodes_record(runner.got.nodes)})
     answer = {"model": model, "seed": seed}
     if not runner.feed.contract_shaped:
         answer["inputs"] = runner.feed.fed
     answer.update(baseline=baseline, cases=cases,
                   all_equal=all(case["bitwise_equal"] for case in cases))
     if targets.given:
-        answer["providers"] = targets.field(runner.actual, base_actual)
+        answer["providers"] = targets.field(runner.got, base_got)
     if explain or not repeatable:
         answer["repeatable"] = repeatable
     if explain:
         answer["explanations"] = [explain_case(runner, base, case) for case in cases
-                                  if not case["bitwise_equal"]]
+                                  if not case["bitwise_equal"] and "ep_option" not in case]
     return answer
 
 
@@ -5818,8 +6247,8 @@ def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -
 
         session = open_exposed(model, runner.model, {"level": settings_level, "threads": threads},
                                on=runner.on)
-        return boundaries, run_session(session, boundaries, runner.feed.arrays,
-                                       what=repr(runner.model))
+        fetched = fetch(session, boundaries, runner.feed.arrays, what=repr(runner.model))
+        return boundaries, [fetched[name] for name in boundaries]
 
     boundaries, reference = boundary_values(*SETTINGS_BASELINE)
     _, candidate = boundary_values(level, intra_op)
@@ -5858,13 +6287,19 @@ SETTINGS = declare(Command(
                         "it, a minimal set of graph transformers whose disabling restores the "
                         "baseline bit for bit, the first boundary that differs, and the "
                         "workaround; or that the thread count (no optimizer) is the cause"),
+               arg("--ep-option-sweep", type=parse_option_sweep, action="append", default=[],
+                   metavar="EP:KEY=V1,V2",
+                   help="with --providers: one more case per value of this provider option "
+                        "(e.g. OpenVINOExecutionProvider:precision=FP32,ACCURACY), at the "
+                        "baseline's level and threads; repeatable"),
                *measure_ep_args(reference=False)),
     fields=("model", "seed", "baseline", "cases", "all_equal"),
     detail='baseline: {"level", "intra_op", "max_abs_output", "mean_output"}; cases: '
            '[{"level", "intra_op", "max_abs_diff", "bitwise_equal"}]; "inputs" as in layers; '
            '"repeatable" when the baseline does not reproduce itself or with --explain, which '
            'adds "explanations"; --providers adds "providers" (every session runs there; '
-           '"reference" is the baseline\'s)',
+           '"reference" is the baseline\'s); --ep-option-sweep adds a case per value with '
+           '"ep_option": {"provider", "key", "value"} and its "nodes_per_provider"',
     example="eprun.py settings int8.onnx 2026"))
 
 
@@ -5917,13 +6352,19 @@ def placement(model: str, providers: list[str], seed: int = 0,
             subgraphs = [provider for provider, _ in
                          itertools.groupby(node["provider"] for node in nodes)]
     counts = dict(collections.Counter(node["provider"] for node in nodes))
-    missing = fallback_of(providers, actual)
+    request = ProviderRequest(providers, options=ep_options or {})
+    rejected = [name for name in fallback_of(providers, actual)
+                if name in (ep_options or {}) and name in import_ort().get_available_providers()]
+    if rejected:  # an option it refused, not a provider this machine lacks
+        raise EprunError(f"placement of {model!r}: {why_missing(rejected[0], request, model)}")
+    missing = fallback_of(providers, actual, counts)
     if missing:
-        note(f"the session did not get {', '.join(missing)}: its nodes ran on what "
-             f"onnxruntime fell back to, {', '.join(actual)}")
+        note(f"the session did not get {', '.join(missing)}, or it took no node: its nodes ran "
+             f"on {', '.join(counts) or 'nothing'}")
     return {"model": model, "requested": providers, "actual": actual,
             "fell_back": differs_from_request(providers, actual), "source": source,
-            "counts": counts, "nodes": nodes, "subgraphs": dict(collections.Counter(subgraphs))}
+            "counts": counts, "nodes_per_provider": counts, "nodes": nodes,
+            "subgraphs": dict(collections.Counter(subgraphs))}
 
 
 def _not_text(model: str, exc: UnicodeDecodeError) -> EprunError:
@@ -5951,7 +6392,8 @@ PLACEMENT = declare(Command(
     run=placement,
     arguments=(MODEL, arg("providers", type=parse_list, help="comma-joined provider names"),
                *input_args(rows_default="1"), *EP_ARGS, FORMAT_ARG),
-    fields=("model", "requested", "actual", "fell_back", "source", "counts", "nodes",
+    fields=("model", "requested", "actual", "fell_back", "source", "counts",
+            "nodes_per_provider", "nodes",
             "subgraphs"),
     detail='nodes: [{"name", "op_type", "provider"}]; subgraphs: {provider: how many '
            'subgraphs onnxruntime gave it} (from a profile: runs of consecutive nodes)',
@@ -5969,7 +6411,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
           allow_fallback: bool = False, outputs_into: dict | None = None,
           ep_library: list[str] = (), ep_options: dict | None = None,
           save_outputs: str | None = None, load_outputs: str | None = None,
-          swapped_ok: bool = False) -> dict:
+          swapped_ok: bool = False, seed_given: bool = False) -> dict:
     """The CI gate: does the candidate (model and providers) match the reference within
     tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
     provider the candidate's session did not get) unless ``allow_fallback``;
@@ -6007,8 +6449,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     if min_cos is not None:
         tolerance["min_cos"] = min_cos
     retries_used = [0]
-    golden, feed, reference_names, reference_outputs, reference_actual = _reference_run(
-        reference, seed, inputs, reference_on, load_outputs)
+    golden, feed, reference_names, reference_outputs, reference_got = _reference_run(
+        reference, seed, inputs, reference_on, load_outputs, seed_given=seed_given)
     unknown = sorted(set(per_output) - set(reference_names))
     if unknown:
         raise EprunError(f"--rtol/--atol name {', '.join(map(repr, unknown))}, which is no "
@@ -6035,7 +6477,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     if len(candidate_outputs) < len(reference_outputs):
         raise EprunError(f"{candidate!r} has {len(candidate_outputs)} outputs, the "
                          f"reference {len(reference_outputs)}; outputs are paired by position")
-    actual = list(candidate_session.get_providers())
+    got = Got.of(candidate_session)
+    actual = got.actual
     if outputs_into is not None:
         outputs_into.update(zip((value.name for value in candidate_session.get_outputs()),
                                 candidate_outputs))
@@ -6043,14 +6486,15 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     outputs, failures = _gate_outputs(
         zip(reference_names, reference_outputs), zip(candidate_names, candidate_outputs),
         (reference, candidate), tolerance)
-    missing = fallback_of(providers, actual)
+    missing = fallback_of(providers, actual, got.nodes)
     if (require_providers and actual != providers) or (missing and not allow_fallback):
         failures.append({"bound": "providers", "requested": providers, "actual": actual,
                          "missing": missing})
     if save_outputs:  # only once everything ran: a failed check leaves no file
         golden = save_golden(save_outputs, "outputs", reference,
                              dict(zip(reference_names, reference_outputs)), feed.arrays,
-                             providers=reference_actual, seed=seed)
+                             providers=reference_got.actual, seed=drawn_with(feed, seed),
+                             nodes=reference_got.nodes)
     answer = {"reference": reference, "candidate": candidate, "seed": seed,
               "rows": feed.rows}
     if not feed.contract_shaped:
@@ -6058,7 +6502,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     return {**answer, "profile": profile, "tolerance": tolerance,
             "providers": {"requested": providers, "actual": actual,
                           "fell_back": differs_from_request(providers, actual),
-                          "reference": reference_actual,
+                          "reference": reference_got.actual, **nodes_record(got.nodes),
+                          **nodes_record(reference_got.nodes, "reference_"),
                           **({"options": ep_options} if ep_options else {})},
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
             "failures": failures, "passed": not failures,
@@ -6086,27 +6531,29 @@ def _graph_or_none(path: str):
 
 
 def _reference_run(reference: str, seed: int, inputs: InputOptions | None,
-                   on: ProviderRequest, load_outputs: str | None) -> tuple:
+                   on: ProviderRequest, load_outputs: str | None, *, seed_given: bool = True
+                   ) -> tuple:
     """``(golden, feed, output names, outputs, providers)`` of the reference: run here on
     ``on``, or read from the ``--load-outputs`` file made elsewhere (``golden`` its record,
     else None), whose inputs then feed the candidate."""
     if load_outputs:  # the reference ran elsewhere: its graph says what the file must hold
         graph = load_model(reference)
         names = [value.name for value in graph.graph.output]
-        golden, stored_inputs, stored = load_golden(load_outputs, "outputs", names, reference,
-                                                    seed)
-        require_golden_inputs(load_outputs, stored_inputs, graph, reference)
+        golden, stored_inputs, stored = load_golden(
+            load_outputs, "outputs", names, reference, seed, graph=graph, seed_given=seed_given,
+            given_inputs=_given_inputs(inputs, graph, reference))
         feed = make_feeds(specs_from_model(graph), seed,
                           dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs),
                           reference)
-        return golden, feed, names, [stored[name] for name in names], golden["providers"]
+        return (golden, feed, names, [stored[name] for name in names],
+                Got(golden["providers"], golden.get("nodes_per_provider")))
     session = open_session(reference, what=repr(reference), on=on)
     feed = make_feeds(session_specs(session, reference), seed, inputs, reference)
     outputs = run_session(session, None, feed.arrays, what=repr(reference),
                           hint=dims_hint(feed))
     names = [value.name for value in session.get_outputs()]
     # its outputs are all the rest needs: the session goes before the candidate's opens
-    return None, feed, names, outputs, list(session.get_providers())
+    return None, feed, names, outputs, Got.of(session)
 
 
 def _gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
@@ -7161,7 +7608,7 @@ class SensitivityRun:
         require_file(int8)
         self.fp32, self.int8 = fp32, int8
         self.targets = targets or Targets()
-        self.actual: list[str] = []
+        self.got = Got([])
         self.unknown: list[str] = []
         self.fresh: list[str] = []
         self.fp32_model = load_model(fp32, text_names=True)
@@ -7183,7 +7630,7 @@ class SensitivityRun:
         self.output = _final(self.int8_model)
         model = load_model(fp32)
         session = open_exposed(model, fp32, on=self.targets.reference)
-        self.reference_actual = list(session.get_providers())
+        self.reference_got = Got.of(session)
         self.reference = run_session(session, [fp32_output], self.feed.arrays,
                                      what=repr(fp32), hint=dims_hint(self.feed))[0]
         del session
@@ -7316,7 +7763,7 @@ class SensitivityRun:
                          if name in used}, **arrays}
             path, self.unknown, self.fresh = self.int8, [], []
         session = open_exposed(model, path, extra_arrays=arrays, on=self.targets.candidate)
-        self.actual = list(session.get_providers())
+        self.got = Got.of(session)
         self.sessions += 1
         (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
                                hint=dims_hint(self.feed))
@@ -7720,7 +8167,7 @@ def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
             "predicted_by": run.predicted_by,
             "quantizer": run.settings() if run.requantizer is not None else None,
             "sessions": run.sessions,
-            **({"providers": targets.field(run.actual, run.reference_actual)}
+            **({"providers": targets.field(run.got, run.reference_got)}
                if targets.given else {})}
 
 
@@ -7809,7 +8256,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            sensitivity_section: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, swapped_ok: bool = False, local: bool = False,
            chart: str | None = None, calibration: str | None = None,
-           extra_options: dict | None = None) -> dict:
+           extra_options: dict | None = None, allow_fallback: bool = False) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -7818,7 +8265,10 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     deliverables as they were, all of them. Boundaries are paired by
     name wherever the names pair them all (for the lab's models that is the same as by
     position). The answer adds the ``check`` verdict of the int8 model against the fp32 one
-    under the int8 profile, on ``target_providers`` (CPU when not given). ``local`` adds each
+    under the int8 profile, on ``target_providers`` (CPU when not given); with them, the
+    error table, growth and settings run the int8 model there too (the fp32 reference on the
+    CPU), each section saying where it ran, and a target the sessions do not get is refused
+    like any fallback unless ``allow_fallback``. ``local`` adds each
     segment's local error to growth.json and the chart; ``chart="svg"`` also writes the chart
     as ``growth.svg``, linked from the report.
     """
@@ -7851,22 +8301,33 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     named = _name_pairs(graphs["fp32"].graph, graphs["int8"].graph, boundary_ops)
     pairing = "name" if named is not None else "position"
     progress.step(2)
+    targets = (targets_from(target_providers, None, allow_fallback, ep_library, ep_options)
+               if target_providers is not None else Targets())
     measured, int8_final = measure_layers(fp32, int8, seed, inputs=inputs,
                                           boundary_ops=boundary_ops, pair=pairing,
-                                          swapped_ok=swapped_ok, clipping=True, local=local)
+                                          swapped_ok=swapped_ok, clipping=True, local=local,
+                                          targets=targets)
     growth_answer = growth_of(measured)
     progress.step(3)
-    settings_answer = settings(int8, seed, inputs)
+    settings_answer = settings(int8, seed, inputs, providers=target_providers,
+                               allow_fallback=allow_fallback, ep_library=ep_library,
+                               ep_options=ep_options)
     progress.step(4)
     candidate: dict = {}
     gate = check(fp32, int8, providers=target_providers, profile="int8", inputs=inputs,
                  seed=seed, outputs_into=candidate, ep_options=ep_options,
+                 allow_fallback=allow_fallback,
                  swapped_ok=True)  # the order is checked above, on the graphs read there
     progress.step(5)
     final = measured["layers"][-1]["int8"]
-    plain = (candidate.get(final) if gate["providers"]["actual"] == ["CPUExecutionProvider"]
-             else None)  # the check's run is the plain model as deployed on the CPU
-    exposure = _exposure_effect(int8, seed, final, int8_final, inputs=inputs, plain=plain)
+    if targets.given:  # the exposure measured where the table was, or none after a fallback
+        exposure = measured.get("exposure")
+        if exposure is not None and exposure["max_abs_diff"] is not None:
+            exposure = {**exposure, "bitwise_equal": exposure["max_abs_diff"] == 0}
+    else:
+        plain = (candidate.get(final) if gate["providers"]["actual"] == [CPU_EP]
+                 else None)  # the check's run is the plain model as deployed on the CPU
+        exposure = _exposure_effect(int8, seed, final, int8_final, inputs=inputs, plain=plain)
     progress.step(6)
     progress.close()
     ranked = (_optional_sensitivity(fp32, int8, seed, inputs, swapped_ok,
@@ -8006,6 +8467,9 @@ REPORT = declare(Command(
         arg("--chart", choices=("svg",),
             help=f"also write the growth chart as {CHART_FILE} (for viewers without Mermaid), "
                  "linked from ep_report.md"),
+        arg("--allow-fallback", action="store_true",
+            help="with --providers: measure even when a session did not get them (or they took "
+                 "no node); each section then says what it ran on"),
         *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG, CALIBRATION_ARG,
         EXTRA_OPTION_ARG),
     fields=("out_dir", "files", "pairing", "check"),
@@ -8147,8 +8611,9 @@ def _seed_from(args: argparse.Namespace, extra: list[str]) -> None:
 
 def settle_seed(args: argparse.Namespace) -> str | None:
     """The seed is taken in both forms, positional and ``--seed``, by every command that has
-    one; leaves it in ``args.seed`` and returns what is wrong, if anything (none given where
-    it is required, or two that differ)."""
+    one; leaves it in ``args.seed`` (and whether it was given at all in ``args.seed_given``:
+    a golden file's inputs refuse a seed given that did not draw them) and returns what is
+    wrong, if anything (none given where it is required, or two that differ)."""
     values = vars(args)
     if "seed_option" in values:  # positional first: one of the two is required
         given = [value for value in (args.seed, values.pop("seed_option")) if value is not None]
@@ -8156,12 +8621,12 @@ def settle_seed(args: argparse.Namespace) -> str | None:
             return "the following arguments are required: seed (or --seed SEED)"
     elif "seed_positional" in values:  # --seed first, default 0
         given = [value for value in (args.seed, values.pop("seed_positional"))
-                 if value is not None] or [0]
+                 if value is not None]
     else:
         return None
     if len(set(given)) > 1:
         return f"the seed is given twice, as {given[0]} and {given[1]}: give it once"
-    args.seed = given[0]
+    args.seed, args.seed_given = (given[0], True) if given else (0, False)
     return None
 
 

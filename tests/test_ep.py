@@ -9,6 +9,7 @@ CPU EP library) and are skipped elsewhere; the rest run on every stack.
 from __future__ import annotations
 
 import importlib.util
+import json
 import platform
 
 import models
@@ -130,6 +131,30 @@ def boundary_numbers(reference: np.ndarray, candidate: np.ndarray, rows: int) ->
             "rel_error": max_abs / scale if scale else 0.0, "cos_min": min(cosines)}
 
 
+def nodes_on(path, opener=None) -> dict | None:
+    """How many nodes each provider took in a session made here (onnxruntime's assignment
+    info, 1.24+), None where onnxruntime does not say."""
+    if not hasattr(ort.InferenceSession, "get_provider_graph_assignment_info"):
+        return None
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    session = (opener or (lambda model, given: ort.InferenceSession(
+        str(model), given, providers=[CPU])))(path, options)
+    counts: dict = {}
+    for subgraph in session.get_provider_graph_assignment_info():
+        counts[subgraph.ep_name] = counts.get(subgraph.ep_name, 0) + len(subgraph.get_nodes())
+    return counts
+
+
+def nodes_fields(counts: dict | None, prefix: str = "") -> dict:
+    """The record fields eprun writes for ``counts`` (README: "nodes_per_provider")."""
+    if counts is not None:
+        return {f"{prefix}nodes_per_provider": counts}
+    return {f"{prefix}nodes_per_provider": None,
+            f"{prefix}nodes_unknown": f"onnxruntime {ort.__version__} does not say which "
+                                      "provider each node went to (1.24 and later do)"}
+
+
 def exposed_copy(model, tmp_path, name: str):
     out = tmp_path / f"{name}_exposed.onnx"
     result = run_eprun("expose", model, out)
@@ -214,26 +239,33 @@ def test_missing_provider_is_refused_unless_fallback_is_allowed(eprun, eprun_fai
         assert "--allow-fallback" in line
     plain = eprun("layers", fp32, int8, "1")
     allowed = eprun("layers", fp32, int8, "1", "--providers", absent, "--allow-fallback")
+    fp32_exposed, _ = exposed_copy(fp32, tmp_path, "fp32")
+    int8_exposed, _ = exposed_copy(int8, tmp_path, "int8")
     assert allowed["providers"] == {"requested": [absent], "actual": [CPU], "fell_back": True,
-                                    "missing": [absent], "reference": [CPU]}
+                                    "missing": [absent], "reference": [CPU],
+                                    **nodes_fields(nodes_on(int8_exposed)),
+                                    **nodes_fields(nodes_on(fp32_exposed), "reference_")}
     assert allowed["layers"] == plain["layers"]
-    # off the CPU was asked for: the plain model on what the session got is run too
-    output = plain["layers"][-1]["int8"]
-    exposed, _ = exposed_copy(int8, tmp_path, "int8")
-    x = lab_input(fp32, 1)
-    exposed_y, plain_y = models.run(exposed, x, [output])[0], models.run(int8, x, [output])[0]
-    # exactly: the same CPU sessions as eprun's, whatever this CPU's int8 kernel gives
-    assert allowed["exposure"] == {"output": output, "max_abs_diff": pytest.approx(
-        float(np.abs(plain_y.astype(np.float64) - exposed_y).max()), abs=0)}
+    # a fallback measured anyway: no exposure record, which would describe the CPU
+    assert "exposure" not in allowed
 
 
 def test_cpu_providers_add_the_record_and_change_no_number(eprun, lab_pair):
     fp32, int8 = lab_pair
     plain = eprun("growth", fp32, int8, "5")
     on_cpu = eprun("growth", fp32, int8, "5", "--providers", CPU)
-    assert on_cpu.pop("providers") == {"requested": [CPU], "actual": [CPU], "fell_back": False,
-                                       "missing": [], "reference": [CPU]}
+    record = on_cpu.pop("providers")
+    assert {key: record.pop(key) for key in ("requested", "actual", "fell_back", "missing",
+                                              "reference")} == {
+        "requested": [CPU], "actual": [CPU], "fell_back": False, "missing": [],
+        "reference": [CPU]}
+    counts = record.pop("nodes_per_provider"), record.pop("reference_nodes_per_provider")
+    assert all(count is None or set(count) == {CPU} for count in counts)
     assert "exposure" not in on_cpu  # the CPU alone: the contract's own sessions
+    # the answer is no longer the contract's: it says where the two first differ
+    first = on_cpu.pop("first_divergence")
+    born = next(k for k, error in enumerate(plain["rel_error"]) if error != 0)
+    assert first["index"] == born
     assert on_cpu == plain
 
 
@@ -377,9 +409,11 @@ def test_int8_against_itself_on_openvino_is_the_divergence_table(eprun, tmp_path
     np.savez(tmp_path / "inputs.npz", **feeds)
     answer = eprun("layers", int8, int8, "0", "--providers", OPENVINO, "--inputs",
                    tmp_path / "inputs.npz")
-    assert answer["providers"] == {"requested": [OPENVINO], "actual": [OPENVINO, CPU],
-                                   "fell_back": True, "missing": [], "reference": [CPU]}
     exposed, names = exposed_copy(int8, tmp_path, "enc_int8")
+    assert answer["providers"] == {"requested": [OPENVINO], "actual": [OPENVINO, CPU],
+                                   "fell_back": True, "missing": [], "reference": [CPU],
+                                   **nodes_fields(nodes_on(exposed, openvino)),
+                                   **nodes_fields(nodes_on(exposed), "reference_")}
     reference = dict(zip(names, models.run(exposed, feeds, names)))
     candidate = dict(zip(names, openvino(exposed).run(names, feeds)))
     assert_table(answer, reference, candidate, answer["rows"])
@@ -451,9 +485,13 @@ def test_ep_options_recorded_and_a_rejected_one_is_an_error(eprun, eprun_fails, 
     assert answer["providers"]["options"] == {OPENVINO: {"precision": "ACCURACY"}}
     assert answer["providers"]["actual"] == [OPENVINO, CPU]
     for command in (["layers", fp32, int8, "1", "--providers", OPENVINO],
-                    ["providers", fp32, OPENVINO], ["placement", int8, OPENVINO]):
+                    ["placement", int8, OPENVINO]):
         line = eprun_fails(4, *command, "--ep-option", f"{OPENVINO}:no_such_key=1")
         assert "Invalid OpenVINO EP option: no_such_key" in line, command  # onnxruntime's own
+    # providers reports per case (the contract's exit 0), the provider's words on stderr
+    result = run_eprun("providers", fp32, OPENVINO, "--ep-option", f"{OPENVINO}:no_such_key=1")
+    assert result.code == 0 and result.answer["cases"][0]["error"] == "RuntimeError"
+    assert "Invalid OpenVINO EP option: no_such_key" in result.stderr
 
 
 @plugin_openvino
@@ -511,13 +549,14 @@ def test_saved_outputs_hold_the_reference_run_and_give_the_same_verdict(lab_pair
     assert np.array_equal(stored_y, models.run(fp32, x)[0])
     second = run_eprun("check", fp32, int8, "--load-outputs", golden)
     assert second.code == first.code
-    assert second.stderr == (f"eprun: note: the inputs come from {str(golden)!r} (drawn there "
-                             f"with seed 6), not from seed 0\n{first.stderr}")
+    assert second.stderr == first.stderr  # no seed given: the stored inputs, nothing to say
     loaded = second.answer
     record = loaded.pop("golden")
     assert record["loaded"] == str(golden) and record["providers"] == [CPU]
     assert record["onnxruntime"] == ort.__version__ and record["model"] == fp32.name
-    assert record["machine"].startswith(platform.machine())
+    assert record["machine"].startswith(platform.machine()) and record["seed"] == 6
+    assert record["nodes_per_provider"] == nodes_on(fp32)
+    assert record["fingerprint"].startswith("sha256:")
     assert loaded.pop("inputs") == [{"name": "x", "dtype": "float32",
                                      "shape": list(x.shape), "source": "file"}]
     assert loaded.pop("seed") == 0 and saved.pop("seed") == 6
@@ -530,6 +569,8 @@ def test_saved_boundaries_give_the_same_table(eprun, lab_pair, tmp_path):
     saved = eprun("layers", fp32, int8, "8", "--save-boundaries", golden)
     plain = eprun("layers", fp32, int8, "8")
     assert saved.pop("golden") == {"saved": str(golden)}
+    assert saved.pop("first_divergence")["index"] == next(
+        entry["index"] for entry in plain["layers"] if entry["max_abs_error"] != 0)
     assert saved == plain
     loaded = eprun("growth", fp32, int8, "8", "--load-boundaries", golden)
     assert loaded["rel_error"] == [entry["rel_error"] for entry in plain["layers"]]
@@ -571,7 +612,7 @@ def test_golden_inputs_must_be_the_models_and_nothing_is_left_on_failure(
                        "--load-outputs", golden)
     assert "holds inputs x" in line and "takes z" in line
     line = eprun_fails(2, "check", fp32, int8, "--load-outputs", golden, "--rows", "8")
-    assert "drop --inputs and --rows" in line
+    assert "drop --rows" in line
     (tmp_path / "bad.onnx").write_text("not a model")
     eprun_fails(4, "check", fp32, tmp_path / "bad.onnx", "--save-outputs", tmp_path / "s.npz")
     assert not (tmp_path / "s.npz").exists()
@@ -604,3 +645,245 @@ def test_local_segments_open_where_the_candidate_runs(lab_pair, monkeypatch):
     int8_sessions = [on for path, on in opened if path == str(int8)]
     assert len(int8_sessions) >= len(answer["layers"])  # the whole model, then each segment
     assert all(on is not None and on.requested == [CPU] for on in int8_sessions)
+
+
+def test_a_golden_file_refuses_a_model_or_inputs_it_was_not_made_from(eprun_fails, lab_pair,
+                                                                     tmp_path):
+    """The same graph with one weight changed, a seed given that did not draw the stored
+    inputs, an inputs file with other values: each is a stale comparison, refused (exit 4)
+    naming what differs; the same model, no seed, or the very inputs pass."""
+    fp32, int8 = lab_pair
+    golden = tmp_path / "golden.npz"
+    saved = run_eprun("check", fp32, int8, "--seed", "3", "--save-outputs", golden)
+    assert saved.code in (0, 1), saved.stderr
+    retrained = onnx.load(str(fp32))
+    weight = retrained.graph.initializer[0]
+    values = onnx.numpy_helper.to_array(weight).copy()
+    values.flat[0] += 1.0
+    weight.CopyFrom(onnx.numpy_helper.from_array(values, weight.name))
+    onnx.save(retrained, str(tmp_path / "fp32.onnx"))  # same name, same graph, other weights
+    line = eprun_fails(4, "check", tmp_path / "fp32.onnx", int8, "--load-outputs", golden)
+    assert "other graph or weights" in line
+    line = eprun_fails(4, "check", fp32, int8, "--load-outputs", golden, "--seed", "4")
+    assert "seed 4 contradicts" in line and "drawn with seed 3" in line
+    x = lab_input(fp32, 3)
+    np.savez(tmp_path / "same.npz", x=x)
+    np.savez(tmp_path / "other.npz", x=x + 1)
+    line = eprun_fails(4, "check", fp32, int8, "--load-outputs", golden,
+                       "--inputs", tmp_path / "other.npz")
+    assert "'x' is not the stored input" in line
+    for extra in ([], ["--seed", "3"], ["--inputs", tmp_path / "same.npz"]):
+        again = run_eprun("check", fp32, int8, "--load-outputs", golden, *extra)
+        assert again.code == saved.code, (extra, again.stderr)
+        assert again.answer["outputs"] == saved.answer["outputs"]
+
+
+# -- the truth about what ran where ------------------------------------------------------------
+
+def float64_chain(path) -> None:
+    """MatMul -> Add -> Relu twice in float64: OpenVINO lists itself in the session and takes
+    none of its nodes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    weights = [numpy_helper.from_array(rng.standard_normal((6, 6)), f"w{k}") for k in range(2)]
+    nodes, previous = [], "x"
+    for k in range(2):
+        nodes += [helper.make_node("MatMul", [previous, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
+                  helper.make_node("Relu", [f"m{k}"], [f"r{k}"], name=f"relu{k}")]
+        previous = f"r{k}"
+    graph = helper.make_graph(nodes, "f64", [helper.make_tensor_value_info(
+        "x", TensorProto.DOUBLE, ["N", 6])], [helper.make_tensor_value_info(
+            previous, TensorProto.DOUBLE, ["N", 6])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), str(path))
+
+
+@built_in_openvino
+def test_a_provider_that_takes_no_node_is_a_fallback(eprun, eprun_fails, lab_pair, tmp_path):
+    """get_providers() lists OpenVINO for a float64 model and for device_type=NOPE, yet the
+    nodes ran on the CPU: measuring is refused, the gate fails, --allow-fallback measures and
+    says where the nodes went."""
+    _, int8 = lab_pair
+    model = tmp_path / "f64.onnx"
+    float64_chain(model)
+    assert nodes_on(model, lambda path, options: ort.InferenceSession(
+        str(path), options, providers=[OPENVINO, CPU])).get(OPENVINO, 0) == 0  # the premise
+    for command in (["layers", model, model, "1"], ["settings", model, "1"]):
+        line = eprun_fails(4, *command, "--providers", OPENVINO)
+        assert f"{OPENVINO} took 0 of" in line and "--allow-fallback" in line, command
+    nope = ["--ep-option", f"{OPENVINO}:device_type=NOPE"]
+    line = eprun_fails(4, "layers", int8, int8, "1", "--providers", OPENVINO, *nope)
+    assert f"{OPENVINO} took 0 of" in line
+    gate = run_eprun("check", int8, int8, "--providers", OPENVINO, *nope)
+    assert gate.code == 1
+    assert gate.answer["failures"][-1] == {"bound": "providers", "requested": [OPENVINO],
+                                           "actual": [OPENVINO, CPU], "missing": [OPENVINO]}
+    assert set(gate.answer["providers"]["nodes_per_provider"]) == {CPU}
+    listed = run_eprun("providers", int8, OPENVINO, *nope, "--fail-on-fallback")
+    assert listed.code == 1 and f"{OPENVINO} took 0 of" in listed.stderr
+    assert set(listed.answer["cases"][0]["nodes_per_provider"]) == {CPU}
+    allowed = eprun("layers", int8, int8, "1", "--providers", OPENVINO, *nope,
+                    "--allow-fallback")
+    assert allowed["providers"]["missing"] == [OPENVINO] and "exposure" not in allowed
+
+
+@built_in_openvino
+def test_an_option_the_provider_rejects_is_said_in_its_own_words(eprun_fails, lab_pair):
+    fp32, int8 = lab_pair
+    wrong = ["--ep-option", f"{OPENVINO}:precision=WRONG"]
+    words = "Unsupported inference precision"
+    for command in (["layers", fp32, int8, "1", "--providers", OPENVINO],
+                    ["placement", int8, OPENVINO]):
+        line = eprun_fails(4, *command, *wrong)
+        assert words in line and "precision=WRONG" in line, command
+        assert "install" not in line.split(";")[0]  # not "missing, install it"
+    listed = run_eprun("providers", int8, OPENVINO, *wrong)
+    assert listed.code == 0 and listed.answer["cases"][0]["error"] == "RuntimeError"
+    assert words in listed.stderr
+
+
+def test_a_missing_provider_names_the_package_that_has_it(eprun_fails, lab_pair):
+    fp32, int8 = lab_pair
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this build has CUDA")  # (never the case on the stacks make test builds)
+    line = eprun_fails(4, "layers", fp32, int8, "1", "--providers", "CUDAExecutionProvider")
+    assert "it comes with the package onnxruntime-gpu" in line
+
+
+def test_an_option_key_no_built_in_ep_takes_is_flagged(lab_pair):
+    fp32, int8 = lab_pair
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this build has CUDA")
+    result = run_eprun("layers", fp32, int8, "1", "--providers", "CUDAExecutionProvider",
+                       "--allow-fallback", "--ep-option", "CUDAExecutionProvider:devce_id=0")
+    assert result.code == 0, result.stderr
+    assert "has no option 'devce_id' that eprun knows of; did you mean 'device_id'?" in \
+        result.stderr
+
+
+@built_in_openvino
+def test_a_graph_input_is_a_boundary_on_openvino_on_both_sides(eprun, lab_pair, tmp_path):
+    """OpenVINO refuses a name that is both a graph input and an output: the fp32 model's
+    first boundary x is read from the feed. The same model on the CPU and on OpenVINO: where
+    the kernels first disagree, recomputed from sessions made here."""
+    fp32, _ = lab_pair
+    answer = eprun("layers", fp32, fp32, "2", "--providers", OPENVINO,
+                   "--reference-providers", OPENVINO)
+    x = lab_input(fp32, 2)
+    assert answer["layers"][0]["fp32"] == "x"
+    assert answer["layers"][0]["max_abs_error"] == 0.0
+    assert answer["layers"][0]["scale"] == pytest.approx(float(np.abs(x).max()), rel=1e-7)
+    across = eprun("layers", fp32, fp32, "2", "--providers", OPENVINO)
+    exposed, names = exposed_copy(fp32, tmp_path, "fp32")
+    names = [name for name in names if name != "x"]
+    cpu = models.run(exposed, x, names)
+    stripped = onnx.load(str(exposed))  # x is an input: OpenVINO takes it as no output
+    kept = [value for value in stripped.graph.output if value.name != "x"]
+    del stripped.graph.output[:]
+    stripped.graph.output.extend(kept)
+    onnx.save(stripped, str(tmp_path / "no_input_output.onnx"))
+    ep_values = ort.InferenceSession(str(tmp_path / "no_input_output.onnx"),
+                                     providers=[OPENVINO, CPU]).run(names, {"x": x})
+    errors = {"x": 0.0, **{name: float(np.abs(a.astype(np.float64) - b).max())
+                           for name, a, b in zip(names, cpu, ep_values)}}
+    first = next((entry for entry in across["layers"] if errors[entry["fp32"]] != 0), None)
+    assert across["first_divergence"] == (None if first is None else {
+        "index": first["index"], "boundary": first["fp32"],
+        "max_abs_error": pytest.approx(errors[first["fp32"]], rel=1e-6)})
+    grown = eprun("growth", fp32, fp32, "2", "--providers", OPENVINO)
+    assert grown["first_divergence"] == across["first_divergence"]
+
+
+@built_in_openvino
+def test_report_measures_every_section_on_the_target(eprun, eprun_fails, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    out = tmp_path / "report"
+    answer = eprun("report", fp32, int8, "--providers", OPENVINO, "--out-dir", out)
+    growth = json.loads((out / "growth.json").read_text())
+    settings = json.loads((out / "settings.json").read_text())
+    assert growth["providers"]["actual"] == [OPENVINO, CPU]
+    assert growth["providers"]["nodes_per_provider"].get(OPENVINO, 0) > 0
+    assert settings["providers"]["actual"] == [OPENVINO, CPU]
+    assert answer["check"]["providers"]["actual"] == [OPENVINO, CPU]
+    text = (out / "ep_report.md").read_text()
+    assert f"the int8 model on `{OPENVINO}`" in text
+    assert f"int8 model on `{OPENVINO}`" in text.split("**Settings**")[1]
+    assert "run on the CPU provider" not in text
+    absent = absent_provider()
+    line = eprun_fails(4, "report", fp32, int8, "--providers", absent, "--out-dir",
+                       tmp_path / "absent")
+    assert f"asked for {absent}" in line and not (tmp_path / "absent").exists()
+
+
+@built_in_openvino
+def test_settings_sweeps_a_provider_option(eprun, lab_pair):
+    _, int8 = lab_pair
+    answer = eprun("settings", int8, "4", "--providers", OPENVINO, "--ep-option-sweep",
+                   f"{OPENVINO}:precision=FP32,ACCURACY")
+    swept = answer["cases"][len(tool.SETTINGS_CASES):]
+    assert [case["ep_option"]["value"] for case in swept] == ["FP32", "ACCURACY"]
+    x = lab_input(int8, 4)
+
+    def run(precision=None):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        given = [{"precision": precision}] if precision else [{}]
+        return ort.InferenceSession(str(int8), options, providers=[OPENVINO],
+                                    provider_options=given).run(None, {"x": x})[0]
+
+    base = run()
+    for case in swept:
+        y = run(case["ep_option"]["value"])
+        assert case["max_abs_diff"] == pytest.approx(
+            float(np.abs(base.astype(np.float64) - y).max()), abs=1e-7)
+        assert case["bitwise_equal"] is (base.tobytes() == y.tobytes())
+    assert answer["all_equal"] is all(case["bitwise_equal"] for case in answer["cases"])
+
+
+@built_in_openvino
+def test_tables_say_reference_and_candidate_and_no_false_fallback(lab_pair):
+    fp32, int8 = lab_pair
+    table = run_eprun("placement", int8, OPENVINO, "--format", "table")
+    assert table.code == 0 and "fell back" not in table.stdout.splitlines()[0]
+    layers = run_eprun("layers", fp32, fp32, "1", "--providers", OPENVINO, "--format", "table")
+    header = layers.stdout.splitlines()[1]
+    assert "reference (CPU) tensor" in header and "candidate (OpenVINO,CPU) tensor" in header
+    assert "fp32 tensor" not in header
+
+
+@built_in_openvino
+def test_local_on_openvino_recomputed(eprun, lab_pair, tmp_path):
+    """--local with --providers: each int8 segment, fed the fp32 tensor before it, runs on
+    OpenVINO; recomputed by graph surgery (the float tensor in front of boundary k-1's
+    QuantizeLinear replaced by an input fed the fp32 value) run on OpenVINO here."""
+    from onnx import TensorProto, helper
+
+    fp32, int8 = lab_pair
+    answer = eprun("layers", fp32, int8, "4", "--local", "--providers", OPENVINO)
+    assert answer["local_unavailable"] == []
+    x = lab_input(fp32, 4)
+    names = [(entry["fp32"], entry["int8"]) for entry in answer["layers"]]
+    fp32_exposed, _ = exposed_copy(fp32, tmp_path, "fp32")
+    fp32_values = dict(zip([a for a, _ in names], models.run(fp32_exposed, x,
+                                                              [a for a, _ in names])))
+    for k in range(1, len(names)):
+        model = onnx.load(str(int8))
+        producers = {output: node for node in model.graph.node for output in node.output}
+        quantize = producers[producers[names[k - 1][1]].input[0]]
+        quantize.input[0] = "fed"
+        fed = fp32_values[names[k - 1][0]]
+        model.graph.input.append(helper.make_tensor_value_info(
+            "fed", TensorProto.FLOAT, ["N", *fed.shape[1:]]))
+        if names[k][1] not in {value.name for value in model.graph.output}:
+            model.graph.output.append(helper.make_tensor_value_info(
+                names[k][1], TensorProto.FLOAT, None))
+        path = tmp_path / f"segment{k}.onnx"
+        onnx.save(model, str(path))
+        session = ort.InferenceSession(str(path), providers=[OPENVINO, CPU])
+        b = session.run([names[k][1]], {"x": x, "fed": fed})[0].astype(np.float64)
+        a = fp32_values[names[k][0]].astype(np.float64)
+        got = answer["layers"][k]["local"]
+        assert got["max_abs_error"] == pytest.approx(float(np.abs(a - b).max()), rel=1e-6,
+                                                     abs=1e-12), k

@@ -405,8 +405,15 @@ def partition_rows(text: str) -> list[list[str]]:
 def test_report_on_a_real_cnn_pair(eprun, real_pairs, tmp_path):
     fp32, quantized = real_pairs["cnn", "qoperator"]
     out = tmp_path / "report"
+    # a target this build lacks is a fallback: refused, or measured anyway when allowed
+    refused = run_eprun("report", fp32, quantized, "--seed", "5", "--out-dir", out,
+                        "--providers", "DmlExecutionProvider,CPUExecutionProvider",
+                        "--boundary-ops", "Conv")
+    assert refused.code == 4 and "onnxruntime-directml" in refused.stderr
+    assert not out.exists()
     answer = eprun("report", fp32, quantized, "--seed", "5", "--out-dir", out, "--providers",
-                   "DmlExecutionProvider,CPUExecutionProvider", "--boundary-ops", "Conv")
+                   "DmlExecutionProvider,CPUExecutionProvider", "--boundary-ops", "Conv",
+                   "--allow-fallback")
     assert answer["pairing"] == "name"
     # the op lists come from the models: a Conv net is partitioned by Conv, not MatMul
     splits = partition_rows((out / "ep_report.md").read_text())
@@ -416,14 +423,17 @@ def test_report_on_a_real_cnn_pair(eprun, real_pairs, tmp_path):
     provided = json.loads((out / "providers.json").read_text())
     assert provided["cases"][-1]["requested"] == ["DmlExecutionProvider", "CPUExecutionProvider"]
     gate = run_eprun("check", fp32, quantized, "--profile", "int8", "--seed", "5",
-                     "--providers", "DmlExecutionProvider,CPUExecutionProvider")
+                     "--providers", "DmlExecutionProvider,CPUExecutionProvider",
+                     "--allow-fallback")
     assert answer["check"]["passed"] == gate.answer["passed"]
     assert answer["check"]["failures"] == gate.answer["failures"]
     text = (out / "ep_report.md").read_text()
     verdict = "**passed**." if gate.answer["passed"] else "**failed**: "
     assert f"on `CPUExecutionProvider`: {verdict}" in text
-    # growth.json is exactly what growth prints for the same pairing and inputs
-    growth = eprun("growth", fp32, quantized, "5", "--pair", "name", "--boundary-ops", "Conv")
+    # growth.json is exactly what growth prints for the same pairing, inputs and providers
+    growth = eprun("growth", fp32, quantized, "5", "--pair", "name", "--boundary-ops", "Conv",
+                   "--providers", "DmlExecutionProvider,CPUExecutionProvider",
+                   "--allow-fallback")
     assert json.loads((out / "growth.json").read_text()) == growth
     assert "Relu cuts" not in text
 

@@ -392,7 +392,8 @@ class Run:
     ``answered``: the answer is out. ``quiet_ort``: onnxruntime's log and warnings are
     silenced for this run (not with ``EPRUN_DEBUG``); ``quieted``: that was done.
     ``session_config``: session config entries every session of the run gets (a sensitivity
-    worker's: no spinning threads). ``warned``: the knob warnings given (``knob_warning``)."""
+    worker's: no spinning threads). ``warned``: the knob warnings given (``knob_warning``).
+    ``locations``: each model file's external-data locations (``external_locations``)."""
 
     program: bool = False
     argv: tuple = ()
@@ -407,6 +408,7 @@ class Run:
     quieted: bool = False
     session_config: dict = dataclasses.field(default_factory=dict)
     warned: set = dataclasses.field(default_factory=set)
+    locations: dict = dataclasses.field(default_factory=dict)
 
 
 _RUNS = [Run()]  # the run in progress last; the first is that of direct calls
@@ -535,8 +537,8 @@ def note(message: str) -> None:
 # -- eprun's own environment knobs ---------------------------------------------------------------
 
 def debugging() -> bool:
-    """``EPRUN_DEBUG``: on for 1, yes, true, on (any case), off for unset, empty, 0, no, false,
-    off; any other value is on, said once (a typo should not hide the traceback asked for)."""
+    """``EPRUN_DEBUG``: off for unset, empty, 0, no, false, off (any case); on for anything
+    else (1, yes, a typo: a typo should not hide the traceback asked for)."""
     value = os.environ.get("EPRUN_DEBUG", "").strip().lower()
     return value not in ("", "0", "no", "false", "off", "n", "f")
 
@@ -600,8 +602,10 @@ class Progress:
 def scratch_folder(prefix: str) -> Iterator[str]:
     """A temporary folder of eprun's own, removed when the block ends and on a signal too (the
     signal path ends the process at once, so a ``TemporaryDirectory`` would stay behind).
-    Its name carries this process's id (``eprun-<what>-<pid>-...``), so that what a
-    ``kill -9`` leaves is known as eprun's and swept by the next one (``sweep_scratch``)."""
+    It holds a marker file that this process keeps locked (``flock``) while it works: what a
+    ``kill -9`` leaves is known as eprun's by its marker, and as abandoned by a lock anyone
+    can take, and the next eprun sweeps it (``sweep_scratch``)."""
+    import fcntl
     import shutil
     import tempfile
 
@@ -609,21 +613,32 @@ def scratch_folder(prefix: str) -> Iterator[str]:
     folder = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
     temporaries = current_run().temporaries
     temporaries.add(folder)
+    marker = None
     try:
+        marker = os.open(os.path.join(folder, _SCRATCH_MARKER),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fcntl.flock(marker, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         temporaries.discard(folder)
+        if marker is not None:
+            os.close(marker)
 
 
-# What scratch_folder names its folders: eprun-<what>-<pid>-<random>.
+# What scratch_folder names its folders (eprun-<what>-<pid>-<random>) and the marker inside.
 _SCRATCH_NAME = re.compile(r"eprun-[a-z]+-([0-9]+)-[A-Za-z0-9_]+")
+_SCRATCH_MARKER = ".eprun-scratch"
 
 
 def sweep_scratch(folder: str) -> None:
-    """Remove the scratch folders an eprun killed outright left in ``folder``: only folders
-    named as ``scratch_folder`` names them, owned by this user, not links, whose process is
-    gone. Anything else there is left alone."""
+    """Remove the scratch folders an eprun killed outright left in ``folder``: folders named
+    as ``scratch_folder`` names them, of this user, not links, that hold eprun's marker and
+    whose marker no live process holds locked (a lock dies with its process, in any pid
+    namespace). Anything else there, a folder of the user's named alike included, is left
+    alone."""
+    import fcntl
     import shutil
     import stat
 
@@ -632,17 +647,24 @@ def sweep_scratch(folder: str) -> None:
     except OSError:
         return
     for name in names:
-        match = _SCRATCH_NAME.fullmatch(name)
-        if match is None:
+        if _SCRATCH_NAME.fullmatch(name) is None:
             continue
         path = os.path.join(folder, name)
         try:
             status = os.lstat(path)
+            if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.geteuid():
+                continue
+            marker = os.open(os.path.join(path, _SCRATCH_MARKER),
+                             os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                             | getattr(os, "O_CLOEXEC", 0))
         except OSError:
-            continue
-        if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.geteuid() or \
-                _process_alive(int(match.group(1))):
-            continue
+            continue  # no marker: not eprun's scratch
+        try:
+            fcntl.flock(marker, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: its eprun is at work
+        finally:
+            os.close(marker)
         shutil.rmtree(path, ignore_errors=True)  # by descriptors: a link inside is not followed
 
 
@@ -875,24 +897,39 @@ def output_mode(sources: tuple[str, ...] = ()) -> int:
     return mode & 0o777
 
 
-def stage(data: bytes | Callable[[Any], None], path: str, like: tuple[str, ...] = ()
-          ) -> Staged:
+def open_folder(path: str) -> int:
+    """A descriptor of the folder ``path`` names, for every step of a write to go through."""
+    return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                   | getattr(os, "O_CLOEXEC", 0))
+
+
+def in_folder(folder: int | None, path: str) -> str:
+    """``path``'s name read through the open ``folder`` (``/proc/self/fd/N/name`` on Linux),
+    so that what is checked is what is then replaced, however the folder's path changes
+    meanwhile; ``path`` itself where there is no such view."""
+    if folder is None or not os.path.isdir("/proc/self/fd"):
+        return path
+    return f"/proc/self/fd/{folder}/{os.path.basename(path)}"
+
+
+def stage(data: bytes | Callable[[Any], None], path: str, like: tuple[str, ...] = (), *,
+          folder: int | None = None) -> Staged:
     """Write ``data`` (bytes, or a function that writes into the open file) into the folder
     of ``path`` without giving it a name there yet, with the permissions ``output_mode(like)``
     allows.
 
-    The folder is opened once and every later step (creating, linking, renaming) is relative
-    to that descriptor, so a folder swapped for a link meanwhile changes nothing. On Linux the
+    The folder is opened once (or ``folder``, already open: a set of files written into one
+    folder goes through one descriptor) and every later step (creating, linking, renaming) is
+    relative to it, so a folder swapped for a link meanwhile changes nothing. On Linux the
     bytes go to an unnamed ``O_TMPFILE``, which vanishes by itself if eprun dies, even by
     ``kill -9``; elsewhere to a hidden file created with ``O_EXCL | O_NOFOLLOW``, removed on
     any failure or signal eprun can catch.
     """
     refuse_link(path)
     folder_path, name = os.path.split(os.path.abspath(path))
-    folder = handle = temporary = None
+    given, folder, handle, temporary = folder, None, None, None
     try:
-        folder = os.open(folder_path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-                         | getattr(os, "O_CLOEXEC", 0))
+        folder = os.dup(given) if given is not None else open_folder(folder_path)
         handle = _open_unnamed(folder)
         if handle is None:
             temporary, descriptor = _open_hidden(folder, name)
@@ -1072,8 +1109,10 @@ def _link_hidden(item: Staged) -> str:
 
 def _sweep_hidden(folder: int, name: str) -> None:
     """Remove the hidden temporaries beside ``name`` (``.<name>.<pid>.<n>.tmp``) whose eprun
-    is gone: regular files of this user only."""
+    is gone: regular files of this user only, untouched for a minute (a live eprun names one
+    for an instant; one in another pid namespace is not seen as alive)."""
     import stat
+    import time
 
     pattern = re.compile(re.escape(f".{_hidden_stem(name)}.") + r"([0-9]+)\.[0-9]+\.tmp")
     with contextlib.suppress(OSError):
@@ -1083,7 +1122,8 @@ def _sweep_hidden(folder: int, name: str) -> None:
                 continue
             with contextlib.suppress(OSError):
                 status = os.lstat(entry, dir_fd=folder)
-                if stat.S_ISREG(status.st_mode) and status.st_uid == os.geteuid():
+                if stat.S_ISREG(status.st_mode) and status.st_uid == os.geteuid() \
+                        and time.time() - status.st_mtime > 60:
                     os.unlink(entry, dir_fd=folder)
 
 
@@ -1101,12 +1141,17 @@ def _umask() -> int:
 _COPY_SLICE = 8 << 20
 
 
-def _copier(source: str, how: list[str]) -> Callable[[Any], None]:
+def _copier(source: str, how: list[str], model_path: str | None = None
+            ) -> Callable[[Any], None]:
     """A writer of a copy of ``source`` that appends to ``how`` the way it copied:
     ``"reflink"`` where the file system shares the blocks (btrfs, XFS: no space, no time),
-    else ``"copy"`` (the kernel's own copy where it has one)."""
+    else ``"copy"`` (the kernel's own copy where it has one). With ``model_path``, the file
+    opened must lie where that model's data may (``_safe_location``'s folders): a link
+    swapped in after the check is caught on the open file itself."""
     def copy(stream) -> None:
         with open(source, "rb") as original:
+            if model_path is not None:
+                _require_inside(original.fileno(), source, model_path)
             if _reflink(original.fileno(), stream.fileno()):
                 how.append("reflink")
                 return
@@ -1140,6 +1185,20 @@ def _copy_bytes(source: int, stream) -> None:
         if not chunk:
             return
         stream.write(chunk)
+
+
+def _require_inside(descriptor: int, path: str, model_path: str) -> None:
+    """Refuse an open data file that lies outside the folders a model's data may be read
+    from (the model's folder, and the folder of the file it resolves to)."""
+    link = f"/proc/self/fd/{descriptor}"
+    if not os.path.islink(link):
+        return
+    opened = os.readlink(link)
+    folder = os.path.dirname(os.path.abspath(model_path))
+    allowed = {os.path.realpath(folder), os.path.dirname(os.path.realpath(model_path))}
+    if not any(os.path.commonpath([opened, inside]) == inside for inside in allowed):
+        raise EprunError(f"{path!r} led outside {model_path!r}'s folder when it was opened (to "
+                         f"{opened!r}); eprun copies no data from outside the model's folder")
 
 
 def _reflink(source: int, target: int) -> bool:
@@ -1334,7 +1393,16 @@ def external_locations(path: str) -> list[str]:
     """The ``location`` of every external-data tensor of the model file's main graph, read off
     the wire without parsing anything (no onnx import): what a path handed to onnxruntime
     will make it open, checked first (``_safe_location``) since older releases do not confine
-    it. Empty where the file is not plain protobuf as the walk expects: onnxruntime decides."""
+    it. Empty where the file is not plain protobuf as the walk expects: onnxruntime decides.
+    Walked once per file (and stamp) in a run: a command opens many sessions of one model."""
+    key = (os.path.abspath(path), file_stamp(path))
+    known = current_run().locations
+    if key not in known:
+        known[key] = _walk_locations(path)
+    return known[key]
+
+
+def _walk_locations(path: str) -> list[str]:
     locations = []
     try:
         with open(path, "rb", buffering=0) as stream:
@@ -1667,6 +1735,12 @@ def plan_external_data(model, model_path: str, out_path: str, replacing: bool = 
     source_folder = os.path.dirname(os.path.abspath(model_path))
     target_folder = os.path.dirname(os.path.abspath(out_path))
     shared = os.path.isdir(target_folder) and os.path.samefile(source_folder, target_folder)
+    nested = [] if shared else _nested_external(model)
+    if nested:
+        raise EprunError(f"{model_path!r} keeps the weights of {nested[0]!r} (a Constant or "
+                         "an If/Loop/Scan body) in external data, which eprun copies only for "
+                         "the graph's initializers: expose it into the model's own folder, or "
+                         "save those weights inline")
     plan = []
     for number, source in enumerate(external_data_files(model, model_path)):
         if shared:
@@ -1678,7 +1752,7 @@ def plan_external_data(model, model_path: str, out_path: str, replacing: bool = 
         require_file(source, "external data")
         if not os.path.lexists(target):
             continue
-        refuse_link(target)
+        check_output(target, [])  # a link, a folder, a FIFO or device at its name: refused
         if os.path.samefile(source, target):
             continue  # a hard link: copied over, which gives the original its one link back
         if _same_bytes(source, target):
@@ -1688,6 +1762,25 @@ def plan_external_data(model, model_path: str, out_path: str, replacing: bool = 
                              "holds other data eprun did not write for it; move it away, "
                              "choose another output name, or add --force")
     return plan
+
+
+def _nested_external(model) -> list[str]:
+    """The tensors outside the main graph's initializers (node attributes, the initializers
+    of subgraphs) that keep their data in external files."""
+    from onnx import TensorProto
+
+    found, pending = [], list(model.graph.node)
+    while pending:
+        node = pending.pop()
+        for attribute in node.attribute:
+            tensors = ([attribute.t] if attribute.HasField("t") else []) + list(attribute.tensors)
+            found += [tensor.name or node.name for tensor in tensors
+                      if tensor.data_location == TensorProto.EXTERNAL]
+            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                found += [tensor.name for tensor in body.initializer
+                          if tensor.data_location == TensorProto.EXTERNAL]
+                pending += list(body.node)
+    return found
 
 
 def data_file_name(out_path: str, number: int) -> str:
@@ -2715,20 +2808,35 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
             extra["provider_options"] = [dict(on.options.get(name, {})) for name in on.names]
     return_freed_memory()  # what sessions released before this one, so peaks do not stack
     path = source if isinstance(source, str) else None
-    before = file_stamp(path) if path is not None else None
-    for location in external_locations(path) if path is not None else ():
+    before, handle = (file_stamp(path) if path is not None else None), None
+    locations = external_locations(path) if path is not None else []
+    for location in locations:
         _safe_location(location, path)  # confined here, whatever the release confines
-    if path is not None and not _is_text(path):
+    if path is not None and not locations and os.path.isdir("/proc/self/fd"):
+        # onnxruntime reads the very file eprun stamped, whatever the path leads to meanwhile
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        before, source = _stamp(os.fstat(handle)), f"/proc/self/fd/{handle}"
+    elif path is not None and not _is_text(path):
         source = _bytes_for_a_path_not_text(path)
     try:
         session = ort.InferenceSession(source, sess_options=options, **extra)
     except Exception as exc:
+        if handle is not None:
+            os.close(handle)
         asked = "" if on.requested == [CPU_EP] else f" with providers {on.requested}"
         raise EprunError(f"onnxruntime cannot open {what}{asked}: "
                          f"{type(exc).__name__}: {native_message(exc)}{_too_large_hint(path)}"
                          ) from exc
-    if path is not None:  # what onnxruntime read is one file, not two
+    if handle is not None:  # the file stays open as long as the session that names it
+        import weakref
+
+        weakref.finalize(session, os.close, handle)
+        if _stamp(os.fstat(handle)) != before:
+            raise ModelChanged(f"{path!r} changed while eprun was reading it; run the command "
+                               "again")
+    if path is not None and handle is None:  # what onnxruntime read is one file, not two
         require_same_stamp(path, before)
+    session.eprun_stamp = before  # the file this session is of (None: given as bytes)
     try:  # onnxruntime hands names over as text: a name that is not UTF-8 fails on first use
         [value.name for value in (*session.get_inputs(), *session.get_outputs())]
     except UnicodeDecodeError as exc:
@@ -3042,7 +3150,7 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
             raise EprunError(f"--input-range names {name!r}, which is not an input of {path!r} "
                              f"(inputs: {', '.join(names) or 'none'})", EXIT_USAGE)
     stored = (options.arrays if options.arrays is not None else
-              _load_inputs_file(options.file, names, path) if options.file else {})
+              _load_inputs_file(options.file, specs, path) if options.file else {})
     batch_symbols = {spec.dims[0] for spec in specs
                      if spec.dims and isinstance(spec.dims[0], str)}
     for key in options.dims:
@@ -3200,11 +3308,16 @@ def _require_fitting(array, spec: InputSpec, file: str, path: str,
                          f"{option} file")
 
 
-def _load_inputs_file(file: str, names: list[str], path: str, what: str = "inputs") -> dict:
-    """The arrays of an ``.npz`` file, one per input name: only those members are read
-    (``read_npz``); a member no input is called is left unread, and said so."""
+def _load_inputs_file(file: str, specs: list, path: str, what: str = "inputs") -> dict:
+    """The arrays of an ``.npz`` file, one per input of ``specs``: only those members are read
+    (``read_npz``), each only once its header's shape fits the input it feeds; a member no
+    input is called is left unread, and said so."""
     require_file(file, what)
-    stored = read_npz(file, names, what, per=f"per input of {path!r}")
+    # a calibration file may hold many batches of a fixed batch size: its first axis is free
+    dims = {spec.name: (spec.dims if what != "calibration" or not spec.dims
+                        else (None, *spec.dims[1:])) for spec in specs}
+    stored = read_npz(file, [spec.name for spec in specs], what, per=f"per input of {path!r}",
+                      dims=dims, model=path)
     for name, array in stored.items():
         if array.dtype.kind not in "biuf":
             raise EprunError(f"{file!r}: {name!r} holds {array.dtype} values; the inputs must be "
@@ -3221,7 +3334,8 @@ _NPY_HEADER_BYTES = 1 << 16
 
 
 def read_npz(file: str, names: list[str], what: str = "inputs", *, per: str = "",
-             exact: bool = False, quiet: bool = False, max_bytes: int | None = None) -> dict:
+             exact: bool = False, quiet: bool = False, max_bytes: int | None = None,
+             dims: dict | None = None, model: str = "the model") -> dict:
     """The members ``names`` of an ``.npz`` file as arrays, and nothing else of it read.
 
     A zip member says how large it is before it is inflated: a member that declares more
@@ -3230,7 +3344,8 @@ def read_npz(file: str, names: list[str], what: str = "inputs", *, per: str = ""
     are refused. A missing name is an error (``per``: what each array is for, for the
     message); an extra one a note, or an error too where the file must hold exactly ``names``
     (``exact``), or nothing at all (``quiet``). ``max_bytes`` bounds the first member
-    (a record, not data)."""
+    (a record, not data); ``dims`` (name: the dims an input declares) refuses a member whose
+    header's shape the input cannot take, before a byte of it is inflated."""
     import zipfile
 
     try:
@@ -3248,8 +3363,9 @@ def read_npz(file: str, names: list[str], what: str = "inputs", *, per: str = ""
                                      if part))
             if extra and not quiet:
                 note(f"{file!r}: {', '.join(map(repr, extra))} is no input's name; left unread")
+            fits = (dims or {}), model, "--calibration" if what == "calibration" else "--inputs"
             return {name: _read_npy_member(archive, members[name], file,
-                                           max_bytes if position == 0 else None)
+                                           max_bytes if position == 0 else None, fits)
                     for position, name in enumerate(names)}
     except EprunError:
         raise
@@ -3258,9 +3374,11 @@ def read_npz(file: str, names: list[str], what: str = "inputs", *, per: str = ""
                          f"{one_line(exc)}); write it with numpy.savez") from exc
 
 
-def _read_npy_member(archive, info, file: str, max_bytes: int | None = None):
+def _read_npy_member(archive, info, file: str, max_bytes: int | None = None,
+                     fits: tuple = ({}, "the model", "--inputs")):
     """One member of an open .npz, its declared size checked against its header (and
-    ``max_bytes``) first."""
+    ``max_bytes``, and the dims of the input it feeds: ``fits`` is (name: dims, the model,
+    the option that named the file)) first."""
     import numpy as np
 
     with archive.open(info) as stream:
@@ -3274,6 +3392,13 @@ def _read_npy_member(archive, info, file: str, max_bytes: int | None = None):
         if max_bytes is not None and needed > max_bytes:
             raise ValueError(f"{info.filename!r} is {needed} bytes, more than such a member "
                              f"ever holds ({max_bytes})")
+        name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+        dims, model, option = fits[0].get(name), fits[1], fits[2]
+        if dims and (len(shape) != len(dims) or any(
+                isinstance(dim, int) and dim != size for dim, size in zip(dims, shape))):
+            declared = [dim if isinstance(dim, int) else (dim or "?") for dim in dims]
+            raise EprunError(f"{file!r}: {name!r} has shape {list(shape)}, but {model!r} takes "
+                             f"{name!r} as {declared}; fix the array in the {option} file")
         if info.file_size > needed + _NPY_HEADER_BYTES:
             raise EprunError(f"{file!r}: member {info.filename!r} declares "
                              f"{info.file_size} bytes where its shape {list(shape)} of "
@@ -3365,7 +3490,8 @@ _GOLDEN_RECORD_BYTES = 16 << 20
 
 
 def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *,
-                providers: list[str], seed: int | None, nodes: dict | None = None) -> dict:
+                providers: list[str], seed: int | None, nodes: dict | None = None,
+                inputs_file: str | None = None) -> dict:
     """Store reference tensors measured here (``kind`` "outputs" for check, "boundaries" for
     layers) with the inputs they were measured on, for a run on another machine
     (``load_golden``): the numbers a model gives depend on the machine, and the point is to
@@ -3385,7 +3511,8 @@ def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *
     arrays = {f"input_{i}": np.asarray(value) for i, value in enumerate(inputs.values())}
     arrays.update({f"tensor_{i}": np.asarray(value) for i, value in enumerate(tensors.values())})
     arrays[_GOLDEN_META] = np.array(json.dumps(meta))
-    write_atomically(lambda stream: np.savez(stream, **arrays), path, like=(model,))
+    write_atomically(lambda stream: np.savez(stream, **arrays), path,
+                     like=(model, *([inputs_file] if inputs_file else [])))
     return {"saved": path}
 
 
@@ -3465,9 +3592,9 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed:
         inputs = {name: arrays[f"input_{i}"] for i, name in enumerate(meta["inputs"])}
         tensors = {name: arrays[f"tensor_{i}"] for i, name in enumerate(meta["tensors"])}
     except Exception as exc:
-        raise EprunError(f"{path!r} is not a golden file eprun wrote ({type(exc).__name__}: "
-                         f"{one_line(exc)}); write one with --save-outputs or "
-                         "--save-boundaries") from exc
+        why = str(exc) if isinstance(exc, EprunError) else f"{type(exc).__name__}: {one_line(exc)}"
+        raise EprunError(f"{path!r} is not a golden file eprun wrote ({why}); write one with "
+                         "--save-outputs or --save-boundaries") from exc
     if meta.get("kind") != kind:
         raise EprunError(f"{path!r} holds {meta.get('kind')}, not {kind}; load it with the "
                          "command that saved it")
@@ -4158,7 +4285,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
         golden = save_golden(save_boundaries, "boundaries", fp32_path,
                              {name: kept[name] for name in fp32_names}, feed.arrays,
                              providers=fp32.got.actual, seed=drawn_with(feed, seed),
-                             nodes=fp32.got.nodes)
+                             nodes=fp32.got.nodes,
+                             inputs_file=inputs.file if inputs is not None else None)
     if golden:
         answer["golden"] = golden
     return answer, final
@@ -4196,7 +4324,7 @@ def _given_inputs(inputs: InputOptions | None, graph, path: str) -> dict | None:
     """The arrays of an ``--inputs`` file given beside a golden file, to check against it."""
     if inputs is None or not inputs.file:
         return None
-    return _load_inputs_file(inputs.file, [value.name for value in graph_inputs(graph)], path)
+    return _load_inputs_file(inputs.file, specs_from_model(graph), path)
 
 
 def drawn_with(feed: Feed, seed: int) -> int | None:
@@ -5701,19 +5829,35 @@ def expose(model: str, out: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
 
 
 def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-                   force: bool = False, checked: bool = False) -> tuple[dict, list[Staged]]:
+                   *, force: bool = False, checked: bool = False, folder: int | None = None
+                   ) -> tuple[dict, list[Staged]]:
     """Everything ``expose`` writes, checked and staged but not yet visible: the answer and
     the staged files (see ``commit``). A model keeping its weights in other files gets
     ``"external_data"`` in the answer: how the copy reaches each file (see
     ``plan_external_data``). The copy is marked as eprun's (``EPRUN_MARK``); an existing file
     at ``out_path`` without that mark is replaced only with ``force`` (``checked``: the caller
-    has refused it already)."""
+    has refused it already). ``folder``: the output's folder, already open."""
     model = load_model(model_path, text_names=True)
     check_output(out_path, [model_path, *external_data_files(model, model_path)])
-    replacing = os.path.isfile(out_path)
-    if replacing and not force and not checked and not is_eprun_model(out_path):
+    own = folder is None
+    folder = open_folder(os.path.dirname(os.path.abspath(out_path))) if own else folder
+    try:
+        return _stage_expose(model, model_path, out_path, boundary_ops, force=force,
+                             checked=checked, folder=folder)
+    finally:
+        if own:
+            os.close(folder)
+
+
+def _stage_expose(model, model_path: str, out_path: str, boundary_ops: tuple[str, ...], *,
+                  force: bool, checked: bool, folder: int) -> tuple[dict, list[Staged]]:
+    """``prepare_expose`` once the output's folder is open: every check of what is at the
+    output's name and every file staged goes through ``folder``."""
+    existing = in_folder(folder, out_path)
+    replacing = os.path.isfile(existing)
+    if replacing and not force and not checked and not is_eprun_model(existing):
         raise EprunError(f"refusing to replace {out_path!r}, which eprun did not write"
-                         f"{_swapped_hint(out_path)}; choose another output path, or add "
+                         f"{_swapped_hint(existing)}; choose another output path, or add "
                          "--force to replace it")
     boundaries = expose_in_place(model, boundary_ops)
     mark_as_eprun(model)
@@ -5725,10 +5869,10 @@ def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...]
         for entry in plan:
             if entry["how"] == "copy":
                 how: list[str] = []
-                staged.append(stage(_copier(entry["source"], how), entry["file"],
-                                    like=(entry["source"],)))
+                staged.append(stage(_copier(entry["source"], how, model_path), entry["file"],
+                                    like=(entry["source"],), folder=folder))
                 entry["how"] = how[0]
-        staged.append(stage(writer, out_path, like=like))
+        staged.append(stage(writer, out_path, like=like, folder=folder))
     except BaseException:
         discard(staged)
         raise
@@ -5739,17 +5883,31 @@ def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...]
     return answer, staged
 
 
-# The metadata entry eprun sets in every model it writes: what it may replace without --force.
+# The metadata entry eprun sets in every model it writes (its value ends with a digest of the
+# graph's nodes): what it may replace without --force.
 EPRUN_MARK = ("eprun", "exposed: every layer boundary is a graph output")
 
 
 def mark_as_eprun(model) -> None:
-    """Set ``EPRUN_MARK`` in ``model``'s metadata (once, whatever was there under its key)."""
+    """Set ``EPRUN_MARK`` in ``model``'s metadata (once, whatever was there under its key),
+    with a digest of its graph's nodes: a model made from eprun's output by another tool (a
+    quantizer keeps the metadata) is not eprun's any more."""
     kept = [entry for entry in model.metadata_props if entry.key != EPRUN_MARK[0]]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
     entry = model.metadata_props.add()
-    entry.key, entry.value = EPRUN_MARK
+    entry.key, entry.value = EPRUN_MARK[0], _mark_value(model)
+
+
+def _mark_value(model) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for node in model.graph.node:
+        digest.update(node.SerializeToString())
+    for value in (*model.graph.input, *model.graph.output):
+        digest.update(value.name.encode("utf-8", "surrogateescape") + b"\0")
+    return f"{EPRUN_MARK[1]}; graph {digest.hexdigest()[:16]}"
 
 
 def is_eprun_model(path: str) -> bool:
@@ -5759,7 +5917,8 @@ def is_eprun_model(path: str) -> bool:
         model = load_model(path)
     except (EprunError, OSError, ValueError):
         return False
-    return any(entry.key == EPRUN_MARK[0] for entry in model.metadata_props)
+    return any(entry.key == EPRUN_MARK[0] and entry.value == _mark_value(model)
+               for entry in model.metadata_props)
 
 
 def _swapped_hint(out_path: str) -> str:
@@ -5905,9 +6064,11 @@ class SettingsRunner:
         options = session_options(level=level, threads=intra_op, optimized_path=optimized_path)
         session = open_session(self.model, options, what=repr(self.model), disabled=disabled,
                                on=self.on)
-        if self.stamp is None:
-            self.stamp = file_stamp(self.model)
-        require_same_stamp(self.model, self.stamp)  # each case the same file as the first
+        if self.stamp is None:  # each case the very file the first case read
+            self.stamp = session.eprun_stamp
+        elif session.eprun_stamp != self.stamp:
+            raise ModelChanged(f"{self.model!r} changed while eprun was reading it; run the "
+                               "command again")
         self.got = Got.of(session)
         if self.feed is None:  # from the first session's metadata: a float model needs no onnx
             self.feed = make_feeds(session_specs(session, self.model), self.seed, self.inputs,
@@ -6494,7 +6655,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         golden = save_golden(save_outputs, "outputs", reference,
                              dict(zip(reference_names, reference_outputs)), feed.arrays,
                              providers=reference_got.actual, seed=drawn_with(feed, seed),
-                             nodes=reference_got.nodes)
+                             nodes=reference_got.nodes,
+                             inputs_file=inputs.file if inputs is not None else None)
     answer = {"reference": reference, "candidate": candidate, "seed": seed,
               "rows": feed.rows}
     if not feed.contract_shaped:
@@ -7810,7 +7972,7 @@ def calibration_batches(model, file: str, path: str) -> list[dict]:
     import numpy as np
 
     specs = specs_from_model(model)
-    stored = _load_inputs_file(file, [spec.name for spec in specs], path, "calibration")
+    stored = _load_inputs_file(file, specs, path, "calibration")
     arrays = {}
     for spec in specs:
         array = stored[spec.name]
@@ -8376,17 +8538,18 @@ def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: t
     external: list[dict] = []
     like = tuple(models.values())
     try:
-        with locked_folder(out_dir):
-            _refuse_foreign(paths, force)
+        with locked_folder(out_dir) as folder:
+            _refuse_foreign(paths, force, folder)
             for which in ("fp32", "int8"):
                 exposed, files = prepare_expose(models[which], paths[f"{which}_exposed.onnx"],
-                                                boundary_ops, force=force, checked=True)
+                                                boundary_ops, force=force, checked=True,
+                                                folder=folder)
                 staged += files
                 external += exposed.get("external_data", [])
             for name, content in contents.items():
-                data = (content.encode("utf-8") if isinstance(content, str)
+                data = (content.encode("utf-8", "surrogateescape") if isinstance(content, str)
                         else (to_json(content) + "\n").encode())
-                staged.append(stage(data, paths[name], like=like))
+                staged.append(stage(data, paths[name], like=like, folder=folder))
             commit(staged)
     except BaseException:
         discard(staged)
@@ -8398,20 +8561,20 @@ def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: t
 
 
 @contextlib.contextmanager
-def locked_folder(folder: str) -> Iterator[None]:
+def locked_folder(folder: str) -> Iterator[int]:
     """Hold an exclusive ``flock`` on ``folder`` itself (no lock file is left in it) for the
-    block; a second eprun writing into the same folder waits, and says so."""
+    block, and yield its descriptor, for every check and write of the block to go through;
+    a second eprun writing into the same folder waits, and says so."""
     import fcntl
 
-    descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-                         | getattr(os, "O_CLOEXEC", 0))
+    descriptor = open_folder(folder)
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             note(f"waiting for another eprun writing into {folder!r}")
             fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
+        yield descriptor
     finally:
         os.close(descriptor)  # which releases the lock
 
@@ -8495,12 +8658,15 @@ def _check_report_targets(paths: dict, graphs: dict, paths_of: dict, force: bool
                            replacing=force or os.path.isfile(out))
 
 
-def _refuse_foreign(paths: dict, force: bool) -> None:
-    """Without ``force``, refuse a deliverable path that holds a file eprun did not write."""
+def _refuse_foreign(paths: dict, force: bool, folder: int | None = None) -> None:
+    """Without ``force``, refuse a deliverable path that holds a file eprun did not write
+    (read through ``folder``, the open output folder, where given)."""
     for name, path in paths.items():
-        if not force and os.path.isfile(path) and not _written_by_eprun(name, path):
-            raise EprunError(f"refusing to replace {path!r}, which eprun did not write; move "
-                             "it away, choose another --out-dir, or add --force")
+        existing = in_folder(folder, path)
+        if not force and os.path.isfile(existing) and not _written_by_eprun(name, existing):
+            hint = _swapped_hint(existing) if name not in _REPORT_SIGNATURES else ""
+            raise EprunError(f"refusing to replace {path!r}, which eprun did not write{hint}; "
+                             "move it away, choose another --out-dir, or add --force")
 
 
 def _written_by_eprun(name: str, path: str) -> bool:

@@ -949,10 +949,14 @@ def test_a_hidden_name_a_kill_left_is_removed_by_the_next_replacement(capfd, lab
     left = tmp_path / f".exposed.onnx.{dead}.0.tmp"
     live = tmp_path / f".exposed.onnx.{os.getpid()}.7.tmp"
     other = tmp_path / ".exposed.onnx.notes"
-    for path in (left, live, other):
+    fresh = tmp_path / f".exposed.onnx.{dead}.1.tmp"  # a moment old: maybe being renamed
+    for path in (left, live, other, fresh):
         path.write_bytes(b"half")
+        if path is not fresh:
+            os.utime(path, (time.time() - 120, time.time() - 120))
     assert in_process(capfd, "expose", fp32, out).code == 0
-    assert not left.exists() and live.exists() and other.exists()
+    assert not left.exists() and live.exists() and other.exists() and fresh.exists()
+    fresh.unlink()
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
         ["exposed.onnx", live.name, other.name])
 
@@ -1024,3 +1028,115 @@ def test_partition_walks_a_model_over_2gb(capfd, over_2gb):
 def test_where_onnxruntime_cannot_load_over_2gb_the_error_says_so(capfd, over_2gb):
     line = refused(in_process(capfd, "settings", over_2gb, "1"))
     assert "past protobuf's 2 GiB limit" in line and "save_as_external_data=True" in line
+
+
+# == what a hostile review found ================================================================
+
+def test_a_folder_of_the_users_named_like_scratch_is_left_alone(capfd, lab_pair, own_tmpdir):
+    """Only a folder holding eprun's marker, which no live eprun holds locked, is swept: a
+    report folder of the user's called eprun-report-2025-06 in TMPDIR is not eprun's."""
+    _, int8 = lab_pair
+    mine = Path(own_tmpdir) / "eprun-report-2025-06"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    result = in_process(capfd, "placement", int8, "CPUExecutionProvider")  # makes scratch
+    assert result.code == 0, result.stderr
+    assert (mine / "notes.txt").read_text() == "the user's"
+    assert [path.name for path in Path(own_tmpdir).iterdir()] == [mine.name]
+
+
+def test_every_file_of_a_set_goes_into_the_folder_first_opened(tmp_path):
+    """The folder renamed away and another put at its path after staging began: the staged
+    files land in the folder that was opened, never in the one now at the path."""
+    real = tmp_path / "out"
+    real.mkdir()
+    folder = tool.open_folder(str(real))
+    try:
+        first = tool.stage(b"one", str(real / "a.json"), folder=folder)
+        real.rename(tmp_path / "moved")
+        (tmp_path / "out").mkdir()  # someone else's folder at the old path
+        second = tool.stage(b"two", str(real / "b.json"), folder=folder)
+        tool.commit([first, second])
+    finally:
+        os.close(folder)
+    assert sorted(path.name for path in (tmp_path / "moved").iterdir()) == ["a.json", "b.json"]
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_model_another_tool_made_from_eprun_s_output_is_not_eprun_s(capfd, lab_pair,
+                                                                      tmp_path):
+    """A quantizer keeps the metadata of the model it reads: the mark names the graph it was
+    written with, so a derived model is the user's and is not replaced without --force."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    fp32, int8 = lab_pair
+    exposed = tmp_path / "exposed.onnx"
+    assert in_process(capfd, "expose", fp32, exposed).code == 0
+    derived = tmp_path / "derived.onnx"
+    quantize_dynamic(str(exposed), str(derived))
+    assert any(entry.key == "eprun" for entry in onnx.load(str(derived)).metadata_props)
+    before = derived.read_bytes()
+    assert "--force" in refused(in_process(capfd, "expose", int8, derived))
+    assert derived.read_bytes() == before
+
+
+def test_a_fifo_at_a_data_file_s_name_is_refused_before_anything_is_written(capfd, tmp_path):
+    model = external_model(tmp_path / "model", "w.bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "exposed.onnx.data")
+    assert "not a regular file" in refused(in_process(capfd, "expose", model,
+                                                      out / "exposed.onnx"))
+    assert sorted(path.name for path in out.iterdir()) == ["exposed.onnx.data"]
+    assert stat.S_ISFIFO(os.lstat(out / "exposed.onnx.data").st_mode)
+
+
+def test_a_golden_file_is_no_more_open_than_the_inputs_it_holds(capfd, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    inputs = tmp_path / "private.npz"
+    np.savez(inputs, x=models.contract_input(1, 8))
+    inputs.chmod(0o600)
+    golden = tmp_path / "golden.npz"
+    with umask(0o022):
+        result = in_process(capfd, "check", fp32, int8, "--inputs", inputs, "--save-outputs",
+                            golden)
+    assert result.code in (0, 1), result.stderr
+    assert mode_of(golden) == 0o600
+
+
+def test_a_report_in_a_folder_whose_name_is_not_utf8(lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    folder = os.fsencode(tmp_path) + b"/models-\xff"
+    os.mkdir(folder)
+    for source in (fp32, int8):
+        shutil.copyfile(source, folder + b"/" + os.fsencode(source.name))
+    proc = subprocess.run([sys.executable, str(EPRUN), "report", folder + b"/fp32.onnx",
+                           folder + b"/int8.onnx", "--out-dir", folder + b"/report"],
+                          capture_output=True, timeout=120, env={**os.environ, "LC_ALL": "C"})
+    assert proc.returncode == 0, proc.stderr.decode("utf-8", "backslashreplace")
+    report = (folder + b"/report/ep_report.md")
+    assert os.fsencode(folder) in Path(os.fsdecode(report)).read_bytes()
+
+
+def test_exposing_nested_external_weights_elsewhere_is_refused(capfd, tmp_path):
+    """A Constant whose value is external data is not among the initializers eprun copies:
+    written elsewhere its location would be read in the output's folder. Refused there; in
+    the model's own folder the copy reads the same file and works."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    value = np.arange(8, dtype=np.float32)
+    (folder / "c.bin").write_bytes(value.tobytes())
+    tensor = TensorProto(name="c", data_type=TensorProto.FLOAT, dims=[8],
+                         data_location=TensorProto.EXTERNAL)
+    for key, text in (("location", "c.bin"), ("offset", "0"), ("length", "32")):
+        tensor.external_data.add(key=key, value=text)
+    nodes = [helper.make_node("Constant", [], ["c"], name="const", value=tensor),
+             helper.make_node("Add", ["x", "c"], ["y"], name="add")]
+    model = models.finish(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])])
+    (folder / "m.onnx").write_bytes(model.SerializeToString())
+    (tmp_path / "out").mkdir()
+    line = refused(in_process(capfd, "expose", folder / "m.onnx", tmp_path / "out" / "e.onnx"))
+    assert "'c'" in line and "Constant" in line
+    assert list((tmp_path / "out").iterdir()) == []
+    assert in_process(capfd, "expose", folder / "m.onnx", folder / "e.onnx").code == 0

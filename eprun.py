@@ -1474,28 +1474,19 @@ def _stamp(status: os.stat_result) -> tuple:
 
 
 def require_unchanged(path: str, status: os.stat_result | None = None) -> None:
-    """Refuse a model file that changed since eprun first read it (``remember_stamp``): its
+    """Refuse a model file that changed since eprun read its graph (``remember_stamp``): its
     payloads would be taken at offsets that now hold something else, and a session made from
-    it would measure another model than the one checked."""
-    stamp = _stamp_of(path)
-    try:
-        now = _stamp(status or os.stat(path))
-    except OSError:
-        now = None
-    if stamp is not None and now != stamp:
-        raise ModelChanged(f"{path!r} changed while eprun was reading it; run the command "
-                           "again")
+    it would measure another model than the one checked. ``status``: the file's, as opened."""
+    require_same_stamp(path, _stamp_of(path), _stamp(status) if status is not None else None)
 
 
 def remember_stamp(path: str, stamp: tuple | None = None) -> None:
     """Keep ``path``'s stamp (device, inode, size, times) as of this read of its graph: the
     weights read later must come from that same file (``require_unchanged``)."""
-    try:
-        stamp = stamp or _stamp(os.stat(path))
-    except OSError:
-        return
-    stamps = current_run().read_stamps
-    stamps[os.path.abspath(path)] = stamps[os.path.realpath(path)] = stamp
+    stamp = stamp or file_stamp(path)
+    if stamp is not None:
+        stamps = current_run().read_stamps
+        stamps[os.path.abspath(path)] = stamps[os.path.realpath(path)] = stamp
 
 
 def file_stamp(path: str) -> tuple | None:
@@ -1506,11 +1497,15 @@ def file_stamp(path: str) -> tuple | None:
         return None
 
 
-def require_same_stamp(path: str, before: tuple | None) -> None:
-    """Refuse a model file whose stamp is not ``before`` any more."""
-    if before is not None and file_stamp(path) != before:
-        raise ModelChanged(f"{path!r} changed while eprun was reading it; run the command "
-                           "again")
+def require_same_stamp(path: str, before: tuple | None, now: tuple | None = None) -> None:
+    """Refuse a model file whose stamp (``now``, else read again) is not ``before`` any more;
+    nothing to compare where ``before`` is unknown."""
+    if before is not None and (now or file_stamp(path)) != before:
+        raise model_changed(path)
+
+
+def model_changed(path: str) -> ModelChanged:
+    return ModelChanged(f"{path!r} changed while eprun was reading it; run the command again")
 
 
 def _stamp_of(path: str) -> tuple | None:
@@ -2831,9 +2826,7 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
         import weakref
 
         weakref.finalize(session, os.close, handle)
-        if _stamp(os.fstat(handle)) != before:
-            raise ModelChanged(f"{path!r} changed while eprun was reading it; run the command "
-                               "again")
+        require_same_stamp(path, before, _stamp(os.fstat(handle)))
     if path is not None and handle is None:  # what onnxruntime read is one file, not two
         require_same_stamp(path, before)
     session.eprun_stamp = before  # the file this session is of (None: given as bytes)
@@ -3194,12 +3187,15 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
         array, source = _draw(rng, spec, tuple(shape), options.ranges.get(spec.name), path)
         arrays[spec.name] = np.asarray(array)  # a scalar input stays an array
         fed.append({"name": spec.name, "dtype": spec.dtype, "shape": shape, "source": source})
-    only = specs[0] if len(specs) == 1 else None
     # the contract's one float32 [batch, F] input: its answers say nothing of the inputs
-    contract_shaped = bool(only and only.dtype == "float32" and len(only.dims) == 2
-                           and not isinstance(only.dims[0], int)
-                           and isinstance(only.dims[1], int) and not options.shaped)
-    return Feed(arrays, rows, fed, contract_shaped, defaulted)
+    return Feed(arrays, rows, fed, is_contract_input(specs) and not options.shaped, defaulted)
+
+
+def is_contract_input(specs: list[InputSpec]) -> bool:
+    """Do ``specs`` declare the contract's one float32 ``[batch, F]`` input?"""
+    only = specs[0] if len(specs) == 1 else None
+    return bool(only and only.dtype == "float32" and len(only.dims) == 2
+                and not isinstance(only.dims[0], int) and isinstance(only.dims[1], int))
 
 
 def require_room(spec: InputSpec, shape: list[int], path: str) -> None:
@@ -5584,12 +5580,11 @@ def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
 
 
 def _contract_shaped(session) -> bool:
-    """Does the session take the contract's one float32 ``[batch, F]`` input?"""
+    """Does the session take the contract's one float32 ``[batch, F]`` input? (Its metadata
+    says: a model with integer inputs is not, and needs no graph read to say so.)"""
     inputs = session.get_inputs()
-    if len(inputs) != 1 or inputs[0].type != "tensor(float)" or len(inputs[0].shape) != 2:
-        return False
-    batch, features = inputs[0].shape
-    return not isinstance(batch, int) and isinstance(features, int)
+    return (len(inputs) == 1 and inputs[0].type == "tensor(float)"
+            and is_contract_input(session_specs(session, "")))
 
 
 def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
@@ -6066,9 +6061,8 @@ class SettingsRunner:
                                on=self.on)
         if self.stamp is None:  # each case the very file the first case read
             self.stamp = session.eprun_stamp
-        elif session.eprun_stamp != self.stamp:
-            raise ModelChanged(f"{self.model!r} changed while eprun was reading it; run the "
-                               "command again")
+        else:
+            require_same_stamp(self.model, self.stamp, session.eprun_stamp)
         self.got = Got.of(session)
         if self.feed is None:  # from the first session's metadata: a float model needs no onnx
             self.feed = make_feeds(session_specs(session, self.model), self.seed, self.inputs,

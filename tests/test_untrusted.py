@@ -1140,3 +1140,22 @@ def test_exposing_nested_external_weights_elsewhere_is_refused(capfd, tmp_path):
     assert "'c'" in line and "Constant" in line
     assert list((tmp_path / "out").iterdir()) == []
     assert in_process(capfd, "expose", folder / "m.onnx", folder / "e.onnx").code == 0
+
+
+def test_a_member_the_input_cannot_take_is_never_inflated(capfd, monkeypatch, lab_pair,
+                                                          tmp_path):
+    """Its header says (1, 2**28) floats where the model takes [N, 8]: refused from the
+    header, before numpy reads a byte of its data."""
+    fp32, int8 = lab_pair
+    path = tmp_path / "wide.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive, \
+            archive.open("x.npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array_header_1_0(
+            member, {"descr": "<f4", "fortran_order": False, "shape": (1, 1 << 28)})
+        member.write(bytes(1 << 20))  # the rest is never reached
+    read = []
+    real = np.lib.format.read_array
+    monkeypatch.setattr(np.lib.format, "read_array",
+                        lambda *args, **kwargs: read.append(1) or real(*args, **kwargs))
+    line = refused(in_process(capfd, "layers", fp32, int8, "1", "--inputs", path))
+    assert "'x' has shape [1, 268435456]" in line and read == []

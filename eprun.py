@@ -4422,10 +4422,14 @@ def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> tuple[list, s
     paired (``position`` or ``name``).
 
     ``position`` (the contract) pairs the k-th with the k-th and warns on stderr where the
-    names prove that wrong; ``name`` pairs by the names quantizers keep; ``auto`` (the
-    default) is ``position`` unless, with as many boundaries on each side, the names pair
-    every one of them otherwise (a quantizer that moved a node earlier): then by name, said
-    on stderr and in the answer. Different counts stay the contract's error.
+    names prove that wrong; ``name`` pairs by the names quantizers keep. ``auto`` (the
+    default) is ``position`` unless the names prove it wrong: where they pair every boundary
+    otherwise, or where the int8 model is a conversion of the fp32 one (it computes nothing
+    under a name the fp32 model lacks), the names win wherever they tie two boundaries and
+    the rest keep their order; with a different count of boundaries, the conversion whose
+    names pair every fp32 boundary is paired by name (a float16 twin that renamed an output
+    read by a MatMul). Said on stderr and in the answer. Other counts that differ stay the
+    contract's error.
     """
     named = pair_by_name(fp32.boundaries, int8.boundaries, fp32.owners, int8.owners)
     count_fp32, count_int8 = len(fp32.boundaries), len(int8.boundaries)
@@ -4437,7 +4441,16 @@ def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> tuple[list, s
                              f"{' and more' if len(unpaired) > 3 else ''} of {fp32.path!r}; "
                              "pair by position (the default) or add --boundary-ops")
         return sorted(named.items()), "name"
+    converted = pair == "auto" and not _computed_anew(fp32.model, int8.model)
     if count_fp32 != count_int8:
+        if converted and len(named) == count_fp32:
+            left = [int8.boundaries[j] for j in range(count_int8) if j not in named.values()]
+            note(f"boundary counts differ ({count_fp32} in {fp32.path!r}, {count_int8} in "
+                 f"{int8.path!r}), but the int8 model computes nothing the fp32 one does not "
+                 f"and the names pair every fp32 boundary: paired by name, leaving "
+                 f"{', '.join(map(repr, left[:3]))}{' and more' if len(left) > 3 else ''} "
+                 "out; --pair position keeps the contract's error")
+            return sorted(named.items()), "name"
         hint = ("; the names pair every fp32 boundary, so --pair name would compare them"
                 if len(named) == count_fp32 else "")
         raise EprunError(f"boundary counts differ: {count_fp32} in {fp32.path!r}, "
@@ -4452,12 +4465,35 @@ def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> tuple[list, s
             note(f"paired by name, as position contradicts the tensor names: {shown}{more}; "
                  "--pair position keeps the k-th with the k-th")
             return sorted(named.items()), "name"
+        if converted:
+            rest = zip((i for i in range(count_fp32) if i not in named),
+                       (j for j in range(count_int8) if j not in named.values()))
+            note(f"paired by name where the names tie {len(named)} of the {count_fp32} "
+                 f"boundaries, as position contradicts them: {shown}{more}; the other "
+                 f"{count_fp32 - len(named)} in order among the rest; --pair position keeps "
+                 "the k-th with the k-th")
+            return sorted([*named.items(), *rest]), "name"
         advice = ("rerun with --pair name" if len(named) == count_fp32 else
                   f"the names pair only {len(named)} of the {count_fp32} boundaries, so "
                   "neither order is sure: check that the int8 model is a quantization of the "
                   "fp32 one, or choose the boundaries with --boundary-ops")
         note(f"pairing by position contradicts the tensor names: {shown}{more}; {advice}")
     return [(k, k) for k in range(count_fp32)], "position"
+
+
+# Nodes a quantizer or a float16 conversion adds around the computation it keeps.
+_CONVERSION_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Cast"}
+
+
+def _computed_anew(fp32_model, int8_model) -> list[str]:
+    """The int8 model's nodes that no fp32 node accounts for by name (a quantized op keeps
+    its float node's name, with ``_quant`` appended in the QOperator form), beside what a
+    conversion adds (Q/DQ pairs, casts); an unnamed one counts, as nothing says what it is.
+    None of them: the int8 model is a conversion of the fp32 one, and its names are its."""
+    names = {node.name for node in fp32_model.graph.node if node.name}
+    return [node.name or node.op_type for node in int8_model.graph.node
+            if node.op_type not in _CONVERSION_OPS
+            and _NODE_SUFFIXES.sub("", node.name) not in names]
 
 
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -7275,6 +7311,28 @@ def _quiet_quantizer() -> Iterator[None]:
         root.setLevel(level)
 
 
+def _shown_op_types(index: GraphIndex, present: set[str]) -> list[list[str]]:
+    """The ``op_types_to_quantize`` a QDQ graph suggests, among the op types ``present``, most
+    likely first: those of the nodes that read a quantized weight (a weight is quantized for
+    its reader alone); then those of every node that reads a DequantizeLinear's output (a
+    reader of a shared activation may be left in float: a residual Add beside a MatMul)."""
+    weights, activations = set(), set()
+    for node in index.nodes:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        for name in node.input:
+            producer = index.producer(name) if name else None
+            if producer is not None and producer.op_type == "DequantizeLinear":
+                activations.add(node.op_type)
+                if producer.input[0] in index.initializers:
+                    weights.add(node.op_type)
+    shown = []
+    for types in (weights & present, (weights | activations) & present):
+        if types and sorted(types) not in shown and types != present:
+            shown.append(sorted(types))
+    return shown
+
+
 def _touched(difference: frozenset) -> set[str]:
     """The float tensors behind a signature difference (quantize_static names a quantized
     weight W ``W_quantized``)."""
@@ -7428,6 +7486,14 @@ class Requantizer:
             return True
         # the default list, restricted to the op types present: the same decisions
         types = sorted({node.op_type for node in fp32_model.graph.node} & quantizable)
+        # the lists the twin shows (one call each) before a search that drops one op type per
+        # round: a restricted list is mostly what the twin's DequantizeLinears are read by
+        for shown in _shown_op_types(self.int8_index, set(types)):
+            trial, trial_difference = self._distance(shown, ())
+            if trial < distance:
+                distance, difference, types = trial, trial_difference, shown
+            if distance == 0:
+                break
         while distance and self.calls + len(types) <= REQUANTIZE_SEARCH_CALLS:
             trials = [(self._distance([t for t in types if t != op], ()), op) for op in types]
             (best, best_difference), op = min(trials, key=lambda trial: trial[0][0])
@@ -7791,11 +7857,13 @@ class SensitivityRun:
                                      what=repr(fp32), hint=dims_hint(self.feed))[0]
         del session
         self.sessions = 0
+        # why graph edits stand in for the quantizer that was asked for, once they do
+        self.fallback: str | None = None
         self.requantizer = self._requantizer() if requantize else None
         if self.requantizer is None and requantize:  # graph edits: what was given goes unused
             if self.calibration:
-                note(f"{self.calibration!r} is not used: graph edits take every number from "
-                     "the int8 model")
+                note(f"--calibration {self.calibration!r} is not used: the quantizer does not "
+                     "run (see above), and graph edits take every number from the int8 model")
             if self.given_options:
                 note(f"--extra-option {', '.join(self.given_options)} is not used: graph edits "
                      "do not run the quantizer")
@@ -7827,8 +7895,9 @@ class SensitivityRun:
         except (KeyboardInterrupt, SystemExit, MemoryError):
             raise
         except Exception as exc:  # ImportError (sympy), or a release that breaks on import
-            note(f"onnxruntime.quantization cannot be imported here ({type(exc).__name__}: "
-                 f"{one_line(exc)}); {fallback}")
+            self.fallback = (f"onnxruntime.quantization cannot be imported here "
+                             f"({type(exc).__name__}: {one_line(exc)})")
+            note(f"{self.fallback}; {fallback}")
             return None
         batches = self.batches or [calibration_rows(self.fp32_model, self.feed)]
         requantizer = Requantizer(self.fp32, self.fp32_model, self.int8_model,
@@ -7843,13 +7912,16 @@ class SensitivityRun:
             settled = requantizer.settle(self.fp32_model, _installed_quantizer_op_types())
         except QuantizerFailure as exc:
             self._blame_given_options(requantizer, exc)
+            self.fallback = str(exc)
             note(f"{exc}; {fallback}")
             return None
         if not settled:
             differ = sorted(name for _, name in requantizer.difference)
-            note(f"quantize_static, with any settings eprun tried, does not quantize the "
-                 f"tensors {self.int8!r} quantizes ({len(differ)} differ, e.g. "
-                 f"{', '.join(map(repr, differ[:3]))}); {fallback}")
+            self.fallback = (f"quantize_static, with any settings eprun tried "
+                             f"({requantizer.calls} calls), does not quantize the tensors "
+                             f"{self.int8!r} quantizes ({len(differ)} differ, e.g. "
+                             f"{', '.join(map(repr, differ[:3]))})")
+            note(f"{self.fallback}; {fallback}")
             return None
         return requantizer if self._reproduces(requantizer, fallback) else None
 
@@ -7895,9 +7967,10 @@ class SensitivityRun:
                 return True
         else:
             deviation = math.inf
-        note(f"quantize_static, set up to write {self.int8!r} again, gives another final "
-             f"output (max abs difference {deviation:.3g}: a number of the int8 model could "
-             f"not be taken over); {fallback}")
+        self.fallback = (f"quantize_static, set up to write {self.int8!r} again, gives another "
+                         f"final output (max abs difference {deviation:.3g}: a number of the "
+                         f"int8 model could not be taken over)")
+        note(f"{self.fallback}; {fallback}")
         return False
 
     def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
@@ -7933,6 +8006,9 @@ class SensitivityRun:
             return None
         reason = next(filter(None, (_data_dependent(self.int8_index, unit)
                                     for unit in restored)), None)
+        if reason is None and self.fallback is not None and restored:
+            reason = (f"graph edits stand in for quantize_static, which can write another "
+                      f"graph with this excluded: {self.fallback}")
         source = "the --calibration data" if self.calibration else "eprun's seeded input"
         if reason is None and self.unknown:
             reason = (f"quantize_static would quantize {', '.join(self.unknown[:3])}"
@@ -8140,7 +8216,8 @@ def _in_workers(run: SensitivityRun, units: list[Unit], parallel: Parallel, jobs
             "settled": (None if run.requantizer is None else
                         (run.requantizer.op_types, run.requantizer.excluded,
                          run.requantizer.extra_options, run.requantizer.calibrated)),
-            "folder": run.folder if run.requantizer is not None else None}
+            "folder": run.folder if run.requantizer is not None else None,
+            "fallback": run.fallback}
     context = multiprocessing.get_context("spawn")
     spec["parent"] = os.getpid()
     with _isolated_spawning(), concurrent.futures.ProcessPoolExecutor(
@@ -8224,6 +8301,7 @@ def _worker_start(spec: dict) -> None:
     except Exception as exc:  # said by the first measurement asked of this worker
         _WORKER["error"] = exc
         return
+    run.fallback = spec["fallback"]  # graph edits because the parent's quantizer failed
     _WORKER["run"] = run
     _WORKER["units"] = {unit.name: unit for unit in run.units}
 

@@ -124,6 +124,81 @@ def transformer_encoder(seed: int, vocab: int = 50, seq="seq", hidden: int = 16,
     return g.finish(ids, [("last_hidden_state", FLOAT, ["batch", seq, hidden])], "encoder")
 
 
+def distilbert_like(seed: int, layers: int = 2, vocab: int = 40, hidden: int = 16,
+                    heads: int = 2, classes: int = 3) -> onnx.ModelProto:
+    """A DistilBERT-style classifier whose graph holds 15 op types the quantizer knows:
+    Gather, Add, LayerNormalization, MatMul, Split, Reshape, Transpose, Softmax, Where,
+    Unsqueeze, Mul, Sigmoid, Slice, Squeeze, Concat (and Div, Equal, ReduceMean beside them).
+
+    input_ids -Gather(word table) + position table -> LayerNorm = x; per layer:
+      x -> MatMul+Add [hidden, 3 hidden] -> Split q, k, v -> Reshape [b,s,H,d] -> Transpose
+      MatMul(q,k) -> Div sqrt(d) -> Where(attention_mask == 0, -1e4, .) -> Softmax
+      -> MatMul(.,v) -> Transpose -> Reshape -> MatMul+Add -> Add x -> LayerNorm = y
+      y -> MatMul+Add -> quick GELU (h * Sigmoid(1.702 h)) -> MatMul+Add -> Add y -> LayerNorm
+    head: Concat(Slice first token -> Squeeze, ReduceMean over seq) -> MatMul+Add = logits
+    """
+    g, d, seq = _Builder(seed), hidden // heads, 8
+    word = g.weight("embeddings.word_embeddings.weight", (vocab, hidden), 1, 0.5)
+    x = g.op("Add", [g.op("Gather", [word, "input_ids"], "/embeddings/word_embeddings/Gather"),
+                     g.weight("embeddings.position_embeddings", (seq, hidden), 1, 0.1)],
+             "/embeddings/Add")
+
+    def layer_norm(x, scope):
+        gamma = g.const(f"{scope}.weight", 1 + 0.1 * g.rng.standard_normal(hidden))
+        beta = g.const(f"{scope}.bias", 0.1 * g.rng.standard_normal(hidden))
+        return g.op("LayerNormalization", [x, gamma, beta],
+                    "/" + scope.replace(".", "/") + "/LayerNormalization", axis=-1,
+                    epsilon=1e-12)
+
+    x = layer_norm(x, "embeddings.LayerNorm")
+    blocked = g.op("Equal", ["attention_mask", g.const("/mask/zero", 0, np.int64)], "/mask/Equal")
+    blocked = g.op("Unsqueeze", [blocked, g.const("/mask/axes", [1, 2], np.int64)],
+                   "/mask/Unsqueeze")
+    split, merge = (g.const("/attn/split_shape", [0, 0, heads, d], np.int64),
+                    g.const("/attn/merge_shape", [0, 0, hidden], np.int64))
+    for layer in range(layers):
+        scope = f"/layer{layer}"
+        fused = g.linear(x, hidden, 3 * hidden, f"layer{layer}.attn.qkv")
+        parts = [f"{scope}/attn/Split_output_{i}" for i in range(3)]
+        g.nodes.append(helper.make_node("Split", [fused, g.const(
+            f"{scope}/attn/split_sizes", [hidden] * 3, np.int64)], parts,
+            name=f"{scope}/attn/Split", axis=-1))
+        qkv = {}
+        for part, t, perm in zip(("query", "key", "value"), parts,
+                                 ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3])):
+            t = g.op("Reshape", [t, split], f"{scope}/attn/{part}/Reshape")
+            qkv[part] = g.op("Transpose", [t], f"{scope}/attn/{part}/Transpose", perm=perm)
+        scores = g.op("MatMul", [qkv["query"], qkv["key"]], f"{scope}/attn/MatMul")
+        scores = g.op("Div", [scores, g.const(f"{scope}/attn/sqrt_d", math.sqrt(d))],
+                      f"{scope}/attn/Div")
+        scores = g.op("Where", [blocked, g.const(f"{scope}/attn/big", -1e4), scores],
+                      f"{scope}/attn/Where")
+        probs = g.op("Softmax", [scores], f"{scope}/attn/Softmax", axis=-1)
+        ctx = g.op("MatMul", [probs, qkv["value"]], f"{scope}/attn/MatMul_1")
+        ctx = g.op("Transpose", [ctx], f"{scope}/attn/Transpose", perm=[0, 2, 1, 3])
+        ctx = g.op("Reshape", [ctx, merge], f"{scope}/attn/Reshape")
+        out = g.linear(ctx, hidden, hidden, f"layer{layer}.attn.output")
+        y = layer_norm(g.op("Add", [out, x], f"{scope}/attn/Add_1"), f"layer{layer}.attn.LayerNorm")
+        h = g.linear(y, hidden, 2 * hidden, f"layer{layer}.ffn.lin1")
+        gate = g.op("Sigmoid", [g.op("Mul", [h, g.const(f"{scope}/ffn/k", 1.702)],
+                                     f"{scope}/ffn/Mul")], f"{scope}/ffn/Sigmoid")
+        h = g.op("Mul", [h, gate], f"{scope}/ffn/Mul_1")
+        h = g.op("Add", [g.linear(h, 2 * hidden, hidden, f"layer{layer}.ffn.lin2"), y],
+                 f"{scope}/ffn/Add_1")
+        x = layer_norm(h, f"layer{layer}.ffn.LayerNorm")
+    first = g.op("Slice", [x, g.const("/head/start", [0], np.int64),
+                           g.const("/head/end", [1], np.int64),
+                           g.const("/head/axis", [1], np.int64)], "/head/Slice")
+    first = g.op("Squeeze", [first, g.const("/head/squeeze", [1], np.int64)], "/head/Squeeze")
+    mean = g.op("ReduceMean", [x], "/head/ReduceMean", axes=[1], keepdims=0)
+    pooled = g.op("Concat", [first, mean], "/head/Concat", axis=-1)
+    g.op("Add", [g.op("MatMul", [pooled, g.weight("head.weight", (2 * hidden, classes))],
+                      "/head/MatMul"), g.const("head.bias", np.zeros(classes))],
+         "/head/Add", out="logits")
+    ids = [("input_ids", INT64, ["batch", seq]), ("attention_mask", INT64, ["batch", seq])]
+    return g.finish(ids, [("logits", FLOAT, ["batch", classes])], "distilbert")
+
+
 def residual_cnn(seed: int, channels: int = 8, classes: int = 5,
                  fold_bn: bool = False) -> onnx.ModelProto:
     """A ResNet-ish classifier (14 nodes, 13 folded); ``fold_bn`` folds bn1 into conv1 with the

@@ -254,6 +254,99 @@ def test_pair_name_compares_models_with_different_boundary_counts(lab_pair, tmp_
     assert by_name == layers(fp32, int8, "1")[0]
 
 
+def clip_like_pair(tmp_path):
+    """A head whose first output also feeds a MatMul (CLIP's text_embeds before the logits),
+    and its float16 twin as a converter with kept io types writes it: the producer writes
+    graph_output_cast_0, the MatMul reads that, a Cast makes the float32 output. The twin has
+    one boundary more (the MatMul's input is no longer the output)."""
+    rng = np.random.default_rng(7)
+    weights = [numpy_helper.from_array((rng.standard_normal((8, 8)) / 3).astype(np.float32),
+                                       f"W{k}") for k in range(3)]
+    nodes = [helper.make_node("MatMul", ["x", "W0"], ["h"], name="/fc0/MatMul"),
+             helper.make_node("Relu", ["h"], ["r"], name="/relu/Relu"),
+             helper.make_node("MatMul", ["r", "W1"], ["text_embeds"], name="/proj/MatMul"),
+             helper.make_node("MatMul", ["text_embeds", "W2"], ["logits"], name="/head/MatMul")]
+    outputs = [helper.make_tensor_value_info(name, 1, ["N", 8]) for name in
+               ("text_embeds", "logits")]
+    fp32 = models.save(models.finish(nodes, [models.float_input("x", 8)], outputs, weights),
+                       tmp_path / "clip.onnx")
+    twin = onnx.load(str(fp32))
+    for tensor in twin.graph.initializer:
+        tensor.CopyFrom(numpy_helper.from_array(
+            numpy_helper.to_array(tensor).astype(np.float16), tensor.name))
+    renamed = {"x": "graph_input_cast_0", "text_embeds": "graph_output_cast_0",
+               "logits": "graph_output_cast_1"}
+    for node in twin.graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        node.output[:] = [renamed.get(name, name) for name in node.output]
+    casts = [helper.make_node("Cast", [renamed[name]], [name], name=f"{renamed[name]}_node",
+                              to=TensorProto.FLOAT) for name in ("text_embeds", "logits")]
+    nodes = [helper.make_node("Cast", ["x"], ["graph_input_cast_0"], name="graph_input_cast",
+                              to=TensorProto.FLOAT16), *twin.graph.node, *casts]
+    del twin.graph.node[:]
+    twin.graph.node.extend(nodes)
+    return fp32, models.save(twin, tmp_path / "clip_fp16.onnx")
+
+
+def test_a_float16_twin_with_a_boundary_more_is_paired_by_name(tmp_path):
+    """layers pairs the twin by name on its own (as report does), says so, and compares each
+    fp32 boundary with the twin's tensor of the same place; the twin's extra boundary is left
+    out. A twin that computes something the fp32 model does not keeps the contract's error."""
+    fp32, fp16 = clip_like_pair(tmp_path)
+    answer, stderr = layers(fp32, fp16, "3")
+    assert ("boundary counts differ (3 in " in stderr and "paired by name, leaving "
+            "'graph_output_cast_0' out" in stderr), stderr
+    assert answer["pairing"] == "name"
+    assert [(e["fp32"], e["int8"]) for e in answer["layers"]] == [
+        ("x", "graph_input_cast_0"), ("r", "r"), ("text_embeds", "text_embeds")]
+    x = models.contract_input(3, 8)
+    reference = [x, *models.run(fp32, x, ["r", "text_embeds"])]
+    # the twin's session exposes all its boundaries, the one left out too: on the CPU the
+    # float16 MatMul runs in float32 between casts, and whether its output is rounded to
+    # float16 before the last Cast depends on what is exposed
+    got = models.run(fp16, x, ["graph_input_cast_0", "r", "graph_output_cast_0", "text_embeds"])
+    del got[2]
+    for entry, a, b in zip(answer["layers"], reference, got):
+        error = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
+        assert entry["max_abs_error"] == pytest.approx(error, rel=1e-9, abs=1e-12)
+        assert entry["scale"] == pytest.approx(float(np.abs(a).max()), rel=1e-9)
+    refused = run_eprun("layers", fp32, fp16, "3", "--pair", "position")
+    assert refused.code == 4 and "boundary counts differ: 3 in" in refused.stderr
+    extra = onnx.load(str(fp16))  # one node more, under a name the fp32 model lacks
+    extra.graph.node.insert(1, helper.make_node("Identity", ["graph_input_cast_0"], ["xi"],
+                                                name="/extra/Identity"))
+    extra.graph.node[2].input[0] = "xi"
+    extra = models.save(extra, tmp_path / "extra.onnx")
+    refused = run_eprun("layers", fp32, extra, "3")
+    assert refused.code == 4 and "boundary counts differ: 3 in" in refused.stderr
+
+
+def test_in_a_conversion_the_names_win_where_they_tie_and_the_rest_keep_their_order(capsys):
+    """Four boundaries each: the names tie three of them otherwise than position, the fourth
+    has no name to go by. The conversion (every node keeps its name) is paired by the names
+    where they tie and by order among the rest; an int8 model with a node of its own is not
+    a conversion, and keeps the contract's position with a note."""
+    from types import SimpleNamespace
+
+    import eprun as tool
+
+    def side(path, boundaries, owners, names):
+        graph = helper.make_graph([helper.make_node("Relu", ["a"], ["b"], name=name)
+                                   for name in names], "g", [], [])
+        return SimpleNamespace(path=path, boundaries=boundaries, owners=owners,
+                               model=helper.make_model(graph))
+
+    layers_ = ["mm_a", "mm_b", "mm_c"]
+    fp32 = side("f.onnx", ["a", "b", "c", "y"], dict(zip("abc", layers_)), layers_)
+    int8 = side("q.onnx", ["b_DequantizeLinear_Output", "opaque", "a_DequantizeLinear_Output",
+                           "y"], {}, [f"{name}_quant" for name in layers_])
+    assert tool.plan_pairs(fp32, int8, "auto") == ([(0, 2), (1, 0), (2, 1), (3, 3)], "name")
+    assert "the names tie 3 of the 4 boundaries" in capsys.readouterr().err
+    other = side("q.onnx", int8.boundaries, {}, [*layers_, "mm_new"])
+    assert tool.plan_pairs(fp32, other, "auto") == ([(k, k) for k in range(4)], "position")
+    assert "neither order is sure" in capsys.readouterr().err
+
+
 # -- outputs that matter -----------------------------------------------------------------------
 
 def test_the_final_boundary_is_the_first_float_output(real_pairs):

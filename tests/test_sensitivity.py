@@ -76,6 +76,10 @@ QUANTIZER_CASES = {
     "recurrent_state_u8_per_channel": (lambda: real_models.stateful_vad(1),
                                        {"activation_type": "QUInt8", "per_channel": True}),
     "encoder_matmul_only": (lambda: real_models.transformer_encoder(1), {"op_types": ["MatMul"]}),
+    # 15 op types the quantizer knows, MatMul alone quantized in 7-bit kernels: the list is
+    # read off the twin, not searched for one op type at a time
+    "distilbert_matmul_only_reduced_range": (lambda: real_models.distilbert_like(1), {
+        "op_types": ["MatMul"], "reduce_range": True}),
     "cnn_conv_only": (lambda: real_models.residual_cnn(2), {"op_types": ["Conv"]}),
     "encoder_one_left_float": (lambda: real_models.transformer_encoder(1),
                                {"exclude": ["/layer0/ffn/fc2/MatMul"]}),
@@ -482,7 +486,9 @@ def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(tmp_path)
     assert result.answer["predicted_by"] == "graph edits" and result.answer["quantizer"] is None
     assert ("onnxruntime.quantization cannot be imported here (ImportError: No module named "
             "'sympy')") in result.stderr
-    assert f"{str(calibration)!r} is not used: graph edits take every number" in result.stderr
+    assert f"--calibration {str(calibration)!r} is not used: the quantizer does not run" in \
+        result.stderr
+    assert all("cannot be imported here" in unit["inexact"] for unit in result.answer["units"])
     with_quantizer = run_eprun("sensitivity", fp32, int8, "5")
     assert with_quantizer.answer["predicted_by"] == "quantize_static"
     # where the graph decides, both predictions are the same numbers
@@ -511,10 +517,18 @@ def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits
     model.graph.node.remove(quantize)
     model.graph.node.remove(dequantize)
     edited = models.save(model, tmp_path / "edited.onnx")
-    result = run_eprun("sensitivity", fp32, edited, "5")
+    calibration = calibration_file(fp32, tmp_path / "cal.npz")
+    result = run_eprun("sensitivity", fp32, edited, "5", "--calibration", calibration)
     assert result.code == 0, result.stderr
     assert result.answer["predicted_by"] == "graph edits"
     assert "does not quantize the tensors" in result.stderr and repr(tensor) in result.stderr
+    assert f"--calibration {str(calibration)!r} is not used: the quantizer does not run" in \
+        result.stderr
+    # every number is an estimate of what quantize_static would write, and says why
+    units = result.answer["units"]
+    assert units and all("graph edits stand in for quantize_static" in unit["inexact"]
+                         and repr(tensor) in unit["inexact"] for unit in units), units
+    assert all("inexact" in step for step in result.answer["recommendation"]["steps"])
 
 
 def test_a_quantizer_that_fails_on_the_model_leaves_graph_edits(tmp_path, monkeypatch, capsys):

@@ -4584,6 +4584,20 @@ def quantizing_chain(name: str, index: GraphIndex) -> tuple[str, list]:
     return name, []
 
 
+def _before_cast(name: str, index: GraphIndex, fp32_names: set) -> str:
+    """Where a segment starting at ``name`` is fed: in front of the Cast that made it from a
+    float tensor the fp32 model has (a float16 twin casts its input), so the segment casts as
+    the twin does. onnxruntime's CPU runs float16 Convs and MatMuls in float32 between casts
+    and drops a Cast pair that cancels: fed already cast, the segment would round the input
+    to float16, which the twin itself never does."""
+    node = index.producer(name)
+    if node is not None and node.op_type == "Cast" and node.input and \
+            node.input[0] in fp32_names and _element_type(index.types or {}, node.input[0]) \
+            in FLOAT_TYPES:
+        return node.input[0]
+    return name
+
+
 class Segment(NamedTuple):
     """The int8 nodes between two boundaries, cut out as a model of their own.
 
@@ -4730,7 +4744,8 @@ class LocalSegments:
         index = GraphIndex.of(model.graph, int8.types)
         self.segments: dict[int, Segment] = {}
         for k in range(1, len(boundaries)):
-            start = quantizing_chain(boundaries[k - 1], index)[0]
+            start = _before_cast(quantizing_chain(boundaries[k - 1], index)[0], index,
+                                 {*fp32_names, *input_names})
             segment = cut_segment(model, start, boundaries[k], index=index, types=int8.types,
                                   fp32_names=fp32_names, input_names=input_names,
                                   extra_outputs=int8.quantization.runtime(boundaries[k]))

@@ -226,6 +226,27 @@ def test_local_errors_match_graph_surgery(eprun, lab_pair):
         assert got["rel_error"] == pytest.approx(max_abs / float(np.abs(a).max()), rel=1e-6)
 
 
+def test_a_float16_segment_fed_at_the_input_casts_it_as_the_twin_does(eprun, tmp_path):
+    """A float16 twin's first boundary is the Cast of its input, paired with the fp32 input
+    by position. The segment after it is the whole prefix, so its local error is the
+    accumulated one: the segment casts the fp32 input itself (onnxruntime's CPU then drops the
+    cast pair around its float32 Conv, as in the twin), not fed float16 values eprun cast."""
+    import real_models
+    from test_real_models import float16_twin
+
+    fp32 = models.save(real_models.residual_cnn(2), tmp_path / "cnn.onnx")
+    fp16 = models.save(float16_twin(onnx.load(str(fp32))), tmp_path / "cnn16.onnx")
+    answer = eprun("layers", fp32, fp16, "1", "--local", "--boundary-ops", "Conv,Gemm")
+    first, second = answer["layers"][:2]
+    assert (first["fp32"], first["int8"]) == ("image", "image_fp16")
+    feed = {"image": np.random.default_rng(1).standard_normal((64, 3, 32, 32)).astype(np.float32)}
+    a = models.run(fp32, feed, [second["fp32"]])[0].astype(np.float64)
+    b = models.run(fp16, feed, [second["int8"]])[0].astype(np.float64)
+    error = float(np.abs(a - b).max())
+    assert second["local"]["max_abs_error"] == pytest.approx(error, rel=1e-6, abs=1e-12)
+    assert second["local"]["rel_error"] == pytest.approx(second["rel_error"], rel=1e-9)
+
+
 def test_local_attribution_points_at_a_damaged_layer(eprun, tmp_path):
     fp32 = models.save(models.chain(features=8, widths=(16, 16, 16, 16, 16, 8), seed=21),
                        tmp_path / "f.onnx")

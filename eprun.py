@@ -5776,7 +5776,7 @@ def _check_op_list(parsed, supported: list[str], model: str) -> None:
     the near misses and the model's own op types."""
     import difflib
 
-    present = list(dict.fromkeys(node.op_type for node in parsed.graph.node))
+    present = list(dict.fromkeys(node.op_type for node in _nodes_everywhere(parsed.graph)))
     if not supported or set(supported) & set(present):
         return
     lower = {op.lower(): op for op in present}
@@ -5812,6 +5812,17 @@ def _partition_graph(graph, supported: list[str], mode: str) -> dict:
         "handoffs": max(len(partitions) - 1, 0),
         "partitions": partitions,
     }
+
+
+def _nodes_everywhere(graph) -> Iterator:
+    """The graph's nodes, then those of every If branch and Loop/Scan body, depth first."""
+    for node in graph.node:
+        yield node
+    for node in graph.node:
+        for attribute in node.attribute:
+            for body in ([attribute.g] if attribute.HasField("g") else []) + \
+                    list(attribute.graphs):
+                yield from _nodes_everywhere(body)
 
 
 def _partition_subgraphs(graph, supported: list[str]) -> list[dict]:

@@ -187,6 +187,18 @@ def test_ort_mode_partitions_each_subgraph_as_onnxruntime_does(eprun, tmp_path):
     assert "subgraphs" not in eprun("partition", path, "MatMul,Relu")  # the contract's mode
 
 
+def test_op_types_only_inside_subgraphs_are_op_types_of_the_model(tmp_path):
+    """Sigmoid occurs only in an If branch: listing it is no mistake to point out, while a
+    miscased Sigmoid is, and the model's op types listed include those of the bodies."""
+    path = models.save(control_flow_model(), tmp_path / "control.onnx")
+    listed = run_eprun("partition", path, "Sigmoid", "--mode", "ort")
+    assert listed.code == 0 and "occurs" not in listed.stderr, listed.stderr
+    miscased = run_eprun("partition", path, "sigmoid", "--mode", "ort")
+    assert "did you mean sigmoid -> Sigmoid?" in miscased.stderr
+    assert "Its op types: Relu, ReduceSum, Greater, If, Loop, Sigmoid, MatMul, Identity" in \
+        miscased.stderr
+
+
 # -- layers --local, --metrics, --rows, --boundary-ops -----------------------------------------
 
 def local_oracle(fp32, int8, seed: int, k: int) -> np.ndarray:

@@ -4186,8 +4186,9 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     goes alone), each batch from sessions opened for it. The numbers are the same either way.
 
     ``targets`` runs each side on other providers (``Targets``); the answer then says which
-    (``providers``) and, off the CPU, how far exposing the boundaries moved the candidate's
-    final output there (``exposure``): an EP compiles the exposed graph differently.
+    (``providers``) and, off the CPU or with ``metrics``, how far exposing the boundaries
+    moved the candidate's final output there (``exposure``): an EP compiles the exposed graph
+    differently, and the CPU no longer fuses a DequantizeLinear whose output is exposed.
     ``save_boundaries`` stores the fp32 side's boundary tensors and inputs; ``load_boundaries``
     takes them from such a file (made on another machine) instead of running the fp32 model.
     ``clipping`` (for ``report``) adds each entry's ``clipped``: the fraction of the fp32
@@ -4271,7 +4272,10 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
         answer["local_unavailable"] = segments.unavailable
     if targets.given:
         answer["providers"] = targets.field(int8.got, fp32.got)
-    if targets.accelerated() and entries and not _fell_back(targets.candidate, int8.got):
+    # off the CPU an EP compiles the exposed graph otherwise; on it, --metrics (the numbers
+    # other tools are compared with) says whether the exposed graph is the one deployed
+    if (targets.accelerated() or metrics) and entries and \
+            not _fell_back(targets.candidate, int8.got):
         answer["exposure"] = exposure_of(int8, int8_names[-1], final, int8_feed)
     if targets.reference is not None and targets.reference.requested != [CPU_EP] and entries \
             and not load_boundaries and not _fell_back(targets.reference, fp32.got):
@@ -6087,8 +6091,9 @@ LAYERS = declare(Command(
            '"cos_min"}]; a model that is not one float32 [batch, F] input adds "inputs"; '
            '--metrics adds "sqnr_db"/"mse" per entry; --local adds "local" per entry and '
            '"local_unavailable"; --providers adds "providers": {"requested", "actual", '
-           '"fell_back", "missing", "reference"} and, off the CPU, "exposure": {"output", '
-           '"max_abs_diff"}; --save-boundaries/--load-boundaries add "golden"',
+           '"fell_back", "missing", "reference"} and, off the CPU or with --metrics, '
+           '"exposure": {"output", "max_abs_diff"}; --save-boundaries/--load-boundaries add '
+           '"golden"',
     example="eprun.py layers fp32.onnx int8.onnx 2026 --local --metrics sqnr"))
 
 GROWTH = declare(Command(

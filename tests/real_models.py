@@ -199,6 +199,29 @@ def distilbert_like(seed: int, layers: int = 2, vocab: int = 40, hidden: int = 1
     return g.finish(ids, [("logits", FLOAT, ["batch", classes])], "distilbert")
 
 
+def detector_head(seed: int, channels: int = 8, size: int = 16) -> onnx.ModelProto:
+    """A YOLO-style detector: Conv + SiLU (x * Sigmoid(x)) blocks, a Concat of two of them,
+    a MaxPool, a head block and a 1x1 Conv to 6 predictions per cell."""
+    g, c = _Builder(seed), channels
+
+    def block(x, cin, cout, name):
+        w = g.weight(f"{name}.weight", (cout, cin, 3, 3), cin * 9)
+        b = g.const(f"{name}.bias", 0.1 * g.rng.standard_normal(cout))
+        y = g.op("Conv", [x, w, b], f"/{name}/Conv", pads=[1] * 4)
+        return g.op("Mul", [y, g.op("Sigmoid", [y], f"/{name}/Sigmoid")], f"/{name}/Mul")
+
+    a = block(block("image", 3, c, "stem"), c, c, "b1")
+    joined = g.op("Concat", [a, block(a, c, c, "b2")], "/neck/Concat", axis=1)
+    pooled = g.op("MaxPool", [joined], "/neck/MaxPool", kernel_shape=[2, 2], strides=[2, 2])
+    head = block(pooled, 2 * c, c, "head")
+    g.op("Conv", [head, g.weight("out.weight", (6, c, 1, 1), c), g.const("out.bias",
+                                                                         np.zeros(6))],
+         "/out/Conv", out="preds")
+    half = size // 2
+    return g.finish([("image", FLOAT, ["batch", 3, size, size])],
+                    [("preds", FLOAT, ["batch", 6, half, half])], "detector")
+
+
 def residual_cnn(seed: int, channels: int = 8, classes: int = 5,
                  fold_bn: bool = False) -> onnx.ModelProto:
     """A ResNet-ish classifier (14 nodes, 13 folded); ``fold_bn`` folds bn1 into conv1 with the

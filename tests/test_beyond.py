@@ -328,6 +328,14 @@ def test_metrics_sqnr_and_mse(eprun, lab_pair):
     x = models.contract_input(6, features)
     a_all = models.run(fp32, x, [e["fp32"] for e in plain["layers"]], typed=True)
     b_all = models.run(int8, x, [e["int8"] for e in plain["layers"]], typed=True)
+    # with --metrics the answer says how far exposing the boundaries moved the int8 model's
+    # final output on the CPU: the plain model's output against the exposed run's
+    final = plain["layers"][-1]["int8"]
+    (deployed,) = models.run(int8, x, [final])
+    moved = float(np.abs(deployed.astype(np.float64) - b_all[-1].astype(np.float64)).max())
+    assert answer["exposure"]["output"] == final
+    assert answer["exposure"]["max_abs_diff"] == pytest.approx(moved, rel=1e-9, abs=0)
+    assert "exposure" not in plain
     for entry, base, a, b in zip(answer["layers"], plain["layers"], a_all, b_all):
         assert {k: v for k, v in entry.items() if k not in ("sqnr_db", "mse")} == base
         a, b = a.astype(np.float64), b.astype(np.float64)
@@ -335,6 +343,45 @@ def test_metrics_sqnr_and_mse(eprun, lab_pair):
         noise = float(((a - b) ** 2).sum())
         expected = 20 * np.log10(np.linalg.norm(a) / np.sqrt(noise)) if noise else None
         assert entry["sqnr_db"] == (pytest.approx(expected, rel=1e-9) if expected else None)
+
+
+def test_sqnr_is_qdq_loss_debugs_where_no_group_between_boundaries_fuses(eprun, tmp_path):
+    """onnxruntime's qdq_loss_debug, run on the same input, exposes every tensor; eprun the
+    Conv inputs alone. On a Conv/SiLU/Concat detector their SQNRs agree to float rounding,
+    and eprun says how far its exposure moved the int8 model's final output."""
+    import real_models
+    from onnxruntime.quantization import CalibrationDataReader, qdq_loss_debug
+
+    fp32 = models.save(real_models.detector_head(3), tmp_path / "det.onnx")
+    int8 = models.quantize(fp32, tmp_path / "det8.onnx", seed=1)
+    answer = eprun("layers", fp32, int8, "1", "--metrics", "sqnr", "--boundary-ops", "Conv")
+    feed = {"image": np.random.default_rng(1).standard_normal((64, 3, 16, 16))
+            .astype(np.float32)}
+
+    class Once(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([feed])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    activations = []
+    for path in (fp32, int8):
+        augmented = str(tmp_path / f"{path.stem}_all.onnx")
+        qdq_loss_debug.modify_model_output_intermediate_tensors(str(path), augmented)
+        activations.append(qdq_loss_debug.collect_activations(augmented, Once()))
+    errors = qdq_loss_debug.compute_activation_error(
+        qdq_loss_debug.create_activation_matching(activations[1], activations[0]))
+    compared = [(entry["sqnr_db"], errors[entry["fp32"]]["xmodel_err"])
+                for entry in answer["layers"] if entry["fp32"] in errors]
+    assert len(compared) == answer["layer_count"] >= 5
+    for ours, theirs in compared:
+        assert ours == pytest.approx(float(theirs), abs=1e-5)
+    (deployed,) = models.run(int8, feed, ["preds"])
+    exposed = models.run(int8, feed, [entry["int8"] for entry in answer["layers"]])[-1]
+    assert answer["exposure"]["output"] == "preds"
+    assert answer["exposure"]["max_abs_diff"] == pytest.approx(
+        float(np.abs(deployed.astype(np.float64) - exposed).max()), rel=1e-9, abs=0)
 
 
 def test_rows_option(eprun, lab_pair):

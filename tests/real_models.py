@@ -222,6 +222,44 @@ def detector_head(seed: int, channels: int = 8, size: int = 16) -> onnx.ModelPro
                     [("preds", FLOAT, ["batch", 6, half, half])], "detector")
 
 
+def efficientnet_like(seed: int, size: int = 96,
+                      blocks=((16, 24, 2), (24, 40, 2), (40, 80, 2), (80, 80, 1),
+                              (80, 112, 1))) -> onnx.ModelProto:
+    """An EfficientNet-style classifier (80 nodes, 27 Convs): a strided SiLU stem, then per
+    block (in, out, stride) a 1x1 expand x4, a 3x3 depthwise Conv, squeeze-and-excitation
+    (GlobalAveragePool, 1x1 reduce with SiLU, 1x1 expand, Sigmoid, Mul), a 1x1 projection and
+    a residual Add where the shape allows; a 1x1 head to 320, pooling and a Gemm to 10."""
+    g = _Builder(seed)
+
+    def conv(x, cin, cout, name, k=1, stride=1, group=1, act=True):
+        w = g.weight(f"{name}.weight", (cout, cin // group, k, k), cin // group * k * k)
+        b = g.const(f"{name}.bias", 0.05 * g.rng.standard_normal(cout))
+        y = g.op("Conv", [x, w, b], f"/{name}/Conv", pads=[k // 2] * 4, strides=[stride] * 2,
+                 group=group)
+        if not act:
+            return y
+        return g.op("Mul", [y, g.op("Sigmoid", [y], f"/{name}/Sigmoid")], f"/{name}/Mul")
+
+    x = conv("image", 3, 16, "stem", k=3, stride=2)
+    for i, (cin, cout, stride) in enumerate(blocks):
+        n = f"blocks.{i}"
+        e = conv(x, cin, cin * 4, f"{n}.expand")
+        d = conv(e, cin * 4, cin * 4, f"{n}.dw", k=3, stride=stride, group=cin * 4)
+        s = g.op("GlobalAveragePool", [d], f"/{n}/se/GlobalAveragePool")
+        s = conv(s, cin * 4, cin // 4, f"{n}.se.reduce")
+        s = g.op("Sigmoid", [conv(s, cin // 4, cin * 4, f"{n}.se.expand", act=False)],
+                 f"/{n}/se/Sigmoid")
+        d = g.op("Mul", [d, s], f"/{n}/se/Mul")
+        y = conv(d, cin * 4, cout, f"{n}.project", act=False)
+        x = g.op("Add", [x, y], f"/{n}/Add") if cin == cout and stride == 1 else y
+    x = conv(x, blocks[-1][1], 320, "head")
+    x = g.op("Flatten", [g.op("GlobalAveragePool", [x], "/pool/GlobalAveragePool")], "/Flatten")
+    w = g.weight("fc.weight", (320, 10))
+    g.op("Gemm", [x, w, g.const("fc.bias", np.zeros(10))], "/fc/Gemm", out="logits")
+    return g.finish([("image", FLOAT, ["batch", 3, size, size])],
+                    [("logits", FLOAT, ["batch", 10])], "efficientnet")
+
+
 def residual_cnn(seed: int, channels: int = 8, classes: int = 5,
                  fold_bn: bool = False) -> onnx.ModelProto:
     """A ResNet-ish classifier (14 nodes, 13 folded); ``fold_bn`` folds bn1 into conv1 with the

@@ -177,8 +177,11 @@ def test_progress_goes_to_a_terminal_only(lab_pair):
     shown = read_all(leader).decode()
     os.close(leader)
     assert proc.returncode == 0 and answer["layer_count"] == 6
-    steps = [f"\reprun: comparing boundaries: step {k} of 6\x1b[K" for k in range(1, 7)]
-    assert shown == "".join(steps) + "\r\x1b[K"  # each step overwrites the last, then cleared
+    # each step overwrites the last, with the time left at the pace so far, then cleared
+    steps = [rf"\reprun: comparing boundaries: step {k} of 6, about \d+ s left\x1b\[K"
+             for k in range(1, 6)]
+    assert re.fullmatch("".join(steps) + r"\reprun: comparing boundaries: step 6 of 6"
+                        r"\x1b\[K\r\x1b\[K", shown), shown
     piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert piped.returncode == 0 and piped.stderr == ""
     assert json.loads(piped.stdout) == answer

@@ -420,6 +420,29 @@ def test_units_restrict_the_analysis_and_unnamed_nodes_are_named_for_what_they_a
     assert unknown.code == 2 and "--units names 'nope'" in unknown.stderr
 
 
+def test_a_unit_costs_one_quantizer_call_and_one_session(tmp_path):
+    """The cost sensitivity promises (timed by make bench, counted here): on an
+    EfficientNet-style per-channel twin, the settings search and the check of the
+    requantized model, then one quantize_static call and one session per unit, fewer sessions
+    than a layers run opens (two) per unit; in two worker processes the same numbers."""
+    fp32 = models.save(real_models.efficientnet_like(1, size=32, blocks=((16, 24, 2),)),
+                       tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, per_channel=True, **CALIBRATION)
+    units = "/stem/Conv,/blocks.0.dw/Conv,/blocks.0.project/Conv,/fc/Gemm"
+    alone = run_eprun("sensitivity", fp32, int8, "5", "--units", units, "--max-units", "0",
+                      "--jobs", "1")
+    assert alone.code == 0, alone.stderr
+    answer = alone.answer
+    assert answer["predicted_by"] == "quantize_static" and len(answer["units"]) == 4
+    assert answer["quantizer"]["calls"] == 2 + 4  # the default settings fit; the check; units
+    assert answer["sessions"] == 1 + 4  # the check's requantized model; units
+    shared = run_eprun("sensitivity", fp32, int8, "5", "--units", units, "--max-units", "0",
+                       "--jobs", "2")
+    assert shared.answer["units"] == answer["units"]
+    assert (shared.answer["quantizer"]["calls"], shared.answer["sessions"]) == (6, 5)
+
+
 def test_a_model_without_qdq_is_refused(lab_pair, tmp_path):
     fp32, _ = lab_pair
     result = run_eprun("sensitivity", fp32, fp32, "1")
@@ -596,8 +619,9 @@ def test_units_measured_in_worker_processes_give_the_same_answer(tmp_path, own_t
     together = run_eprun("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "2")
     assert alone.code == together.code == 0, together.stderr
     assert together.stdout == alone.stdout
-    # each unit, each of the 2 steps, the quantized model, and its check against the int8 model
-    assert together.answer["sessions"] == len(together.answer["units"]) + 2 + 2
+    # each unit, each of the 2 steps, and the check against the int8 model (whose requantized
+    # model is the quantized one too)
+    assert together.answer["sessions"] == len(together.answer["units"]) + 2 + 1
     assert os.listdir(own_tmpdir) == []
     refused = run_eprun("sensitivity", fp32, int8, "5", "--jobs", "0")
     assert refused.code == 2 and "--jobs must be at least 1" in refused.stderr

@@ -604,3 +604,10 @@ def test_ids_index_a_gather_table_directly_or_through_casts_and_reshapes(path):
     feed = tool.make_feeds(specs, 3, None, "ids.onnx")
     ids = feed.arrays["ids"]
     assert ids.shape == (64, 5) and ids.min() >= 0 and ids.max() == 6  # 320 draws over 7
+
+
+@pytest.mark.parametrize(("seconds", "said"), [
+    (0.2, "1 s"), (8.4, "8 s"), (89, "89 s"), (95, "2 min"), (3599, "1 h 0 min"),
+    (3900, "1 h 5 min")])
+def test_a_wait_is_said_as_a_person_reads_it(seconds, said):
+    assert tool._duration(seconds) == said

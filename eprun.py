@@ -4600,15 +4600,16 @@ def quantizing_chain(name: str, index: GraphIndex) -> tuple[str, list]:
 
 
 def _before_cast(name: str, index: GraphIndex, fp32_names: set) -> str:
-    """Where a segment starting at ``name`` is fed: in front of the Cast that made it from a
-    float tensor the fp32 model has (a float16 twin casts its input), so the segment casts as
-    the twin does. onnxruntime's CPU runs float16 Convs and MatMuls in float32 between casts
+    """Where a segment starting at ``name`` is fed: in front of the Cast that made it float16
+    (or bfloat16) from a float32 tensor the fp32 model has (a float16 twin casts its input),
+    so the segment casts as the twin does. onnxruntime's CPU runs float16 Convs and MatMuls in float32 between casts
     and drops a Cast pair that cancels: fed already cast, the segment would round the input
     to float16, which the twin itself never does."""
     node = index.producer(name)
+    types = index.types or {}
     if node is not None and node.op_type == "Cast" and node.input and \
-            node.input[0] in fp32_names and _element_type(index.types or {}, node.input[0]) \
-            in FLOAT_TYPES:
+            node.input[0] in fp32_names and _element_type(types, node.input[0]) == 1 and \
+            _element_type(types, name) in (10, 16):  # float32 into float16 / bfloat16
         return node.input[0]
     return name
 
@@ -5775,7 +5776,7 @@ def partition(model: str, supported: list[str], mode: str = "file", parsed=None)
     """
     if parsed is None:
         parsed = load_model(model)
-    _check_op_list(parsed, supported, model)
+    _check_op_list(parsed, supported, model, mode)
     answer = {"model": model, "supported": supported,
               **_partition_graph(parsed.graph, supported, mode)}
     if mode == "ort":
@@ -5786,12 +5787,14 @@ def partition(model: str, supported: list[str], mode: str = "file", parsed=None)
     return answer
 
 
-def _check_op_list(parsed, supported: list[str], model: str) -> None:
-    """A note when no listed op type occurs in the model (op types are case-sensitive), with
-    the near misses and the model's own op types."""
+def _check_op_list(parsed, supported: list[str], model: str, mode: str) -> None:
+    """A note when no listed op type occurs in the graphs ``mode`` partitions (the main one,
+    and with ``ort`` every If/Loop/Scan body too; op types are case-sensitive), with the near
+    misses and the op types there."""
     import difflib
 
-    present = list(dict.fromkeys(node.op_type for node in _nodes_everywhere(parsed.graph)))
+    nodes = _nodes_everywhere(parsed.graph) if mode == "ort" else parsed.graph.node
+    present = list(dict.fromkeys(node.op_type for node in nodes))
     if not supported or set(supported) & set(present):
         return
     lower = {op.lower(): op for op in present}
@@ -6066,7 +6069,10 @@ PAIR_ARGS = (
     *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS, BOUNDARY_OPS_ARG,
     arg("--pair", choices=("auto", "position", "name"), default="auto",
         help="auto (default): by position, the lab's rule, unless the names pair every "
-             "boundary otherwise (then by name, and the answer says \"pairing\": \"name\"); "
+             "boundary otherwise, or the int8 model is a conversion of the fp32 one (its "
+             "computing nodes all named as fp32 nodes): then by name where the names tie, "
+             "also across different boundary counts, and the answer says \"pairing\": "
+             "\"name\"; "
              "position: always the k-th with the k-th (a warning when the names disagree); "
              "name: by the names quantizers keep (<t>_DequantizeLinear_Output, <node>_quant)"),
     arg("--max-memory", type=parse_count, metavar="MB",
@@ -7504,8 +7510,9 @@ class Requantizer:
 
     def settle(self, fp32_model, quantizable: set[str]) -> bool:
         """Settings under which quantize_static writes the int8 model's quantized tensors: its
-        default op types; else the op types of the model it quantizes, dropping one at a time
-        while that brings the tensors closer, then every op type it can do without (a
+        default op types (alone, then with each structural option); else the op type lists
+        the int8 model shows (``_shown_op_types``), then, from the closest list, dropping one
+        op type at a time while that brings the tensors closer, then every op type it can do without (a
         restricted list is a short one); then nodes left in float, among those that read or
         write a tensor that still differs. False if none is found within
         ``REQUANTIZE_SEARCH_CALLS`` calls."""
@@ -7829,6 +7836,16 @@ class _Taking:
             self.values[name] = value
 
 
+# How an estimate by graph edits in the quantizer's place begins (``SensitivityRun.inexact``).
+_GRAPH_EDITS_STAND_IN = "graph edits stand in for quantize_static"
+
+
+def _for_graph_edits_only(inexact: str | None) -> bool:
+    """Is a unit exact but for graph edits standing in for the quantizer? Then it is no
+    worse an estimate than every other unit, and keeps its rank in the recommendation."""
+    return inexact is None or inexact.startswith(_GRAPH_EDITS_STAND_IN)
+
+
 class SensitivityRun:
     """The fp32 model's final output, and the int8 model's with any set of units restored.
 
@@ -8055,9 +8072,10 @@ class SensitivityRun:
             return None
         reason = next(filter(None, (_data_dependent(self.int8_index, unit)
                                     for unit in restored)), None)
-        if reason is None and self.fallback is not None and restored:
-            reason = (f"graph edits stand in for quantize_static, which can write another "
-                      f"graph with this excluded: {self.fallback}")
+        if self.fallback is not None and restored:
+            stand_in = (f"{_GRAPH_EDITS_STAND_IN}, which can write another graph with this "
+                        f"excluded: {self.fallback}")
+            reason = stand_in if reason is None else f"{reason}; besides, {stand_in}"
         source = "the --calibration data" if self.calibration else "eprun's seeded input"
         if reason is None and self.unknown:
             reason = (f"quantize_static would quantize {', '.join(self.unknown[:3])}"
@@ -8421,7 +8439,8 @@ def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
     limit = len(ranked) if max_units is None else max_units
     # units measured exactly first: a step whose number is calibrated from data eprun does
     # not have is a promise it cannot check
-    for entry in sorted(ranked, key=lambda entry: "inexact" in entry):
+    for entry in sorted(ranked, key=lambda entry: not _for_graph_edits_only(
+            entry.get("inexact"))):
         if met or len(excluded) >= limit:
             break
         excluded.append(entry["name"])

@@ -193,6 +193,10 @@ def test_op_types_only_inside_subgraphs_are_op_types_of_the_model(tmp_path):
     path = models.save(control_flow_model(), tmp_path / "control.onnx")
     listed = run_eprun("partition", path, "Sigmoid", "--mode", "ort")
     assert listed.code == 0 and "occurs" not in listed.stderr, listed.stderr
+    # the contract's file mode partitions the main graph alone: there it occurs nowhere
+    main_only = run_eprun("partition", path, "Sigmoid")
+    assert main_only.code == 0 and "no op type in 'Sigmoid' occurs" in main_only.stderr
+    assert "Its op types: Relu, ReduceSum, Greater, If, Loop\n" in main_only.stderr
     miscased = run_eprun("partition", path, "sigmoid", "--mode", "ort")
     assert "did you mean sigmoid -> Sigmoid?" in miscased.stderr
     assert "Its op types: Relu, ReduceSum, Greater, If, Loop, Sigmoid, MatMul, Identity" in \

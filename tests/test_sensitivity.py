@@ -554,6 +554,33 @@ def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits
     assert all("inexact" in step for step in result.answer["recommendation"]["steps"])
 
 
+def test_graph_edits_in_the_quantizers_place_still_add_the_estimates_last(tmp_path, monkeypatch):
+    """Where graph edits stand in for the quantizer every unit is an estimate, but a unit
+    whose range the quantizer would calibrate anew (a Softmax, a table Gather) is one twice
+    over: it says both, and the recommendation still adds it after the others."""
+    fp32 = models.save(real_models.transformer_encoder(1), tmp_path / "f.onnx")
+    int8 = tmp_path / "q.onnx"
+    models.quantize(fp32, int8, **CALIBRATION)
+
+    def refused(self):
+        self.fallback = "planted for the test"
+
+    monkeypatch.setattr(tool.SensitivityRun, "_requantizer", refused)
+    answer = tool.sensitivity(str(fp32), str(int8), 5, target_sqnr=200.0, max_units=12, jobs=1)
+    assert answer["predicted_by"] == "graph edits"
+    units = {unit["name"]: unit["inexact"] for unit in answer["units"]}
+    assert all("graph edits stand in for quantize_static" in reason and
+               "planted for the test" in reason for reason in units.values())
+    twice = {name for name, reason in units.items()
+             if not reason.startswith("graph edits stand in")}
+    assert twice and twice <= DATA_DEPENDENT, twice
+    order = answer["recommendation"]["nodes_to_exclude"]
+    assert len(order) == 12
+    estimates = [order.index(name) for name in twice if name in order]
+    others = [k for k, name in enumerate(order) if name not in twice]
+    assert not estimates or min(estimates) > max(others), order
+
+
 def test_a_quantizer_that_fails_on_the_model_leaves_graph_edits(tmp_path, monkeypatch, capsys):
     """quantize_static raising on a model (a graph it cannot handle) is no crash: the ranking
     is made by graph edits and the note names the quantizer's error."""

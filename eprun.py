@@ -4602,9 +4602,9 @@ def quantizing_chain(name: str, index: GraphIndex) -> tuple[str, list]:
 def _before_cast(name: str, index: GraphIndex, fp32_names: set) -> str:
     """Where a segment starting at ``name`` is fed: in front of the Cast that made it float16
     (or bfloat16) from a float32 tensor the fp32 model has (a float16 twin casts its input),
-    so the segment casts as the twin does. onnxruntime's CPU runs float16 Convs and MatMuls in float32 between casts
-    and drops a Cast pair that cancels: fed already cast, the segment would round the input
-    to float16, which the twin itself never does."""
+    so the segment casts as the twin does. onnxruntime's CPU runs float16 Convs and MatMuls
+    in float32 between casts and drops a Cast pair that cancels: fed already cast, the
+    segment would round the input to float16, which the twin itself never does."""
     node = index.producer(name)
     types = index.types or {}
     if node is not None and node.op_type == "Cast" and node.input and \
@@ -7512,9 +7512,9 @@ class Requantizer:
         """Settings under which quantize_static writes the int8 model's quantized tensors: its
         default op types (alone, then with each structural option); else the op type lists
         the int8 model shows (``_shown_op_types``), then, from the closest list, dropping one
-        op type at a time while that brings the tensors closer, then every op type it can do without (a
-        restricted list is a short one); then nodes left in float, among those that read or
-        write a tensor that still differs. False if none is found within
+        op type at a time while that brings the tensors closer, then every op type it can do
+        without (a restricted list is a short one); then nodes left in float, among those
+        that read or write a tensor that still differs. False if none is found within
         ``REQUANTIZE_SEARCH_CALLS`` calls."""
         self.progress = Progress("matching quantize_static's settings to the int8 model")
         try:

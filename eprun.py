@@ -6662,7 +6662,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     require_file(candidate)
     golden_paths(save_outputs, load_outputs, [reference, candidate], "outputs", inputs)
     graphs = ([_graph_or_none(path) for path in (reference, candidate)]
-              if not swapped_ok or profile == "auto" else [None, None])
+              if not swapped_ok or profile in (None, "auto") else [None, None])
     if None not in graphs:  # a file that is no model gets onnxruntime's own words below
         require_in_order(graphs, (reference, candidate), swapped_ok, ("reference", "candidate"))
     providers = ["CPUExecutionProvider"] if providers is None else providers
@@ -6676,9 +6676,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     on = ProviderRequest(providers, options=ep_options or {}, strict=not allow_fallback)
     reference_on = ProviderRequest(reference_providers, options=ep_options or {}, strict=True,
                                    allow_fallback=allow_fallback)
-    profile = profile or "fp16"
-    if profile == "auto":
-        profile = _auto_profile(graphs, candidate)
+    if profile in (None, "auto"):
+        profile = _auto_profile(graphs, candidate, told=profile == "auto")
     del graphs  # the graphs only; the sessions read the files
     tolerance = dict(TOLERANCE_PROFILES[profile])
     per_output: dict[str, dict] = {}
@@ -6750,15 +6749,21 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
             **({"golden": golden} if golden else {})}
 
 
-def _auto_profile(graphs: list, candidate: str) -> str:
-    """``--profile auto``: the int8 tolerances for a quantized candidate of a float reference
-    (``graphs``: theirs, None where unreadable), the fp16 ones otherwise (said on stderr)."""
+def _auto_profile(graphs: list, candidate: str, told: bool = True) -> str:
+    """``--profile auto`` (the default): the int8 tolerances for a quantized candidate of a
+    float reference (``graphs``: theirs, None where unreadable), the fp16 ones otherwise. Said
+    on stderr where it was asked for, and where the default chose int8 (no profile given used
+    to mean fp16, which fails every int8 pair)."""
     quantized = None not in graphs and bool(_quantization_ops(graphs[1])) and not \
         _quantization_ops(graphs[0])
     profile = "int8" if quantized else "fp16"
     why = ("quantizes and the reference does not" if quantized
            else "is not a quantized twin of the reference")
-    note(f"--profile auto: {profile}, as {candidate!r} {why}")
+    if told:
+        note(f"--profile auto: {profile}, as {candidate!r} {why}")
+    elif quantized:
+        note(f"profile int8 (no --profile given: auto), as {candidate!r} {why}; --profile "
+             "fp16 holds it to the float16 tolerances")
     return profile
 
 
@@ -6845,9 +6850,10 @@ CHECK = declare(Command(
         arg("--reference-providers", type=parse_list, default=["CPUExecutionProvider"],
             help="reference's providers (default CPUExecutionProvider)"),
         arg("--profile", choices=[*sorted(TOLERANCE_PROFILES), "auto"],
-            help="fp16: rtol 1e-2, atol 1e-3, cosine >= 0.999 (the default); int8: rtol 1e-1, "
-                 "atol 5e-2, cosine >= 0.990; auto: int8 when the candidate quantizes (Q/DQ, "
-                 "QLinear*, integer ops) and the reference does not, else fp16. An element "
+            help="fp16: rtol 1e-2, atol 1e-3, cosine >= 0.999; int8: rtol 1e-1, atol 5e-2, "
+                 "cosine >= 0.990; auto (the default): int8 when the candidate quantizes "
+                 "(Q/DQ, QLinear*, integer ops) and the reference does not, else fp16. An "
+                 "element "
                  "fails when |candidate - reference| > atol + rtol*|reference| (numpy's "
                  "isclose, the reference as the desired value; Polygraphy fails it only when "
                  "both its absolute and its relative difference are over)"),

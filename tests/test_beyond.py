@@ -452,10 +452,31 @@ def test_check_passes_identical_models(lab_pair):
     assert answer["passed"] is True and answer["failures"] == []
     assert answer["tolerance"] == {"rtol": 1e-2, "atol": 1e-3, "min_cos": 0.999}
     assert answer["outputs"][0]["violations"] == 0 and answer["outputs"][0]["cosine"] == 1.0
+    assert answer["profile"] == "fp16" and result.stderr == ""  # no twin: fp16, unsaid
+
+
+def test_check_without_a_profile_holds_a_quantized_twin_to_int8(lab_pair):
+    """No --profile is auto: the int8 tolerances for the int8 twin, said on stderr, and the
+    verdict numpy gives with them; --profile fp16 keeps the float16 tolerances."""
+    fp32, int8 = lab_pair
+    result = run_eprun("check", fp32, int8)
+    answer = result.answer
+    assert answer["profile"] == "int8"
+    assert answer["tolerance"] == {"rtol": 0.1, "atol": 0.05, "min_cos": 0.99}
+    assert f"profile int8 (no --profile given: auto), as {str(int8)!r} quantizes" in \
+        result.stderr
+    x = models.contract_input(0, 8)
+    ref, cand = (models.run(path, x)[0].astype(np.float64) for path in (fp32, int8))
+    violations = int((np.abs(cand - ref) > 0.05 + 0.1 * np.abs(ref)).sum())
+    assert answer["outputs"][0]["violations"] == violations
+    assert result.code == (1 if violations else 0)
+    strict = run_eprun("check", fp32, int8, "--profile", "fp16")
+    assert strict.answer["profile"] == "fp16" and strict.code == 1
 
 
 @pytest.mark.parametrize("options, tolerance", [
-    (["--seed", "5", "--rtol", "0", "--atol", "1e-3"], {"rtol": 0.0, "atol": 1e-3, "min_cos": 0.999}),
+    (["--seed", "5", "--profile", "fp16", "--rtol", "0", "--atol", "1e-3"],
+     {"rtol": 0.0, "atol": 1e-3, "min_cos": 0.999}),
     (["--profile", "int8", "--atol", "0", "--rtol", "0"], {"rtol": 0.0, "atol": 0.0, "min_cos": 0.99}),
     (["--profile", "int8", "--rtol", "10", "--atol", "10", "--min-cos", "0.9999999"],
      {"rtol": 10.0, "atol": 10.0, "min_cos": 0.9999999}),

@@ -439,7 +439,8 @@ def test_lab_pair_on_openvino_recomputed(eprun, lab_pair, tmp_path, openvino):
 
 def test_check_on_openvino_counts_what_numpy_counts(lab_pair, openvino):
     fp32, int8 = lab_pair
-    result = run_eprun("check", fp32, int8, "--providers", OPENVINO, "--seed", "2")
+    result = run_eprun("check", fp32, int8, "--providers", OPENVINO, "--seed", "2",
+                       "--profile", "fp16")
     assert result.code in (0, 1), result.stderr
     answer = result.answer
     assert answer["providers"]["actual"] == [OPENVINO, CPU]

@@ -265,8 +265,34 @@ def parse_cosine(text: str) -> float:
 
 
 def parse_boundary_ops(text: str) -> tuple[str, ...]:
-    """``--boundary-ops Conv`` adds to MatMul and Gemm; it never removes them."""
-    return BOUNDARY_OPS + tuple(op for op in parse_list(text) if op not in BOUNDARY_OPS)
+    """``--boundary-ops Conv`` adds to MatMul and Gemm; it never removes them. An ONNX op type
+    written in the wrong case (``conv``, ``Matmul``) is a usage error that names it: op types
+    are case-sensitive, and such a list would match nothing. Other names (custom ops) pass,
+    and are checked against the models (``_note_absent_ops``)."""
+    ops = parse_list(text)
+    wrong = [(op, _op_types_by_case().get(op.lower())) for op in ops]
+    wrong = [(op, right) for op, right in wrong if right is not None and right != op]
+    if wrong:
+        raise argparse.ArgumentTypeError(
+            "op types are case-sensitive: " + "; ".join(
+                f"{op!r} is no op type, did you mean {right}?" for op, right in wrong))
+    return BOUNDARY_OPS + tuple(op for op in ops if op not in BOUNDARY_OPS)
+
+
+@functools.lru_cache(maxsize=1)
+def _op_types_by_case() -> dict[str, str]:
+    """Lower-cased op type -> op type, for ONNX's operators (every domain onnx knows) and the
+    quantized forms onnxruntime adds; an op type two of them spell alike in other cases is
+    left out (no one spelling to suggest)."""
+    from onnx import defs
+
+    names = {schema.name for schema in defs.get_all_schemas_with_history()}
+    names |= {form for forms in QUANTIZED_FORMS.values() for form in forms}
+    found: dict[str, str | None] = {}
+    for name in names:
+        key = name.lower()
+        found[key] = name if found.get(key, name) == name else None
+    return {key: name for key, name in found.items() if name is not None}
 
 
 # -- command declarations --------------------------------------------------------------------------
@@ -4224,6 +4250,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     int8_feed = feed_for(specs_from_model(int8.model), int8_path, feed)
     rows = feed.rows
     _suggest_boundary_ops(fp32, boundary_ops)
+    _note_absent_ops((fp32, int8), boundary_ops)
     segments = (LocalSegments(int8, [int8.boundaries[j] for _, j in pairs],
                               fp32_names=fp32.tensor_names, input_names=set(feed.arrays),
                               rows=rows, metrics=metrics)
@@ -4545,6 +4572,21 @@ def require_in_order(models: tuple, paths: tuple[str, str], swapped_ok: bool,
             f"{roles[1]} one, has none; give them the other way round "
             f"({shlex.join([paths[1], paths[0]])}), or add --swapped-ok to compare them as "
             "given", EXIT_USAGE)
+
+
+def _note_absent_ops(sides: tuple, boundary_ops: tuple[str, ...]) -> None:
+    """A note for each ``--boundary-ops`` op type neither model has a node of (nor a quantized
+    form of): it adds no boundary, which is likely not what was meant."""
+    present = {node.op_type for side in sides for node in side.model.graph.node}
+    absent = [op for op in boundary_ops if op not in BOUNDARY_OPS
+              and not present & {op, *QUANTIZED_FORMS.get(op, ())}]
+    if absent:
+        import difflib
+
+        near = {op: difflib.get_close_matches(op, sorted(present), 1, 0.6) for op in absent}
+        note(f"--boundary-ops {', '.join(absent)}: neither model has such a node, so it adds "
+             "no boundary" + "".join(f"; did you mean {near[op][0]}?" for op in absent
+                                     if near[op]))
 
 
 def _suggest_boundary_ops(fp32: PairedModel, boundary_ops: tuple[str, ...]) -> None:

@@ -358,6 +358,17 @@ def test_the_final_boundary_is_the_first_float_output(real_pairs):
     assert growth["rel_error"][-1] == answer["layers"][-1]["rel_error"] > 0
 
 
+def test_a_boundary_op_neither_model_has_is_said(lab_pair):
+    """A custom or misspelt op type that no node of either model has adds no boundary: the
+    answer is the plain one, and stderr says so with the nearest op type there is."""
+    fp32, int8 = lab_pair
+    answer, stderr = layers(fp32, int8, "1", "--boundary-ops", "Ad,CustomConv")
+    plain, _ = layers(fp32, int8, "1")
+    assert answer["layers"] == plain["layers"]
+    assert ("--boundary-ops Ad, CustomConv: neither model has such a node, so it adds no "
+            "boundary; did you mean Add?") in stderr
+
+
 def test_a_cnn_without_matmul_boundaries_is_told_about_boundary_ops(real_pairs, tmp_path):
     body = real_models.residual_cnn(2)
     body.graph.node.remove(next(n for n in body.graph.node if n.op_type == "Gemm"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,13 @@ def _on_pinned_stack() -> bool:
 # The committed deliverables were made on the pinned stack; other onnxruntime releases use
 # other kernels and quantizer choices, so there the tests compare to 1e-5 instead of exactly.
 PINNED_STACK = _on_pinned_stack()
+
+# A shell script's background job starts with Ctrl-C ignored, and the processes the tests
+# start would inherit that, so an interrupted eprun would finish instead (`make test &` in a
+# script). The tests stand for a user at a terminal: a handler here is reset to the default
+# in every child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config):

@@ -108,6 +108,12 @@ EXIT_FAILURE = 4
 
 ROWS = 64
 BOUNDARY_OPS = ("MatMul", "Gemm")
+# The quantized forms of the boundary ops: their first input is the quantized activation, read
+# back as float with its own scale and zero point (see ``Quantization``).
+QUANTIZED_FORMS = {"MatMul": ("QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul",
+                              "MatMulIntegerToFloat"),
+                   "Gemm": ("QGemm",),
+                   "Conv": ("QLinearConv", "ConvInteger")}
 SETTINGS_BASELINE = ("ORT_DISABLE_ALL", 1)
 SETTINGS_CASES = (("ORT_ENABLE_ALL", 1), ("ORT_DISABLE_ALL", 2), ("ORT_ENABLE_ALL", 2))
 
@@ -3702,12 +3708,6 @@ def golden_paths(save: str | None, load: str | None, inputs: list[str], option: 
 
 # -- boundaries ------------------------------------------------------------------------------------
 
-# The quantized forms of the boundary ops: their first input is the quantized activation, read
-# back as float with its own scale and zero point (see ``BoundaryReader``).
-QUANTIZED_FORMS = {"MatMul": ("QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul",
-                              "MatMulIntegerToFloat"),
-                   "Gemm": ("QGemm",),
-                   "Conv": ("QLinearConv", "ConvInteger")}
 # onnx element types that hold real numbers: FLOAT, FLOAT16, DOUBLE, BFLOAT16.
 FLOAT_TYPES = frozenset({1, 10, 11, 16})
 # Ops with weights whose input is worth a boundary when MatMul/Gemm give none (a CNN).

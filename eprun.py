@@ -8917,8 +8917,14 @@ class _Parser(argparse.ArgumentParser):
     """argparse with eprun's one-line usage errors (exit 2, nothing on stdout)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        # an argument the command does not take is reported by the top parser: its help is
+        # the command's own
+        prog = self.prog
+        command = next((word for word in current_run().argv if word in COMMANDS), None)
+        if command is not None and " " not in prog:
+            prog = f"{prog} {command}"
         self.exit(EXIT_USAGE, f"eprun: error: {one_line(message + _usage_hint(message))} "
-                  f"(see '{self.prog} --help')\n")
+                  f"(see '{prog} --help')\n")
 
 
 def _usage_hint(message: str) -> str:

@@ -173,6 +173,8 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["layers", "@label_only", "@label_only", "1"], 4, "has no float output"),
     (["layers", "@fp32", "@short", "1", "--pair", "name"], 4, "--pair name: no boundary"),
     (["layers", "@fp32", "@int8", "1", "--pair", "names"], 2, "invalid choice"),
+    (["partition", "@fp32", "MatMul", "--format", "table"], 2,
+     "unrecognized arguments: --format table (see 'eprun.py partition --help')"),
     (["layers", "@fp32", "@int8", "1", "--boundary-ops", "conv"], 2,
      "op types are case-sensitive: 'conv' is no op type, did you mean Conv?"),
     (["growth", "@fp32", "@int8", "1", "--boundary-ops", "Conv,Matmul"], 2,

@@ -1276,7 +1276,7 @@ def _is_text(path: str) -> bool:
 def require_initializer_data(model, path: str) -> None:
     """Refuse an initializer that declares dims but holds no data at all (neither inline nor
     external): onnxruntime and numpy would fail on it each in their own words."""
-    from onnx import TensorProto
+    TensorProto = onnx_messages().TensorProto
 
     fields = ("raw_data", "float_data", "int32_data", "string_data", "int64_data",
               "double_data", "uint64_data")
@@ -1301,11 +1301,11 @@ def load_model(path: str, inline_weights: bool = False, text_names: bool = False
     Protobuf parses many byte strings (an empty file, some text) into an empty message without
     complaint, so a model must also have an IR version and a graph with an output.
     """
-    import onnx
-
     require_file(path)
     model = None if inline_weights else _read_graph(path)
     if model is None:
+        import onnx
+
         before = file_stamp(path)
         try:
             model = onnx.load(path, load_external_data=False)
@@ -1395,6 +1395,37 @@ def _safe_location(location: str, model_path: str) -> str:
     return path
 
 
+@functools.cache
+def onnx_messages():
+    """A module holding onnx's protobuf message classes (``ModelProto``, ``TensorProto``, ...):
+    ``onnx`` itself once anything imported it, else, where protobuf is its upb build, onnx's
+    generated ``onnx_ml_pb2`` alone. That file needs protobuf only, so a command that reads a
+    graph and needs nothing else of onnx (``partition``) skips onnx's own import and the
+    ml_dtypes it pulls in (0.3 s; 0.7 s with ml_dtypes 0.7.0). upb keeps one class per message
+    type, so a later ``import onnx`` in the same process hands out these very classes; other
+    protobuf builds make new ones, which onnx's functions would not take: there, onnx."""
+    import importlib.util
+
+    if "onnx" in sys.modules:
+        return sys.modules["onnx"]
+    try:
+        from google.protobuf.internal import api_implementation
+
+        spec = importlib.util.find_spec("onnx")
+        path = os.path.join(spec.submodule_search_locations[0], "onnx_ml_pb2.py")
+        if api_implementation.Type() != "upb" or not os.path.isfile(path):
+            raise ImportError
+        generated = importlib.util.spec_from_file_location("onnx.onnx_ml_pb2", path)
+        module = importlib.util.module_from_spec(generated)
+        generated.loader.exec_module(module)
+        module.ModelProto  # noqa: B018 - the class every caller needs
+    except Exception:  # an onnx laid out otherwise, another protobuf: onnx decides
+        import onnx
+
+        return onnx
+    return module
+
+
 def _read_graph(path: str):
     """The model at ``path`` with every large inline weight left in the file: each
     ``raw_data`` payload of at least ``DETACH_MIN_BYTES`` of a ``_REFERENCE_BYTES`` type
@@ -1407,8 +1438,6 @@ def _read_graph(path: str):
     given twice, a broken file): the caller then parses it the ordinary way, which also gives
     the ordinary error message.
     """
-    from onnx import ModelProto
-
     if os.path.splitext(path)[1].lower() in _TEXT_EXTENSIONS:
         return None
     try:
@@ -1421,7 +1450,7 @@ def _read_graph(path: str):
             if len(data) != size:
                 return None  # cut short meanwhile: the ordinary parse says what it is now
             serialized = _graph_with_references(data, os.path.basename(path).encode())
-        model = ModelProto()
+        model = onnx_messages().ModelProto()
         model.ParseFromString(serialized)
     except Exception:  # any surprise: the ordinary parse decides
         return None
@@ -2413,10 +2442,14 @@ def installed_plugins() -> list[tuple[str, str, list[str]]]:
     defines ``get_library_path()`` and ``get_ep_name()`` or ``get_ep_names()`` (the shape
     ``onnxruntime-ep-openvino`` and its peers share). Modules are read as text first and only
     such a module is imported, so unrelated packages are never imported."""
+    folders = _plugin_candidates()
+    if folders == []:
+        return []
     from importlib import metadata
 
     found = []
-    for distribution in metadata.distributions():
+    for distribution in (metadata.distributions() if folders is None
+                         else [metadata.Distribution.at(folder) for folder in folders]):
         package = distribution.metadata["Name"] or ""
         name = package.lower().replace("_", "-")
         plugin_named = name.startswith("onnxruntime-ep-")
@@ -2432,6 +2465,52 @@ def installed_plugins() -> list[tuple[str, str, list[str]]]:
                     note(f"installed plugin package {package!r} cannot be used: "
                          f"{type(exc).__name__}: {one_line(exc)}")
     return found
+
+
+def _plugin_candidates() -> list[str] | None:
+    """The metadata folders on ``sys.path`` that may hold a plugin EP package, found without
+    importing ``importlib.metadata`` (its import and a parse of every distribution's metadata
+    cost a tenth of a second, more with many packages): a ``*.dist-info`` or ``*.egg-info``
+    folder named ``onnxruntime-ep-*``, or one not named ``onnxruntime*`` whose metadata
+    mentions onnxruntime at all. A superset of what ``installed_plugins`` keeps, which then
+    decides each by its parsed metadata. ``None`` where a path entry is not a plain folder
+    (a zip file): there only importlib.metadata knows what is installed."""
+    found = []
+    for entry in dict.fromkeys(sys.path):
+        folder = entry or "."
+        if not os.path.isdir(folder):
+            if os.path.exists(folder):
+                return None
+            continue
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in sorted(names):
+            stem, suffix = os.path.splitext(name)
+            if suffix.lower() not in (".dist-info", ".egg-info"):
+                continue
+            normal = re.sub(r"[-_.]+", "-", stem.lower())
+            path = os.path.join(folder, name)
+            if normal.startswith("onnxruntime-ep-") or (
+                    not normal.startswith("onnxruntime") and _mentions_onnxruntime(path)):
+                found.append(path)
+    return found
+
+
+def _mentions_onnxruntime(path: str) -> bool:
+    """Does a distribution's metadata (``METADATA``, ``PKG-INFO``, ``requires.txt``, or the
+    file itself for a one-file ``.egg-info``) name onnxruntime anywhere?"""
+    files = ([os.path.join(path, name) for name in ("METADATA", "PKG-INFO", "requires.txt")]
+             if os.path.isdir(path) else [path])
+    for file in files:
+        try:
+            with open(file, "rb") as stream:
+                if b"onnxruntime" in stream.read().lower():
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _looks_like_plugin(file) -> bool:
@@ -2613,6 +2692,8 @@ PROVIDER_OPTION_KEYS = {
 def option_warnings(options: dict) -> list[str]:
     """One message per ``--ep-option`` key a built-in EP eprun knows the options of does not
     take, with the nearest key."""
+    if not options:
+        return []
     import difflib
 
     messages = []
@@ -9000,7 +9081,9 @@ class _VersionAction(argparse.Action):
         found = []
         for package in ("onnx", "onnxruntime", "numpy"):  # onnxruntime-gpu etc. import the same
             try:
-                found.append(f"{package} {importlib.import_module(package).__version__}")
+                version = (_installed_version(package)
+                           or importlib.import_module(package).__version__)
+                found.append(f"{package} {version}")
             except ImportError:
                 found.append(f"{package} not installed")
         line = f"eprun {__version__} ({', '.join(found)}; Python {platform.python_version()})\n"
@@ -9012,8 +9095,48 @@ class _VersionAction(argparse.Action):
         parser.exit(0)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line, built from the ``COMMANDS`` declarations."""
+def _installed_version(module: str) -> str | None:
+    """The version of the installed distribution whose files hold the package ``module``
+    imports (``onnxruntime`` comes from ``onnxruntime-gpu`` as well), read from its metadata
+    folder beside the package: no import of the package (onnx's alone takes a third of a
+    second) nor of importlib.metadata. None where no such folder lists the package's
+    ``__init__.py`` (a source tree on the path, another installer): the caller imports it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or os.path.basename(spec.origin) != "__init__.py":
+        return None
+    site = os.path.dirname(os.path.dirname(spec.origin))
+    listed = f"{module}/__init__.py"
+    try:
+        names = sorted(os.listdir(site))
+    except OSError:
+        return None
+    for name in names:
+        if not (name.endswith(".dist-info") and name.lower().startswith(module.lower())):
+            continue
+        try:
+            with open(os.path.join(site, name, "RECORD"), encoding="utf-8") as record:
+                if not any(line.split(",", 1)[0] == listed for line in record):
+                    continue
+            with open(os.path.join(site, name, "METADATA"), encoding="utf-8") as metadata:
+                for line in metadata:
+                    if not line.strip():
+                        break
+                    if line.startswith("Version:"):
+                        return line[len("Version:"):].strip() or None
+        except (OSError, UnicodeDecodeError):
+            continue
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line, built from the ``COMMANDS`` declarations; with ``only`` (the command
+    a run names first, see ``_command_named``), that command alone: no other is reachable
+    then, and declaring them all would be most of the start-up of a short command."""
     import textwrap
 
     codes = ", ".join(f"{code} {name}" for code, name, _ in EXIT_CODES)
@@ -9027,6 +9150,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="<command>")
     subparsers.required = True
     for command in COMMANDS.values():
+        if only is not None and command.name != only:
+            continue
         description = "\n\n".join(part for part in (
             textwrap.fill(command.summary, 79),
             textwrap.fill("JSON: {" + ", ".join(f'"{field}"' for field in command.fields)
@@ -9040,6 +9165,12 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(*argument.names, **argument.options)
         sub.set_defaults(declared=command, command_parser=sub)
     return parser
+
+
+def _command_named(argv: tuple[str, ...]) -> str | None:
+    """The command ``argv`` starts with; else None (no command, an unknown one, or a top-level
+    option first such as ``--help``, whose text lists every command): the whole parser."""
+    return argv[0] if argv and argv[0] in COMMANDS else None
 
 
 def invoke(command: Command, args: argparse.Namespace) -> dict:
@@ -9084,7 +9215,7 @@ def _main(argv: list[str] | None, restore_handlers: bool) -> int:
     try:
         replaced = _install_signal_handlers()
         run.argv = tuple(sys.argv[1:] if argv is None else argv)
-        parser = build_parser()
+        parser = build_parser(_command_named(run.argv))
         if not run.argv:  # bare eprun: a short usage, the commands, and where help is
             parser.print_usage(sys.stderr)
             print(f"commands: {', '.join(COMMANDS)}", file=sys.stderr)

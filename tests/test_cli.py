@@ -185,3 +185,139 @@ def test_progress_goes_to_a_terminal_only(lab_pair):
     piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert piped.returncode == 0 and piped.stderr == ""
     assert json.loads(piped.stdout) == answer
+
+
+# -- start-up: each command imports only what it uses -------------------------------------------
+
+# Run eprun.py as typed, then say which of these modules the run imported (stderr's last line).
+_IMPORTED = (
+    "import runpy, sys\n"
+    f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
+    "code = 0\n"
+    "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    "except SystemExit as exc:\n    code = exc.code\n"
+    "watched = ('onnx', 'onnxruntime', 'numpy', 'importlib.metadata')\n"
+    "print(','.join(name for name in watched if name in sys.modules), file=sys.stderr)\n"
+    "sys.exit(code)\n")
+
+
+def imported_by(*argv) -> tuple[int, str, set[str]]:
+    """Exit code, stdout and the watched modules one run of eprun imported."""
+    result = subprocess.run([sys.executable, "-c", _IMPORTED, *map(str, argv)],
+                            capture_output=True, text=True, timeout=120)
+    return (result.returncode, result.stdout,
+            set(filter(None, result.stderr.splitlines()[-1].split(","))))
+
+
+def upb_protobuf() -> bool:
+    from google.protobuf.internal import api_implementation
+
+    return api_implementation.Type() == "upb"
+
+
+def test_version_reads_the_versions_without_importing_the_libraries():
+    import numpy
+    import onnx
+    import onnxruntime
+
+    code, out, imported = imported_by("--version")
+    assert code == 0
+    assert (f"(onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}, numpy "
+            f"{numpy.__version__}; Python ") in out
+    assert not imported & {"onnx", "onnxruntime", "numpy", "importlib.metadata"}, imported
+    code, out, imported = imported_by("--help")
+    assert code == 0 and "providers" in out and not imported, imported
+
+
+def test_installed_version_is_the_distribution_that_holds_the_package(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    assert tool._installed_version("numpy") == metadata.version("numpy")
+    assert tool._installed_version("no_such_module_here") is None
+    # a metadata folder whose RECORD does not list the package is not its distribution
+    (tmp_path / "fakepkg").mkdir()
+    (tmp_path / "fakepkg" / "__init__.py").write_text("__version__ = '9'\n")
+    info = tmp_path / "fakepkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n\n")
+    (info / "RECORD").write_text("otherpkg/__init__.py,,\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert tool._installed_version("fakepkg") is None
+    (info / "RECORD").write_text("fakepkg/__init__.py,,\nfakepkg-1.0.dist-info/RECORD,,\n")
+    assert tool._installed_version("fakepkg") == "1.0"
+
+
+@pytest.mark.parametrize("mode", ["file", "ort"])
+def test_partition_reads_the_graph_without_importing_onnx(lab_pair, mode):
+    """Where protobuf is its upb build, partition parses the graph with onnx's generated
+    message module alone; elsewhere it imports onnx. The answer is the same either way."""
+    code, out, imported = imported_by("partition", lab_pair[1], "MatMul", "--mode", mode)
+    assert code == 0
+    assert ("onnx" in imported) is not upb_protobuf(), imported
+    if mode == "file":  # numpy comes with onnx, never for the walk itself
+        assert ("numpy" in imported) is ("onnx" in imported), imported
+    assert json.loads(out) == tool.partition(str(lab_pair[1]), ["MatMul"], mode)
+
+
+def test_messages_read_alone_are_the_ones_onnx_hands_out(lab_pair):
+    """The premise of reading a graph without onnx: upb keeps one class per message type, so
+    a model parsed before ``import onnx`` is a model onnx's own functions take."""
+    script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
+              "messages = eprun.onnx_messages()\n"
+              "standalone = 'onnx' not in sys.modules\n"
+              "model = eprun.load_model(sys.argv[1])\n"
+              "import onnx\n"
+              "same = messages.ModelProto is onnx.ModelProto\n"
+              "onnx.checker.check_model(model)\n"
+              "onnx.shape_inference.infer_shapes(model)\n"
+              "print(standalone, same)\n")
+    result = subprocess.run([sys.executable, "-c", script, str(lab_pair[1])],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(upb_protobuf()), "True"]
+
+
+def test_providers_scans_no_metadata_when_no_plugin_is_installed(lab_pair):
+    code, out, imported = imported_by("providers", lab_pair[0], "CPUExecutionProvider",
+                                      "CUDAExecutionProvider,CPUExecutionProvider")
+    assert code == 0 and json.loads(out)["cases"][1]["requested"][0] == "CUDAExecutionProvider"
+    assert "onnx" not in imported
+    assert ("importlib.metadata" in imported) is bool(tool._plugin_candidates()), imported
+
+
+def test_plugin_candidates_hold_every_plugin_metadata_finds(tmp_path, monkeypatch):
+    """The quick scan of metadata folders keeps every distribution installed_plugins would
+    keep (named onnxruntime-ep-*, or requiring onnxruntime) and skips onnxruntime's own."""
+    def distribution(name: str, requires: str = "") -> None:
+        info = tmp_path / f"{name.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+                                       + (f"Requires-Dist: {requires}\n" if requires else "")
+                                       + "\n")
+    distribution("onnxruntime-ep-example")
+    distribution("vendor-npu-ep", "onnxruntime>=1.22")
+    distribution("onnxruntime-gpu", "numpy")
+    distribution("unrelated", "numpy")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), str(tmp_path / "missing")])
+    found = {os.path.basename(path) for path in tool._plugin_candidates()}
+    assert found == {"onnxruntime_ep_example-1.0.dist-info", "vendor_npu_ep-1.0.dist-info"}
+    zipped = tmp_path / "packages.zip"
+    zipped.write_bytes(b"PK\x05\x06" + bytes(18))
+    monkeypatch.setattr(sys, "path", [str(tmp_path), str(zipped)])
+    assert tool._plugin_candidates() is None  # a zip on the path: importlib.metadata decides
+
+
+def test_one_command_parser_parses_as_the_whole_one(lab_pair, tmp_path):
+    """A run builds only the command it names; what it parses is what the whole parser
+    parses (the help and usage texts are checked above against the whole one's)."""
+    whole = tool.build_parser()
+    for name in tool.COMMANDS:
+        argv = [str(word) for word in default_argv(name, *lab_pair, tmp_path)]
+        assert tool._command_named(tuple(argv)) == name
+        alone = vars(tool.build_parser(name).parse_args(argv))
+        full = vars(whole.parse_args(argv))
+        assert alone.pop("command_parser").format_help() == \
+            full.pop("command_parser").format_help()
+        assert alone == full
+    assert tool._command_named(("--help", "layers")) is None
+    assert tool._command_named(("layer",)) is None

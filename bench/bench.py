@@ -14,14 +14,20 @@ Not a test. Builds its own models in a scratch folder, runs every route as separ
   on the lab-shaped pair and on 16 layers of 2048x2048;
 * ``layers`` and ``report`` on a ResNet-style CNN pair (64 channels, 64 images of 56x56);
 * ``partition`` and ``expose`` on a model with >= 2 GB of external data against ``onnx.load``
-  of it and against ``python -c "import onnx"``.
+  of it and against ``python -c "import onnx"``; ``expose`` of it into another folder (the
+  data copied) against ``shutil.copyfile`` of the data file, without and with an fsync;
+* start-up: each lab command installed (the module from its byte code, as the ``eprun``
+  console script runs it) against its floor, and as ``python eprun.py`` against the floor
+  plus the compile of the file; ``--version`` and ``--help`` against ``python -c pass``
+  (``--only-startup`` runs these and the 2 GiB routes alone).
 
 ``--ep-python PYTHON --ep NAME`` (``make bench-ep``: OpenVINO from ``.venv-openvino``) adds
 ``layers --providers NAME`` run by that interpreter against the same measurement by hand (the
 fp32 model exposed on the CPU, the int8 model exposed and plain on the EP), on the lab pair and
 the 16x2048 pair; ``--ep-library PATH`` for a plugin EP.
 
-Usage: ``python bench/bench.py [--repeat N] [--work DIR] [--skip-large]`` (``make bench``).
+Usage: ``python bench/bench.py [--repeat N] [--work DIR] [--skip-large] [--only-startup]``
+(``make bench``).
 Polygraphy comes from requirements-bench.txt; without it that route is reported as missing.
 """
 from __future__ import annotations
@@ -539,14 +545,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ep-library", help="the plugin EP library --ep comes from")
     parser.add_argument("--only-ep", action="store_true",
                         help="only the --ep-python routes")
+    parser.add_argument("--only-startup", action="store_true",
+                        help="only the start-up routes (each lab command, --version, --help) "
+                             "and, unless --skip-large, the 2 GiB ones")
     parser.add_argument("--build", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.build:  # the child that builds the models (see below)
         build_pair(Path(args.work) / "lab", 32, [64, 64, 48, 48, 32, 16])
         if not args.skip_large:
+            build_huge(Path(args.work) / "huge")
+        if not (args.skip_large or args.only_startup):
             build_pair(Path(args.work) / "large", 2048, [2048] * 16)
             build_cnn(Path(args.work) / "cnn")
-            build_huge(Path(args.work) / "huge")
             build_chain(Path(args.work) / "chain")
         return 0
     work = Path(args.work or tempfile.mkdtemp(prefix="eprun-bench-"))
@@ -556,7 +566,9 @@ def main(argv: list[str] | None = None) -> int:
         # so this process must stay small: the models are built by a child of their own.
         print("building models ...", file=sys.stderr)
         subprocess.run([PY, __file__, "--build", "--work", str(work)]
-                       + (["--skip-large"] if args.skip_large else []), check=True)
+                       + (["--skip-large"] if args.skip_large else [])
+                       + (["--only-startup"] if args.only_startup else []),
+                       check=True)
         fp32, int8 = str(work / "lab" / "fp32.onnx"), str(work / "lab" / "int8.onnx")
         rows = []
         if args.ep_python:
@@ -564,7 +576,11 @@ def main(argv: list[str] | None = None) -> int:
                 ("16x2048² pair", str(work / "large" / "fp32.onnx"),
                  str(work / "large" / "int8.onnx"))])
             rows += ep_rows(work, args, pairs)
-        if not args.only_ep:
+        if args.only_startup:
+            rows += startup_rows(work, args, fp32, int8)
+            rows += [] if args.skip_large else huge_rows(work, args)
+        elif not args.only_ep:
+            rows += startup_rows(work, args, fp32, int8)
             rows += cpu_rows(work, args, fp32, int8)
         print("| route | eprun s | other s | time ratio | eprun MB | other MB | memory ratio "
               "| other |")
@@ -592,6 +608,127 @@ def ep_rows(work: Path, args: argparse.Namespace, pairs: list[tuple[str, str, st
         rows.append(row(f"layers --providers {args.ep}, {label}", got["eprun"], got["floor"],
                         "the same sessions by hand"))
     return rows
+
+
+def huge_rows(work: Path, args: argparse.Namespace) -> list[str]:
+    """``partition`` and ``expose`` on the chain with 2 GiB of external data (see the module
+    docstring)."""
+    huge = str(work / "huge" / "huge.onnx")
+    print("partition and expose, 2 GiB external ...", file=sys.stderr)
+    baseline = measure([[PY, "-c", "import onnx"]], args.repeat)
+    load = measure([[PY, "-c", f"import onnx; onnx.load({huge!r})"]], 1)
+    rows = []
+    for command, extra in (("partition", ["MatMul"]),
+                           ("expose", [str(work / "huge" / "huge_exposed.onnx")])):
+        ours = measure([[PY, EPRUN, command, huge, *extra]], args.repeat)
+        rows.append(row(f"{command}, 2 GiB external", ours, load, "onnx.load of it"))
+        rows.append(row(f"{command}, 2 GiB external", ours, baseline,
+                        "python -c 'import onnx'"))
+    print("expose, 2 GiB into another folder ...", file=sys.stderr)
+    return rows + expose_copy_rows(work, huge, args.repeat)
+
+
+def install_copy(work: Path) -> str:
+    """eprun as ``pip install .`` leaves it: the module beside its byte code (pip compiles it
+    on install) and the console script, which imports it (``from eprun import cli``)."""
+    import importlib.util
+    import py_compile
+
+    folder = work / "installed"
+    folder.mkdir(exist_ok=True)
+    module = folder / "eprun.py"
+    shutil.copyfile(EPRUN, module)
+    py_compile.compile(str(module), cfile=importlib.util.cache_from_source(str(module)),
+                       doraise=True)
+    command = folder / "eprun"
+    command.write_text(f"import sys\nsys.path.insert(0, {str(folder)!r})\n"
+                       "from eprun import cli\nif __name__ == '__main__':\n    sys.exit(cli())\n")
+    return str(command)
+
+
+def compile_seconds(repeat: int) -> float:
+    """What ``python eprun.py`` spends compiling the file before it runs (median)."""
+    source = Path(EPRUN).read_text(encoding="utf-8")
+    times = []
+    for _ in range(max(repeat, 5)):
+        start = time.perf_counter()
+        compile(source, EPRUN, "exec")
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def startup_rows(work: Path, args: argparse.Namespace, fp32: str, int8: str) -> list[str]:
+    """Each lab command, installed and as ``python eprun.py``, against its hand-written floor
+    (the script's against the floor plus the compile of the file); ``--version`` and
+    ``--help`` against a bare ``python -c pass``."""
+    installed = install_copy(work)
+    compiled = compile_seconds(args.repeat)
+    rows = []
+    commands = {
+        "providers": ([fp32, "CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"],
+                      [fp32, "CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"]),
+        "partition": ([int8, "MatMul"], [int8, "MatMul"]),
+        "expose": ([int8, str(work / "s1.onnx")], [int8, str(work / "s2.onnx")]),
+        "layers": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED)]),
+        "growth": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED), "growth"]),
+        "settings": ([int8, str(SEED)], [int8, str(SEED)]),
+    }
+    for command, (ours, floor) in commands.items():
+        print(f"start-up, {command} ...", file=sys.stderr)
+        floor_script = script(work, f"floor_{command}", FLOORS["layers" if command ==
+                                                                 "growth" else command])
+        got = measure_together({"installed": ([[PY, installed, command, *ours]], None),
+                                "script": ([[PY, EPRUN, command, *ours]], None),
+                                "floor": ([[PY, floor_script, *floor]], None)},
+                               max(args.repeat, 9))
+        rows.append(row(f"{command}, installed", got["installed"], got["floor"],
+                        "hand-written floor"))
+        floor_wall, floor_mb = got["floor"]
+        rows.append(row(f"{command}, python eprun.py", got["script"],
+                        (floor_wall + compiled, floor_mb),
+                        f"hand-written floor + compile ({compiled:.2f} s)"))
+    print("start-up, --version and --help ...", file=sys.stderr)
+    got = measure_together({"installed --version": ([[PY, installed, "--version"]], None),
+                            "installed --help": ([[PY, installed, "--help"]], None),
+                            "script --version": ([[PY, EPRUN, "--version"]], None),
+                            "script --help": ([[PY, EPRUN, "--help"]], None),
+                            "bare": ([[PY, "-c", "pass"]], None)}, max(args.repeat, 9))
+    for flag in ("--version", "--help"):
+        rows.append(row(f"{flag}, installed", got[f"installed {flag}"], got["bare"],
+                        "python -c pass"))
+        rows.append(row(f"{flag}, python eprun.py", got[f"script {flag}"], got["bare"],
+                        "python -c pass"))
+    return rows
+
+
+def expose_copy_rows(work: Path, huge: str, repeat: int) -> list[str]:
+    """``expose`` of the 2 GiB model into another folder (the data is copied, then made
+    durable with fsync as every eprun write is) against ``shutil.copyfile`` of the data file
+    after ``import onnx``, without and with an fsync of the copy. The output is removed and
+    the page cache written back before each run (untimed)."""
+    data = str(Path(huge).with_name("huge.data"))
+    out = work / "elsewhere"
+    copy = ("import os, shutil, sys\nimport onnx\nshutil.copyfile(sys.argv[1], sys.argv[2])\n"
+            "if len(sys.argv) > 3:\n    descriptor = os.open(sys.argv[2], os.O_RDONLY)\n"
+            "    os.fsync(descriptor)\n    os.close(descriptor)\n")
+    routes = {"eprun": [PY, EPRUN, "expose", huge, str(out / "huge_exposed.onnx")],
+              "copyfile": [PY, "-c", copy, data, str(out / "huge.data")],
+              "copyfile + fsync": [PY, "-c", copy, data, str(out / "huge.data"), "fsync"]}
+    results: dict = {name: [] for name in routes}
+    for _ in range(repeat):
+        for name, argv in routes.items():
+            print(f"  expose elsewhere: {name} ...", file=sys.stderr)
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            os.sync()
+            results[name].append(run_once(argv))
+    shutil.rmtree(out, ignore_errors=True)
+    got = {name: (statistics.median(wall for wall, _ in runs),
+                  statistics.median(peak for _, peak in runs)) for name, runs in results.items()}
+    return [row("expose, 2 GiB into another folder", got["eprun"], got[name],
+                f"import onnx; shutil.{name}" if name == "copyfile" else
+                "import onnx; shutil.copyfile, then fsync") for name in
+            ("copyfile", "copyfile + fsync")]
 
 
 def cpu_rows(work: Path, args: argparse.Namespace, fp32: str, int8: str) -> list[str]:
@@ -628,15 +765,7 @@ def cpu_rows(work: Path, args: argparse.Namespace, fp32: str, int8: str) -> list
                             args.repeat, CNN_DIMS, CNN_BOUNDARY, CNN_INPUTS, others=False)
         print("50k-node chain ...", file=sys.stderr)
         rows += chain_rows(work, args.repeat)
-        huge = str(work / "huge" / "huge.onnx")
-        baseline = measure([[PY, "-c", "import onnx"]], args.repeat)
-        load = measure([[PY, "-c", f"import onnx; onnx.load({huge!r})"]], 1)
-        for command, extra in (("partition", ["MatMul"]),
-                               ("expose", [str(work / "huge" / "huge_exposed.onnx")])):
-            ours = measure([[PY, EPRUN, command, huge, *extra]], args.repeat)
-            rows.append(row(f"{command}, 2 GiB external", ours, load, "onnx.load of it"))
-            rows.append(row(f"{command}, 2 GiB external", ours, baseline,
-                            "python -c 'import onnx'"))
+        rows += huge_rows(work, args)
     return rows
 
 

@@ -1276,12 +1276,10 @@ def _is_text(path: str) -> bool:
 def require_initializer_data(model, path: str) -> None:
     """Refuse an initializer that declares dims but holds no data at all (neither inline nor
     external): onnxruntime and numpy would fail on it each in their own words."""
-    TensorProto = onnx_messages().TensorProto
-
     fields = ("raw_data", "float_data", "int32_data", "string_data", "int64_data",
               "double_data", "uint64_data")
     for tensor in model.graph.initializer:
-        if tensor.data_location == TensorProto.EXTERNAL or not math.prod(tensor.dims):
+        if tensor.data_location == tensor.EXTERNAL or not math.prod(tensor.dims):
             continue
         if not any(len(getattr(tensor, field)) for field in fields):
             raise EprunError(f"{path!r}: initializer {tensor.name!r} declares dims "
@@ -1289,7 +1287,8 @@ def require_initializer_data(model, path: str) -> None:
                              "re-export or regenerate it")
 
 
-def load_model(path: str, inline_weights: bool = False, text_names: bool = False):
+def load_model(path: str, inline_weights: bool = False, text_names: bool = False,
+               graph_only: bool = False):
     """Parse an ONNX file's graph, turning every way it can be broken into one clear error.
 
     Weights stay where they are: external data in its files and, unless ``inline_weights``,
@@ -1297,12 +1296,14 @@ def load_model(path: str, inline_weights: bool = False, text_names: bool = False
     external data (see ``_read_graph``), so a 2 GB model parses in milliseconds and code
     that reads weights (onnxruntime, ``_initializer_array``) reads them from the file.
     ``inline_weights`` parses the payloads into the model, for writing it out again;
-    ``text_names`` refuses names that are not UTF-8 (see ``require_text_names``).
+    ``text_names`` refuses names that are not UTF-8 (see ``require_text_names``);
+    ``graph_only``: the caller needs nothing of onnx but its messages, so where it can the
+    graph is read without importing onnx (see ``onnx_messages``).
     Protobuf parses many byte strings (an empty file, some text) into an empty message without
     complaint, so a model must also have an IR version and a graph with an output.
     """
     require_file(path)
-    model = None if inline_weights else _read_graph(path)
+    model = None if inline_weights else _read_graph(path, graph_only)
     if model is None:
         import onnx
 
@@ -1395,6 +1396,12 @@ def _safe_location(location: str, model_path: str) -> str:
     return path
 
 
+def _onnx():
+    import onnx
+
+    return onnx
+
+
 @functools.cache
 def onnx_messages():
     """A module holding onnx's protobuf message classes (``ModelProto``, ``TensorProto``, ...):
@@ -1426,7 +1433,7 @@ def onnx_messages():
     return module
 
 
-def _read_graph(path: str):
+def _read_graph(path: str, graph_only: bool = False):
     """The model at ``path`` with every large inline weight left in the file: each
     ``raw_data`` payload of at least ``DETACH_MIN_BYTES`` of a ``_REFERENCE_BYTES`` type
     becomes an external-data reference (``location`` the file's own name, ``offset``,
@@ -1436,7 +1443,8 @@ def _read_graph(path: str):
     are never copied, and what is parsed is the graph alone. ``None`` when the file
     is not plain protobuf in the shape this walk expects (a text format, a graph or payload
     given twice, a broken file): the caller then parses it the ordinary way, which also gives
-    the ordinary error message.
+    the ordinary error message. ``graph_only``: parsed with ``onnx_messages`` (see
+    ``load_model``); otherwise with onnx's own classes, for a caller that needs onnx anyway.
     """
     if os.path.splitext(path)[1].lower() in _TEXT_EXTENSIONS:
         return None
@@ -1450,7 +1458,7 @@ def _read_graph(path: str):
             if len(data) != size:
                 return None  # cut short meanwhile: the ordinary parse says what it is now
             serialized = _graph_with_references(data, os.path.basename(path).encode())
-        model = onnx_messages().ModelProto()
+        model = (onnx_messages() if graph_only else _onnx()).ModelProto()
         model.ParseFromString(serialized)
     except Exception:  # any surprise: the ordinary parse decides
         return None
@@ -5898,7 +5906,7 @@ def partition(model: str, supported: list[str], mode: str = "file", parsed=None)
     ``totals``. ``parsed`` is the already parsed graph of ``model``, when the caller has it.
     """
     if parsed is None:
-        parsed = load_model(model)
+        parsed = load_model(model, graph_only=True)
     _check_op_list(parsed, supported, model, mode)
     answer = {"model": model, "supported": supported,
               **_partition_graph(parsed.graph, supported, mode)}

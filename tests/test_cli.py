@@ -321,3 +321,21 @@ def test_one_command_parser_parses_as_the_whole_one(lab_pair, tmp_path):
         assert alone == full
     assert tool._command_named(("--help", "layers")) is None
     assert tool._command_named(("layer",)) is None
+
+
+def test_only_partition_reads_messages_apart_from_onnx(lab_pair, tmp_path):
+    """A command that imports onnx anyway parses with onnx's own classes: loading the
+    generated module apart too would cost it a few hundredths of a second for nothing."""
+    fp32, int8 = lab_pair
+    script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
+              "code = eprun.main(sys.argv[1:])\n"
+              "print(eprun.onnx_messages.cache_info().currsize, file=sys.stderr)\n"
+              "sys.exit(code)\n")
+    for argv, apart in ((["partition", int8, "MatMul"], True),
+                        (["expose", int8, tmp_path / "e.onnx"], False),
+                        (["layers", fp32, int8, "1"], False),
+                        (["settings", int8, "1"], False)):
+        result = subprocess.run([sys.executable, "-c", script, *map(str, argv)],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.splitlines()[-1] == str(int(apart)), (argv, result.stderr)

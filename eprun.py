@@ -12,8 +12,8 @@ instead, and ``EPRUN_FORMAT=table`` makes that a person's default):
     settings  <model> <seed>                same model and input under other optimization levels
                                             and thread counts
     placement <model> <providers>           the EP each node was actually assigned to
-    sensitivity <fp32> <int8> <seed>        which quantized units to keep in float
     check     <reference> <candidate>       CI gate: outputs within rtol/atol/cosine (exit 1 if not)
+    sensitivity <fp32> <int8> <seed>        which quantized units to keep in float
     report    <fp32> <int8>                 every lab measurement, written as the deliverables
 
 Lists are one argument each, comma-joined; items are stripped and empty items dropped.
@@ -94,7 +94,8 @@ from typing import Any, NamedTuple
 
 __version__ = "0.10.0"
 __all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",
-           "layers", "main", "partition", "placement", "providers", "report", "settings"]
+           "layers", "main", "partition", "placement", "providers", "report", "sensitivity",
+           "settings"]
 
 
 # == 1. Contract and declarations ==================================================================

@@ -339,3 +339,10 @@ def test_only_partition_reads_messages_apart_from_onnx(lab_pair, tmp_path):
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         assert result.stderr.splitlines()[-1] == str(int(apart)), (argv, result.stderr)
+
+
+def test_the_module_offers_every_command_and_lists_them_as_help_does():
+    assert set(tool.COMMANDS) <= set(tool.__all__)
+    assert all(callable(getattr(tool, name)) for name in tool.__all__ if name != "COMMANDS")
+    listed = re.findall(r"^    ([a-z]+) +<", tool.__doc__, re.MULTILINE)
+    assert listed == list(tool.COMMANDS)

@@ -657,6 +657,20 @@ def compile_seconds(repeat: int) -> float:
     return statistics.median(times)
 
 
+def lab_commands(work: Path, fp32: str, int8: str, stem: str) -> dict:
+    """Each lab command's arguments for eprun and for its floor (``stem`` names the files
+    ``expose`` writes)."""
+    lists = ["CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"]
+    return {
+        "providers": ([fp32, *lists], [fp32, *lists]),
+        "partition": ([int8, "MatMul"], [int8, "MatMul"]),
+        "expose": ([int8, str(work / f"{stem}1.onnx")], [int8, str(work / f"{stem}2.onnx")]),
+        "layers": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED)]),
+        "growth": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED), "growth"]),
+        "settings": ([int8, str(SEED)], [int8, str(SEED)]),
+    }
+
+
 def startup_rows(work: Path, args: argparse.Namespace, fp32: str, int8: str) -> list[str]:
     """Each lab command, installed and as ``python eprun.py``, against its hand-written floor
     (the script's against the floor plus the compile of the file); ``--version`` and
@@ -664,15 +678,7 @@ def startup_rows(work: Path, args: argparse.Namespace, fp32: str, int8: str) -> 
     installed = install_copy(work)
     compiled = compile_seconds(args.repeat)
     rows = []
-    commands = {
-        "providers": ([fp32, "CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"],
-                      [fp32, "CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"]),
-        "partition": ([int8, "MatMul"], [int8, "MatMul"]),
-        "expose": ([int8, str(work / "s1.onnx")], [int8, str(work / "s2.onnx")]),
-        "layers": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED)]),
-        "growth": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED), "growth"]),
-        "settings": ([int8, str(SEED)], [int8, str(SEED)]),
-    }
+    commands = lab_commands(work, fp32, int8, "s")
     for command, (ours, floor) in commands.items():
         print(f"start-up, {command} ...", file=sys.stderr)
         floor_script = script(work, f"floor_{command}", FLOORS["layers" if command ==
@@ -734,15 +740,7 @@ def expose_copy_rows(work: Path, huge: str, repeat: int) -> list[str]:
 def cpu_rows(work: Path, args: argparse.Namespace, fp32: str, int8: str) -> list[str]:
     """Every CPU route (see the module docstring)."""
     rows = []
-    commands = {
-        "providers": ([fp32, "CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"],
-                      [fp32, "CPUExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"]),
-        "partition": ([int8, "MatMul"], [int8, "MatMul"]),
-        "expose": ([int8, str(work / "e1.onnx")], [int8, str(work / "e2.onnx")]),
-        "layers": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED)]),
-        "growth": ([fp32, int8, str(SEED)], [fp32, int8, str(SEED), "growth"]),
-        "settings": ([int8, str(SEED)], [int8, str(SEED)]),
-    }
+    commands = lab_commands(work, fp32, int8, "e")
     for command, (ours, floor) in commands.items():
         if command == "layers":  # measured with its other routes below
             continue

@@ -1397,12 +1397,6 @@ def _safe_location(location: str, model_path: str) -> str:
     return path
 
 
-def _onnx():
-    import onnx
-
-    return onnx
-
-
 @functools.cache
 def onnx_messages():
     """A module holding onnx's protobuf message classes (``ModelProto``, ``TensorProto``, ...):
@@ -1459,7 +1453,12 @@ def _read_graph(path: str, graph_only: bool = False):
             if len(data) != size:
                 return None  # cut short meanwhile: the ordinary parse says what it is now
             serialized = _graph_with_references(data, os.path.basename(path).encode())
-        model = (onnx_messages() if graph_only else _onnx()).ModelProto()
+        if graph_only:
+            model = onnx_messages().ModelProto()
+        else:
+            from onnx import ModelProto
+
+            model = ModelProto()
         model.ParseFromString(serialized)
     except Exception:  # any surprise: the ordinary parse decides
         return None

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import EPRUN, ROOT, run_eprun
+from conftest import EPRUN, ROOT, imported_by, run_eprun
 
 import eprun as tool
 
@@ -188,26 +188,6 @@ def test_progress_goes_to_a_terminal_only(lab_pair):
 
 
 # -- start-up: each command imports only what it uses -------------------------------------------
-
-# Run eprun.py as typed, then say which of these modules the run imported (stderr's last line).
-_IMPORTED = (
-    "import runpy, sys\n"
-    f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
-    "code = 0\n"
-    "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
-    "except SystemExit as exc:\n    code = exc.code\n"
-    "watched = ('onnx', 'onnxruntime', 'numpy', 'importlib.metadata')\n"
-    "print(','.join(name for name in watched if name in sys.modules), file=sys.stderr)\n"
-    "sys.exit(code)\n")
-
-
-def imported_by(*argv) -> tuple[int, str, set[str]]:
-    """Exit code, stdout and the watched modules one run of eprun imported."""
-    result = subprocess.run([sys.executable, "-c", _IMPORTED, *map(str, argv)],
-                            capture_output=True, text=True, timeout=120)
-    return (result.returncode, result.stdout,
-            set(filter(None, result.stderr.splitlines()[-1].split(","))))
-
 
 def upb_protobuf() -> bool:
     from google.protobuf.internal import api_implementation

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import EPRUN, run_eprun
+from conftest import EPRUN, imported_by, run_eprun
 from test_commands import oracle_layers
 
 
@@ -422,17 +422,12 @@ def test_expose_next_to_the_model_keeps_the_references(eprun, external_pair):
 @pytest.mark.parametrize("command", [["partition", "MatMul"], ["expose", "{out}"]])
 def test_partition_and_expose_import_neither_onnxruntime_nor_weights(lab_pair, external_pair,
                                                                      tmp_path, command, stored):
-    code = (
-        "import runpy, sys\n"
-        f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
-        "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
-        "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
-        "assert 'onnxruntime' not in sys.modules, 'imported onnxruntime'\n")
     model = (lab_pair if stored == "inline" else external_pair)[1]
     argv = [str(model)] + [a.replace("{out}", str(tmp_path / "o.onnx")) for a in command[1:]]
-    result = run_eprun(command[0], *argv, prefix=[sys.executable, "-c", code])
-    assert result.code == 0, result.stderr
-    assert len(result.stdout.splitlines()) == 1
+    code, out, imported = imported_by(command[0], *argv)
+    assert code == 0
+    assert "onnxruntime" not in imported, "imported onnxruntime"
+    assert len(out.splitlines()) == 1
 
 
 def test_only_sensitivity_imports_the_quantizer(lab_pair, tmp_path):

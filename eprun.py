@@ -146,7 +146,9 @@ def out_of_space(exc: BaseException) -> bool:
 
 # -- arguments -------------------------------------------------------------------------------------
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]")
+# Patterns stay strings here: ``re`` compiles each on its first use and keeps it, so a run pays
+# only for the ones it uses.
+_CONTROL = r"[\x00-\x1f\x7f\u2028\u2029\x85]"
 
 
 def one_line(text: object) -> str:
@@ -156,7 +158,7 @@ def one_line(text: object) -> str:
     carriage return inside an argument, say) is shown escaped, so stderr stays one line.
     """
     collapsed = " ".join(re.split(r"[ \t\n]+", str(text).strip(" \t\n")))
-    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], collapsed)
+    return re.sub(_CONTROL, lambda match: repr(match.group())[1:-1], collapsed)
 
 
 def parse_list(text: str) -> list[str]:
@@ -164,18 +166,18 @@ def parse_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-_DECIMAL = re.compile(r"[0-9]+", re.ASCII)
+_DECIMAL = r"(?a)[0-9]+"
 
 
 def _decimal(text: str, what: str, minimum: int = 0) -> int:
     """ASCII decimal digits only (no sign, space, underscore or other scripts' digits), of
     any length (read in pieces below Python's 4,300-digit conversion limit)."""
     value = 0
-    if _DECIMAL.fullmatch(text):
+    if re.fullmatch(_DECIMAL, text):
         for start in range(0, len(text), 4000):
             piece = text[start:start + 4000]
             value = value * 10 ** len(piece) + int(piece)
-    if not _DECIMAL.fullmatch(text) or value < minimum:
+    if not re.fullmatch(_DECIMAL, text) or value < minimum:
         kind = "a positive" if minimum else "a non-negative"
         raise argparse.ArgumentTypeError(f"{what}{text!r} is not {kind} integer")
     return value
@@ -476,10 +478,22 @@ def _flush_c_stdio() -> None:
         pass
 
 
+def _unnamed_file() -> Any:
+    """A file with no name for what a run holds: in memory where the system makes one
+    (Linux's ``memfd_create``: no temporary folder needed, and no ``tempfile`` to import, with
+    ``shutil`` and ``random`` behind it, on every run), else an anonymous temporary file."""
+    if hasattr(os, "memfd_create"):
+        with contextlib.suppress(OSError):
+            return open(os.memfd_create("eprun", os.MFD_CLOEXEC), "w+b")
+    import tempfile
+
+    return tempfile.TemporaryFile()  # held open by the caller
+
+
 @contextlib.contextmanager
 def captured_chatter() -> Iterator[Any]:
     """Hold everything written to stdout or stderr during a command, by Python or by native
-    code, in a temporary file; yield that file.
+    code, in a file with no name (``_unnamed_file``); yield that file.
 
     onnxruntime prints its provider fallback banner with ``print()`` while a session is
     created, logs natively to file descriptor 2, and warns through Python; any of it on stdout
@@ -487,13 +501,11 @@ def captured_chatter() -> Iterator[Any]:
     error line of a failure. ``main`` shows what was held after a success (or with
     ``EPRUN_DEBUG=1``) and drops it after a failure. A closed descriptor stays closed.
     """
-    import tempfile
-
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
     try:
-        store = tempfile.TemporaryFile()  # noqa: SIM115 - held open across the yield
+        store = _unnamed_file()
     except OSError:  # no writable temporary folder: at least keep stdout clean
         store = None
     saved = {}
@@ -672,7 +684,7 @@ def scratch_folder(prefix: str) -> Iterator[str]:
 
 
 # What scratch_folder names its folders (eprun-<what>-<pid>-<random>) and the marker inside.
-_SCRATCH_NAME = re.compile(r"eprun-[a-z]+-([0-9]+)-[A-Za-z0-9_]+")
+_SCRATCH_NAME = r"eprun-[a-z]+-([0-9]+)-[A-Za-z0-9_]+"
 _SCRATCH_MARKER = ".eprun-scratch"
 
 
@@ -691,7 +703,7 @@ def sweep_scratch(folder: str) -> None:
     except OSError:
         return
     for name in names:
-        if _SCRATCH_NAME.fullmatch(name) is None:
+        if re.fullmatch(_SCRATCH_NAME, name) is None:
             continue
         path = os.path.join(folder, name)
         try:
@@ -1428,6 +1440,65 @@ def onnx_messages():
     return module
 
 
+@functools.cache
+def onnx_native():
+    """onnx's compiled extension (``onnx.onnx_cpp2py_export``: shape inference, the checker,
+    the schemas): onnx's own once anything imported onnx, else, beside the messages
+    ``onnx_messages`` read alone, the extension loaded alone (it needs nothing of onnx's
+    Python), so that ``expose`` infers types without importing onnx and ml_dtypes. It is
+    registered under its own name, so a later ``import onnx`` takes this very module (onnx's
+    own imports name it in full; only the attribute ``onnx.onnx_cpp2py_export`` is then
+    missing)."""
+    import importlib.machinery
+    import importlib.util
+
+    name = "onnx.onnx_cpp2py_export"
+    if "onnx" in sys.modules or onnx_messages() is sys.modules.get("onnx"):
+        return importlib.import_module(name)
+    try:
+        folder = importlib.util.find_spec("onnx").submodule_search_locations[0]
+        suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+        found = [entry for entry in sorted(os.listdir(folder))
+                 if entry.startswith("onnx_cpp2py_export.") and entry.endswith(suffixes)]
+        if len(found) != 1:
+            raise ImportError
+        loader = importlib.machinery.ExtensionFileLoader(name, os.path.join(folder, found[0]))
+        module = importlib.util.module_from_spec(
+            importlib.util.spec_from_file_location(name, loader.path, loader=loader))
+        loader.exec_module(module)
+        sys.modules[name] = module  # it cannot be loaded twice
+        module.shape_inference.infer_shapes  # noqa: B018 - what callers need
+    except Exception:  # laid out otherwise: onnx decides
+        return importlib.import_module(name)
+    return module
+
+
+def infer_shapes(model):
+    """``onnx.shape_inference.infer_shapes(model)``, through ``onnx_native``: the same call
+    of onnx's extension on the same bytes, parsed into the same message class."""
+    inferred = onnx_native().shape_inference.infer_shapes(model.SerializeToString(), False,
+                                                          False, False)
+    return type(model).FromString(inferred)
+
+
+def tensor_type(elem_type: int, dims=None):
+    """``onnx.helper.make_tensor_type_proto(elem_type, dims)`` with ``onnx_messages``'s
+    classes: integer dims are values, strings names, None unknown; ``dims=[]`` is a scalar
+    (an empty shape, present), ``None`` no shape at all."""
+    value = onnx_messages().TypeProto()
+    value.tensor_type.elem_type = elem_type
+    if dims is not None:
+        shape = value.tensor_type.shape
+        shape.SetInParent()
+        for size in dims:
+            dim = shape.dim.add()
+            if isinstance(size, str):
+                dim.dim_param = size
+            elif size is not None:
+                dim.dim_value = size
+    return value
+
+
 def _read_graph(path: str, graph_only: bool = False):
     """The model at ``path`` with every large inline weight left in the file: each
     ``raw_data`` payload of at least ``DETACH_MIN_BYTES`` of a ``_REFERENCE_BYTES`` type
@@ -1842,7 +1913,7 @@ def plan_external_data(model, model_path: str, out_path: str, replacing: bool = 
 def _nested_external(model) -> list[str]:
     """The tensors outside the main graph's initializers (node attributes, the initializers
     of subgraphs) that keep their data in external files."""
-    from onnx import TensorProto
+    TensorProto = onnx_messages().TensorProto
 
     found, pending = [], list(model.graph.node)
     while pending:
@@ -1903,16 +1974,39 @@ def _estimated_bytes(value_type, rows: int) -> int | None:
 
 
 def external_tensors(model) -> list:
-    from onnx.external_data_helper import uses_external_data
-
     return [tensor for tensor in model.graph.initializer if uses_external_data(tensor)]
 
 
-def _external_location(tensor):
-    """Where an external tensor's bytes are (``location``, ``offset``, ``length``)."""
-    from onnx.external_data_helper import ExternalDataInfo
+def uses_external_data(tensor) -> bool:
+    """onnx's ``external_data_helper.uses_external_data``, without importing onnx."""
+    return (tensor.HasField("data_location")
+            and tensor.data_location == onnx_messages().TensorProto.EXTERNAL)
 
-    return ExternalDataInfo(tensor)
+
+class _ExternalLocation:
+    """Where an external tensor's bytes are, read as onnx's ``ExternalDataInfo`` (1.2x) reads
+    them, without importing onnx: ``location``; ``offset`` and ``length`` integers where given
+    (ValueError for one that is not a number or is negative); other keys ignored."""
+
+    def __init__(self, tensor) -> None:
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        self.location = entries.get("location", "")
+        self.offset, self.length = (self._size(tensor, entries, key) for key in ("offset",
+                                                                              "length"))
+
+    @staticmethod
+    def _size(tensor, entries: dict, key: str) -> int | None:
+        if key not in entries:
+            return None
+        size = int(entries[key])
+        if size < 0:
+            raise ValueError(f"External data {key} must be non-negative, got {size} for "
+                             f"tensor {tensor.name!r}")
+        return size
+
+
+def _external_location(tensor) -> _ExternalLocation:
+    return _ExternalLocation(tensor)
 
 
 def _relink_own_references(model, model_path: str, own: list) -> str:
@@ -2014,8 +2108,6 @@ def _inline_subgraph_weights(model, data_path: str) -> None:
     bytes without the folder option (releases before 1.21, or a main graph with no external
     data), onnxruntime looks for them relative to the working directory, where another file
     of the same name may be, and ``add_external_initializers`` reaches the main graph only."""
-    from onnx.external_data_helper import uses_external_data
-
     pending = [attribute for node in model.graph.node for attribute in node.attribute]
     while pending:
         attribute = pending.pop()
@@ -2044,8 +2136,6 @@ def _drop_unused_initializers(model) -> None:
 def _in_file_references(model, model_path: str) -> list:
     """For each initializer of the graph in order, ``(offset, length)`` of the payload
     ``load_model`` left in the model file itself, else None."""
-    from onnx.external_data_helper import uses_external_data
-
     own: list = []
     for tensor in model.graph.initializer:
         location = _external_location(tensor) if uses_external_data(tensor) else None
@@ -2154,7 +2244,8 @@ def _skeleton(model):
     Shape inference only needs each initializer's type and dims, plus the values of small ones
     (Reshape targets, axes); copying the whole model would duplicate every weight in memory.
     """
-    from onnx import ModelProto, TensorProto
+    messages = onnx_messages()
+    ModelProto, TensorProto = messages.ModelProto, messages.TensorProto
 
     if not model.graph.initializer:
         return model
@@ -2176,12 +2267,11 @@ def _skeleton(model):
 
 
 def tensor_types(model) -> dict:
-    """Name -> inferred ``TypeProto`` for every tensor whose type shape inference can tell."""
-    import onnx
-
+    """Name -> inferred ``TypeProto`` for every tensor whose type shape inference can tell.
+    Imports onnx only where a type is left that onnx's schemas must tell (``_fill_types``)."""
     types = {}
     try:
-        inferred = onnx.shape_inference.infer_shapes(_skeleton(model)).graph
+        inferred = infer_shapes(_skeleton(model)).graph
     except Exception:  # custom domains, invalid graphs: fall back to what the file declares
         inferred = model.graph
     for value in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
@@ -2189,7 +2279,7 @@ def tensor_types(model) -> dict:
             types[value.name] = value.type
     for tensor in model.graph.initializer:
         if tensor.name not in types:
-            types[tensor.name] = onnx.helper.make_tensor_type_proto(tensor.data_type, tensor.dims)
+            types[tensor.name] = tensor_type(tensor.data_type, tensor.dims)
     _fill_types(model, types)
     return types
 
@@ -2202,8 +2292,6 @@ def _fill_types(model, types: dict) -> None:
     declared float would not open. Their output takes the type of their quantized operands
     (their first 8-bit input); a standard op after them is inferred from its schema.
     """
-    from onnx import defs, helper, shape_inference
-
     opset = next((entry.version for entry in model.opset_import
                   if entry.domain in ("", "ai.onnx")), None)
     for node in model.graph.node:
@@ -2213,6 +2301,8 @@ def _fill_types(model, types: dict) -> None:
         if node.domain in ("", "ai.onnx") and opset is not None:
             if all(not name or name in types for name in node.input):
                 with contextlib.suppress(Exception):  # no schema, or it needs input values
+                    from onnx import defs, shape_inference
+
                     schema = defs.get_schema(node.op_type, opset, "")
                     inferred = shape_inference.infer_node_outputs(
                         schema, node, {name: types[name] for name in node.input if name})
@@ -2221,7 +2311,7 @@ def _fill_types(model, types: dict) -> None:
                        else next((name for name in node.input
                                   if _element_type(types, name) in (2, 3)), None))
             elem = _element_type(types, operand) if operand else 1
-            inferred = {node.output[0]: helper.make_tensor_type_proto(elem or 1, None)}
+            inferred = {node.output[0]: tensor_type(elem or 1)}
         for name, value in inferred.items():
             if name and name not in types and value.HasField("tensor_type") \
                     and value.tensor_type.elem_type:
@@ -2739,8 +2829,8 @@ def why_missing(name: str, on: ProviderRequest, source=None) -> str:
 
 
 # onnxruntime's log lines: "[E:onnxruntime:Default, file.cc:12 Function] message"
-_LOG_ERROR = re.compile(r"\[E:onnxruntime:[^\]]*\]\s*(.*)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LOG_ERROR = r"\[E:onnxruntime:[^\]]*\]\s*(.*)"
+_ANSI = r"\x1b\[[0-9;]*m"
 
 
 def provider_refusal(source, on: ProviderRequest, name: str) -> str:
@@ -2764,7 +2854,7 @@ def provider_refusal(source, on: ProviderRequest, name: str) -> str:
         return ""
     store.seek(0)
     for line in store.read().decode("utf-8", "replace").splitlines():
-        match = _LOG_ERROR.search(_ANSI.sub("", line))
+        match = re.search(_LOG_ERROR, re.sub(_ANSI, "", line))
         if match:
             text = match.group(1)
             return one_line(text.split("[ERROR]", 1)[-1] if "[ERROR]" in text else text)
@@ -3020,13 +3110,13 @@ class Got(NamedTuple):
 
 
 # The source position and C++ signature onnxruntime puts before a native exception's words.
-_NATIVE_PREFIX = re.compile(r"^\S+\.(?:cc|cpp|h):\d+ (?:[^(]*\([^)]*\)(?: const)? )?")
+_NATIVE_PREFIX = r"^\S+\.(?:cc|cpp|h):\d+ (?:[^(]*\([^)]*\)(?: const)? )?"
 
 
 def native_message(exc: BaseException) -> str:
     """A native exception's message in one line, without the source file and C++ signature
     before it ("/onnxruntime/...cc:1053 std::shared_ptr<...> f(...) Invalid option: x")."""
-    return one_line(_NATIVE_PREFIX.sub("", one_line(exc)))
+    return one_line(re.sub(_NATIVE_PREFIX, "", one_line(exc)))
 
 
 def _bytes_for_a_path_not_text(path: str) -> bytes:
@@ -3093,8 +3183,8 @@ def run_session(session, output_names: list[str] | None, feed: dict, what: str =
 
 
 # Errors worth another try: driver watchdog resets and timeouts while an EP compiles its graph.
-_TRANSIENT = re.compile(r"time ?out|timed out|TDR|DXGI_ERROR|device (was )?(lost|removed)|"
-                        r"temporarily unavailable", re.IGNORECASE)
+_TRANSIENT = (r"(?i)time ?out|timed out|TDR|DXGI_ERROR|device (was )?(lost|removed)|"
+              r"temporarily unavailable")
 
 
 def _with_retries(action: Callable[[], Any], retries: int, pause: float, used: list,
@@ -3127,7 +3217,7 @@ def is_transient(exc: EprunError, path: str) -> bool:
                            reverse=True):
         if spelling:
             text = text.replace(spelling, "<model>")
-    return bool(_TRANSIENT.search(text))
+    return bool(re.search(_TRANSIENT, text))
 
 
 # == 5. Measurement core ===========================================================================
@@ -3853,13 +3943,13 @@ def boundary_owners(graph, boundaries: list[str], boundary_ops: tuple[str, ...])
 
 
 # Suffixes onnxruntime's quantizer appends to the float tensor or node it quantizes.
-_TENSOR_SUFFIXES = re.compile(r"(_DequantizeLinear_Output|_QuantizeLinear_Output|_quantized|"
-                              r"_output_quantized|_dequantized)(_\d+)?$")
-_NODE_SUFFIXES = re.compile(r"(_quant|_QuantizeLinear|_DequantizeLinear)$")
+_TENSOR_SUFFIXES = (r"(_DequantizeLinear_Output|_QuantizeLinear_Output|_quantized|"
+                    r"_output_quantized|_dequantized)(_\d+)?$")
+_NODE_SUFFIXES = r"(_quant|_QuantizeLinear|_DequantizeLinear)$"
 
 
 def float_tensor_name(name: str) -> str:
-    return _TENSOR_SUFFIXES.sub("", name)
+    return re.sub(_TENSOR_SUFFIXES, "", name)
 
 
 def pair_by_name(fp32: list[str], int8: list[str], fp32_owners: dict, int8_owners: dict
@@ -3879,7 +3969,7 @@ def pair_by_name(fp32: list[str], int8: list[str], fp32_owners: dict, int8_owner
     for j, name in enumerate(int8[:-1]):
         i = fp32_index.get(name, fp32_index.get(float_tensor_name(name)))
         if i is None and int8_owners.get(name):
-            i = owner_index.get(_NODE_SUFFIXES.sub("", int8_owners[name]))
+            i = owner_index.get(re.sub(_NODE_SUFFIXES, "", int8_owners[name]))
         if i is not None and i != len(fp32) - 1 and i not in pairs:
             pairs[i] = j
     return pairs
@@ -3993,8 +4083,7 @@ def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS, extra: 
     input is not made an output either: some EPs refuse a name that is both (OpenVINO:
     "Duplicate definition of name"), and its value is the feed itself (``fetch``).
     """
-    import onnx
-
+    messages = onnx_messages()
     boundaries = find_boundaries(model.graph, boundary_ops)
     existing = {value.name for value in model.graph.output}
     if not unknown_as_float:
@@ -4003,11 +4092,11 @@ def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS, extra: 
     if missing:
         types = types if types is not None else tensor_types(model)
         for name in missing:
-            value = onnx.ValueInfoProto(name=name)
+            value = messages.ValueInfoProto(name=name)
             if name in types:
                 value.type.CopyFrom(types[name])
             elif unknown_as_float:
-                value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+                value.type.tensor_type.elem_type = messages.TensorProto.FLOAT
             model.graph.output.append(value)
     return boundaries
 
@@ -4624,7 +4713,7 @@ def _computed_anew(fp32_model, int8_model) -> list[str]:
     names = {node.name for node in fp32_model.graph.node if node.name}
     return [node.name or node.op_type for node in int8_model.graph.node
             if node.op_type not in _CONVERSION_OPS
-            and _NODE_SUFFIXES.sub("", node.name) not in names]
+            and re.sub(_NODE_SUFFIXES, "", node.name) not in names]
 
 
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -6043,7 +6132,7 @@ def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...]
     ``plan_external_data``). The copy is marked as eprun's (``EPRUN_MARK``); an existing file
     at ``out_path`` without that mark is replaced only with ``force`` (``checked``: the caller
     has refused it already). ``folder``: the output's folder, already open."""
-    model = load_model(model_path, text_names=True)
+    model = load_model(model_path, text_names=True, graph_only=True)
     check_output(out_path, [model_path, *external_data_files(model, model_path)])
     own = folder is None
     folder = open_folder(os.path.dirname(os.path.abspath(out_path))) if own else folder
@@ -6120,7 +6209,7 @@ def is_eprun_model(path: str) -> bool:
     """Does the model at ``path`` carry eprun's mark (so replacing it loses nothing eprun
     cannot write again)? Reads the graph only, never the weights."""
     try:
-        model = load_model(path)
+        model = load_model(path, graph_only=True)
     except (EprunError, OSError, ValueError):
         return False
     return any(entry.key == EPRUN_MARK[0] and entry.value == _mark_value(model)
@@ -6130,7 +6219,7 @@ def is_eprun_model(path: str) -> bool:
 def _swapped_hint(out_path: str) -> str:
     """For an output that is somebody's model: the arguments may be the wrong way round."""
     try:
-        model = load_model(out_path)
+        model = load_model(out_path, graph_only=True)
     except (EprunError, OSError, ValueError):
         return ""
     outputs = {value.name for value in model.graph.output}
@@ -9002,6 +9091,29 @@ def _exposure_effect(int8_path: str, seed: int, output: str, exposed, *,
 
 # == 8. Command line ===============================================================================
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter, asking for the terminal's width only when it formats. argparse
+    makes one for each argument it declares (to check the argument's metavar), and without a
+    width each asks ``shutil``, whose import (zlib, bz2 and lzma with it) costs a short command
+    more than the rest of its argument parsing."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None, **options: Any) -> None:
+        self._asked_position = max_help_position if width is None else None
+        super().__init__(prog, indent_increment, max_help_position,
+                         80 if width is None else width, **options)
+
+    def format_help(self) -> str:
+        if self._asked_position is not None:  # what argparse sets when given no width
+            import shutil
+
+            self._width = shutil.get_terminal_size().columns - 2
+            self._max_help_position = min(self._asked_position,
+                                          max(self._width - 20, self._indent_increment * 2))
+            self._asked_position = None
+        return super().format_help()
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with eprun's one-line usage errors (exit 2, nothing on stdout)."""
 
@@ -9150,12 +9262,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     codes = ", ".join(f"{code} {name}" for code, name, _ in EXIT_CODES)
     program = program_name()
     parser = _Parser(prog=program, description=__doc__.split("\n\n")[0],
-                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     formatter_class=_Formatter,
                      epilog=textwrap.fill(f"Exit codes: {codes}.", 79))
     parser.add_argument("--version", action=_VersionAction, nargs=0,
                         help="print eprun's version and the onnx, onnxruntime and numpy "
                         "versions it runs with, then exit")
-    subparsers = parser.add_subparsers(dest="command", metavar="<command>")
+    # the prog argparse would format for each command (the program name, with no positional
+    # before the command), given so that declaring them formats nothing
+    subparsers = parser.add_subparsers(dest="command", metavar="<command>", prog=program)
     subparsers.required = True
     for command in COMMANDS.values():
         if only is not None and command.name != only:
@@ -9168,7 +9282,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         example = re.sub(r"^eprun\.py\b", program, command.example)
         sub = subparsers.add_parser(command.name, help=command.summary, description=description,
                                     epilog=f"example:\n  {example}",
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+                                    formatter_class=_Formatter)
         for argument in command.arguments:
             sub.add_argument(*argument.names, **argument.options)
         sub.set_defaults(declared=command, command_parser=sub)
@@ -9254,20 +9368,45 @@ def _main(argv: list[str] | None, restore_handlers: bool) -> int:
 
 
 def cli() -> None:
-    """The ``eprun`` command and ``python eprun.py``: ``main``, then exit with its code. A
-    signal that arrives while Python shuts down (the answer already out) is ignored rather
-    than turning a finished run into a killed one. onnxruntime's telemetry (1.32 writes a
-    device id and a database under ``$HOME/.cache`` and a file in ``$TMPDIR``) is off for
-    eprun's own process unless the user set ``ORT_DISABLE_TELEMETRY``: a tool that leaves
-    nothing behind."""
+    """The ``eprun`` command and ``python eprun.py``: ``main``, then exit with its code
+    (``_exit``). A signal that arrives while the process ends (the answer already out) is
+    ignored rather than turning a finished run into a killed one. onnxruntime's telemetry
+    (1.32 writes a device id and a database under ``$HOME/.cache`` and a file in ``$TMPDIR``)
+    is off for eprun's own process unless the user set ``ORT_DISABLE_TELEMETRY``: a tool that
+    leaves nothing behind."""
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     with running(Run(program=True), stays=True):
-        code = _main(None, restore_handlers=False)
+        try:
+            code = _main(None, restore_handlers=False)
+        except SystemExit as exc:  # argparse's: --help, --version and usage errors
+            if not (exc.code is None or isinstance(exc.code, int)):
+                raise
+            code = exc.code or 0
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             with contextlib.suppress(ValueError, OSError):  # not the main thread
                 signal.signal(getattr(signal, name), signal.SIG_IGN)
-    sys.exit(code)
+    _exit(code)
+
+
+def _exit(code: int) -> None:
+    """End the process with ``code``. When the run left nothing running (no other thread, no
+    worker process: multiprocessing never imported), the atexit handlers run and the process
+    ends there: what the interpreter would do next, finalizing every module and then running
+    the C libraries' destructors, is onnxruntime's and numpy's teardown (about 0.02 s here, a
+    tenth of a short command), and nothing eprun leaves depends on it: the answer went to
+    fd 1 in one write, every file it wrote is closed and fsynced, its temporaries are gone."""
+    import atexit
+
+    run_exit_functions = getattr(atexit, "_run_exitfuncs", None)
+    if (run_exit_functions is None or threading.active_count() > 1
+            or "multiprocessing" in sys.modules):
+        sys.exit(code)
+    run_exit_functions()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _run(args: argparse.Namespace) -> int:

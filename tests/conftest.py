@@ -92,16 +92,15 @@ def run_eprun(*args: str, env: dict | None = None, cwd: str | None = None,
     return Result(proc)
 
 
-# Run eprun.py as typed, then say which of these modules the run imported (stderr's last line).
+# Run eprun.py as typed, then say which of these modules the run imported (stderr's last line,
+# from an atexit handler: eprun's exit runs those, then may end the process at once).
 _IMPORTED = (
-    "import runpy, sys\n"
+    "import atexit, runpy, sys\n"
     f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
-    "code = 0\n"
-    "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
-    "except SystemExit as exc:\n    code = exc.code\n"
     "watched = ('onnx', 'onnxruntime', 'numpy', 'importlib.metadata')\n"
-    "print(','.join(name for name in watched if name in sys.modules), file=sys.stderr)\n"
-    "sys.exit(code)\n")
+    "atexit.register(lambda: print(','.join(name for name in watched if name in sys.modules),"
+    " file=sys.stderr, flush=True))\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
 def imported_by(*argv) -> tuple[int, str, set[str]]:

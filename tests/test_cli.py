@@ -303,16 +303,18 @@ def test_one_command_parser_parses_as_the_whole_one(lab_pair, tmp_path):
     assert tool._command_named(("layer",)) is None
 
 
-def test_only_partition_reads_messages_apart_from_onnx(lab_pair, tmp_path):
+def test_only_partition_and_expose_read_messages_apart_from_onnx(lab_pair, tmp_path):
     """A command that imports onnx anyway parses with onnx's own classes: loading the
     generated module apart too would cost it a few hundredths of a second for nothing."""
     fp32, int8 = lab_pair
     script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
               "code = eprun.main(sys.argv[1:])\n"
-              "print(eprun.onnx_messages.cache_info().currsize, file=sys.stderr)\n"
+              "apart = bool(eprun.onnx_messages.cache_info().currsize) and \\\n"
+              "    eprun.onnx_messages() is not sys.modules.get('onnx')\n"
+              "print(int(apart), file=sys.stderr)\n"
               "sys.exit(code)\n")
     for argv, apart in ((["partition", int8, "MatMul"], True),
-                        (["expose", int8, tmp_path / "e.onnx"], False),
+                        (["expose", int8, tmp_path / "e.onnx"], True),
                         (["layers", fp32, int8, "1"], False),
                         (["settings", int8, "1"], False)):
         result = subprocess.run([sys.executable, "-c", script, *map(str, argv)],
@@ -326,3 +328,179 @@ def test_the_module_offers_every_command_and_lists_them_as_help_does():
     assert all(callable(getattr(tool, name)) for name in tool.__all__ if name != "COMMANDS")
     listed = re.findall(r"^    ([a-z]+) +<", tool.__doc__, re.MULTILINE)
     assert listed == list(tool.COMMANDS)
+
+
+@pytest.mark.parametrize("columns", ["30", "64", "150"])
+def test_help_wraps_as_argparse_would_though_the_width_is_read_late(monkeypatch, capsys,
+                                                                     columns):
+    """eprun's formatter asks for the terminal's width when it formats, not when each
+    argument is declared: the texts are the ones argparse's own formatter makes."""
+    import argparse
+
+    monkeypatch.setenv("COLUMNS", columns)
+    ours = tool.build_parser()
+    monkeypatch.setattr(tool, "_Formatter", argparse.RawDescriptionHelpFormatter)
+    stock = tool.build_parser()
+    assert ours.format_help() == stock.format_help()
+    for name in ("layers", "sensitivity"):
+        mine = ours._subparsers._group_actions[0].choices[name]
+        theirs = stock._subparsers._group_actions[0].choices[name]
+        assert mine.prog == theirs.prog
+        assert mine.format_help() == theirs.format_help()
+        assert mine.format_usage() == theirs.format_usage()
+
+
+def test_a_run_imports_no_shutil_or_tempfile_unless_it_copies(lab_pair):
+    """argparse's width and the held chatter cost a short command neither module."""
+    script = ("import sys, runpy\n"
+              f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
+              "import atexit\n"
+              "atexit.register(lambda: print('shutil' in sys.modules, 'tempfile' in "
+              "sys.modules, file=sys.stderr, flush=True))\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    result = subprocess.run([sys.executable, "-c", script, "providers", str(lab_pair[0]),
+                             "CPUExecutionProvider"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    expected = "True True" if not hasattr(os, "memfd_create") else "False False"
+    assert result.stderr.splitlines()[-1] == expected
+
+
+def test_the_held_file_takes_what_native_code_writes():
+    store = tool._unnamed_file()
+    try:
+        os.write(store.fileno(), b"native\n")
+        store.write(b"python\n")
+        store.flush()
+        store.seek(0)
+        assert store.read() == b"native\npython\n"
+        assert not os.get_inheritable(store.fileno())
+    finally:
+        store.close()
+
+
+# eprun.py run as typed, from a script that leaves an object for the interpreter to finalize
+# (it says so on fd 2 when it is) and an atexit handler.
+_ENDING = (
+    "import atexit, os, runpy, sys\n"
+    f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
+    "if os.environ.get('WITH_MULTIPROCESSING'):\n    import multiprocessing\n"
+    "class Finalized:\n    def __del__(self, write=os.write):\n"
+    "        write(2, b'finalized\\n')\n"
+    "left = Finalized()\n"
+    "atexit.register(lambda: os.write(2, b'atexit\\n'))\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+@pytest.mark.parametrize("argv, code", [(["providers", "{fp32}", "CPUExecutionProvider"], 0),
+                                        (["layers", "{fp32}"], 2),
+                                        (["layers", "{fp32}", "{fp32}", "--inputs",
+                                          "missing.npz"], 2)])
+def test_the_process_ends_after_the_atexit_handlers_without_the_teardown(lab_pair, argv,
+                                                                         code):
+    argv = [word.format(fp32=lab_pair[0]) for word in argv]
+    result = subprocess.run([sys.executable, "-c", _ENDING, *argv], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == code, result.stderr
+    assert "atexit" in result.stderr.splitlines()
+    assert "finalized" not in result.stderr.splitlines()
+    assert (result.stdout.count("\n"), bool(result.stdout)) == ((1, True) if code == 0
+                                                                else (0, False))
+    # with multiprocessing loaded (sensitivity's workers) the interpreter ends as usual
+    result = subprocess.run([sys.executable, "-c", _ENDING, *argv], capture_output=True,
+                            text=True, timeout=120, env={**os.environ,
+                                                         "WITH_MULTIPROCESSING": "1"})
+    assert result.returncode == code, result.stderr
+    assert result.stderr.splitlines()[-2:] == ["atexit", "finalized"]
+
+
+def test_expose_infers_the_types_onnx_infers_without_importing_it(lab_pair, tmp_path):
+    """Where protobuf is its upb build, expose runs onnx's shape inference through onnx's
+    extension alone: each added output has the type ``onnx.shape_inference`` gives it."""
+    import onnx
+
+    for model in lab_pair:
+        out = tmp_path / f"{model.stem}_exposed.onnx"
+        code, answer, imported = imported_by("expose", model, out)
+        assert code == 0
+        assert ("onnx" in imported) is not upb_protobuf(), imported
+        assert ("numpy" in imported) is ("onnx" in imported), imported
+        inferred = onnx.shape_inference.infer_shapes(onnx.load(str(model))).graph
+        known = {value.name: value.type
+                 for value in (*inferred.input, *inferred.value_info, *inferred.output)}
+        written = onnx.load(str(out)).graph.output
+        added = [value.name for value in written][len(inferred.output):]
+        assert added and added == [name for name in json.loads(answer)["boundaries"]
+                                   if name not in {v.name for v in inferred.output}]
+        for value in written:
+            assert value.type == known[value.name], value.name
+
+
+def test_the_extension_read_alone_is_the_one_a_later_import_of_onnx_takes(lab_pair):
+    script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
+              "model = eprun.load_model(sys.argv[1], graph_only=True)\n"
+              "types = eprun.tensor_types(model)\n"
+              "native = eprun.onnx_native()\n"
+              "standalone = 'onnx' not in sys.modules\n"
+              "import onnx\n"
+              "import onnx.onnx_cpp2py_export as C\n"
+              "onnx.checker.check_model(model)\n"
+              "inferred = onnx.shape_inference.infer_shapes(eprun._skeleton(model)).graph\n"
+              "same = all(types[v.name] == v.type for v in inferred.value_info)\n"
+              "print(standalone, C is native, same, len(inferred.value_info) > 0)\n")
+    result = subprocess.run([sys.executable, "-c", script, str(lab_pair[1])],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(upb_protobuf()), "True", "True", "True"]
+
+
+@pytest.mark.parametrize("dims", [None, [], [3], [0, 2], ["batch", None, 4]])
+def test_tensor_type_is_the_one_onnx_helper_makes(dims):
+    from onnx import helper
+
+    made = tool.tensor_type(7, dims)
+    assert made.SerializeToString() == helper.make_tensor_type_proto(7, dims).SerializeToString()
+    assert made.tensor_type.HasField("shape") is (dims is not None)
+
+
+def test_external_locations_read_as_onnx_reads_them():
+    """As the pinned onnx reads them (older releases read an empty offset as none, and took
+    any key as an attribute)."""
+    import warnings
+
+    from onnx import TensorProto
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    cases = [{"location": "w.bin", "offset": "4096", "length": "64"},
+             {"location": "w.bin"}, {"location": "w.bin", "offset": "0", "checksum": "x"},
+             {"location": "w.bin", "offset": "", "length": "3"},
+             {"location": "w.bin", "offset": "-1"}, {"location": "w.bin", "length": "x"}]
+    for entries in cases:
+        tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[16],
+                             data_location=TensorProto.EXTERNAL)
+        for key, value in entries.items():
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        try:
+            theirs = ExternalDataInfo(tensor)
+        except ValueError as exc:
+            refused = str(exc)
+        else:
+            refused = None
+        if refused is not None:
+            with pytest.raises(ValueError, match=r"non-negative|invalid literal") as ours:
+                tool._external_location(tensor)
+            assert str(ours.value) == refused or "invalid literal" in refused
+            continue
+        ours = tool._external_location(tensor)
+        assert (ours.location, ours.offset, ours.length) == (theirs.location, theirs.offset,
+                                                              theirs.length)
+    tensor = TensorProto(name="w", data_location=TensorProto.EXTERNAL)
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "__class__", "w.bin"  # a key is never taken as an attribute
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert tool._external_location(tensor).location == ""
+    for tensor in (TensorProto(name="a"), TensorProto(name="b", data_location=1),
+                   TensorProto(name="c", data_location=TensorProto.EXTERNAL)):
+        assert tool.uses_external_data(tensor) is uses_external_data(tensor)

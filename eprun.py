@@ -3942,6 +3942,72 @@ def boundary_owners(graph, boundaries: list[str], boundary_ops: tuple[str, ...])
     return owners
 
 
+BOUNDARIES_ARG = arg(
+    "--boundaries", type=parse_list, metavar="NAME,NAME",
+    help="measure exactly these tensors of the fp32 model (in graph order), each paired with "
+         "the int8 tensor named after it (its dequantized form first); instead of "
+         "--boundary-ops and --pair, and the output is not added")
+
+
+def _tensor_order(graph) -> dict[str, int]:
+    """Each tensor a graph computes or takes (inputs, then node outputs in file order) ->
+    its position."""
+    names = [value.name for value in graph.input] + [name for node in graph.node
+                                                     for name in node.output if name]
+    return {name: position for position, name in enumerate(dict.fromkeys(names))}
+
+
+def _unknown_tensor(name: str, path: str, graph, known, what: str = "of that name"
+                    ) -> EprunError:
+    """Wrong usage: ``--boundaries`` names a tensor the graph at ``path`` does not compute;
+    said with the nearest names it does (``known``)."""
+    import difflib
+
+    if any(tensor.name == name for tensor in graph.initializer):
+        return EprunError(f"--boundaries {name!r}: in {path!r} that is a weight (an "
+                          "initializer), not a tensor the model computes; the weights "
+                          "command compares weights", EXIT_USAGE)
+    near = difflib.get_close_matches(name, list(known), 3, 0.5)
+    return EprunError(f"--boundaries {name!r}: {path!r} has no tensor {what}"
+                      + (f"; nearest: {', '.join(near)}" if near else ""), EXIT_USAGE)
+
+
+def named_boundaries(graph, path: str, names: list[str], types: dict) -> list[str]:
+    """``--boundaries``: the fp32 tensors asked for, each once, in graph order; a name the
+    graph neither computes nor takes, or one that holds no real numbers, is wrong usage."""
+    order = _tensor_order(graph)
+    for name in names:
+        if name not in order:
+            raise _unknown_tensor(name, path, graph, order)
+        elem = _element_type(types, name)
+        if elem and elem not in FLOAT_TYPES:
+            raise EprunError(f"--boundaries {name!r}: {path!r} holds {_type_name(elem)} "
+                             "values there; eprun compares float tensors", EXIT_USAGE)
+    return sorted(dict.fromkeys(names), key=order.__getitem__)
+
+
+def twin_boundaries(graph, path: str, names: list[str]) -> list[str]:
+    """The int8 model's counterpart of each ``--boundaries`` name, as eprun pairs a boundary:
+    the tensor named after it (``float_tensor_name``), the output of a DequantizeLinear
+    first (what the next layer reads), else the same name, else the first named after it
+    (a QOperator model's quantized tensor, read back through its scale)."""
+    order = _tensor_order(graph)
+    dequantized = {node.output[0] for node in graph.node
+                   if node.op_type == "DequantizeLinear" and node.output}
+    named_after: dict[str, list[str]] = {}
+    for tensor in order:
+        named_after.setdefault(float_tensor_name(tensor), []).append(tensor)
+    found = []
+    for name in names:
+        candidates = named_after.get(name, []) + ([name] if name in order else [])
+        if not candidates:
+            raise _unknown_tensor(name, path, graph, order, "named after it (the int8 "
+                                  "model's counterpart of that fp32 tensor)")
+        found.append(next((tensor for tensor in candidates if tensor in dequantized),
+                          name if name in order else candidates[0]))
+    return found
+
+
 # Suffixes onnxruntime's quantizer appends to the float tensor or node it quantizes.
 _TENSOR_SUFFIXES = (r"(_DequantizeLinear_Output|_QuantizeLinear_Output|_quantized|"
                     r"_output_quantized|_dequantized)(_\d+)?$")
@@ -4331,17 +4397,22 @@ class PairedModel:
     boundaries and how to read a quantized one back as float."""
 
     def __init__(self, path: str, boundary_ops: tuple[str, ...],
-                 on: ProviderRequest | None = None, output: str | None = None) -> None:
+                 on: ProviderRequest | None = None, output: str | None = None,
+                 named: Callable[..., list[str]] | None = None) -> None:
+        """``named`` (``--boundaries``) picks the boundaries from the graph, its path and its
+        types instead of ``boundary_ops``: then only they are exposed."""
         self.path, self.boundary_ops, self.on = path, boundary_ops, on
+        self.named = named is not None
         self.got = Got([])
         self.model = load_model(path, text_names=True)
         outputs = [value.name for value in self.model.graph.output]
         if output is not None and output not in outputs:
             raise EprunError(f"--output {output!r}: {path!r} has no output of that name (its "
                              f"outputs: {', '.join(outputs)})", EXIT_USAGE)
-        self.boundaries = find_boundaries(self.model.graph, boundary_ops, output)
-        self.owners = boundary_owners(self.model.graph, self.boundaries, boundary_ops)
         self.types = tensor_types(self.model)
+        self.boundaries = (named(self.model.graph, path, self.types) if self.named else
+                           find_boundaries(self.model.graph, boundary_ops, output))
+        self.owners = boundary_owners(self.model.graph, self.boundaries, boundary_ops)
         final = output or final_output(self.model.graph)
         declared = {value.name: value.type.tensor_type.elem_type
                     for value in self.model.graph.output}
@@ -4375,7 +4446,10 @@ class PairedModel:
         arrays, then are released with it); on the CPU, or where ``on`` asks, refused when it
         did not get that (``require_got``)."""
         model = load_model(self.path)
-        if exposed:
+        if exposed and self.named:
+            expose_in_place(model, (), extra=[*self.boundaries, *names], types=self.types,
+                            unknown_as_float=False)
+        elif exposed:
             expose_in_place(model, self.boundary_ops, extra=names, types=self.types,
                             unknown_as_float=False)
         session = open_exposed(model, self.path, on=self.on)
@@ -4392,7 +4466,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
                    local: bool = False, max_memory: int | None = None, pair: str = "auto",
                    targets: Targets | None = None, save_boundaries: str | None = None,
                    load_boundaries: str | None = None, swapped_ok: bool = False,
-                   clipping: bool = False, output: str | None = None):
+                   clipping: bool = False, output: str | None = None,
+                   boundaries: list[str] | None = None):
     """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
 
     One model is in memory at a time: the fp32 session runs once for every boundary and is
@@ -4408,6 +4483,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     takes them from such a file (made on another machine) instead of running the fp32 model.
     ``clipping`` (for ``report``) adds each entry's ``clipped``: the fraction of the fp32
     values outside the range the int8 model's QuantizeLinear there can represent.
+    ``boundaries`` (``--boundaries``) are the fp32 tensors to measure instead, each paired
+    with the int8 tensor named after it (``twin_boundaries``).
     """
     require_file(fp32_path)
     require_file(int8_path)
@@ -4416,19 +4493,28 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if load_boundaries and local:
         raise EprunError("--local feeds each segment tensors of the fp32 run, which "
                          "--load-boundaries does not make; use one or the other", EXIT_USAGE)
+    if boundaries and boundary_ops != BOUNDARY_OPS:
+        raise EprunError("--boundaries names the tensors to measure, --boundary-ops the ops "
+                         "that find them: give one or the other", EXIT_USAGE)
     targets = targets or Targets()
-    fp32 = PairedModel(fp32_path, boundary_ops, targets.reference, output)
-    int8 = PairedModel(int8_path, boundary_ops, targets.candidate, output)
+    fp32 = PairedModel(fp32_path, boundary_ops, targets.reference, output,
+                       named=functools.partial(_named_in, names=boundaries)
+                       if boundaries else None)
+    int8 = PairedModel(int8_path, boundary_ops, targets.candidate, output,
+                       named=functools.partial(_twins_in, names=fp32.boundaries)
+                       if boundaries else None)
     require_in_order((fp32.model, int8.model), (fp32_path, int8_path), swapped_ok)
-    pairs, pairing = plan_pairs(fp32, int8, pair)
+    pairs, pairing = ([(k, k) for k in range(len(fp32.boundaries))], "position") \
+        if boundaries else plan_pairs(fp32, int8, pair)
     golden, stored = None, {}
     if load_boundaries:
         golden, stored, inputs = _stored_boundaries(load_boundaries, fp32, pairs, seed, inputs)
     feed = make_feeds(specs_from_model(fp32.model), seed, inputs, fp32_path)
     int8_feed = feed_for(specs_from_model(int8.model), int8_path, feed)
     rows = feed.rows
-    _suggest_boundary_ops(fp32, boundary_ops)
-    _note_absent_ops((fp32, int8), boundary_ops)
+    if not boundaries:
+        _suggest_boundary_ops(fp32, boundary_ops)
+        _note_absent_ops((fp32, int8), boundary_ops)
     segments = (LocalSegments(int8, [int8.boundaries[j] for _, j in pairs],
                               fp32_names=fp32.tensor_names, input_names=set(feed.arrays),
                               rows=rows, metrics=metrics)
@@ -4480,7 +4566,8 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     answer.update(layer_count=len(entries), layers=entries)
     if not (feed.contract_shaped and not (metrics or local or targets.given or output
                                           or save_boundaries or load_boundaries)
-            and boundary_ops == BOUNDARY_OPS and not (pairing != "position" and pair == "auto")):
+            and boundary_ops == BOUNDARY_OPS and not boundaries
+            and not (pairing != "position" and pair == "auto")):
         answer["first_divergence"] = first_divergence(entries)  # (the contract's stays as is)
     if pairing != "position" and pair == "auto":  # said only where it is not the contract's
         answer["pairing"] = pairing
@@ -4506,6 +4593,14 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if golden:
         answer["golden"] = golden
     return answer, final
+
+
+def _named_in(graph, path: str, types: dict, *, names: list[str]) -> list[str]:
+    return named_boundaries(graph, path, names, types)
+
+
+def _twins_in(graph, path: str, types: dict, *, names: list[str]) -> list[str]:
+    return twin_boundaries(graph, path, names)
 
 
 def _fell_back(on: ProviderRequest | None, got: Got) -> bool:
@@ -6252,7 +6347,7 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            allow_fallback: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, save_boundaries: str | None = None,
            load_boundaries: str | None = None, swapped_ok: bool = False,
-           output: str | None = None) -> dict:
+           output: str | None = None, boundaries: list[str] | None = None) -> dict:
     """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
     twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
     require_file(fp32)
@@ -6263,7 +6358,7 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
                           metrics=metrics, local=local, max_memory=max_memory, pair=pair,
                           targets=targets, save_boundaries=save_boundaries,
                           load_boundaries=load_boundaries, swapped_ok=swapped_ok,
-                          output=output)[0]
+                          output=output, boundaries=boundaries)[0]
 
 
 def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
@@ -6273,7 +6368,7 @@ def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            allow_fallback: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, save_boundaries: str | None = None,
            load_boundaries: str | None = None, swapped_ok: bool = False,
-           output: str | None = None) -> dict:
+           output: str | None = None, boundaries: list[str] | None = None) -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
     return growth_of(layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
                             local=local, max_memory=max_memory, pair=pair, providers=providers,
@@ -6281,12 +6376,12 @@ def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
                             allow_fallback=allow_fallback, ep_library=ep_library,
                             ep_options=ep_options, save_boundaries=save_boundaries,
                             load_boundaries=load_boundaries, swapped_ok=swapped_ok,
-                            output=output))
+                            output=output, boundaries=boundaries))
 
 
 # What layers and growth both take.
 PAIR_ARGS = (
-    *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS, BOUNDARY_OPS_ARG,
+    *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS, BOUNDARY_OPS_ARG, BOUNDARIES_ARG,
     arg("--pair", choices=("auto", "position", "name"), default="auto",
         help="auto (default): by position, the lab's rule, unless the names pair every "
              "boundary otherwise, or the int8 model is a conversion of the fp32 one (its "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 
 import models
 import numpy as np
@@ -240,3 +241,69 @@ def test_non_finite_values_are_strict_json_null(eprun, tmp_path):
     assert answer["baseline"]["mean_output"] is None
     grown = eprun("growth", fp32, fp32, "0")
     assert None in grown["rel_error"]
+
+
+# -- layers --boundaries: the tensors a user names -------------------------------------------
+
+def in_process(capfd, *argv) -> tuple[int, str, str]:
+    """``main(argv)`` in this process: (exit code, stdout, stderr)."""
+    import eprun as tool
+
+    try:
+        code = tool.main([str(word) for word in argv])
+    except SystemExit as exc:  # argparse's own exits
+        code = exc.code
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def test_named_boundaries_measure_exactly_those_tensors(capfd, lab_pair):
+    """In graph order whatever order they are given in, each paired with the int8 tensor the
+    next layer reads (the dequantized one); numbers recomputed from sessions opened here."""
+    import json
+
+    fp32, int8 = lab_pair
+    code, out, err = in_process(capfd, "layers", fp32, int8, "5", "--boundaries",
+                                "relu2, y,x,mm1,relu2")
+    assert code == 0, err
+    answer = json.loads(out)
+    want = [("x", "x_DequantizeLinear_Output"), ("mm1", "mm1_DequantizeLinear_Output"),
+            ("relu2", "relu2_DequantizeLinear_Output"), ("y", "y")]
+    assert [(entry["fp32"], entry["int8"]) for entry in answer["layers"]] == want
+    assert answer["layer_count"] == 4
+    x = models.contract_input(5, 8)
+    expected = models.run(fp32, x, [a for a, _ in want], typed=True)
+    got = models.run(int8, x, [b for _, b in want], typed=True)
+    for entry, a, b in zip(answer["layers"], expected, got):
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        assert close(entry["max_abs_error"], float(np.abs(a - b).max()))
+        assert close(entry["rel_error"], float(np.abs(a - b).max() / np.abs(a).max()))
+    growth = json.loads(in_process(capfd, "growth", fp32, int8, "5", "--boundaries",
+                                   "x,mm1,relu2,y")[1])
+    assert growth["rel_error"] == [entry["rel_error"] for entry in answer["layers"]]
+
+
+@pytest.mark.parametrize("names, message", [
+    ("relu9", (r"--boundaries 'relu9': '[^']*fp32.onnx' has no tensor of that name; "
+               r"nearest: relu\d")),
+    ("W0", r"--boundaries 'W0': in '[^']*fp32.onnx' that is a weight"),
+    ("y,x,nothing", r"--boundaries 'nothing': "),
+])
+def test_a_named_boundary_that_is_not_a_tensor_is_wrong_usage(capfd, lab_pair, names, message):
+    code, out, err = in_process(capfd, "layers", *lab_pair, "1", "--boundaries", names)
+    assert (code, out) == (2, "")
+    assert re.fullmatch(r"eprun: error: " + message + r".*\n", err), err
+
+
+def test_a_named_boundary_the_int8_model_lacks_is_wrong_usage(capfd, tmp_path):
+    """The quantizer folds Relu into the Add before it: the int8 model has no such tensor."""
+    fp32 = models.save(models.chain(widths=(6, 4), seed=2), tmp_path / "f.onnx")
+    int8 = models.quantize(fp32, tmp_path / "q.onnx", seed=2)
+    present = {name for node in onnx.load(str(int8)).graph.node for name in node.output}
+    assert "add0" not in present and "relu0" in present
+    code, out, err = in_process(capfd, "layers", fp32, int8, "1", "--boundaries", "add0")
+    assert (code, out) == (2, "")
+    assert "'add0': " in err and "q.onnx' has no tensor named after it" in err
+    code, _, err = in_process(capfd, "layers", fp32, int8, "1", "--boundaries", "relu0",
+                              "--boundary-ops", "Conv")
+    assert code == 2 and "give one or the other" in err

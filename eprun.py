@@ -1,8 +1,8 @@
 """eprun: what an ONNX Runtime session really got, and where quantization error grows.
 
 Commands (each prints exactly one compact JSON object on one line to stdout; ``--format
-table`` on layers, growth, check, settings, sensitivity and placement prints aligned columns
-instead, and ``EPRUN_FORMAT=table`` makes that a person's default):
+table`` on layers, growth, check, settings, sensitivity, placement and weights prints aligned
+columns instead, and ``EPRUN_FORMAT=table`` makes that a person's default):
 
     providers <model> <list> [<list> ...]   requested vs. actual execution providers
     partition <model> <supported-ops>       file-order simulation of how an EP would split the graph
@@ -14,6 +14,7 @@ instead, and ``EPRUN_FORMAT=table`` makes that a person's default):
     placement <model> <providers>           the EP each node was actually assigned to
     check     <reference> <candidate>       CI gate: outputs within rtol/atol/cosine (exit 1 if not)
     sensitivity <fp32> <int8> <seed>        which quantized units to keep in float
+    weights   <fp32> <int8>                 each quantized weight against its float original
     report    <fp32> <int8>                 every lab measurement, written as the deliverables
 
 Lists are one argument each, comma-joined; items are stripped and empty items dropped.
@@ -95,7 +96,7 @@ from typing import Any, NamedTuple
 __version__ = "0.10.0"
 __all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",
            "layers", "main", "partition", "placement", "providers", "report", "sensitivity",
-           "settings"]
+           "settings", "weights"]
 
 
 # == 1. Contract and declarations ==================================================================
@@ -5891,9 +5892,23 @@ def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
     return lines
 
 
+def _weights_table(answer: dict, colour: bool) -> list[str]:
+    """Worst first: the lowest SQNR (a weight dequantized exactly, whose SQNR is null, last)."""
+    order = sorted(range(len(answer["weights"])), key=lambda k: (
+        answer["weights"][k]["sqnr_db"] is None,
+        answer["weights"][k]["sqnr_db"] or 0.0, k))
+    rows = [[weight["name"], weight["op_type"], "x".join(map(str, weight["shape"])) or "scalar",
+             "per-channel" if weight["axis"] is not None else "per-tensor",
+             weight["sqnr_db"], weight["max_abs_error"]]
+            for weight in (answer["weights"][k] for k in order)]
+    lines = [f"weights: {answer['weight_count']} quantized in {answer['int8']}, worst first"]
+    return lines + aligned(["weight", "read by", "shape", "quantized", "SQNR dB", "max abs error"],
+                           rows, 0 if rows else None, colour)
+
+
 _TABLES = {"layers": _layers_table, "growth": _growth_table, "check": _check_table,
            "settings": _settings_table, "sensitivity": _sensitivity_table,
-           "placement": _placement_table}
+           "placement": _placement_table, "weights": _weights_table}
 
 
 # == 7. Commands ===================================================================================
@@ -8837,6 +8852,170 @@ SENSITIVITY = declare(Command(
            'settings that write the int8 model again (null for graph edits); "providers" as '
            'in layers',
     example="eprun.py sensitivity fp32.onnx int8.onnx 2026 --target-sqnr 30"))
+
+
+# -- weights ---------------------------------------------------------------------------------------
+
+class QuantizedWeight(NamedTuple):
+    """An integer initializer a quantized op reads as a weight, with where its scale and zero
+    point are (initializer names; ``zero`` "" where the op gives none) and its channel axis
+    (None: one scale for the whole tensor)."""
+
+    name: str
+    scale: str
+    zero: str
+    axis: int | None
+    op_type: str
+
+
+# Ops that read a weight as (weight, scale, zero point) input positions, beside
+# DequantizeLinear; and the axis of a per-channel weight scale in each.
+_WEIGHT_OPERANDS = {"QLinearConv": ((3, 4, 5), 0), "QLinearMatMul": ((3, 4, 5), -1),
+                    "QGemm": ((3, 4, 5), -1), "QLinearAdd": ((3, 4, 5), -1),
+                    "QLinearMul": ((3, 4, 5), -1)}
+
+
+def quantized_weights(graph) -> list[QuantizedWeight]:
+    """Every integer initializer read back as float, in file order: the input of a
+    DequantizeLinear (its ``axis``, 1 by default as ONNX says, where the scale has one value
+    per channel), the weight operand of QLinearConv, QLinearMatMul and QGemm, and the
+    constant operand of QLinearAdd and QLinearMul (a bias). Each once. (An int32 bias that a
+    QLinearConv or QGemm scales by its inputs' scales has no scale of its own: not listed.)"""
+    initializers = {tensor.name for tensor in graph.initializer}
+    found: dict[str, QuantizedWeight] = {}
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear":
+            (weight, scale, zero), axis = (0, 1, 2), next(
+                (attribute.i for attribute in node.attribute if attribute.name == "axis"), 1)
+        elif node.op_type in _WEIGHT_OPERANDS:
+            (weight, scale, zero), axis = _WEIGHT_OPERANDS[node.op_type]
+            if node.op_type == "QGemm" and any(attribute.name == "transB" and attribute.i
+                                               for attribute in node.attribute):
+                axis = 0
+        else:
+            continue
+        inputs = list(node.input) + [""] * 3
+        if inputs[weight] in initializers and inputs[scale] in initializers \
+                and inputs[weight] not in found:
+            found[inputs[weight]] = QuantizedWeight(
+                inputs[weight], inputs[scale],
+                inputs[zero] if inputs[zero] in initializers else "", axis, node.op_type)
+    return list(found.values())
+
+
+def dequantize_weight(values, scale, zero, axis: int | None) -> tuple:
+    """``(values - zero) * scale`` as numpy computes it for qdq_loss_debug, in the types it
+    gives (int8 weights come back float32, int32 biases float64), so the SQNR is the one it
+    reports; but an integer difference that wraps around in the weight's own type (an int8
+    bias with a zero point, a uint8 weight far from its own) is taken in 64 bits, where it is
+    right. Returns (dequantized, what qdq_loss_debug computes where that differs, else None).
+    """
+    import numpy as np
+
+    if scale.size == 1 and zero.size == 1:
+        scale, zero = scale.reshape(()), zero.reshape(())
+    elif axis is not None and scale.ndim == 1 and values.ndim:
+        shape = [1] * values.ndim
+        shape[axis] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    with np.errstate(over="ignore"):
+        narrow = values - zero
+    wide = values.astype(np.int64) - zero.astype(np.int64)
+    if np.array_equal(narrow, wide):
+        return narrow * scale, None
+    return wide * scale, narrow * scale
+
+
+def weight_error(reference, dequantized) -> dict:
+    """``sqnr_db`` as ``qdq_loss_debug.compute_signal_to_quantization_noice_ratio`` computes
+    it (norms floored at the float epsilon, so an exact weight gets a large finite number),
+    and the largest absolute difference."""
+    import numpy as np
+
+    left, right = reference.flatten(), dequantized.flatten()
+    epsilon = np.finfo(float).eps
+    diff = left - right
+    signal = max(np.linalg.norm(left), epsilon)
+    noise = max(np.linalg.norm(diff), epsilon)
+    return {"sqnr_db": 20 * math.log10(signal / noise),
+            "max_abs_error": float(np.abs(diff).max()) if diff.size else 0.0}
+
+
+def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
+    """Each quantized weight of ``int8`` (biases too) against the fp32 weight it quantizes,
+    named by its float name as qdq_loss_debug names it (the integer initializer's name less
+    ``_quantized`` and the other suffixes quantizers add)."""
+    require_file(fp32)
+    require_file(int8)
+    fp32_model, int8_model = load_model(fp32, text_names=True), load_model(int8, text_names=True)
+    require_in_order((fp32_model, int8_model), (fp32, int8), swapped_ok)
+    found = quantized_weights(int8_model.graph)
+    if not found:
+        raise EprunError(f"{int8!r} has no quantized weight (no DequantizeLinear or QLinear op "
+                         "reading an integer initializer)"
+                         + ("; are the models swapped?" if quantized_weights(fp32_model.graph)
+                            else ""))
+    floats = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
+    int8_tensors = {tensor.name: tensor for tensor in int8_model.graph.initializer}
+    entries, unpaired = [], []
+    for weight in found:
+        name = float_tensor_name(weight.name)
+        if name not in floats:
+            unpaired.append(weight.name)
+            continue
+        values = _initializer_array(int8_tensors[weight.name], int8)
+        scale = _initializer_array(int8_tensors[weight.scale], int8)
+        zero = (_initializer_array(int8_tensors[weight.zero], int8) if weight.zero else
+                scale.astype("int32") * 0)
+        reference = _initializer_array(floats[name], fp32)
+        per_channel = scale.size > 1
+        if per_channel and (scale.ndim != 1 or values.ndim == 0
+                            or values.shape[weight.axis] != scale.size):
+            raise EprunError(f"{int8!r}: weight {weight.name!r} of shape {list(values.shape)} "
+                             f"has {scale.size} scales, not one per channel of axis "
+                             f"{weight.axis} (blocked quantization is not read)")
+        if reference.shape != values.shape:
+            unpaired.append(weight.name)
+            continue
+        dequantized, wrapped = dequantize_weight(values, scale, zero,
+                                                 weight.axis if per_channel else None)
+        entries.append({"name": name, "quantized": weight.name, "op_type": weight.op_type,
+                        "shape": list(values.shape),
+                        "axis": (weight.axis % values.ndim) if per_channel else None,
+                        **weight_error(reference, dequantized)})
+        if wrapped is not None:
+            entries[-1]["qdq_loss_debug_sqnr_db"] = weight_error(reference, wrapped)["sqnr_db"]
+    wrapping = [entry["name"] for entry in entries if "qdq_loss_debug_sqnr_db" in entry]
+    if wrapping:
+        note(f"{len(wrapping)} weight{'s' if len(wrapping) > 1 else ''} ("
+             f"{', '.join(wrapping[:5])}{' and more' if len(wrapping) > 5 else ''}) "
+             "lie so far from their zero point that qdq_loss_debug's integer subtraction "
+             "wraps around in the weight's own type: its compute_weight_error reports "
+             "qdq_loss_debug_sqnr_db for them, eprun's sqnr_db is the spec's arithmetic")
+    if unpaired:
+        note(f"{len(unpaired)} quantized weight{'s' if len(unpaired) > 1 else ''} of {int8!r} "
+             f"{'have' if len(unpaired) > 1 else 'has'} no fp32 weight of the same name and "
+             f"shape in {fp32!r}, left out: {', '.join(map(repr, unpaired[:5]))}"
+             f"{' and more' if len(unpaired) > 5 else ''}")
+    worst = min(entries, key=lambda entry: entry["sqnr_db"], default=None)
+    return {"fp32": fp32, "int8": int8, "weight_count": len(entries), "weights": entries,
+            "worst": None if worst is None else {"name": worst["name"],
+                                                 "sqnr_db": worst["sqnr_db"]}}
+
+
+WEIGHTS = declare(Command(
+    name="weights",
+    summary="how far each quantized weight is from its float original (qdq_loss_debug's "
+            "weight SQNR), no session",
+    run=weights,
+    arguments=(*FP32_INT8, SWAPPED_OK_ARG, FORMAT_ARG),
+    fields=("fp32", "int8", "weight_count", "weights", "worst"),
+    detail='weights: [{"name", "quantized", "op_type", "shape", "axis", "sqnr_db", '
+           '"max_abs_error"}] in the int8 file\'s order, "name" the float weight\'s name, '
+           '"axis" the channel axis of a per-channel scale (null: per tensor), '
+           '"qdq_loss_debug_sqnr_db" where its int8 arithmetic wraps around (see stderr); '
+           'worst: {"name", "sqnr_db"} of the lowest SQNR; --format table sorts worst first',
+    example="eprun.py weights fp32.onnx int8.onnx --format table"))
 
 
 # -- report ----------------------------------------------------------------------------------------

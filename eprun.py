@@ -1,8 +1,8 @@
 """eprun: what an ONNX Runtime session really got, and where quantization error grows.
 
 Commands (each prints exactly one compact JSON object on one line to stdout; ``--format
-table`` on layers, growth, check, settings, sensitivity, placement and weights prints aligned
-columns instead, and ``EPRUN_FORMAT=table`` makes that a person's default):
+table`` on layers, growth, check, settings, sensitivity, placement, weights and inspect
+prints aligned columns instead, and ``EPRUN_FORMAT=table`` makes that a person's default):
 
     providers <model> <list> [<list> ...]   requested vs. actual execution providers
     partition <model> <supported-ops>       file-order simulation of how an EP would split the graph
@@ -15,6 +15,7 @@ columns instead, and ``EPRUN_FORMAT=table`` makes that a person's default):
     check     <reference> <candidate>       CI gate: outputs within rtol/atol/cosine (exit 1 if not)
     sensitivity <fp32> <int8> <seed>        which quantized units to keep in float
     weights   <fp32> <int8>                 each quantized weight against its float original
+    inspect   <model>                       opsets, inputs, outputs, op types, weights, Q/DQ
     report    <fp32> <int8>                 every lab measurement, written as the deliverables
 
 Lists are one argument each, comma-joined; items are stripped and empty items dropped.
@@ -95,8 +96,8 @@ from typing import Any, NamedTuple
 
 __version__ = "0.10.0"
 __all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",
-           "layers", "main", "partition", "placement", "providers", "report", "sensitivity",
-           "settings", "weights"]
+           "inspect", "layers", "main", "partition", "placement", "providers", "report",
+           "sensitivity", "settings", "weights"]
 
 
 # == 1. Contract and declarations ==================================================================
@@ -5906,9 +5907,38 @@ def _weights_table(answer: dict, colour: bool) -> list[str]:
                            rows, 0 if rows else None, colour)
 
 
+def _inspect_table(answer: dict, colour: bool) -> list[str]:
+    def values(entries: list) -> list[list]:
+        return [[entry["name"], entry["type"],
+                 "?" if entry["shape"] is None else
+                 "[" + ", ".join("?" if dim is None else str(dim) for dim in entry["shape"]) + "]"]
+                for entry in entries]
+
+    opsets = ", ".join(f"{domain or 'ai.onnx'} {version}"
+                       for domain, version in answer["opsets"].items())
+    lines = [f"model {answer['model']}: IR {answer['ir_version']}, opsets {opsets}"]
+    for what in ("inputs", "outputs"):
+        lines += ["", f"{what} ({len(answer[what])})"]
+        lines += aligned(["name", "type", "shape"], values(answer[what]))
+    lines += ["", f"nodes ({answer['nodes']})"]
+    lines += aligned(["op type", "count"], [list(item) for item in answer["op_types"].items()])
+    initializers, external = answer["initializers"], answer["external_data"]
+    lines += ["", f"initializers: {initializers['count']}, {_size_text(initializers['bytes'])}"
+              + (f"; external data: {len(external)} file(s), "
+                 f"{_size_text(sum(item['bytes'] for item in external))}" if external else "")]
+    qdq = answer["qdq"]
+    if qdq is not None:
+        wrapped = ", ".join(f"{op} {count}" for op, count in qdq["wrapped_ops"].items())
+        lines.append(f"QDQ: {qdq['activation_pairs']} activation Q->DQ pairs, "
+                     f"{qdq['weight_dequantizers']} weight DequantizeLinear; they feed "
+                     f"{wrapped or 'no node'}")
+    return lines
+
+
 _TABLES = {"layers": _layers_table, "growth": _growth_table, "check": _check_table,
            "settings": _settings_table, "sensitivity": _sensitivity_table,
-           "placement": _placement_table, "weights": _weights_table}
+           "placement": _placement_table, "weights": _weights_table,
+           "inspect": _inspect_table}
 
 
 # == 7. Commands ===================================================================================
@@ -9018,6 +9048,111 @@ WEIGHTS = declare(Command(
     example="eprun.py weights fp32.onnx int8.onnx --format table"))
 
 
+# -- inspect ---------------------------------------------------------------------------------------
+
+# onnx element type -> the name numpy (or ml_dtypes) gives it, and its bytes (int4 and float4
+# types pack two to a byte).
+_ELEMENT_NAMES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32",
+                  7: "int64", 8: "string", 9: "bool", 10: "float16", 11: "float64",
+                  12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
+                  16: "bfloat16", 17: "float8e4m3fn", 18: "float8e4m3fnuz", 19: "float8e5m2",
+                  20: "float8e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4e2m1"}
+_ELEMENT_BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11: 64, 12: 32,
+                 13: 64, 14: 64, 15: 128, 16: 16, 17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4,
+                 23: 4}
+
+
+def _value_entry(value) -> dict:
+    """A graph input or output: its name, element type and shape (a dim by its value, its
+    symbolic name, or null where neither is known; null shape where none is declared)."""
+    tensor = value.type.tensor_type
+    elem = tensor.elem_type if value.type.HasField("tensor_type") else 0
+    shape = None
+    if value.type.HasField("tensor_type") and tensor.HasField("shape"):
+        shape = [dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None)
+                 for dim in tensor.shape.dim]
+    kind = value.type.WhichOneof("value") or "unknown"
+    return {"name": value.name,
+            "type": _ELEMENT_NAMES.get(elem, f"onnx type {elem}") if elem else kind,
+            "shape": shape}
+
+
+def _tensor_bytes(tensor) -> int:
+    """An initializer's size from its dims and type (its payload is not read)."""
+    if tensor.data_type == 8:
+        return sum(len(item) for item in tensor.string_data)
+    count = 1
+    for dim in tensor.dims:
+        count *= dim
+    return (count * _ELEMENT_BITS.get(tensor.data_type, 0) + 7) // 8
+
+
+def qdq_summary(graph) -> dict | None:
+    """For a model with QuantizeLinear/DequantizeLinear nodes: how many activations go
+    through a QuantizeLinear -> DequantizeLinear pair, how many DequantizeLinear read a
+    weight (an initializer), and the op types of the nodes that read what they dequantize
+    (nodes of each type). None for a model without them."""
+    if not any(node.op_type in _QDQ_OPS for node in graph.node):
+        return None
+    initializers = {tensor.name for tensor in graph.initializer}
+    quantized = {node.output[0] for node in graph.node
+                 if node.op_type == "QuantizeLinear" and node.output}
+    dequantizers = [node for node in graph.node if node.op_type == "DequantizeLinear"]
+    dequantized = {node.output[0] for node in dequantizers if node.output}
+    wrapped = collections.Counter(node.op_type for node in graph.node
+                                  if node.op_type not in _QDQ_OPS
+                                  and dequantized.intersection(node.input))
+    return {"activation_pairs": sum(node.input[0] in quantized for node in dequantizers),
+            "weight_dequantizers": sum(node.input[0] in initializers for node in dequantizers),
+            "wrapped_ops": dict(wrapped.most_common())}
+
+
+def inspect(model: str) -> dict:
+    """What the model is, as ``polygraphy inspect model`` summarises it: opsets, inputs and
+    outputs, op types, initializers and external data, and its Q/DQ structure, from the
+    graph alone (weights stay on disk)."""
+    path = model
+    parsed = load_model(path, graph_only=True)
+    graph = parsed.graph
+    external: dict[str, dict] = {}
+    for tensor in external_tensors(parsed):
+        location = _external_location(tensor)
+        if _same_file(path, _safe_location(location.location, path)):
+            continue  # a payload load_model left in the model file itself
+        entry = external.setdefault(location.location, {"file": location.location,
+                                                        "tensors": 0, "bytes": 0})
+        entry["tensors"] += 1
+        entry["bytes"] += _tensor_bytes(tensor)
+    return {"model": path, "ir_version": parsed.ir_version,
+            "producer": " ".join(filter(None, (parsed.producer_name, parsed.producer_version))),
+            "opsets": {entry.domain: entry.version for entry in parsed.opset_import},
+            "inputs": [_value_entry(value) for value in graph_inputs(parsed)],
+            "outputs": [_value_entry(value) for value in graph.output],
+            "nodes": len(graph.node),
+            "op_types": dict(collections.Counter(node.op_type for node in graph.node)
+                             .most_common()),
+            "initializers": {"count": len(graph.initializer),
+                             "bytes": sum(_tensor_bytes(tensor) for tensor in graph.initializer)},
+            "external_data": sorted(external.values(), key=lambda item: item["file"]),
+            "qdq": qdq_summary(graph)}
+
+
+INSPECT = declare(Command(
+    name="inspect",
+    summary="what a model is: opsets, inputs and outputs with their shapes, op types, "
+            "initializers, external data and its Q/DQ structure (no session, no weights read)",
+    run=inspect,
+    arguments=(MODEL, FORMAT_ARG),
+    fields=("model", "ir_version", "producer", "opsets", "inputs", "outputs", "nodes",
+            "op_types", "initializers", "external_data", "qdq"),
+    detail='opsets: {domain: version} ("" is ai.onnx); inputs/outputs: [{"name", "type", '
+           '"shape"}], a dim as its number, its symbolic name or null; op_types: {op type: '
+           'nodes}, most first; initializers: {"count", "bytes"}; external_data: [{"file", '
+           '"tensors", "bytes"}]; qdq: {"activation_pairs", "weight_dequantizers", '
+           '"wrapped_ops"} or null without Q/DQ nodes',
+    example="eprun.py inspect int8.onnx --format table"))
+
+
 # -- report ----------------------------------------------------------------------------------------
 
 REPORT_REQUESTS = (["CPUExecutionProvider"], ["AzureExecutionProvider"],
@@ -9571,7 +9706,7 @@ def _command_named(argv: tuple[str, ...]) -> str | None:
 
 def invoke(command: Command, args: argparse.Namespace) -> dict:
     """Call a command's function with the parsed arguments its signature names."""
-    import inspect
+    from inspect import signature  # the module, not the inspect command
 
     values = vars(args)
     if "rows" in values:
@@ -9580,7 +9715,7 @@ def invoke(command: Command, args: argparse.Namespace) -> dict:
         values = {**values, "ep_options": ep_options_from(args)}
     if "extra_option" in values:
         values = {**values, "extra_options": dict(args.extra_option)}
-    wanted = inspect.signature(command.run).parameters
+    wanted = signature(command.run).parameters
     return command.run(**{name: values[name] for name in wanted if name in values})
 
 

@@ -28,6 +28,7 @@ def default_argv(name: str, fp32, int8, tmp_path) -> list:
         "report": ["report", fp32, int8, "--out-dir", tmp_path / "report"],
         "sensitivity": ["sensitivity", fp32, int8, "1"],
         "weights": ["weights", fp32, int8],
+        "inspect": ["inspect", int8],
     }[name]
 
 

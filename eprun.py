@@ -1,8 +1,8 @@
 """eprun: what an ONNX Runtime session really got, and where quantization error grows.
 
 Commands (each prints exactly one compact JSON object on one line to stdout; ``--format
-table`` on layers, growth, check, settings, sensitivity, placement, weights and inspect
-prints aligned columns instead, and ``EPRUN_FORMAT=table`` makes that a person's default):
+table`` on any of them prints aligned columns instead, and ``EPRUN_FORMAT=table`` makes that
+a person's default):
 
     providers <model> <list> [<list> ...]   requested vs. actual execution providers
     partition <model> <supported-ops>       file-order simulation of how an EP would split the graph
@@ -5728,7 +5728,11 @@ def _layers_table(answer: dict, colour: bool) -> list[str]:
     lines = [(f"layers: seed {answer['seed']}, {answer['rows']} rows, "
               f"{answer['layer_count']} boundaries")]
     lines += _inputs_lines(answer)
-    lines += aligned(headers, rows, _worst([entry["rel_error"] for entry in entries],
+    # the worst row by the metric asked for: the lowest SQNR, the largest MSE, else rel error
+    key = extra[0] if extra else "rel_error"
+    sense = -1 if key == "sqnr_db" else 1
+    lines += aligned(headers, rows, _worst([None if _is_lost(entry.get(key)) else
+                                            sense * entry[key] for entry in entries],
                                            [_is_lost(entry["rel_error"]) for entry in entries]),
                      colour)
     lines += _divergence_lines(answer)
@@ -5797,11 +5801,13 @@ def _placement_table(answer: dict, colour: bool) -> list[str]:
 
 def _growth_table(answer: dict, colour: bool) -> list[str]:
     ratios = [None, *answer["ratios"]]
-    rows = [[k, error, ratio] for k, (error, ratio) in enumerate(zip(answer["rel_error"],
-                                                                    ratios))]
+    local = answer.get("local_rel_error")
+    rows = [[k, error, ratio, *([local[k]] if local is not None else [])]
+            for k, (error, ratio) in enumerate(zip(answer["rel_error"], ratios))]
     jump = answer["max_ratio"]
     lines = [f"growth: seed {answer['seed']}, {answer['layer_count']} boundaries"]
-    lines += aligned(["boundary", "rel error", "ratio to previous"], rows,
+    lines += aligned(["boundary", "rel error", "ratio to previous",
+                      *(["local rel error"] if local is not None else [])], rows,
                      jump["index"] if jump else None, colour)
     lines += _divergence_lines(answer)
     total = answer["total_growth"]
@@ -5935,10 +5941,63 @@ def _inspect_table(answer: dict, colour: bool) -> list[str]:
     return lines
 
 
+def _runs(names: list[str]) -> str:
+    """``A, A, A, B`` as ``A x3, B``."""
+    return ", ".join(name if len(run) == 1 else f"{name} x{len(run)}"
+                     for name, run in ((key, list(group))
+                                       for key, group in itertools.groupby(names)))
+
+
+def _partition_table(answer: dict, colour: bool) -> list[str]:
+    lines = [(f"partition: {answer['model']}, {answer['nodes']} nodes, {answer['claimed']} "
+             f"claimed by an EP supporting {', '.join(answer['supported']) or 'nothing'}: "
+             f"{answer['partition_count']} partitions, {answer['handoffs']} hand-offs")]
+    rows = [[k, part["owner"], part["size"], _runs(part["nodes"])]
+            for k, part in enumerate(answer["partitions"])]
+    lines += aligned(["partition", "owner", "nodes", "op types"], rows, None, colour)
+    subgraphs = answer.get("subgraphs") or []
+    if subgraphs:
+        lines.append(f"subgraphs: {len(subgraphs)} partitioned apart (see the JSON)")
+    return lines
+
+
+def _providers_table(answer: dict, colour: bool) -> list[str]:
+    lines = [(f"providers: {answer['model']}; onnxruntime offers "
+             f"{', '.join(answer['available'])}")]
+    rows = [[k, ",".join(case["requested"]) or "(none)", ",".join(case["actual"]),
+             ",".join(case["missing"]), case["fell_back"], case["error"]]
+            for k, case in enumerate(answer["cases"])]
+    worst = next((k for k, case in enumerate(answer["cases"])
+                  if case["error"] or case["fell_back"]), None)
+    return lines + aligned(["case", "requested", "actual", "missing", "fell back", "error"],
+                           rows, worst, colour)
+
+
+def _expose_table(answer: dict, colour: bool) -> list[str]:
+    lines = [(f"expose: {answer['model']} -> {answer['out']}, {len(answer['boundaries'])} "
+             "boundaries")]
+    rows = [[k, name] for k, name in enumerate(answer["boundaries"])]
+    lines += aligned(["boundary", "tensor"], rows, None, colour)
+    lines.append(f"graph outputs: {', '.join(answer['outputs'])}")
+    return lines
+
+
+def _report_table(answer: dict, colour: bool) -> list[str]:
+    lines = [(f"report: {len(answer['files'])} files written in {answer['out_dir']} "
+             f"(boundaries paired by {answer['pairing']})")]
+    lines += [f"  {path}" for path in answer["files"]]
+    gate = answer["check"]
+    lines.append(f"gate ({gate['profile']} profile, on {','.join(gate['providers']['actual'])}): "
+                 + ("passed" if gate["passed"] else
+                    "failed: " + "; ".join(failure_reasons(gate["failures"]))))
+    return lines
+
+
 _TABLES = {"layers": _layers_table, "growth": _growth_table, "check": _check_table,
            "settings": _settings_table, "sensitivity": _sensitivity_table,
            "placement": _placement_table, "weights": _weights_table,
-           "inspect": _inspect_table}
+           "inspect": _inspect_table, "partition": _partition_table,
+           "providers": _providers_table, "expose": _expose_table, "report": _report_table}
 
 
 # == 7. Commands ===================================================================================
@@ -6049,7 +6108,8 @@ PROVIDERS = declare(Command(
                arg("--nodes", action="store_true",
                    help="say how many nodes each provider took in every case, also where the "
                         "answer would otherwise be exactly the contract's (a contract-shaped "
-                        "model and no option)")),
+                        "model and no option)"),
+               FORMAT_ARG),
     fields=("model", "available", "cases"),
     detail='cases: [{"requested", "actual", "missing", "fell_back", "error"}]; each case adds '
            '"nodes_per_provider" (null and "nodes_unknown" before onnxruntime 1.24) unless the '
@@ -6244,7 +6304,8 @@ PARTITION = declare(Command(
                arg("--mode", choices=("file", "ort"), default="file",
                    help="file: runs of consecutive nodes in file order (the lab's rule, "
                         "default); ort: the groups onnxruntime's partitioner forms "
-                        "(topological, branches merge, each If/Loop/Scan body on its own)")),
+                        "(topological, branches merge, each If/Loop/Scan body on its own)"),
+               FORMAT_ARG),
     fields=("model", "supported", "nodes", "claimed", "partition_count", "handoffs",
             "partitions"),
     detail='partitions: [{"owner", "nodes", "size"}]; --mode ort adds "subgraphs" and '
@@ -6378,7 +6439,8 @@ EXPOSE = declare(Command(
                arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG,
                arg("--force", action="store_true",
                    help="replace a file at OUT that eprun did not write (a model eprun wrote "
-                        "carries its mark and is replaced without it)")),
+                        "carries its mark and is replaced without it)"),
+               FORMAT_ARG),
     fields=("model", "out", "boundaries", "outputs"),
     example="eprun.py expose int8.onnx int8_exposed.onnx"))
 
@@ -9409,7 +9471,7 @@ REPORT = declare(Command(
             help="with --providers: measure even when a session did not get them (or they took "
                  "no node); each section then says what it ran on"),
         *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG, CALIBRATION_ARG,
-        EXTRA_OPTION_ARG),
+        EXTRA_OPTION_ARG, FORMAT_ARG),
     fields=("out_dir", "files", "pairing", "check"),
     detail='check: {"profile", "tolerance", "providers", "failures", "passed"}; the JSON files '
            'hold the command answers, providers.json adds "note"',

@@ -509,3 +509,50 @@ def test_external_locations_read_as_onnx_reads_them():
     for tensor in (TensorProto(name="a"), TensorProto(name="b", data_location=1),
                    TensorProto(name="c", data_location=TensorProto.EXTERNAL)):
         assert tool.uses_external_data(tensor) is uses_external_data(tensor)
+
+
+@pytest.mark.parametrize("name", list(tool.COMMANDS))
+def test_every_command_prints_a_table_when_asked(capfd, lab_pair, tmp_path, name):
+    """--format table on every command: text for a person, its first line naming the command,
+    never a JSON line."""
+    argv = [str(word) for word in default_argv(name, *lab_pair, tmp_path)]
+    assert tool.main([*argv, "--format", "table"]) in (0, 1)  # check's verdict may fail
+    out = capfd.readouterr().out
+    assert out.startswith(f"{name}:") or (name == "inspect" and out.startswith("model ")), out
+    assert not any(line.startswith("{") for line in out.splitlines())
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The rows under a table's dashed rule, split on runs of two or more spaces."""
+    lines = text.splitlines()
+    start = next(k for k, line in enumerate(lines) if set(line) <= {"-", " "} and line) + 1
+    rows = []
+    for line in lines[start:]:
+        if not line[:1].isspace() and not line[:1].isdigit():
+            break
+        rows.append(re.split(r"\s{2,}", line.strip()))
+    return rows
+
+
+@pytest.mark.parametrize("metric, key, sense", [("sqnr", "sqnr_db", min), ("mse", "mse", max),
+                                                (None, "rel_error", max)])
+def test_the_layers_table_marks_the_worst_by_the_metric_asked_for(capfd, lab_pair, metric, key,
+                                                                  sense):
+    argv = ["layers", *map(str, lab_pair), "3", *(["--metrics", metric] if metric else [])]
+    assert tool.main(argv) == 0
+    entries = json.loads(capfd.readouterr().out)["layers"]
+    assert tool.main([*argv, "--format", "table"]) == 0
+    rows = table_rows(capfd.readouterr().out)
+    marked = [int(row[0]) for row in rows if row[-1] == "<- worst"]
+    assert marked == [sense(entries, key=lambda entry: entry[key])["index"]]
+
+
+def test_the_growth_table_shows_the_local_column(capfd, lab_pair):
+    argv = ["growth", *map(str, lab_pair), "3", "--local"]
+    assert tool.main(argv) == 0
+    local = json.loads(capfd.readouterr().out)["local_rel_error"]
+    assert tool.main([*argv, "--format", "table"]) == 0
+    text = capfd.readouterr().out
+    assert "local rel error" in text.splitlines()[1]
+    shown = [float(row[3]) for row in table_rows(text)]
+    assert shown == pytest.approx(local, rel=1e-3)

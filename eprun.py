@@ -5876,6 +5876,12 @@ def _settings_table(answer: dict, colour: bool) -> list[str]:
     return lines
 
 
+def _undoes_most(kept: int, units: int) -> str:
+    return (f"the recommendation keeps {kept} of the {units} quantized units in float: that "
+            "undoes most of the quantization (its speed and size gains go with it); a looser "
+            "target, --max-units, or calibrating again may serve better")
+
+
 def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
     quantized = answer["quantized"]
     estimates = any("inexact" in unit for unit in answer["units"])
@@ -5886,13 +5892,16 @@ def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
               f"{_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}; "
               "each unit restored to float alone")]
     lines += aligned(["rank", "unit", "op", "SQNR dB", "gain dB", "rel error",
-                      *([""] if estimates else [])], rows, None, colour)
+                      *(["exact?"] if estimates else [])], rows, None, colour)
     recommendation = answer["recommendation"]
     last = recommendation["steps"][-1] if recommendation["steps"] else {}
     lines.append(f"recommended nodes_to_exclude ({len(recommendation['nodes_to_exclude'])}): "
                  f"{', '.join(recommendation['nodes_to_exclude']) or 'none'}; target "
                  f"{'met' if recommendation['met'] else 'not met'}"
                  f"{' (an estimate)' if 'inexact' in last else ''}")
+    added = len(recommendation["steps"])
+    if added * 2 > len(answer["units"]):
+        lines.append(_undoes_most(added, len(answer["units"])))
     if estimates or "inexact" in last:
         lines.append("estimate: quantize_static would calibrate a range from data eprun does "
                      "not have (the JSON's inexact says which); --calibration makes it exact")
@@ -8889,6 +8898,8 @@ def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
         note(f"{', '.join(unnamed)}: the float model's node has no name, so eprun names it by op "
              "type and position; quantize_static can only exclude named nodes")
     already = run.requantizer.excluded if run.requantizer is not None else []
+    if len(excluded) * 2 > len(ranked):
+        note(_undoes_most(len(excluded), len(ranked)))
     return {**answer, "output": run.output, "quantized": {
                 key: quantized[key] for key in ("rel_error", "cos_min", "sqnr_db")},
             "units": ranked, "target": target,

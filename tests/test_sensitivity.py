@@ -813,3 +813,35 @@ def test_the_report_footnote_follows_an_estimated_last_step_alone():
     exact = tool._sensitivity_section({**ranked, "recommendation": {
         **ranked["recommendation"], "steps": [plain_step]}})
     assert "estimate" not in exact
+
+
+def test_a_recommendation_of_most_units_says_it_undoes_the_quantization(tmp_path, capfd):
+    """A target no quantized model meets adds every unit: said plainly on stderr and under the
+    table, whose every column has a header."""
+    fp32 = models.save(named_chain(), tmp_path / "f.onnx")
+    int8 = models.quantize(fp32, tmp_path / "q.onnx", **CALIBRATION)
+    argv = ["sensitivity", str(fp32), str(int8), "5", "--target-sqnr", "1000", "--jobs", "1"]
+    assert tool.main(argv) == 0
+    out, err = capfd.readouterr()
+    import json
+
+    answer = json.loads(out)
+    kept, units = len(answer["recommendation"]["steps"]), len(answer["units"])
+    assert kept * 2 > units
+    said = f"keeps {kept} of the {units} quantized units in float: that undoes most of the"
+    assert said in err
+    assert tool.main([*argv, "--format", "table"]) == 0
+    table = capfd.readouterr().out
+    assert said in table
+    import re
+
+    header = next(line for line in table.splitlines() if line.startswith("rank"))
+    assert re.split(r"\s{2,}", header) == ["rank", "unit", "op", "SQNR dB", "gain dB",
+                                           "rel error"]
+    answer["units"][0]["inexact"] = "calibrated anew"
+    header = next(line for line in tool.render_table("sensitivity", answer).splitlines()
+                  if line.startswith("rank"))
+    assert re.split(r"\s{2,}", header)[-1] == "exact?"
+    few = ["sensitivity", str(fp32), str(int8), "5", "--max-units", "1", "--jobs", "1"]
+    assert tool.main(few) == 0
+    assert "undoes most" not in capfd.readouterr().err

@@ -3954,8 +3954,9 @@ BOUNDARIES_ARG = arg(
 def _tensor_order(graph) -> dict[str, int]:
     """Each tensor a graph computes or takes (inputs, then node outputs in file order) ->
     its position."""
-    names = [value.name for value in graph.input] + [name for node in graph.node
-                                                     for name in node.output if name]
+    weights = {tensor.name for tensor in graph.initializer}  # older IRs list them as inputs
+    names = [value.name for value in graph.input if value.name not in weights] + [
+        name for node in graph.node for name in node.output if name]
     return {name: position for position, name in enumerate(dict.fromkeys(names))}
 
 
@@ -4495,6 +4496,9 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if load_boundaries and local:
         raise EprunError("--local feeds each segment tensors of the fp32 run, which "
                          "--load-boundaries does not make; use one or the other", EXIT_USAGE)
+    if boundaries is not None and not boundaries:
+        raise EprunError("--boundaries names no tensor: give the fp32 tensors to measure, "
+                         "comma-joined", EXIT_USAGE)
     if boundaries and boundary_ops != BOUNDARY_OPS:
         raise EprunError("--boundaries names the tensors to measure, --boundary-ops the ops "
                          "that find them: give one or the other", EXIT_USAGE)
@@ -5909,7 +5913,7 @@ def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
 
 
 def _weights_table(answer: dict, colour: bool) -> list[str]:
-    """Worst first: the lowest SQNR (a weight dequantized exactly, whose SQNR is null, last)."""
+    """Worst first: the lowest SQNR."""
     order = sorted(range(len(answer["weights"])), key=lambda k: (
         answer["weights"][k]["sqnr_db"] is None,
         answer["weights"][k]["sqnr_db"] or 0.0, k))
@@ -9023,6 +9027,8 @@ def dequantize_weight(values, scale, zero, axis: int | None) -> tuple:
         scale, zero = scale.reshape(shape), zero.reshape(shape)
     with np.errstate(over="ignore"):
         narrow = values - zero
+    if not np.issubdtype(narrow.dtype, np.integer):  # float8 weights: nothing wraps
+        return narrow * scale, None
     wide = values.astype(np.int64) - zero.astype(np.int64)
     if np.array_equal(narrow, wide):
         return narrow * scale, None
@@ -9072,7 +9078,11 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
                 scale.astype("int32") * 0)
         reference = _initializer_array(floats[name], fp32)
         per_channel = scale.size > 1
+        if zero.size not in (1, scale.size) or (per_channel and zero.size != scale.size):
+            raise EprunError(f"{int8!r}: weight {weight.name!r} has {scale.size} scale(s) and "
+                             f"{zero.size} zero point(s); DequantizeLinear needs as many of each")
         if per_channel and (scale.ndim != 1 or values.ndim == 0
+                            or not -values.ndim <= weight.axis < values.ndim
                             or values.shape[weight.axis] != scale.size):
             raise EprunError(f"{int8!r}: weight {weight.name!r} of shape {list(values.shape)} "
                              f"has {scale.size} scales, not one per channel of axis "
@@ -9092,9 +9102,10 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
     if wrapping:
         note(f"{len(wrapping)} weight{'s' if len(wrapping) > 1 else ''} ("
              f"{', '.join(wrapping[:5])}{' and more' if len(wrapping) > 5 else ''}) "
-             "lie so far from their zero point that qdq_loss_debug's integer subtraction "
-             "wraps around in the weight's own type: its compute_weight_error reports "
-             "qdq_loss_debug_sqnr_db for them, eprun's sqnr_db is the spec's arithmetic")
+             f"{'lie' if len(wrapping) > 1 else 'lies'} so far from the zero point that "
+             "qdq_loss_debug's integer subtraction (of a DequantizeLinear weight) wraps around "
+             "in the weight's own type: qdq_loss_debug_sqnr_db is what its "
+             "compute_weight_error reports, eprun's sqnr_db is the spec's arithmetic")
     if unpaired:
         note(f"{len(unpaired)} quantized weight{'s' if len(unpaired) > 1 else ''} of {int8!r} "
              f"{'have' if len(unpaired) > 1 else 'has'} no fp32 weight of the same name and "

@@ -476,3 +476,16 @@ def test_inspect_summarises_a_model_as_onnx_reads_it(capfd, tmp_path):
         "wrapped_ops": {"MatMul": 2, "Add": 2}}
     code, out, _ = in_process(capfd, "inspect", int8, "--format", "table")
     assert code == 0 and "x     float32  [batch, 8]" in out
+
+
+def test_an_empty_or_weight_boundary_list_is_wrong_usage(capfd, tmp_path, lab_pair):
+    """An empty list never falls back to the default boundaries; a weight that an older IR
+    lists among the graph inputs is still a weight."""
+    code, out, err = in_process(capfd, "layers", *lab_pair, "1", "--boundaries", ",")
+    assert (code, out) == (2, "") and "--boundaries names no tensor" in err
+    model = onnx.load(str(lab_pair[0]))
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                             for t in model.graph.initializer)
+    fp32 = models.save(model, tmp_path / "ir_inputs.onnx")
+    code, out, err = in_process(capfd, "layers", fp32, fp32, "1", "--boundaries", "W0")
+    assert (code, out) == (2, "") and "that is a weight" in err

@@ -94,7 +94,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-__version__ = "0.10.0"
+__version__ = "0.11.0"
 __all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",
            "inspect", "layers", "main", "partition", "placement", "providers", "report",
            "sensitivity", "settings", "weights"]
@@ -3090,14 +3090,15 @@ def nodes_of(session) -> dict | None:
     return getattr(session, "eprun_nodes", None)
 
 
-def nodes_record(nodes: dict | None, prefix: str = "") -> dict:
+def nodes_record(nodes: dict | None, prefix: str = "", why: str | None = None) -> dict:
     """The record fields that say how many nodes each provider took, or why that is unknown
-    (``prefix``: whose, e.g. the reference's)."""
+    (``prefix``: whose, e.g. the reference's; ``why``: other than this onnxruntime's age)."""
     if nodes is not None:
         return {f"{prefix}nodes_per_provider": nodes}
     return {f"{prefix}nodes_per_provider": None,
-            f"{prefix}nodes_unknown": f"onnxruntime {import_ort().__version__} does not say "
-                                      "which provider each node went to (1.24 and later do)"}
+            f"{prefix}nodes_unknown": why or f"onnxruntime {import_ort().__version__} does not "
+                                             "say which provider each node went to (1.24 and "
+                                             "later do)"}
 
 
 class Got(NamedTuple):
@@ -3255,6 +3256,7 @@ class InputOptions:
     ranges: dict = dataclasses.field(default_factory=dict)
     file: str | None = None
     arrays: dict | None = None  # inputs read from a golden file (``load_golden``)
+    iteration: int = 0  # which feed dict of a Polygraphy JSON file (``--iteration``)
 
     @property
     def shaped(self) -> bool:
@@ -3367,7 +3369,8 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
             raise EprunError(f"--input-range names {name!r}, which is not an input of {path!r} "
                              f"(inputs: {', '.join(names) or 'none'})", EXIT_USAGE)
     stored = (options.arrays if options.arrays is not None else
-              _load_inputs_file(options.file, specs, path) if options.file else {})
+              _load_inputs_file(options.file, specs, path, iteration=options.iteration)
+              if options.file else {})
     batch_symbols = {spec.dims[0] for spec in specs
                      if spec.dims and isinstance(spec.dims[0], str)}
     for key in options.dims:
@@ -3528,16 +3531,26 @@ def _require_fitting(array, spec: InputSpec, file: str, path: str,
                          f"{option} file")
 
 
-def _load_inputs_file(file: str, specs: list, path: str, what: str = "inputs") -> dict:
+def _load_inputs_file(file: str, specs: list, path: str, what: str = "inputs", *,
+                      iteration: int = 0) -> dict:
     """The arrays of an ``.npz`` file, one per input of ``specs``: only those members are read
     (``read_npz``), each only once its header's shape fits the input it feeds; a member no
-    input is called is left unread, and said so."""
+    input is called is left unread, and said so. A ``.json`` file is Polygraphy's (``polygraphy
+    run --save-inputs``): its feed dict number ``iteration``."""
     require_file(file, what)
+    if file.lower().endswith(".json"):
+        return _checked_inputs(file, read_polygraphy_inputs(
+            file, [spec.name for spec in specs], iteration))
     # a calibration file may hold many batches of a fixed batch size: its first axis is free
     dims = {spec.name: (spec.dims if what != "calibration" or not spec.dims
                         else (None, *spec.dims[1:])) for spec in specs}
     stored = read_npz(file, [spec.name for spec in specs], what, per=f"per input of {path!r}",
                       dims=dims, model=path)
+    return _checked_inputs(file, stored)
+
+
+def _checked_inputs(file: str, stored: dict) -> dict:
+    """Inputs are numbers, with at least one row."""
     for name, array in stored.items():
         if array.dtype.kind not in "biuf":
             raise EprunError(f"{file!r}: {name!r} holds {array.dtype} values; the inputs must be "
@@ -3668,8 +3681,12 @@ def input_args(rows_default: str = str(ROWS)) -> tuple:
             help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI "
                  "inclusive); repeatable"),
         arg("--inputs", dest="inputs_file", metavar="FILE.npz",
-            help="feed these arrays (numpy.savez, one per input name) instead of generated "
-                 "ones; their batch sets the rows"),
+            help="feed these arrays (numpy.savez, one per input name; or the JSON file "
+                 "polygraphy run --save-inputs writes) instead of generated ones; their batch "
+                 "sets the rows"),
+        arg("--iteration", type=parse_count, default=0, metavar="N",
+            help="with a Polygraphy JSON file (--inputs, --load-outputs), the iteration to "
+                 "take (default 0, the first)"),
     )
 
 
@@ -3678,7 +3695,7 @@ INPUT_ARGS = input_args()
 
 def inputs_from(args: argparse.Namespace) -> InputOptions:
     return InputOptions(rows=args.rows, dims=dict(args.dim), ranges=dict(args.input_range),
-                        file=args.inputs_file)
+                        file=args.inputs_file, iteration=args.iteration)
 
 
 def dims_hint(feed: Feed) -> str:
@@ -3703,7 +3720,8 @@ def _require_numeric(value, name: str, path: str, command: str = "check") -> Non
 
 # -- golden files ----------------------------------------------------------------------------------
 
-# The member of a golden .npz that says what it holds; the arrays are input_<i>, tensor_<i>.
+# The member of a golden .npz that says what it holds; the arrays are named by their input and
+# tensor names (``golden_members``; eprun 0.10 and before named them input_<i>, tensor_<i>).
 _GOLDEN_META = "eprun"
 # The largest record (JSON text) a golden file may have: names and versions, not data.
 _GOLDEN_RECORD_BYTES = 16 << 20
@@ -3723,17 +3741,36 @@ def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *
 
     import numpy as np
 
+    members = golden_members(list(inputs), list(tensors))
     meta = {"eprun": __version__, "kind": kind, "model": os.path.basename(model),
-            "tensors": list(tensors), "inputs": list(inputs), "providers": providers,
+            "tensors": list(tensors), "inputs": list(inputs), "members": members,
+            "providers": providers,
             "onnxruntime": import_ort().__version__, "machine": machine(), "seed": seed,
             "fingerprint": model_fingerprint(model), "inputs_sha256": arrays_digest(inputs),
             "nodes_per_provider": nodes}
-    arrays = {f"input_{i}": np.asarray(value) for i, value in enumerate(inputs.values())}
-    arrays.update({f"tensor_{i}": np.asarray(value) for i, value in enumerate(tensors.values())})
+    arrays = dict(zip(members["inputs"], map(np.asarray, inputs.values())))
+    arrays.update(zip(members["tensors"], map(np.asarray, tensors.values())))
     arrays[_GOLDEN_META] = np.array(json.dumps(meta))
     write_atomically(lambda stream: np.savez(stream, **arrays), path,
                      like=(model, *([inputs_file] if inputs_file else [])))
     return {"saved": path}
+
+
+def golden_members(inputs: list[str], tensors: list[str]) -> dict:
+    """The member of a golden .npz each input and tensor is stored as: its own name, so that
+    ``numpy.load(file)["y"]`` is output y, unless another member has it already (a graph
+    input that is also an output), it is eprun's record's, or it is empty: then
+    ``input_<i>`` / ``tensor_<i>``."""
+    used = {_GOLDEN_META}
+    members: dict[str, list[str]] = {"inputs": [], "tensors": []}
+    for kind, names in (("input", inputs), ("tensor", tensors)):
+        for i, name in enumerate(names):
+            member = name if name and name not in used else f"{kind}_{i}"
+            while member in used:
+                member += "_"
+            used.add(member)
+            members[f"{kind}s"].append(member)
+    return members
 
 
 def model_fingerprint(path: str) -> str:
@@ -3804,13 +3841,22 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed:
                                                         for name in meta[key])
                 for key in ("inputs", "tensors")):
             raise ValueError("its record does not list the inputs and tensors it holds")
-        members = [f"input_{i}" for i in range(len(meta["inputs"]))] + [
-            f"tensor_{i}" for i in range(len(meta["tensors"]))]
-        arrays = read_npz(path, [_GOLDEN_META, *members], "golden",
-                          per="per name its record lists", exact=True,
+        members = meta.get("members") or {  # eprun 0.10 and before: input_<i>, tensor_<i>
+            "inputs": [f"input_{i}" for i in range(len(meta["inputs"]))],
+            "tensors": [f"tensor_{i}" for i in range(len(meta["tensors"]))]}
+        if not isinstance(members, dict) or any(
+                not isinstance(members.get(key), list)
+                or len(members[key]) != len(meta[key])
+                or not all(isinstance(member, str) for member in members[key])
+                for key in ("inputs", "tensors")):
+            raise ValueError("its record's members do not match its inputs and tensors")
+        arrays = read_npz(path, [_GOLDEN_META, *members["inputs"], *members["tensors"]],
+                          "golden", per="per name its record lists", exact=True,
                           max_bytes=_GOLDEN_RECORD_BYTES)
-        inputs = {name: arrays[f"input_{i}"] for i, name in enumerate(meta["inputs"])}
-        tensors = {name: arrays[f"tensor_{i}"] for i, name in enumerate(meta["tensors"])}
+        inputs = {name: arrays[member] for name, member in zip(meta["inputs"],
+                                                               members["inputs"])}
+        tensors = {name: arrays[member] for name, member in zip(meta["tensors"],
+                                                                members["tensors"])}
     except Exception as exc:
         why = str(exc) if isinstance(exc, EprunError) else f"{type(exc).__name__}: {one_line(exc)}"
         raise EprunError(f"{path!r} is not a golden file eprun wrote ({why}); write one with "
@@ -3874,6 +3920,143 @@ def require_golden_inputs(path: str, stored: dict, graph, model: str) -> None:
                          f"takes {', '.join(names) or 'none'}; refusing to compare")
 
 
+# -- Polygraphy's JSON files ----------------------------------------------------------------------
+
+# What Polygraphy marks its objects with ("polygraphy_class"), and the mark of older releases.
+_POLYGRAPHY_CLASS = "polygraphy_class"
+
+
+def _read_json_file(path: str, what: str) -> Any:
+    import json
+
+    try:
+        with open(path, "rb") as stream:
+            return json.loads(stream.read())
+    except (ValueError, RecursionError) as exc:
+        raise EprunError(f"{path!r} is not a JSON file ({type(exc).__name__}: "
+                         f"{one_line(exc)}); {what}") from exc
+
+
+def _polygraphy_array(value: Any, file: str, name: str):
+    """An array as Polygraphy's JSON holds one: ``{"array": <np.save bytes in base64>}``
+    (latin-1 text in releases before 0.33), inside a ``LazyArray``'s ``{"values": ...}``
+    where the outputs of a run are; an ``.npz`` payload gives its first array, as Polygraphy
+    reads it."""
+    import base64
+    import binascii
+    import io
+
+    import numpy as np
+
+    if isinstance(value, dict) and "array" not in value and "values" in value:
+        value = value["values"]
+    if not isinstance(value, dict) or not isinstance(value.get("array"), str):
+        raise EprunError(f"{file!r}: {name!r} is not an array as Polygraphy writes one "
+                         "({\"array\": ...})")
+    text = value["array"]
+    try:
+        try:
+            data = base64.b64decode(text.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            data = text.encode("latin-1")
+        loaded = np.load(io.BytesIO(data), allow_pickle=False)
+        if not isinstance(loaded, np.ndarray):  # an .npz payload
+            with loaded:
+                loaded = loaded[loaded.files[0]]
+    except (ValueError, OSError, IndexError, UnicodeEncodeError, EOFError) as exc:
+        raise EprunError(f"{file!r}: {name!r} holds no array numpy can read "
+                         f"({type(exc).__name__}: {one_line(exc)})") from exc
+    return loaded
+
+
+def _iteration_of(items: list, iteration: int, file: str, what: str) -> Any:
+    if iteration >= len(items):
+        raise EprunError(f"--iteration {iteration}: {file!r} holds {len(items)} "
+                         f"{what}{'s' if len(items) != 1 else ''} (0 to {len(items) - 1})",
+                         EXIT_USAGE)
+    return items[iteration]
+
+
+def read_polygraphy_inputs(file: str, names: list[str], iteration: int = 0) -> dict:
+    """The arrays ``names`` of one feed dict of a ``polygraphy run --save-inputs`` file (a
+    JSON list of feed dicts, one per iteration); members no input is called are said."""
+    feeds = _read_json_file(file, "--inputs takes an .npz file or Polygraphy's JSON")
+    if not isinstance(feeds, list) or not all(isinstance(feed, dict) for feed in feeds):
+        raise EprunError(f"{file!r} is not a Polygraphy inputs file (a list of feed dicts, "
+                         "what polygraphy run --save-inputs writes)")
+    feed = _iteration_of(feeds, iteration, file, "feed dict")
+    unread = [name for name in feed if name not in names]
+    if unread:
+        note(f"{file!r}: {', '.join(map(repr, unread))} feed{'s' if len(unread) == 1 else ''} "
+             "no input of the model, left unread")
+    return {name: _polygraphy_array(feed[name], file, name) for name in names if name in feed}
+
+
+def read_polygraphy_outputs(file: str, names: list[str], iteration: int = 0
+                            ) -> tuple[str, dict]:
+    """``(runner name, {output: array})``: the outputs ``names`` of one iteration of the first
+    runner in a ``polygraphy run --save-outputs`` file (its RunResults)."""
+    results = _read_json_file(file, "--load-outputs takes a golden .npz or Polygraphy's JSON")
+    runs = results.get("lst") if isinstance(results, dict) else None
+    if not isinstance(runs, list) or not runs or not all(
+            isinstance(run, list) and len(run) == 2 and isinstance(run[1], list) for run in runs):
+        raise EprunError(f"{file!r} is not a Polygraphy RunResults file (what polygraphy run "
+                         "--save-outputs writes)")
+    runner, iterations = runs[0]
+    if len(runs) > 1:
+        note(f"{file!r} holds the results of {len(runs)} runners; compared with the first, "
+             f"{runner!r}")
+    result = _iteration_of(iterations, iteration, file, "iteration")
+    outputs = result.get("outputs") if isinstance(result, dict) else None
+    if not isinstance(outputs, dict):
+        raise EprunError(f"{file!r}: iteration {iteration} of {runner!r} holds no outputs")
+    missing = [name for name in names if name not in outputs]
+    if missing:
+        raise EprunError(f"{file!r} has no output {', '.join(map(repr, missing))} (it holds "
+                         f"{', '.join(outputs) or 'none'}); refusing to compare")
+    return str(runner), {name: _polygraphy_array(outputs[name], file, name) for name in names}
+
+
+def _polygraphy_encoded(array) -> dict:
+    import base64
+    import io
+
+    import numpy as np
+
+    stream = io.BytesIO()
+    np.save(stream, np.asarray(array), allow_pickle=False)
+    return {"array": base64.b64encode(stream.getvalue()).decode("ascii"),
+            _POLYGRAPHY_CLASS: "ndarray"}
+
+
+def polygraphy_run_results(runner: str, outputs: dict) -> bytes:
+    """``outputs`` as the RunResults JSON ``polygraphy run --load-outputs`` reads: one
+    runner, one iteration."""
+    import json
+
+    iteration = {"outputs": {name: {"values": _polygraphy_encoded(value),
+                                    _POLYGRAPHY_CLASS: "LazyArray"}
+                             for name, value in outputs.items()},
+                 "runtime": 0.0, "runner_name": runner, _POLYGRAPHY_CLASS: "IterationResult"}
+    return json.dumps({"lst": [[runner, [iteration]]], _POLYGRAPHY_CLASS: "RunResults"},
+                      indent=4).encode()
+
+
+def polygraphy_feeds(inputs: dict) -> bytes:
+    """``inputs`` as the JSON ``polygraphy run --load-inputs`` reads: one feed dict."""
+    import json
+
+    return json.dumps([{name: _polygraphy_encoded(value) for name, value in inputs.items()}],
+                      indent=4).encode()
+
+
+def polygraphy_inputs_path(outputs_path: str) -> str:
+    """Where ``check --save-outputs FILE.json`` puts the inputs: FILE's stem + .inputs.json."""
+    stem = outputs_path[:-len(".json")] if outputs_path.lower().endswith(".json") \
+        else outputs_path
+    return stem + ".inputs.json"
+
+
 def golden_paths(save: str | None, load: str | None, inputs: list[str], option: str,
                  shaped: InputOptions | None = None) -> None:
     """Check a save/load pair before anything is measured."""
@@ -3885,6 +4068,9 @@ def golden_paths(save: str | None, load: str | None, inputs: list[str], option: 
                          EXIT_USAGE)
     if save:
         check_output(save, inputs)
+        if option == "outputs" and save.lower().endswith(".json") and not (
+                shaped is not None and shaped.file and shaped.file.lower().endswith(".json")):
+            check_output(polygraphy_inputs_path(save), inputs)
 
 
 # -- boundaries ------------------------------------------------------------------------------------
@@ -4641,7 +4827,8 @@ def _given_inputs(inputs: InputOptions | None, graph, path: str) -> dict | None:
     """The arrays of an ``--inputs`` file given beside a golden file, to check against it."""
     if inputs is None or not inputs.file:
         return None
-    return _load_inputs_file(inputs.file, specs_from_model(graph), path)
+    return _load_inputs_file(inputs.file, specs_from_model(graph), path,
+                             iteration=inputs.iteration)
 
 
 def drawn_with(feed: Feed, seed: int) -> int | None:
@@ -7163,7 +7350,11 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     if (require_providers and actual != providers) or (missing and not allow_fallback):
         failures.append({"bound": "providers", "requested": providers, "actual": actual,
                          "missing": missing})
-    if save_outputs:  # only once everything ran: a failed check leaves no file
+    if save_outputs and save_outputs.lower().endswith(".json"):  # Polygraphy's RunResults
+        golden = save_polygraphy(save_outputs, reference, dict(zip(reference_names,
+                                                                   reference_outputs)),
+                                 feed.arrays, inputs)
+    elif save_outputs:  # only once everything ran: a failed check leaves no file
         golden = save_golden(save_outputs, "outputs", reference,
                              dict(zip(reference_names, reference_outputs)), feed.arrays,
                              providers=reference_got.actual, seed=drawn_with(feed, seed),
@@ -7177,7 +7368,10 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
             "providers": {"requested": providers, "actual": actual,
                           "fell_back": differs_from_request(providers, actual),
                           "reference": reference_got.actual, **nodes_record(got.nodes),
-                          **nodes_record(reference_got.nodes, "reference_"),
+                          **nodes_record(reference_got.nodes, "reference_", (
+                              "the reference ran in Polygraphy, whose results file does not "
+                              "say where" if (golden or {}).get("format") == "polygraphy"
+                              else None)),
                           **({"options": ep_options} if ep_options else {})},
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
             "failures": failures, "passed": not failures,
@@ -7216,6 +7410,19 @@ def _reference_run(reference: str, seed: int, inputs: InputOptions | None,
     """``(golden, feed, output names, outputs, providers)`` of the reference: run here on
     ``on``, or read from the ``--load-outputs`` file made elsewhere (``golden`` its record,
     else None), whose inputs then feed the candidate."""
+    if load_outputs and load_outputs.lower().endswith(".json"):  # Polygraphy's RunResults
+        graph = load_model(reference)
+        names = [value.name for value in graph.graph.output]
+        require_file(load_outputs, "golden")
+        if inputs is None or not inputs.file:
+            raise EprunError(f"{load_outputs!r} is Polygraphy's, whose outputs carry no inputs: "
+                             "give the inputs they were computed on with --inputs (the file "
+                             "polygraphy run --save-inputs wrote)", EXIT_USAGE)
+        runner, stored = read_polygraphy_outputs(load_outputs, names, inputs.iteration)
+        feed = make_feeds(specs_from_model(graph), seed, inputs, reference)
+        golden = {"loaded": load_outputs, "format": "polygraphy", "runner": runner,
+                  "iteration": inputs.iteration}
+        return golden, feed, names, [stored[name] for name in names], Got([])
     if load_outputs:  # the reference ran elsewhere: its graph says what the file must hold
         graph = load_model(reference)
         names = [value.name for value in graph.graph.output]
@@ -7234,6 +7441,30 @@ def _reference_run(reference: str, seed: int, inputs: InputOptions | None,
     names = [value.name for value in session.get_outputs()]
     # its outputs are all the rest needs: the session goes before the candidate's opens
     return None, feed, names, outputs, Got.of(session)
+
+
+def save_polygraphy(path: str, reference: str, outputs: dict, feed: dict,
+                    inputs: InputOptions | None) -> dict:
+    """``check --save-outputs FILE.json``: the reference's outputs as Polygraphy's RunResults
+    (``polygraphy run MODEL --onnxrt --load-inputs ... --load-outputs FILE.json`` compares its
+    run with them), and, unless the inputs came from a Polygraphy JSON file the user already
+    has, the inputs they were computed on beside it as FILE's stem + ``.inputs.json`` (for
+    ``--load-inputs``): both written, or neither."""
+    given = inputs.file if inputs is not None else None
+    sources = (reference, *([given] if given else []))
+    staged = [stage(polygraphy_run_results(f"eprun-{os.path.basename(reference)}", outputs),
+                    path, sources)]
+    record = {"saved": path, "format": "polygraphy"}
+    if not (given and given.lower().endswith(".json")):
+        inputs_path = polygraphy_inputs_path(path)
+        try:
+            staged.append(stage(polygraphy_feeds(feed), inputs_path, sources))
+        except BaseException:
+            discard(staged)
+            raise
+        record["inputs"] = inputs_path
+    commit(staged)
+    return record
 
 
 def _gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
@@ -7318,11 +7549,13 @@ CHECK = declare(Command(
             help="fail unless the candidate's session got exactly --providers"),
         arg("--save-outputs", metavar="FILE.npz",
             help="also store the reference's outputs and the inputs, for --load-outputs on "
-                 "another machine"),
+                 "another machine; FILE.json writes Polygraphy's RunResults instead (and the "
+                 "inputs as FILE.inputs.json) for polygraphy run --load-outputs"),
         arg("--load-outputs", metavar="FILE.npz",
             help="compare with the reference outputs stored by --save-outputs (on their "
                  "inputs) instead of running the reference; refused if the reference model's "
-                 "outputs are not the stored ones"),
+                 "outputs are not the stored ones; FILE.json: what polygraphy run "
+                 "--save-outputs wrote, fed with --inputs"),
         *EP_ARGS, SWAPPED_OK_ARG, FORMAT_ARG),
     fields=("reference", "candidate", "seed", "rows", "profile", "tolerance", "providers",
             "warmup", "retries_used", "outputs", "failures", "passed"),

@@ -4767,15 +4767,20 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
         answer["local_unavailable"] = segments.unavailable
     if targets.given:
         answer["providers"] = targets.field(int8.got, fp32.got)
-    # off the CPU an EP compiles the exposed graph otherwise; on it, --metrics (the numbers
-    # other tools are compared with) says whether the exposed graph is the one deployed
-    if (targets.accelerated() or metrics) and entries and \
-            not _fell_back(targets.candidate, int8.got):
-        answer["exposure"] = exposure_of(int8, int8_names[-1], final, int8_feed)
-    if targets.reference is not None and targets.reference.requested != [CPU_EP] and entries \
-            and not load_boundaries and not _fell_back(targets.reference, fp32.got):
-        answer["reference_exposure"] = exposure_of(fp32, fp32_names[-1], reference_final,
-                                                   feed.arrays)
+    # Exposing the boundaries changes what a session compiles: an EP fuses across what is now
+    # an output, and the CPU no longer fuses a DequantizeLinear whose output is exposed. Each
+    # side says by how much its final output moved (on stderr where it did); the answer
+    # carries it wherever it is not the contract's.
+    contract = "first_divergence" not in answer
+    if entries and not _fell_back(targets.candidate, int8.got):
+        exposure = exposure_of(int8, int8_names[-1], final, int8_feed, "the int8 (candidate)")
+        if not contract or targets.accelerated() or metrics:
+            answer["exposure"] = exposure
+    if entries and not load_boundaries and not _fell_back(targets.reference, fp32.got):
+        exposure = exposure_of(fp32, fp32_names[-1], reference_final, feed.arrays,
+                               "the fp32 (reference)")
+        if not contract or targets.accelerated() or metrics:
+            answer["reference_exposure"] = exposure
     if save_boundaries:
         golden = save_golden(save_boundaries, "boundaries", fp32_path,
                              {name: kept[name] for name in fp32_names}, feed.arrays,
@@ -4906,11 +4911,14 @@ def _boundary_entry(k: int, names: tuple[str, str], values: tuple, rows: int,
             **compare_boundary(a, b, rows, metrics)}
 
 
-def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict) -> dict:
+def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict,
+                which: str = "the int8 (candidate)") -> dict:
     """How far exposing the boundaries moved ``output`` on the side's providers: the plain
     model run there on the same inputs, against the exposed run's value. An EP that compiles
-    the graph as a whole (OpenVINO, TensorRT) fuses across what is now an output, so the
-    per-boundary table describes a slightly different graph; this says by how much."""
+    the graph as a whole (OpenVINO, TensorRT) fuses across what is now an output, and the CPU
+    no longer fuses DequantizeLinear -> MatMul -> QuantizeLinear into one int8 kernel where
+    the DequantizeLinear's output is exposed, so the per-boundary table describes a slightly
+    different graph; this says by how much, and ``which`` model it is on stderr."""
     if output not in {value.name for value in side.model.graph.output}:
         return {"output": output, "max_abs_diff": None}  # not an output of the plain model
     plain = side.session([], exposed=False)
@@ -4919,9 +4927,10 @@ def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict) -> di
     diff = (largest_of(differences(exposed_value, value)[2])
             if value.shape == exposed_value.shape else float("nan"))
     if diff != 0:
-        note(f"exposing the boundaries moved {output!r} on {','.join(side.got.actual)} by "
-             f"{diff:.6g} (max abs): the session compiles or optimizes the exposed graph "
-             "differently, so the table describes the exposed graph, not exactly the plain one")
+        note(f"exposing the boundaries moved {which} model's {output!r} on "
+             f"{','.join(side.got.actual)} by {diff:.6g} (max abs): the session compiles or "
+             "optimizes the exposed graph differently, so the table describes the exposed "
+             "graph, not exactly the plain one")
     return {"output": output, "max_abs_diff": float(diff)}
 
 
@@ -6730,8 +6739,9 @@ LAYERS = declare(Command(
            '"cos_min"}]; a model that is not one float32 [batch, F] input adds "inputs"; '
            '--metrics adds "sqnr_db"/"mse" per entry; --local adds "local" per entry and '
            '"local_unavailable"; --providers adds "providers": {"requested", "actual", '
-           '"fell_back", "missing", "reference"} and, off the CPU or with --metrics, '
-           '"exposure": {"output", "max_abs_diff"}; --save-boundaries/--load-boundaries add '
+           '"fell_back", "missing", "reference"}; an answer that is not the contract\'s adds '
+           '"exposure" and "reference_exposure": {"output", "max_abs_diff"} (how far exposing '
+           'moved each side\'s final output); --save-boundaries/--load-boundaries add '
            '"golden"',
     example="eprun.py layers fp32.onnx int8.onnx 2026 --local --metrics sqnr"))
 

@@ -16,8 +16,9 @@ marker, and a marked test decides by it (tests/test_deliverables.py checks both 
 
 Where eprun runs the fused kernel: settings' ORT_ENABLE_ALL cases, check and report's gate
 (the plain model), an exposure's plain run, and --local's segments (a segment's inner
-DequantizeLinear -> MatMul -> QuantizeLinear is no output, so it fuses). layers and growth
-without --local expose every boundary, which keeps the float MatMul: no int8 kernel there.
+DequantizeLinear -> MatMul -> QuantizeLinear is no output, so it fuses). The tables of layers
+and growth come from graphs that expose every boundary, which keeps the float MatMul: no int8
+kernel there; only their exposure record (and its stderr note) is the plain model's.
 
 ``python tests/cpu.py`` prints this machine's fingerprint, in the form of
 tests/deliverables_cpu.json.

@@ -489,3 +489,54 @@ def test_an_empty_or_weight_boundary_list_is_wrong_usage(capfd, tmp_path, lab_pa
     fp32 = models.save(model, tmp_path / "ir_inputs.onnx")
     code, out, err = in_process(capfd, "layers", fp32, fp32, "1", "--boundaries", "W0")
     assert (code, out) == (2, "") and "that is a weight" in err
+
+
+# -- layers: what exposing the boundaries does to each side ---------------------------------
+
+def exposure_oracle(model, x) -> float:
+    """How far the final output of ``model`` moves when its boundaries are graph outputs:
+    the plain session against the exposed one, both opened here."""
+    proto = onnx.load(str(model))
+    (plain,) = models.run(model, x)
+    exposed = models.run(model, x, oracle_boundaries(proto), typed=True)[-1]
+    return float(np.abs(plain.astype(np.float64) - exposed.astype(np.float64)).max())
+
+
+def test_layers_says_what_exposing_moved_on_each_side(capfd, lab_pair):
+    """On the CPU too, and whatever this CPU's int8 kernel makes of it: the contract's answer
+    stays as it is and says it on stderr only where it moved; any other answer carries it."""
+    import json
+
+    fp32, int8 = lab_pair
+    x = models.contract_input(4, 8)
+    moved = {"int8 (candidate)": exposure_oracle(int8, x),
+             "fp32 (reference)": exposure_oracle(fp32, x)}
+    code, out, err = in_process(capfd, "layers", fp32, int8, "4")
+    assert code == 0 and "exposure" not in json.loads(out)
+    for which, diff in moved.items():
+        assert (f"exposing the boundaries moved the {which} model's 'y'" in err) is (diff != 0)
+    code, out, _ = in_process(capfd, "layers", fp32, int8, "4", "--output", "y")
+    answer = json.loads(out)
+    assert answer["exposure"] == {"output": "y", "max_abs_diff": moved["int8 (candidate)"]}
+    assert answer["reference_exposure"] == {"output": "y",
+                                            "max_abs_diff": moved["fp32 (reference)"]}
+
+
+def test_an_exposure_that_moved_the_output_is_said_with_its_side(capfd, lab_pair):
+    """Where this CPU's kernels leave the lab pair's output alone, an exposed value that
+    differs by a known amount stands in for one that moved: said on stderr, side named."""
+    import eprun as tool
+
+    _, int8 = lab_pair
+    x = models.contract_input(4, 8)
+    (plain,) = models.run(int8, x)
+    side = tool.PairedModel(str(int8), tool.BOUNDARY_OPS)
+    moved = tool.exposure_of(side, "y", plain + np.float32(0.5), {"x": x},
+                             "the int8 (candidate)")
+    assert moved == {"output": "y", "max_abs_diff": pytest.approx(0.5, rel=1e-6)}
+    err = capfd.readouterr().err
+    said = ("exposing the boundaries moved the int8 (candidate) model's 'y' on "
+            "CPUExecutionProvider by 0.5 (max abs)")
+    assert said in err
+    assert tool.exposure_of(side, "y", plain, {"x": x}) == {"output": "y", "max_abs_diff": 0.0}
+    assert capfd.readouterr().err == ""

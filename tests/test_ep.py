@@ -261,7 +261,9 @@ def test_cpu_providers_add_the_record_and_change_no_number(eprun, lab_pair):
         "reference": [CPU]}
     counts = record.pop("nodes_per_provider"), record.pop("reference_nodes_per_provider")
     assert all(count is None or set(count) == {CPU} for count in counts)
-    assert "exposure" not in on_cpu  # the CPU alone: the contract's own sessions
+    for key in ("exposure", "reference_exposure"):  # no longer the contract's: said
+        exposure = on_cpu.pop(key)
+        assert exposure["output"] == "y" and exposure["max_abs_diff"] >= 0
     # the answer is no longer the contract's: it says where the two first differ
     first = on_cpu.pop("first_divergence")
     born = next(k for k, error in enumerate(plain["rel_error"]) if error != 0)
@@ -544,7 +546,7 @@ def test_saved_outputs_hold_the_reference_run_and_give_the_same_verdict(lab_pair
     saved = first.answer
     assert saved.pop("golden") == {"saved": str(golden)}
     with np.load(golden, allow_pickle=False) as archive:
-        stored_x, stored_y = archive["input_0"], archive["tensor_0"]
+        stored_x, stored_y = archive["x"], archive["y"]  # by their input and output names
     x = lab_input(fp32, 6)
     assert np.array_equal(stored_x, x)
     assert np.array_equal(stored_y, models.run(fp32, x)[0])
@@ -570,6 +572,7 @@ def test_saved_boundaries_give_the_same_table(eprun, lab_pair, tmp_path):
     saved = eprun("layers", fp32, int8, "8", "--save-boundaries", golden)
     plain = eprun("layers", fp32, int8, "8")
     assert saved.pop("golden") == {"saved": str(golden)}
+    assert saved.pop("exposure")["output"] == saved.pop("reference_exposure")["output"] == "y"
     assert saved.pop("first_divergence")["index"] == next(
         entry["index"] for entry in plain["layers"] if entry["max_abs_error"] != 0)
     assert saved == plain

@@ -63,7 +63,8 @@ def build_models(folder: Path) -> list[tuple[str, str, str]]:
 
 
 def readme_examples() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = "\n".join(path.read_text(encoding="utf-8") for path in
+                     [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     found = []
     for block in re.findall(r"```console\n(.*?)```", text, flags=re.S):
         found += [["bash", "-c", line[2:]] for line in block.splitlines()

@@ -84,7 +84,7 @@ def test_the_parser_offers_exactly_the_declared_commands():
 def test_every_exit_code_is_documented_in_help_docstring_and_readme():
     top = " ".join(subprocess.run([sys.executable, str(EPRUN), "--help"], capture_output=True,
                                   text=True, timeout=60).stdout.split())
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
     table = readme[readme.index("## Exit codes"):]
     for code, name, _ in tool.EXIT_CODES:
         assert f"{code} {name}" in top

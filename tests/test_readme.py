@@ -1,4 +1,5 @@
-"""Every ``$ python eprun.py ...`` example in README.md prints what the README shows.
+"""Every ``$ python eprun.py ...`` example in README.md and docs/ prints what it shows there,
+and every link between them leads to a file and a heading that exist.
 
 The ``settings`` and ``check`` examples on the lab's int8 model, and ``growth --local`` (whose
 segments onnxruntime fuses into QLinearMatMul: only the exposed boundaries keep the float
@@ -65,9 +66,12 @@ def json_types(value):
         value).__name__
 
 
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def examples() -> list[tuple[str, str]]:
     """(command, shown output) pairs; a shown output may start with RELEASE_DEPENDENT."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = "\n".join(path.read_text(encoding="utf-8") for path in DOCUMENTS)
     found = []
     for block in re.findall(r"```console\n(.*?)```", text, flags=re.S):
         command, output = None, []
@@ -127,3 +131,46 @@ def test_readme_example_output_is_real(command, shown):
             assert NUMBER.sub("#", got) == NUMBER.sub("#", want)
             assert [float(n) for n in NUMBER.findall(got)] == pytest.approx(
                 [float(n) for n in NUMBER.findall(want)], rel=1e-5)
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors a Markdown file offers: each heading's GitHub slug (lower case, spaces to
+    dashes, punctuation but dashes and underscores dropped, -1, -2 for repeats) and each
+    ``<a id="...">``."""
+    found, seen = set(), {}
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # a shell comment is no heading
+    for heading in re.findall(r"^#{1,6} (.+?)\s*$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return found | set(re.findall(r'<a id="([^"]+)"', text))
+
+
+def test_every_link_between_the_documents_leads_somewhere():
+    """Relative links of README.md and docs/*.md: the file exists, and the heading or anchor
+    after # is one it has."""
+    checked = 0
+    for path in DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # an address outside the repository: not followed here
+            file, _, anchor = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            assert linked.is_file(), f"{path.name}: {target} leads to no file"
+            if anchor:
+                assert anchor in anchors(linked.read_text(encoding="utf-8")), \
+                    f"{path.name}: {target} leads to no heading of {linked.name}"
+            checked += 1
+    assert checked >= 10
+
+
+def test_the_front_page_fits_a_few_screens_and_links_every_document():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.count("\n") <= 200 and "contract" not in readme
+    for name in ("commands.md", "accelerators.md", "performance.md", "development.md",
+                 "CHANGELOG.md"):
+        assert f"(docs/{name})" in readme
+    assert {command.split()[2] for command, _ in examples()} >= {
+        "providers", "partition", "expose", "layers", "growth", "settings", "placement",
+        "check", "weights", "inspect"}

@@ -118,19 +118,26 @@ def exposed(path):
 features = sa.get_inputs()[0].shape[1]
 x = np.random.default_rng(int(sys.argv[3])).standard_normal((64, features)).astype(np.float32)
 out = []
-for a, b in zip(sa.run(fa, {"x": x}), sb.run(fb, {"x": x})):
+ra, rb = sa.run(fa, {"x": x}), sb.run(fb, {"x": x})
+for a, b in zip(ra, rb):
     a, b = a.astype(np.float64).reshape(64, -1), b.astype(np.float64).reshape(64, -1)
     err, scale = float(np.abs(a - b).max()), float(np.abs(a).max())
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     cos = np.where(norms == 0, 1.0, (a * b).sum(1) / np.where(norms == 0, 1, norms))
     out.append([err, scale, err / scale if scale else 0.0, float(cos.min())])
+moved = []  # what exposing moved: each plain model's final output against the exposed one's
+for path, names, values in ((sys.argv[1], fa, ra), (sys.argv[2], fb, rb)):
+    plain = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    (value,) = plain.run([names[-1]], {"x": x})
+    moved.append(float(np.abs(value - values[-1]).max()))
 if len(sys.argv) > 4:
     rel = [entry[2] for entry in out]
     out = [rel[k] / rel[k - 1] if rel[k - 1] else None for k in range(1, len(rel))]
 print(json.dumps(out))
 ''',
     # The least any tool can do: each exposed model (written beforehand, untimed) opened from
-    # its file, run once on every output and freed in turn; then the boundaries compared.
+    # its file, run once on every output and freed in turn; then the boundaries compared, and
+    # each plain model (argv[5], argv[6]) run for its final output: what exposing moved.
     "layers_sequential": FLOOR_COMMON + '''
 import gc
 import onnxruntime as ort
@@ -155,6 +162,9 @@ for a, b in zip(fp32, int8):
     a, b = a.astype(np.float64).reshape(64, -1), b.astype(np.float64).reshape(64, -1)
     err, scale = float(np.abs(a - b).max()), float(np.abs(a).max())
     out.append([err, scale, err / scale if scale else 0.0])
+for path, exposed in zip(sys.argv[5:7], (fp32, int8)):
+    _, (final, *_) = run(path, feed)
+    out.append(float(np.abs(final - exposed[0]).max()))
 print(json.dumps(out))
 ''',
     # layers --providers EP by hand: the fp32 model exposed on the CPU, the int8 model exposed
@@ -436,7 +446,8 @@ def chain_rows(work: Path, repeat: int) -> list[str]:
     floor = script(work, "floor_sequential", FLOORS["layers_sequential"])
     got = measure_together({
         "layers": ([[PY, EPRUN, "layers", chain, chain, str(SEED)]], None),
-        "floor": ([[PY, floor, exposed, exposed, str(SEED), json.dumps({"N": 64})]], None),
+        "floor": ([[PY, floor, exposed, exposed, str(SEED), json.dumps({"N": 64}), chain,
+                    chain]], None),
         "partition": ([[PY, EPRUN, "partition", chain, "MatMul"]], None),
         "partition floor": ([[PY, script(work, "floor_partition", FLOORS["partition"]), chain,
                               "MatMul"]], None)}, repeat)
@@ -486,7 +497,8 @@ def layers_rows(work: Path, fp32: str, int8: str, features: int, label: str,
         "layers": ([[PY, EPRUN, "layers", fp32, int8, str(SEED), *extra]], None),
         "one-model-at-a-time floor": ([[PY, script(work, "floor_sequential",
                                                    FLOORS["layers_sequential"]),
-                                        *exposed, str(SEED), json.dumps(sizes)]], None),
+                                        *exposed, str(SEED), json.dumps(sizes), fp32,
+                                        int8]], None),
         "report": ([[PY, EPRUN, "report", fp32, int8, "--seed", str(SEED), "--out-dir",
                      str(work / f"report_{tag}"), "--force", *extra]], None),
         "the commands it runs, one by one": ([

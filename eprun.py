@@ -3694,6 +3694,11 @@ INPUT_ARGS = input_args()
 
 
 def inputs_from(args: argparse.Namespace) -> InputOptions:
+    if args.iteration and not any(str(getattr(args, name, None) or "").lower().endswith(".json")
+                                  for name in ("inputs_file", "load_outputs")):
+        raise EprunError(f"--iteration {args.iteration} picks an iteration of a Polygraphy JSON "
+                         "file (--inputs FILE.json, --load-outputs FILE.json), and none is given",
+                         EXIT_USAGE)
     return InputOptions(rows=args.rows, dims=dict(args.dim), ranges=dict(args.input_range),
                         file=args.inputs_file, iteration=args.iteration)
 

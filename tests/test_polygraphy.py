@@ -170,6 +170,7 @@ def test_a_graph_input_that_is_an_output_keeps_both_arrays(capfd, tmp_path):
     (["--inputs", "@in", "--load-outputs", "@in"], 4, "is not a Polygraphy RunResults file"),
     (["--inputs", "@bad"], 4, "is not a JSON file"),
     (["--inputs", "@noarray"], 4, "'x' is not an array as Polygraphy writes one"),
+    (["--iteration", "1"], 2, "--iteration 1 picks an iteration of a Polygraphy JSON file"),
 ])
 def test_polygraphy_files_that_do_not_fit_are_one_line(capfd, polygraphy_run, tmp_path, argv,
                                                        code, said):

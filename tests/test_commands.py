@@ -540,3 +540,37 @@ def test_an_exposure_that_moved_the_output_is_said_with_its_side(capfd, lab_pair
     assert said in err
     assert tool.exposure_of(side, "y", plain, {"x": x}) == {"output": "y", "max_abs_diff": 0.0}
     assert capfd.readouterr().err == ""
+
+
+def test_float8_weights_are_read_as_floats_not_integers(capfd, tmp_path):
+    """A float8 weight (FLOAT8E4M3FN) dequantizes as values * scale: nothing is truncated to
+    an integer, and nothing wraps around."""
+    import json
+
+    from onnx import TensorProto, numpy_helper
+
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((8, 4)).astype(np.float32)
+    scale = np.float32(0.5)
+    fp32 = models.finish([helper.make_node("MatMul", ["x", "W"], ["y"])],
+                         [models.float_input("x", 8)],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+                         [numpy_helper.from_array(weight, "W")])
+    quantized = helper.make_tensor("W_quantized", TensorProto.FLOAT8E4M3FN, [8, 4],
+                                   (weight / scale).ravel().tolist())
+    int8 = models.finish(
+        [helper.make_node("DequantizeLinear", ["W_quantized", "W_scale"], ["W_dq"]),
+         helper.make_node("MatMul", ["x", "W_dq"], ["y"])],
+        [models.float_input("x", 8)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [quantized, numpy_helper.from_array(np.array(scale), "W_scale")])
+    code, out, err = in_process(capfd, "weights", models.save(fp32, tmp_path / "f.onnx"),
+                                models.save(int8, tmp_path / "q.onnx"))
+    assert code == 0, err
+    (entry,) = json.loads(out)["weights"]
+    stored = numpy_helper.to_array(quantized).astype(np.float64) * float(scale)
+    expected = sqnr(weight.astype(np.float64), stored)
+    assert 10 < expected < 60 and "wraps" not in err
+    assert entry["sqnr_db"] == pytest.approx(expected, rel=1e-6)
+    assert entry["max_abs_error"] == pytest.approx(float(np.abs(weight - stored).max()),
+                                                   rel=1e-6)

@@ -2939,8 +2939,9 @@ def measure_ep_args(reference: bool = True) -> tuple:
     return (
         arg("--providers", type=parse_list, metavar="LIST",
             help="run the int8 (candidate) model on these providers (comma-joined names, or "
-                 "policy:NAME); the answer adds \"providers\", and \"exposure\" off the CPU. "
-                 "A session that does not get them is refused (exit 4)"),
+                 "policy:NAME); the answer adds \"providers\" (and, for layers and growth, "
+                 "\"exposure\" and \"reference_exposure\"). A session that does not get them "
+                 "is refused (exit 4)"),
         *((arg("--reference-providers", type=parse_list, metavar="LIST",
                help="run the fp32 (reference) model on these providers (default the CPU)"),)
           if reference else ()),
@@ -3539,8 +3540,13 @@ def _load_inputs_file(file: str, specs: list, path: str, what: str = "inputs", *
     run --save-inputs``): its feed dict number ``iteration``."""
     require_file(file, what)
     if file.lower().endswith(".json"):
+        if what == "calibration":
+            raise EprunError(f"--calibration {file!r}: a calibration file is an .npz of batches "
+                             "(numpy.savez, one array per input); Polygraphy's JSON is for "
+                             "--inputs", EXIT_USAGE)
         return _checked_inputs(file, read_polygraphy_inputs(
-            file, [spec.name for spec in specs], iteration))
+            file, [spec.name for spec in specs], iteration,
+            {spec.name: spec.dims for spec in specs}))
     # a calibration file may hold many batches of a fixed batch size: its first axis is free
     dims = {spec.name: (spec.dims if what != "calibration" or not spec.dims
                         else (None, *spec.dims[1:])) for spec in specs}
@@ -3942,11 +3948,13 @@ def _read_json_file(path: str, what: str) -> Any:
                          f"{one_line(exc)}); {what}") from exc
 
 
-def _polygraphy_array(value: Any, file: str, name: str):
+def _polygraphy_array(value: Any, file: str, name: str, dims: tuple | None = None):
     """An array as Polygraphy's JSON holds one: ``{"array": <np.save bytes in base64>}``
     (latin-1 text in releases before 0.33), inside a ``LazyArray``'s ``{"values": ...}``
-    where the outputs of a run are; an ``.npz`` payload gives its first array, as Polygraphy
-    reads it."""
+    where the outputs of a run are. Its .npy header is read first: an array of Python objects,
+    one whose shape ``dims`` (an input's) cannot take, or one whose data is not exactly what
+    its shape and type need is refused before any memory is set aside for it, so a small file
+    never asks for a large one."""
     import base64
     import binascii
     import io
@@ -3964,14 +3972,28 @@ def _polygraphy_array(value: Any, file: str, name: str):
             data = base64.b64decode(text.encode("ascii"), validate=True)
         except (binascii.Error, UnicodeEncodeError):
             data = text.encode("latin-1")
-        loaded = np.load(io.BytesIO(data), allow_pickle=False)
-        if not isinstance(loaded, np.ndarray):  # an .npz payload
-            with loaded:
-                loaded = loaded[loaded.files[0]]
-    except (ValueError, OSError, IndexError, UnicodeEncodeError, EOFError) as exc:
-        raise EprunError(f"{file!r}: {name!r} holds no array numpy can read "
+        stream = io.BytesIO(data)
+        version = np.lib.format.read_magic(stream)
+        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                  else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = reader(stream)
+    except (ValueError, OSError, UnicodeEncodeError, EOFError) as exc:
+        raise EprunError(f"{file!r}: {name!r} holds no .npy array as Polygraphy writes one "
                          f"({type(exc).__name__}: {one_line(exc)})") from exc
-    return loaded
+    if dtype.hasobject:
+        raise EprunError(f"{file!r}: {name!r} holds Python objects, which eprun never reads")
+    if dims and (len(shape) != len(dims) or any(
+            isinstance(dim, int) and dim != size for dim, size in zip(dims, shape))):
+        declared = [dim if isinstance(dim, int) else (dim or "?") for dim in dims]
+        raise EprunError(f"{file!r}: {name!r} has shape {list(shape)}, but the model takes "
+                         f"{name!r} as {declared}; fix the array in the --inputs file")
+    count = math.prod(shape)
+    if len(data) - stream.tell() != count * dtype.itemsize:
+        raise EprunError(f"{file!r}: {name!r} declares shape {list(shape)} of {dtype} "
+                         f"({count * dtype.itemsize} bytes) but holds "
+                         f"{len(data) - stream.tell()} bytes")
+    array = np.frombuffer(data, dtype=dtype, count=count, offset=stream.tell())
+    return array.reshape(shape[::-1]).T.copy() if fortran else array.reshape(shape).copy()
 
 
 def _iteration_of(items: list, iteration: int, file: str, what: str) -> Any:
@@ -3982,19 +4004,33 @@ def _iteration_of(items: list, iteration: int, file: str, what: str) -> Any:
     return items[iteration]
 
 
-def read_polygraphy_inputs(file: str, names: list[str], iteration: int = 0) -> dict:
+def read_polygraphy_inputs(file: str, names: list[str], iteration: int = 0,
+                           dims: dict | None = None) -> dict:
     """The arrays ``names`` of one feed dict of a ``polygraphy run --save-inputs`` file (a
-    JSON list of feed dicts, one per iteration); members no input is called are said."""
+    JSON list of feed dicts, one per iteration; or one feed dict alone, as Polygraphy writes
+    each iteration's file when it saves them apart), each checked against its input's
+    ``dims``. Every input must be there, as in an ``.npz``; members no input is called are
+    said."""
     feeds = _read_json_file(file, "--inputs takes an .npz file or Polygraphy's JSON")
+    if isinstance(feeds, dict) and feeds and all(isinstance(value, dict)
+                                                 for value in feeds.values()):
+        feeds = [feeds]  # one iteration's file
     if not isinstance(feeds, list) or not all(isinstance(feed, dict) for feed in feeds):
         raise EprunError(f"{file!r} is not a Polygraphy inputs file (a list of feed dicts, "
                          "what polygraphy run --save-inputs writes)")
+    if not feeds:
+        raise EprunError(f"{file!r} holds no feed dict")
     feed = _iteration_of(feeds, iteration, file, "feed dict")
+    missing = [name for name in names if name not in feed]
+    if missing:
+        raise EprunError(f"{file!r} must hold one array per input ({', '.join(names)}): its "
+                         f"feed dict {iteration} is missing {', '.join(missing)}")
     unread = [name for name in feed if name not in names]
     if unread:
         note(f"{file!r}: {', '.join(map(repr, unread))} feed{'s' if len(unread) == 1 else ''} "
              "no input of the model, left unread")
-    return {name: _polygraphy_array(feed[name], file, name) for name in names if name in feed}
+    return {name: _polygraphy_array(feed[name], file, name, (dims or {}).get(name))
+            for name in names}
 
 
 def read_polygraphy_outputs(file: str, names: list[str], iteration: int = 0
@@ -4008,6 +4044,8 @@ def read_polygraphy_outputs(file: str, names: list[str], iteration: int = 0
         raise EprunError(f"{file!r} is not a Polygraphy RunResults file (what polygraphy run "
                          "--save-outputs writes)")
     runner, iterations = runs[0]
+    if not iterations:
+        raise EprunError(f"{file!r}: runner {runner!r} holds no iteration")
     if len(runs) > 1:
         note(f"{file!r} holds the results of {len(runs)} runners; compared with the first, "
              f"{runner!r}")
@@ -4072,9 +4110,10 @@ def golden_paths(save: str | None, load: str | None, inputs: list[str], option: 
         raise EprunError(f"--load-{option} feeds the inputs stored in {load!r}; drop --rows",
                          EXIT_USAGE)
     if save:
+        # what must not be written over: the models, and an --inputs file
+        inputs = [*inputs, *([shaped.file] if shaped is not None and shaped.file else [])]
         check_output(save, inputs)
-        if option == "outputs" and save.lower().endswith(".json") and not (
-                shaped is not None and shaped.file and shaped.file.lower().endswith(".json")):
+        if option == "outputs" and save.lower().endswith(".json"):
             check_output(polygraphy_inputs_path(save), inputs)
 
 
@@ -4727,7 +4766,10 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     batches = plan_batches(sizes, budget)
 
     side_values = segments.fp32_values(fp32, feed.arrays) if segments else {}
-    entries, final, previous, reference_final = [], None, None, None
+    entries, final, previous = [], None, None
+    ends = {side: output or final_output(paired.model.graph)
+            for side, paired in (("fp32", fp32), ("int8", int8))}
+    ended: dict = {}
     progress = Progress("comparing boundaries", len(pairs))
     kept = {}  # the fp32 tensors --save-boundaries stores
     for batch in batches:  # one session at a time, released before the next opens
@@ -4753,7 +4795,11 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
             entries.append(entry)
             progress.step(k + 1)
             if k == len(pairs) - 1:
-                final, reference_final = b, a
+                final = b
+            if int8_name == ends["int8"]:  # the final outputs, for the exposure records
+                ended["int8"] = b
+            if fp32_name == ends["fp32"]:
+                ended["fp32"] = a
             previous = a
         del a_values, b_values
     progress.close()
@@ -4778,11 +4824,12 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     # carries it wherever it is not the contract's.
     contract = "first_divergence" not in answer
     if entries and not _fell_back(targets.candidate, int8.got):
-        exposure = exposure_of(int8, int8_names[-1], final, int8_feed, "the int8 (candidate)")
+        exposure = exposure_of(int8, ends["int8"], ended.get("int8"), int8_feed,
+                               "the int8 (candidate)")
         if not contract or targets.accelerated() or metrics:
             answer["exposure"] = exposure
     if entries and not load_boundaries and not _fell_back(targets.reference, fp32.got):
-        exposure = exposure_of(fp32, fp32_names[-1], reference_final, feed.arrays,
+        exposure = exposure_of(fp32, ends["fp32"], ended.get("fp32"), feed.arrays,
                                "the fp32 (reference)")
         if not contract or targets.accelerated() or metrics:
             answer["reference_exposure"] = exposure
@@ -4924,13 +4971,16 @@ def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict,
     no longer fuses DequantizeLinear -> MatMul -> QuantizeLinear into one int8 kernel where
     the DequantizeLinear's output is exposed, so the per-boundary table describes a slightly
     different graph; this says by how much, and ``which`` model it is on stderr."""
-    if output not in {value.name for value in side.model.graph.output}:
-        return {"output": output, "max_abs_diff": None}  # not an output of the plain model
+    if exposed_value is None or output not in {value.name for value in side.model.graph.output}:
+        return {"output": output, "max_abs_diff": None}  # not measured, or no plain output
     plain = side.session([], exposed=False)
     (value,) = run_session(plain, [output], feed, what=repr(side.path))
     del plain
-    diff = (largest_of(differences(exposed_value, value)[2])
-            if value.shape == exposed_value.shape else float("nan"))
+    import numpy as np
+
+    diff = (float("nan") if value.shape != exposed_value.shape else
+            0.0 if np.array_equal(value, exposed_value, equal_nan=value.dtype.kind in "fc")
+            else largest_of(differences(exposed_value, value)[2]))
     if diff != 0:
         note(f"exposing the boundaries moved {which} model's {output!r} on "
              f"{','.join(side.got.actual)} by {diff:.6g} (max abs): the session compiles or "
@@ -6758,8 +6808,9 @@ GROWTH = declare(Command(
     arguments=(*PAIR_ARGS, FORMAT_ARG),
     fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
             "max_ratio"),
-    detail='max_ratio: {"index", "ratio"}; "inputs", "providers" and "exposure" as in '
-           'layers; --local adds "local_rel_error", "worst_local" and "local_unavailable"',
+    detail='max_ratio: {"index", "ratio"}; "inputs", "providers", "first_divergence", '
+           '"exposure" and "reference_exposure" as in layers; --local adds "local_rel_error", '
+           '"worst_local" and "local_unavailable"',
     example="eprun.py growth fp32.onnx int8.onnx 2026"))
 
 
@@ -7386,8 +7437,8 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
                           "reference": reference_got.actual, **nodes_record(got.nodes),
                           **nodes_record(reference_got.nodes, "reference_", (
                               "the reference ran in Polygraphy, whose results file does not "
-                              "say where" if (golden or {}).get("format") == "polygraphy"
-                              else None)),
+                              "say where" if "loaded" in (golden or {}) and
+                              golden.get("format") == "polygraphy" else None)),
                           **({"options": ep_options} if ep_options else {})},
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
             "failures": failures, "passed": not failures,
@@ -7463,24 +7514,21 @@ def save_polygraphy(path: str, reference: str, outputs: dict, feed: dict,
                     inputs: InputOptions | None) -> dict:
     """``check --save-outputs FILE.json``: the reference's outputs as Polygraphy's RunResults
     (``polygraphy run MODEL --onnxrt --load-inputs ... --load-outputs FILE.json`` compares its
-    run with them), and, unless the inputs came from a Polygraphy JSON file the user already
-    has, the inputs they were computed on beside it as FILE's stem + ``.inputs.json`` (for
-    ``--load-inputs``): both written, or neither."""
+    run with them), and the very inputs they were computed on beside it as FILE's stem +
+    ``.inputs.json`` (for ``--load-inputs``; an ``--inputs`` file may hold other iterations
+    first): both written, or neither."""
     given = inputs.file if inputs is not None else None
     sources = (reference, *([given] if given else []))
     staged = [stage(polygraphy_run_results(f"eprun-{os.path.basename(reference)}", outputs),
                     path, sources)]
-    record = {"saved": path, "format": "polygraphy"}
-    if not (given and given.lower().endswith(".json")):
-        inputs_path = polygraphy_inputs_path(path)
-        try:
-            staged.append(stage(polygraphy_feeds(feed), inputs_path, sources))
-        except BaseException:
-            discard(staged)
-            raise
-        record["inputs"] = inputs_path
+    inputs_path = polygraphy_inputs_path(path)
+    try:
+        staged.append(stage(polygraphy_feeds(feed), inputs_path, sources))
+    except BaseException:
+        discard(staged)
+        raise
     commit(staged)
-    return record
+    return {"saved": path, "format": "polygraphy", "inputs": inputs_path}
 
 
 def _gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],

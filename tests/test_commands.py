@@ -574,3 +574,39 @@ def test_float8_weights_are_read_as_floats_not_integers(capfd, tmp_path):
     assert entry["sqnr_db"] == pytest.approx(expected, rel=1e-6)
     assert entry["max_abs_error"] == pytest.approx(float(np.abs(weight - stored).max()),
                                                    rel=1e-6)
+
+
+def test_the_exposure_record_follows_the_final_output_not_the_last_boundary(capfd, tmp_path):
+    """The first output also feeds a MatMul, so the last boundary is no output: the record
+    still measures the final output. An output holding NaN in the same places in both runs
+    did not move."""
+    import json
+
+    from onnx import TensorProto, numpy_helper
+
+    rng = np.random.default_rng(5)
+    weights = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), name)
+               for name in ("W1", "W2", "W3")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]),
+             helper.make_node("MatMul", ["h", "W2"], ["t"]),
+             helper.make_node("Relu", ["t"], ["u"]),
+             helper.make_node("MatMul", ["u", "W3"], ["r"])]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", 8])
+               for name in ("h", "r")]
+    path = models.save(models.finish(nodes, [models.float_input("x", 8)], outputs, weights),
+                       tmp_path / "two.onnx")
+    code, out, err = in_process(capfd, "layers", path, path, "1", "--metrics", "sqnr")
+    assert code == 0, err
+    answer = json.loads(out)
+    assert [entry["fp32"] for entry in answer["layers"]] == ["x", "h", "u"]
+    assert answer["exposure"] == answer["reference_exposure"] == {"output": "h",
+                                                                  "max_abs_diff": 0.0}
+    nodes = [helper.make_node("Log", ["x"], ["l"]), helper.make_node("MatMul", ["l", "W1"],
+                                                                     ["y"])]
+    path = models.save(models.finish(
+        nodes, [models.float_input("x", 8)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], weights[:1]),
+        tmp_path / "nan.onnx")
+    code, out, err = in_process(capfd, "layers", path, path, "1", "--metrics", "sqnr")
+    assert code == 0 and json.loads(out)["exposure"] == {"output": "y", "max_abs_diff": 0.0}
+    assert "exposing the boundaries moved" not in err

@@ -107,17 +107,24 @@ def test_polygraphy_reads_and_compares_what_check_saves(capfd, polygraphy_run, t
     assert same.returncode == 0 and "PASSED" in same.stdout + same.stderr
     other = run_polygraphy("run", int8, "--onnxrt", "--load-inputs", feeds, "--load-outputs", golden)
     assert other.returncode != 0 and "FAILED" in other.stdout + other.stderr
-    # inputs that came from Polygraphy are not written again
+    # inputs from Polygraphy's own file, iteration 1: the very feed dict goes beside
     again = tmp_path / "again.json"
     code, out, _ = in_process(capfd, "check", fp32, fp32, "--inputs", inputs, "--iteration", "1",
                               "--save-outputs", again)
-    assert code == 0 and json.loads(out)["golden"] == {"saved": str(again),
-                                                       "format": "polygraphy"}
-    assert not (tmp_path / "again.inputs.json").exists()
-    done = run_polygraphy("run", fp32, "--onnxrt", "--load-inputs", inputs, "--load-outputs", again)
-    assert done.returncode != 0  # Polygraphy compares iteration 0 with the one saved: 1
-    assert np.array_equal(polygraphy_outputs(again, 0)["y"],
-                          models.run(fp32, polygraphy_feeds(inputs)[1])[0])
+    assert code == 0 and json.loads(out)["golden"] == {
+        "saved": str(again), "format": "polygraphy", "inputs": str(tmp_path / "again.inputs.json")}
+    (feed,) = polygraphy_feeds(tmp_path / "again.inputs.json")
+    assert np.array_equal(feed["x"], polygraphy_feeds(inputs)[1]["x"])
+    assert np.array_equal(polygraphy_outputs(again, 0)["y"], models.run(fp32, feed)[0])
+    done = run_polygraphy("run", fp32, "--onnxrt", "--load-inputs", tmp_path / "again.inputs.json",
+                          "--load-outputs", again)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # one iteration's file, as Polygraphy writes them apart, is a feed dict of its own
+    alone = tmp_path / "alone.json"
+    alone.write_text(json.dumps(json.loads(inputs.read_text())[1]), encoding="utf-8")
+    code, out, _ = in_process(capfd, "check", fp32, fp32, "--inputs", alone,
+                              "--load-outputs", again)
+    assert code == 0 and json.loads(out)["outputs"][0]["max_abs_diff"] == 0
 
 
 def test_npz_files_name_their_arrays_by_input_and_output(capfd, polygraphy_run, tmp_path):
@@ -171,16 +178,38 @@ def test_a_graph_input_that_is_an_output_keeps_both_arrays(capfd, tmp_path):
     (["--inputs", "@bad"], 4, "is not a JSON file"),
     (["--inputs", "@noarray"], 4, "'x' is not an array as Polygraphy writes one"),
     (["--iteration", "1"], 2, "--iteration 1 picks an iteration of a Polygraphy JSON file"),
+    (["--inputs", "@nox"], 4, "must hold one array per input (x): its feed dict 0 is missing x"),
+    (["--inputs", "@empty"], 4, "holds no feed dict"),
+    (["--inputs", "@huge"], 4, "'x' declares shape [1000000000, 8] of float32"),
+    (["--inputs", "@in", "--save-outputs", "@in"], 2, "refusing to overwrite the input file"),
 ])
 def test_polygraphy_files_that_do_not_fit_are_one_line(capfd, polygraphy_run, tmp_path, argv,
                                                        code, said):
     fp32, _, inputs, outputs = polygraphy_run
+    import base64
+    import io
+
     (tmp_path / "bad.json").write_text("[{", encoding="utf-8")
     (tmp_path / "noarray.json").write_text('[{"x": {"values": 3}}]', encoding="utf-8")
+    (tmp_path / "nox.json").write_text('[{}]', encoding="utf-8")
+    (tmp_path / "empty.json").write_text('[]', encoding="utf-8")
+    header = io.BytesIO()  # an .npy header promising 32 GB, and 4 bytes of data
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (10 ** 9, 8)})
+    payload = base64.b64encode(header.getvalue() + b"abcd")
+    (tmp_path / "huge.json").write_text(json.dumps([{"x": {"array": payload.decode()}}]),
+                                        encoding="utf-8")
     files = {"@in": str(inputs), "@out": str(outputs), "@bad": str(tmp_path / "bad.json"),
-             "@noarray": str(tmp_path / "noarray.json")}
+             "@noarray": str(tmp_path / "noarray.json"), "@nox": str(tmp_path / "nox.json"),
+             "@empty": str(tmp_path / "empty.json"), "@huge": str(tmp_path / "huge.json")}
     argv = [files.get(word, word) for word in argv]
     got, out, err = in_process(capfd, "check", fp32, fp32, *argv)
     said = said.replace("@out", str(outputs))
     assert (got, out) == (code, "")
     assert err.startswith("eprun: error: ") and said in err and err.count("\n") == 1, err
+
+
+def test_a_calibration_file_is_never_polygraphys(capfd, polygraphy_run):
+    fp32, int8, inputs, _ = polygraphy_run
+    code, out, err = in_process(capfd, "sensitivity", fp32, int8, "1", "--calibration", inputs)
+    assert (code, out) == (2, "") and "a calibration file is an .npz of batches" in err

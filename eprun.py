@@ -9363,7 +9363,7 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
                             else ""))
     floats = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
     int8_tensors = {tensor.name: tensor for tensor in int8_model.graph.initializer}
-    entries, unpaired = [], []
+    entries, unpaired, unread = [], [], []
     for weight in found:
         name = float_tensor_name(weight.name)
         if name not in floats:
@@ -9381,9 +9381,9 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
         if per_channel and (scale.ndim != 1 or values.ndim == 0
                             or not -values.ndim <= weight.axis < values.ndim
                             or values.shape[weight.axis] != scale.size):
-            raise EprunError(f"{int8!r}: weight {weight.name!r} of shape {list(values.shape)} "
-                             f"has {scale.size} scales, not one per channel of axis "
-                             f"{weight.axis} (blocked quantization is not read)")
+            unread.append(f"{weight.name!r} (shape {list(values.shape)}, {scale.size} scales, "
+                          f"axis {weight.axis})")
+            continue
         if reference.shape != values.shape:
             unpaired.append(weight.name)
             continue
@@ -9403,6 +9403,9 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
              "qdq_loss_debug's integer subtraction (of a DequantizeLinear weight) wraps around "
              "in the weight's own type: qdq_loss_debug_sqnr_db is what its "
              "compute_weight_error reports, eprun's sqnr_db is the spec's arithmetic")
+    if unread:
+        note(f"{int8!r}: {', '.join(unread)}: not one scale per tensor nor one per channel of "
+             "the axis (blocked quantization, or an axis the weight has not): left out")
     if unpaired:
         note(f"{len(unpaired)} quantized weight{'s' if len(unpaired) > 1 else ''} of {int8!r} "
              f"{'have' if len(unpaired) > 1 else 'has'} no fp32 weight of the same name and "

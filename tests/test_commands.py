@@ -610,3 +610,36 @@ def test_the_exposure_record_follows_the_final_output_not_the_last_boundary(capf
     code, out, err = in_process(capfd, "layers", path, path, "1", "--metrics", "sqnr")
     assert code == 0 and json.loads(out)["exposure"] == {"output": "y", "max_abs_diff": 0.0}
     assert "exposing the boundaries moved" not in err
+
+
+def test_a_weight_with_scales_that_fit_no_channel_axis_is_left_out_and_said(capfd, tmp_path):
+    """Blocked quantization (two scales along an axis of 8) is left out with a note; the
+    other weights are still measured."""
+    import json
+
+    from onnx import TensorProto, numpy_helper
+
+    rng = np.random.default_rng(4)
+    w1, w2 = (rng.standard_normal((8, 8)).astype(np.float32) for _ in range(2))
+    fp32 = models.finish([helper.make_node("MatMul", ["x", "W1"], ["h"]),
+                          helper.make_node("MatMul", ["h", "W2"], ["y"])],
+                         [models.float_input("x", 8)],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+                         [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")])
+    scale = np.float32(0.02)
+    inits = [numpy_helper.from_array(np.round(w1 / scale).astype(np.int8), "W1_quantized"),
+             numpy_helper.from_array(np.array(scale), "W1_scale"),
+             numpy_helper.from_array(np.round(w2 / scale).astype(np.int8), "W2_quantized"),
+             numpy_helper.from_array(np.full(2, scale), "W2_scale")]
+    int8 = models.finish(
+        [helper.make_node("DequantizeLinear", ["W1_quantized", "W1_scale"], ["W1_dq"]),
+         helper.make_node("DequantizeLinear", ["W2_quantized", "W2_scale"], ["W2_dq"], axis=1),
+         helper.make_node("MatMul", ["x", "W1_dq"], ["h"]),
+         helper.make_node("MatMul", ["h", "W2_dq"], ["y"])],
+        [models.float_input("x", 8)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], inits)
+    code, out, err = in_process(capfd, "weights", models.save(fp32, tmp_path / "f.onnx"),
+                                models.save(int8, tmp_path / "q.onnx"))
+    assert code == 0, err
+    assert [entry["name"] for entry in json.loads(out)["weights"]] == ["W1"]
+    assert "'W2_quantized' (shape [8, 8], 2 scales, axis 1)" in err and "left out" in err

@@ -112,6 +112,20 @@ def imported_by(*argv) -> tuple[int, str, set[str]]:
 
 
 
+def in_process(capfd, *argv) -> tuple[int, str, str]:
+    """``eprun.main(argv)`` in this process, its streams captured by ``capfd``: (exit code,
+    stdout, stderr). What was printed before the call (a library's own log) is dropped."""
+    import eprun
+
+    capfd.readouterr()
+    try:
+        code = eprun.main([str(word) for word in argv])
+    except SystemExit as exc:  # argparse's own exits
+        code = exc.code
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
 @pytest.fixture(autouse=True)
 def own_tmpdir(tmp_path_factory, monkeypatch):
     """Every test gets its own temporary folder, for itself (``tempfile``) and for every

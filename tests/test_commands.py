@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import in_process
 from cpu import assert_settings_are_this_cpus
 from onnx import helper
 
@@ -245,18 +246,6 @@ def test_non_finite_values_are_strict_json_null(eprun, tmp_path):
 
 
 # -- layers --boundaries: the tensors a user names -------------------------------------------
-
-def in_process(capfd, *argv) -> tuple[int, str, str]:
-    """``main(argv)`` in this process: (exit code, stdout, stderr)."""
-    import eprun as tool
-
-    try:
-        code = tool.main([str(word) for word in argv])
-    except SystemExit as exc:  # argparse's own exits
-        code = exc.code
-    out, err = capfd.readouterr()
-    return code, out, err
-
 
 def test_named_boundaries_measure_exactly_those_tensors(capfd, lab_pair):
     """In graph order whatever order they are given in, each paired with the int8 tensor the

@@ -13,8 +13,7 @@ import sys
 import models
 import numpy as np
 import pytest
-
-import eprun as tool
+from conftest import in_process
 
 POLYGRAPHY = ("import sys; from polygraphy.tools import main; sys.argv[0] = 'polygraphy'; "
               "sys.exit(main())")
@@ -23,16 +22,6 @@ POLYGRAPHY = ("import sys; from polygraphy.tools import main; sys.argv[0] = 'pol
 def run_polygraphy(*argv) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", POLYGRAPHY, *map(str, argv)],
                           capture_output=True, text=True, timeout=300)
-
-
-def in_process(capfd, *argv) -> tuple[int, str, str]:
-    capfd.readouterr()  # what Polygraphy's own loader logged on stdout before
-    try:
-        code = tool.main([str(word) for word in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

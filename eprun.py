@@ -4234,7 +4234,10 @@ def twin_boundaries(graph, path: str, names: list[str]) -> list[str]:
     for name in names:
         candidates = named_after.get(name, []) + ([name] if name in order else [])
         if not candidates:
-            raise _unknown_tensor(name, path, graph, order, "named after it (the int8 "
+            # the nearest names a user can give: fp32 tensors this model has a twin of
+            offered = [key for key in named_after
+                       if not re.search(r"_(QuantizeLinear|DequantizeLinear|quantized)", key)]
+            raise _unknown_tensor(name, path, graph, offered, "named after it (the int8 "
                                   "model's counterpart of that fp32 tensor)")
         found.append(next((tensor for tensor in candidates if tensor in dequantized),
                           name if name in order else candidates[0]))

@@ -632,3 +632,18 @@ def test_a_weight_with_scales_that_fit_no_channel_axis_is_left_out_and_said(capf
     assert code == 0, err
     assert [entry["name"] for entry in json.loads(out)["weights"]] == ["W1"]
     assert "'W2_quantized' (shape [8, 8], 2 scales, axis 1)" in err and "left out" in err
+
+
+def test_the_names_offered_for_a_missing_twin_are_fp32_names(lab_pair):
+    """The nearest names a missing twin's error offers are names --boundaries takes (fp32
+    tensors the int8 model has a twin of), never the int8 model's own quantizer names."""
+    import eprun as tool
+
+    graph = onnx.load(str(lab_pair[1])).graph
+    for name, offered in (("relu0_x", "relu0"), ("relu0_QuantizeLinear_Outpu", None)):
+        with pytest.raises(tool.EprunError) as refused:
+            tool.twin_boundaries(graph, "q.onnx", [name])
+        said = str(refused.value)
+        assert "QuantizeLinear" not in said.replace(name, "")
+        assert (offered is None) is ("nearest" not in said)
+        assert offered is None or offered in said.split("nearest: ")[1].split(", ")

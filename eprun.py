@@ -1374,10 +1374,14 @@ _TENSOR_RAW_DATA, _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 9, 13, 14
 DETACH_MIN_BYTES = 1024
 
 
+# Bits per element of every fixed-size ONNX type (int4 and float4 types pack two to a byte).
+_ELEMENT_BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11: 64, 12: 32,
+                 13: 64, 14: 64, 15: 128, 16: 16, 17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4,
+                 23: 4}
 # Bytes per element of the numeric ONNX types whose numpy form onnxruntime takes as is (no
 # float16/bfloat16/4-bit mappings, which vary across onnx releases): FLOAT, UINT8, INT8,
 # UINT16, INT16, INT32, INT64, BOOL, DOUBLE, UINT32, UINT64.
-_ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 11: 8, 12: 4, 13: 8}
+_ELEMENT_BYTES = {elem: _ELEMENT_BITS[elem] // 8 for elem in (1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13)}
 
 _DETACHABLE_TYPES = frozenset(_ELEMENT_BYTES)
 
@@ -3516,17 +3520,34 @@ def _draw(rng, spec: InputSpec, shape: tuple, value_range: tuple | None, path: s
     return np.ones(shape, dtype), "ones"
 
 
+def declared_misfit(dims: tuple, shape: tuple) -> list | None:
+    """The dims an input declares, as a message shows them, where an array of ``shape``
+    cannot feed it (another rank, another size at a fixed dim); None where it can, or where
+    the input declares no dims (a scalar, or no shape)."""
+    if not dims or (len(shape) == len(dims) and all(
+            not isinstance(dim, int) or dim == size for dim, size in zip(dims, shape))):
+        return None
+    return [dim if isinstance(dim, int) else (dim or "?") for dim in dims]
+
+
+def npy_header(stream) -> tuple:
+    """``(shape, fortran_order, dtype)`` of the .npy data ``stream`` starts with, read from
+    its header alone."""
+    import numpy as np
+
+    version = np.lib.format.read_magic(stream)
+    reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+              else np.lib.format.read_array_header_2_0)
+    return reader(stream)
+
+
 def _require_fitting(array, spec: InputSpec, file: str, path: str,
                      option: str = "--inputs") -> None:
     """An array of an ``--inputs`` (or ``option``) file has the rank of the input it feeds and
     its fixed dims: a wrong one is the file's mistake, said as such before onnxruntime blames
     a model."""
-    if not spec.dims:  # a scalar, or an input whose shape the model does not declare
-        return
-    declared = [dim if isinstance(dim, int) else (dim or "?") for dim in spec.dims]
-    wrong = len(array.shape) != len(spec.dims) or any(
-        isinstance(dim, int) and dim != size for dim, size in zip(spec.dims, array.shape))
-    if wrong:
+    declared = declared_misfit(spec.dims, array.shape)
+    if declared is not None:
         raise EprunError(f"{file!r}: {spec.name!r} has shape {list(array.shape)}, but "
                          f"{path!r} takes {spec.name!r} as {declared}; fix the array in the "
                          f"{option} file")
@@ -3621,10 +3642,7 @@ def _read_npy_member(archive, info, file: str, max_bytes: int | None = None,
     import numpy as np
 
     with archive.open(info) as stream:
-        version = np.lib.format.read_magic(stream)
-        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                  else np.lib.format.read_array_header_2_0)
-        shape, _, dtype = reader(stream)
+        shape, _, dtype = npy_header(stream)
         needed = math.prod(shape) * dtype.itemsize
         if dtype.hasobject:
             raise ValueError(f"{info.filename!r} holds Python objects, which eprun never reads")
@@ -3632,10 +3650,9 @@ def _read_npy_member(archive, info, file: str, max_bytes: int | None = None,
             raise ValueError(f"{info.filename!r} is {needed} bytes, more than such a member "
                              f"ever holds ({max_bytes})")
         name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
-        dims, model, option = fits[0].get(name), fits[1], fits[2]
-        if dims and (len(shape) != len(dims) or any(
-                isinstance(dim, int) and dim != size for dim, size in zip(dims, shape))):
-            declared = [dim if isinstance(dim, int) else (dim or "?") for dim in dims]
+        model, option = fits[1], fits[2]
+        declared = declared_misfit(fits[0].get(name), shape)
+        if declared is not None:
             raise EprunError(f"{file!r}: {name!r} has shape {list(shape)}, but {model!r} takes "
                              f"{name!r} as {declared}; fix the array in the {option} file")
         if info.file_size > needed + _NPY_HEADER_BYTES:
@@ -3933,7 +3950,7 @@ def require_golden_inputs(path: str, stored: dict, graph, model: str) -> None:
 
 # -- Polygraphy's JSON files ----------------------------------------------------------------------
 
-# What Polygraphy marks its objects with ("polygraphy_class"), and the mark of older releases.
+# The key Polygraphy marks each object of its JSON with (its class name).
 _POLYGRAPHY_CLASS = "polygraphy_class"
 
 
@@ -3973,18 +3990,14 @@ def _polygraphy_array(value: Any, file: str, name: str, dims: tuple | None = Non
         except (binascii.Error, UnicodeEncodeError):
             data = text.encode("latin-1")
         stream = io.BytesIO(data)
-        version = np.lib.format.read_magic(stream)
-        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                  else np.lib.format.read_array_header_2_0)
-        shape, fortran, dtype = reader(stream)
+        shape, fortran, dtype = npy_header(stream)
     except (ValueError, OSError, UnicodeEncodeError, EOFError) as exc:
         raise EprunError(f"{file!r}: {name!r} holds no .npy array as Polygraphy writes one "
                          f"({type(exc).__name__}: {one_line(exc)})") from exc
     if dtype.hasobject:
         raise EprunError(f"{file!r}: {name!r} holds Python objects, which eprun never reads")
-    if dims and (len(shape) != len(dims) or any(
-            isinstance(dim, int) and dim != size for dim, size in zip(dims, shape))):
-        declared = [dim if isinstance(dim, int) else (dim or "?") for dim in dims]
+    declared = declared_misfit(dims, shape)
+    if declared is not None:
         raise EprunError(f"{file!r}: {name!r} has shape {list(shape)}, but the model takes "
                          f"{name!r} as {declared}; fix the array in the --inputs file")
     count = math.prod(shape)
@@ -4633,10 +4646,11 @@ class PairedModel:
     boundaries and how to read a quantized one back as float."""
 
     def __init__(self, path: str, boundary_ops: tuple[str, ...],
-                 on: ProviderRequest | None = None, output: str | None = None,
-                 named: Callable[..., list[str]] | None = None) -> None:
-        """``named`` (``--boundaries``) picks the boundaries from the graph, its path and its
-        types instead of ``boundary_ops``: then only they are exposed."""
+                 on: ProviderRequest | None = None, output: str | None = None, *,
+                 named: list[str] | None = None, twin: bool = False) -> None:
+        """``named`` (``--boundaries``) are the boundaries instead of those ``boundary_ops``
+        find: the fp32 tensors of those names, or on the ``twin`` (int8) side the tensors
+        named after them; then only they are exposed."""
         self.path, self.boundary_ops, self.on = path, boundary_ops, on
         self.named = named is not None
         self.got = Got([])
@@ -4646,8 +4660,10 @@ class PairedModel:
             raise EprunError(f"--output {output!r}: {path!r} has no output of that name (its "
                              f"outputs: {', '.join(outputs)})", EXIT_USAGE)
         self.types = tensor_types(self.model)
-        self.boundaries = (named(self.model.graph, path, self.types) if self.named else
-                           find_boundaries(self.model.graph, boundary_ops, output))
+        graph = self.model.graph
+        self.boundaries = (find_boundaries(graph, boundary_ops, output) if named is None else
+                           twin_boundaries(graph, path, named) if twin else
+                           named_boundaries(graph, path, named, self.types))
         self.owners = boundary_owners(self.model.graph, self.boundaries, boundary_ops)
         final = output or final_output(self.model.graph)
         declared = {value.name: value.type.tensor_type.elem_type
@@ -4736,12 +4752,9 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
         raise EprunError("--boundaries names the tensors to measure, --boundary-ops the ops "
                          "that find them: give one or the other", EXIT_USAGE)
     targets = targets or Targets()
-    fp32 = PairedModel(fp32_path, boundary_ops, targets.reference, output,
-                       named=functools.partial(_named_in, names=boundaries)
-                       if boundaries else None)
+    fp32 = PairedModel(fp32_path, boundary_ops, targets.reference, output, named=boundaries)
     int8 = PairedModel(int8_path, boundary_ops, targets.candidate, output,
-                       named=functools.partial(_twins_in, names=fp32.boundaries)
-                       if boundaries else None)
+                       named=fp32.boundaries if boundaries else None, twin=True)
     require_in_order((fp32.model, int8.model), (fp32_path, int8_path), swapped_ok)
     pairs, pairing = ([(k, k) for k in range(len(fp32.boundaries))], "position") \
         if boundaries else plan_pairs(fp32, int8, pair)
@@ -4829,12 +4842,12 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if entries and not _fell_back(targets.candidate, int8.got):
         exposure = exposure_of(int8, ends["int8"], ended.get("int8"), int8_feed,
                                "the int8 (candidate)")
-        if not contract or targets.accelerated() or metrics:
+        if not contract:
             answer["exposure"] = exposure
     if entries and not load_boundaries and not _fell_back(targets.reference, fp32.got):
         exposure = exposure_of(fp32, ends["fp32"], ended.get("fp32"), feed.arrays,
                                "the fp32 (reference)")
-        if not contract or targets.accelerated() or metrics:
+        if not contract:
             answer["reference_exposure"] = exposure
     if save_boundaries:
         golden = save_golden(save_boundaries, "boundaries", fp32_path,
@@ -4845,14 +4858,6 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     if golden:
         answer["golden"] = golden
     return answer, final
-
-
-def _named_in(graph, path: str, types: dict, *, names: list[str]) -> list[str]:
-    return named_boundaries(graph, path, names, types)
-
-
-def _twins_in(graph, path: str, types: dict, *, names: list[str]) -> list[str]:
-    return twin_boundaries(graph, path, names)
 
 
 def _fell_back(on: ProviderRequest | None, got: Got) -> bool:
@@ -4974,13 +4979,13 @@ def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict,
     no longer fuses DequantizeLinear -> MatMul -> QuantizeLinear into one int8 kernel where
     the DequantizeLinear's output is exposed, so the per-boundary table describes a slightly
     different graph; this says by how much, and ``which`` model it is on stderr."""
+    import numpy as np
+
     if exposed_value is None or output not in {value.name for value in side.model.graph.output}:
         return {"output": output, "max_abs_diff": None}  # not measured, or no plain output
     plain = side.session([], exposed=False)
     (value,) = run_session(plain, [output], feed, what=repr(side.path))
     del plain
-    import numpy as np
-
     diff = (float("nan") if value.shape != exposed_value.shape else
             0.0 if np.array_equal(value, exposed_value, equal_nan=value.dtype.kind in "fc")
             else largest_of(differences(exposed_value, value)[2]))
@@ -9275,38 +9280,33 @@ class QuantizedWeight(NamedTuple):
     op_type: str
 
 
-# Ops that read a weight as (weight, scale, zero point) input positions, beside
-# DequantizeLinear; and the axis of a per-channel weight scale in each.
-_WEIGHT_OPERANDS = {"QLinearConv": ((3, 4, 5), 0), "QLinearMatMul": ((3, 4, 5), -1),
-                    "QGemm": ((3, 4, 5), -1), "QLinearAdd": ((3, 4, 5), -1),
-                    "QLinearMul": ((3, 4, 5), -1)}
+# The axis of a per-channel weight scale, where an op's (``_QUANTIZED_OPERANDS``) is not the
+# last one: QLinearConv's output channels (a DequantizeLinear says its own, QGemm's turns with
+# transB).
+_WEIGHT_AXIS = {"QLinearConv": 0}
 
 
 def quantized_weights(graph) -> list[QuantizedWeight]:
     """Every integer initializer read back as float, in file order: the input of a
     DequantizeLinear (its ``axis``, 1 by default as ONNX says, where the scale has one value
-    per channel), the weight operand of QLinearConv, QLinearMatMul and QGemm, and the
-    constant operand of QLinearAdd and QLinearMul (a bias). Each once. (An int32 bias that a
-    QLinearConv or QGemm scales by its inputs' scales has no scale of its own: not listed.)"""
+    per channel), and every operand of a quantized op that is a constant (the weight of
+    QLinearConv, QLinearMatMul and QGemm, the bias QLinearAdd and QLinearMul add). Each
+    once. (An int32 bias that a QLinearConv or QGemm scales by its inputs' scales has no
+    scale of its own: not listed.)"""
     initializers = {tensor.name for tensor in graph.initializer}
     found: dict[str, QuantizedWeight] = {}
     for node in graph.node:
-        if node.op_type == "DequantizeLinear":
-            (weight, scale, zero), axis = (0, 1, 2), next(
-                (attribute.i for attribute in node.attribute if attribute.name == "axis"), 1)
-        elif node.op_type in _WEIGHT_OPERANDS:
-            (weight, scale, zero), axis = _WEIGHT_OPERANDS[node.op_type]
-            if node.op_type == "QGemm" and any(attribute.name == "transB" and attribute.i
-                                               for attribute in node.attribute):
-                axis = 0
-        else:
-            continue
-        inputs = list(node.input) + [""] * 3
-        if inputs[weight] in initializers and inputs[scale] in initializers \
-                and inputs[weight] not in found:
-            found[inputs[weight]] = QuantizedWeight(
-                inputs[weight], inputs[scale],
-                inputs[zero] if inputs[zero] in initializers else "", axis, node.op_type)
+        attributes = {attribute.name: attribute.i for attribute in node.attribute}
+        axis = (attributes.get("axis", 1) if node.op_type == "DequantizeLinear" else
+                0 if node.op_type == "QGemm" and attributes.get("transB") else
+                _WEIGHT_AXIS.get(node.op_type, -1))
+        inputs = list(node.input) + [""] * 6
+        for weight, scale, zero in _QUANTIZED_OPERANDS.get(node.op_type, ()):
+            if inputs[weight] in initializers and inputs[scale] in initializers \
+                    and inputs[weight] not in found:
+                found[inputs[weight]] = QuantizedWeight(
+                    inputs[weight], inputs[scale],
+                    inputs[zero] if inputs[zero] in initializers else "", axis, node.op_type)
     return list(found.values())
 
 
@@ -9354,6 +9354,8 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
     """Each quantized weight of ``int8`` (biases too) against the fp32 weight it quantizes,
     named by its float name as qdq_loss_debug names it (the integer initializer's name less
     ``_quantized`` and the other suffixes quantizers add)."""
+    import numpy as np
+
     require_file(fp32)
     require_file(int8)
     fp32_model, int8_model = load_model(fp32, text_names=True), load_model(int8, text_names=True)
@@ -9375,7 +9377,7 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
         values = _initializer_array(int8_tensors[weight.name], int8)
         scale = _initializer_array(int8_tensors[weight.scale], int8)
         zero = (_initializer_array(int8_tensors[weight.zero], int8) if weight.zero else
-                scale.astype("int32") * 0)
+                np.zeros(scale.shape, np.int32))
         reference = _initializer_array(floats[name], fp32)
         per_channel = scale.size > 1
         if zero.size not in (1, scale.size) or (per_channel and zero.size != scale.size):
@@ -9437,16 +9439,12 @@ WEIGHTS = declare(Command(
 
 # -- inspect ---------------------------------------------------------------------------------------
 
-# onnx element type -> the name numpy (or ml_dtypes) gives it, and its bytes (int4 and float4
-# types pack two to a byte).
+# onnx element type -> the name numpy (or ml_dtypes) gives it.
 _ELEMENT_NAMES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32",
                   7: "int64", 8: "string", 9: "bool", 10: "float16", 11: "float64",
                   12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
                   16: "bfloat16", 17: "float8e4m3fn", 18: "float8e4m3fnuz", 19: "float8e5m2",
                   20: "float8e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4e2m1"}
-_ELEMENT_BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11: 64, 12: 32,
-                 13: 64, 14: 64, 15: 128, 16: 16, 17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4,
-                 23: 4}
 
 
 def _value_entry(value) -> dict:
@@ -9498,19 +9496,18 @@ def inspect(model: str) -> dict:
     """What the model is, as ``polygraphy inspect model`` summarises it: opsets, inputs and
     outputs, op types, initializers and external data, and its Q/DQ structure, from the
     graph alone (weights stay on disk)."""
-    path = model
-    parsed = load_model(path, graph_only=True)
+    parsed = load_model(model, graph_only=True)
     graph = parsed.graph
     external: dict[str, dict] = {}
     for tensor in external_tensors(parsed):
         location = _external_location(tensor)
-        if _same_file(path, _safe_location(location.location, path)):
+        if _same_file(model, _safe_location(location.location, model)):
             continue  # a payload load_model left in the model file itself
         entry = external.setdefault(location.location, {"file": location.location,
                                                         "tensors": 0, "bytes": 0})
         entry["tensors"] += 1
         entry["bytes"] += _tensor_bytes(tensor)
-    return {"model": path, "ir_version": parsed.ir_version,
+    return {"model": model, "ir_version": parsed.ir_version,
             "producer": " ".join(filter(None, (parsed.producer_name, parsed.producer_version))),
             "opsets": {entry.domain: entry.version for entry in parsed.opset_import},
             "inputs": [_value_entry(value) for value in graph_inputs(parsed)],

@@ -647,3 +647,31 @@ def test_the_names_offered_for_a_missing_twin_are_fp32_names(lab_pair):
         assert "QuantizeLinear" not in said.replace(name, "")
         assert (offered is None) is ("nearest" not in said)
         assert offered is None or offered in said.split("nearest: ")[1].split(", ")
+
+
+def test_a_transposed_qgemm_weight_has_its_channels_on_axis_0(capfd, tmp_path):
+    """Gemm with transB=1 keeps its weight as (N, K): quantized per channel, QGemm's scales
+    run along N, the first axis (the QGemm spec), not the last."""
+    import json
+
+    from onnx import TensorProto, numpy_helper
+
+    rng = np.random.default_rng(1)
+    weight = (rng.standard_normal((6, 8)) * np.linspace(0.1, 3, 6)[:, None]).astype(np.float32)
+    fp32 = models.save(models.finish(
+        [helper.make_node("Gemm", ["x", "W", "b"], ["y"], transB=1)], [models.float_input("x", 8)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(np.zeros(6, np.float32),
+                                                                       "b")]),
+        tmp_path / "f.onnx")
+    int8 = models.quantize(fp32, tmp_path / "q.onnx", seed=1, route="qoperator",
+                           per_channel=True)
+    code, out, err = in_process(capfd, "weights", fp32, int8)
+    assert code == 0, err
+    (entry,) = json.loads(out)["weights"]
+    ints = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(int8)).graph.initializer}
+    (gemm,) = [n for n in onnx.load(str(int8)).graph.node if n.op_type == "QGemm"]
+    q, scale, zero = (ints[gemm.input[k]].astype(np.float64) for k in (3, 4, 5))
+    assert q.shape == (6, 8) and scale.shape == (6,)
+    expected = sqnr(weight.astype(np.float64), (q - zero[:, None]) * scale[:, None])
+    assert entry["axis"] == 0 and entry["sqnr_db"] == pytest.approx(expected, rel=1e-6)

@@ -13,6 +13,7 @@ a person's default):
                                             and thread counts
     placement <model> <providers>           the EP each node was actually assigned to
     check     <reference> <candidate>       CI gate: outputs within rtol/atol/cosine (exit 1 if not)
+    reduce    <model> --output <out.onnx>   the smallest part of a model that still fails
     sensitivity <fp32> <int8> <seed>        which quantized units to keep in float
     weights   <fp32> <int8>                 each quantized weight against its float original
     inspect   <model>                       opsets, inputs, outputs, op types, weights, Q/DQ
@@ -94,10 +95,10 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-__version__ = "0.11.0"
+__version__ = "0.12.0"
 __all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",
-           "inspect", "layers", "main", "partition", "placement", "providers", "report",
-           "sensitivity", "settings", "weights"]
+           "inspect", "layers", "main", "partition", "placement", "providers", "reduce",
+           "report", "sensitivity", "settings", "weights"]
 
 
 # == 1. Contract and declarations ==================================================================
@@ -6266,11 +6267,28 @@ def _report_table(answer: dict, colour: bool) -> list[str]:
     return lines
 
 
+def _reduce_table(answer: dict, colour: bool) -> list[str]:
+    rows = [[node["name"] or "(unnamed)", node["op_type"], ", ".join(node["outputs"])]
+            for node in answer["kept"]]
+    failure = answer["failure"] or {}
+    why = ", ".join(f"{key} {value}" for key, value in failure.items() if key != "bounds")
+    minimal = ", minimal" if answer["minimal"] else ", not shown minimal"
+    head = (f"reduce: {answer['model']}: {answer['nodes']} of {answer['original_nodes']} "
+            f"nodes still fail ({answer['tries']} candidates tried{minimal})")
+    return [head,
+            *aligned(["node", "op", "outputs"], rows),
+            f"inputs: {', '.join(answer['inputs']) or 'none'}",
+            f"outputs: {', '.join(answer['outputs'])}",
+            f"failure: {why or 'none recorded'}",
+            f"written: {answer['output']}, {answer['inputs_file']}"]
+
+
 _TABLES = {"layers": _layers_table, "growth": _growth_table, "check": _check_table,
            "settings": _settings_table, "sensitivity": _sensitivity_table,
            "placement": _placement_table, "weights": _weights_table,
            "inspect": _inspect_table, "partition": _partition_table,
-           "providers": _providers_table, "expose": _expose_table, "report": _report_table}
+           "providers": _providers_table, "expose": _expose_table, "report": _report_table,
+           "reduce": _reduce_table}
 
 
 # == 7. Commands ===================================================================================
@@ -6657,18 +6675,19 @@ def _stage_expose(model, model_path: str, out_path: str, boundary_ops: tuple[str
 EPRUN_MARK = ("eprun", "exposed: every layer boundary is a graph output")
 
 
-def mark_as_eprun(model) -> None:
+def mark_as_eprun(model, purpose: str = EPRUN_MARK[1]) -> None:
     """Set ``EPRUN_MARK`` in ``model``'s metadata (once, whatever was there under its key),
     with a digest of its graph's nodes: a model made from eprun's output by another tool (a
-    quantizer keeps the metadata) is not eprun's any more."""
+    quantizer keeps the metadata) is not eprun's any more. ``purpose``: what eprun made it
+    for (an exposed copy, or ``EPRUN_REDUCED``)."""
     kept = [entry for entry in model.metadata_props if entry.key != EPRUN_MARK[0]]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
     entry = model.metadata_props.add()
-    entry.key, entry.value = EPRUN_MARK[0], _mark_value(model)
+    entry.key, entry.value = EPRUN_MARK[0], _mark_value(model, purpose)
 
 
-def _mark_value(model) -> str:
+def _mark_value(model, purpose: str = EPRUN_MARK[1]) -> str:
     import hashlib
 
     digest = hashlib.sha256()
@@ -6676,7 +6695,7 @@ def _mark_value(model) -> str:
         digest.update(node.SerializeToString())
     for value in (*model.graph.input, *model.graph.output):
         digest.update(value.name.encode("utf-8", "surrogateescape") + b"\0")
-    return f"{EPRUN_MARK[1]}; graph {digest.hexdigest()[:16]}"
+    return f"{purpose}; graph {digest.hexdigest()[:16]}"
 
 
 def is_eprun_model(path: str) -> bool:
@@ -6686,7 +6705,8 @@ def is_eprun_model(path: str) -> bool:
         model = load_model(path, graph_only=True)
     except (EprunError, OSError, ValueError):
         return False
-    return any(entry.key == EPRUN_MARK[0] and entry.value == _mark_value(model)
+    marks = {_mark_value(model, purpose) for purpose in (EPRUN_MARK[1], EPRUN_REDUCED)}
+    return any(entry.key == EPRUN_MARK[0] and entry.value in marks
                for entry in model.metadata_props)
 
 
@@ -7639,6 +7659,614 @@ CHECK = declare(Command(
     example="eprun.py check fp32.onnx int8.onnx --profile int8 "
             "--providers CUDAExecutionProvider,CPUExecutionProvider",
     verdict=check_verdict))
+
+
+# -- reduce ----------------------------------------------------------------------------------------
+
+# Bytes of reference values fetched per run of the exposed model (``ReferenceValues``).
+REDUCE_BATCH_BYTES = 256 << 20
+# Weights above this total leave a written candidate as external data, under protobuf's 2 GiB.
+REDUCE_INLINE_LIMIT = 1 << 30
+
+
+class ReferenceValues:
+    """Every tensor the main graph's nodes compute, as the reference providers compute it on
+    the original model and the given inputs: computed once, a batch of outputs per run (sized
+    so one batch holds about ``REDUCE_BATCH_BYTES``), each kept as a ``.npy`` file in the run's
+    scratch folder and read back when a candidate is fed or compared, so the tensors of a big
+    model are never all in memory at once. A graph input's value is its feed."""
+
+    def __init__(self, folder: str, feed: dict) -> None:
+        self.folder, self.feed = folder, feed
+        self.files: dict[str, str] = {}
+        self.other: set[str] = set()  # values that are no tensor (sequences, maps)
+
+    def compute(self, model, model_path: str, names: list[str], on: ProviderRequest,
+                types: dict) -> Got:
+        """Run ``model`` (consumed; ``types``: its value types) with ``names`` exposed;
+        return what its session got."""
+        import numpy as np
+
+        expose_in_place(model, (), extra=names, types=types, unknown_as_float=False)
+        session = open_exposed(model, model_path, on=on)
+        size, start = 32, 0
+        while start < len(names):
+            batch = names[start:start + size]
+            values = run_session(session, batch, self.feed, what=repr(model_path))
+            used = 0
+            for name, value in zip(batch, values):
+                if not isinstance(value, np.ndarray):
+                    self.other.add(name)
+                    continue
+                path = os.path.join(self.folder, f"value-{len(self.files)}.npy")
+                np.save(path, value, allow_pickle=False)
+                self.files[name] = path
+                used += value.nbytes
+            del values
+            start += len(batch)
+            size = max(1, min(4096, int(REDUCE_BATCH_BYTES * len(batch) / max(used, 1))))
+        return Got.of(session)
+
+    def has(self, name: str) -> bool:
+        return name in self.feed or name in self.files
+
+    def get(self, name: str):
+        import numpy as np
+
+        return self.feed[name] if name in self.feed else np.load(self.files[name])
+
+
+class ReduceGraph:
+    """The main graph of the model being reduced, read for cutting: for each node (by file
+    position) the tensors it reads (its subgraphs' outer-scope reads included: an If, Loop or
+    Scan moves as a whole) and writes. A candidate is a sorted tuple of node positions."""
+
+    def __init__(self, model) -> None:
+        graph = model.graph
+        self.model = model
+        self.nodes = list(graph.node)
+        self.initializers = {tensor.name: tensor for tensor in graph.initializer}
+        self.inputs = [value for value in graph_inputs(model)]
+        self.input_names = {value.name for value in self.inputs}
+        self.outputs = {value.name: value for value in graph.output}
+        self.reads = [[name for name in dict.fromkeys(_node_inputs(node)) if name]
+                      for node in self.nodes]
+        self.writes = [[name for name in node.output if name] for node in self.nodes]
+        self.value_info = {value.name: value for value in graph.value_info}
+
+    def computed(self) -> list[str]:
+        """Every tensor a node writes, each once, in file order."""
+        return list(dict.fromkeys(name for names in self.writes for name in names))
+
+    def interface(self, kept: tuple[int, ...]) -> tuple[list[str], list[str]]:
+        """``(inputs, outputs)`` of the candidate ``kept``: the original graph inputs it reads
+        (in their order), then each tensor it reads that no kept node writes (fed with the
+        reference's value); each tensor a kept node writes that none reads, or that is an
+        output of the original."""
+        written = {name for i in kept for name in self.writes[i]}
+        read = {name for i in kept for name in self.reads[i]}
+        inputs = [value.name for value in self.inputs if value.name in read]
+        inputs += list(dict.fromkeys(
+            name for i in kept for name in self.reads[i]
+            if name not in written and name not in self.initializers
+            and name not in self.input_names))
+        outputs = [name for i in kept for name in self.writes[i]
+                   if name not in read or name in self.outputs]
+        return inputs, list(dict.fromkeys(outputs))
+
+    def ends(self, kept: tuple[int, ...]) -> tuple[list[int], list[int]]:
+        """``(sinks, sources)`` of ``kept``: the nodes no kept node reads from, last first, and
+        the nodes that read from no kept node, first first: the ends a node can leave by."""
+        written = {name: i for i in kept for name in self.writes[i]}
+        read = {name for i in kept for name in self.reads[i]}
+        sinks = [i for i in reversed(kept) if not any(name in read for name in self.writes[i])]
+        sources = [i for i in kept if not any(name in written for name in self.reads[i])]
+        return sinks, sources
+
+    def model_of(self, kept: tuple[int, ...], types: dict, values: ReferenceValues):
+        """The candidate as a model: the kept nodes as they are (names, attributes, subgraphs),
+        the initializers they read (still referring to their data where the original keeps
+        it), the original's opsets, functions and IR version; every input and output typed,
+        with the shape of the reference's value where the original declares none."""
+        messages = onnx_messages()
+        inputs, outputs = self.interface(kept)
+        original = {value.name: value for value in self.inputs}
+        model = messages.ModelProto()
+        for field in ("ir_version", "producer_name", "producer_version", "domain",
+                      "model_version", "doc_string"):
+            setattr(model, field, getattr(self.model, field))
+        model.opset_import.extend(self.model.opset_import)
+        model.functions.extend(self.model.functions)
+        graph = model.graph
+        graph.name = self.model.graph.name or "reduced"
+        graph.node.extend(self.nodes[i] for i in kept)
+        read = {name for i in kept for name in self.reads[i]}
+        graph.initializer.extend(tensor for name, tensor in self.initializers.items()
+                                 if name in read)
+        for name in inputs:
+            graph.input.append(original[name] if name in original and
+                               _declared(original[name]) else
+                               self._typed(name, types, values))
+        for name in outputs:
+            declared = self.outputs.get(name)
+            graph.output.append(declared if declared is not None and _declared(declared)
+                                else self._typed(name, types, values))
+        inner = {name for i in kept for name in self.writes[i]} - set(outputs)
+        graph.value_info.extend(value for name, value in self.value_info.items()
+                                if name in inner)
+        return model
+
+    @staticmethod
+    def _typed(name: str, types: dict, values: ReferenceValues):
+        """``name`` declared with its inferred element type and the reference value's shape."""
+        import numpy as np
+
+        messages = onnx_messages()
+        value = messages.ValueInfoProto(name=name)
+        if name in types and types[name].HasField("tensor_type"):
+            value.type.CopyFrom(types[name])
+        array = values.get(name) if values.has(name) else None
+        if isinstance(array, np.ndarray):
+            tensor = value.type.tensor_type
+            if not tensor.elem_type:
+                from onnx import helper
+
+                tensor.elem_type = (messages.TensorProto.STRING if array.dtype == object else
+                                    helper.np_dtype_to_tensor_dtype(array.dtype))
+            tensor.ClearField("shape")
+            tensor.shape.SetInParent()
+            for size in array.shape:
+                tensor.shape.dim.add().dim_value = size
+        return value
+
+
+def _declared(value) -> bool:
+    """Does a graph input or output declare a tensor type with a shape?"""
+    return (value.type.HasField("tensor_type") and bool(value.type.tensor_type.elem_type)
+            and value.type.tensor_type.HasField("shape"))
+
+
+def _weight_writers(model, model_path: str, data_name: str | None) -> tuple:
+    """``(model writer, data writer or None)`` for a candidate whose initializers may still
+    refer to their data (in the original's data files or its model file): each is read back
+    inline, or, with ``data_name`` (a plain file name beside the model), the ones the original
+    keeps in data files of their own (and all of them past ``REDUCE_INLINE_LIMIT``) are written
+    one after the other into that file. Only the candidate's own weights are read."""
+    TensorProto = onnx_messages().TensorProto
+    referring = [tensor for tensor in model.graph.initializer if uses_external_data(tensor)]
+    inline_total = sum(_initializer_bytes(tensor) for tensor in referring)
+    outside = [] if data_name is None else [
+        tensor for tensor in referring
+        if inline_total > REDUCE_INLINE_LIMIT
+        or not _same_file(model_path, _safe_location(_external_location(tensor).location,
+                                                     model_path))]
+    outside_ids = {id(tensor) for tensor in outside}
+    sources = []
+    offset = 0
+    for tensor in referring:
+        payload = _map_external(tensor, model_path, read=True)
+        del tensor.external_data[:]
+        if id(tensor) in outside_ids:
+            length = payload.nbytes
+            for key, value in (("location", data_name), ("offset", str(offset)),
+                               ("length", str(length))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            tensor.data_location = TensorProto.EXTERNAL
+            sources.append(payload)
+            offset += length
+        else:
+            tensor.ClearField("data_location")
+            tensor.raw_data = payload.tobytes()
+    serialized = model.SerializeToString()
+
+    def write_data(stream) -> None:
+        for payload in sources:
+            stream.write(payload.tobytes())
+
+    return (lambda stream: stream.write(serialized)), (write_data if outside else None)
+
+
+def _check_status(code: int) -> dict:
+    """A ``--check`` command's end as the answer records it."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return {"signal": name}
+    return {"exit": code}
+
+
+class Reduction:
+    """One ``reduce``: the graph, the reference values, the test that says whether a candidate
+    still fails, and every verdict so far (a candidate tried twice is run once)."""
+
+    def __init__(self, model_path: str, graph: ReduceGraph, values: ReferenceValues,
+                 types: dict, folder: str, *, check: list[str] | None, timeout: float | None,
+                 timeout_fails: bool, on: ProviderRequest | None,
+                 reference_on: ProviderRequest, tolerance: dict) -> None:
+        self.path, self.graph, self.values, self.types = model_path, graph, values, types
+        self.folder, self.check, self.timeout = folder, check, timeout
+        self.timeout_fails, self.on, self.reference_on = timeout_fails, on, reference_on
+        self.tolerance = tolerance
+        self.verdicts: dict[tuple, tuple[bool, dict | None, bool]] = {}  # fails, why, tried
+        self.tries, self.idle, self.uncut = 0, 0, 0
+        self.strict = True  # the full model: a session without the providers is refused
+        self.started = __import__("time").monotonic()
+
+    def fails(self, kept: tuple[int, ...], *, show: bool = True) -> bool:
+        """Does the candidate ``kept`` still fail? Run once per distinct candidate."""
+        if kept not in self.verdicts:
+            inputs, _ = self.graph.interface(kept)
+            if not kept or not all(self.values.has(name) for name in inputs):
+                self.uncut += bool(kept)  # a cut through a value that is no tensor
+                self.verdicts[kept] = (False, None, False)
+            else:
+                self.tries += 1
+                self.verdicts[kept] = (*(self._check(kept) if self.check is not None
+                                         else self._numbers(kept)), True)
+                if show:
+                    self._progress(kept)
+        return self.verdicts[kept][0]
+
+    def failure(self, kept: tuple[int, ...]) -> dict | None:
+        return self.verdicts[kept][1]
+
+    def passed(self, kept: tuple[int, ...]) -> bool:
+        """Was the candidate ``kept`` tried, and did it pass? (The empty one has nothing to
+        try: a single node is as small as a failing candidate gets.)"""
+        fails, _, tried = self.verdicts.get(kept, (True, None, False))
+        return not kept or (tried and not fails)
+
+    def _progress(self, kept: tuple[int, ...]) -> None:
+        import time
+
+        fails = self.verdicts[kept][0]
+        where = current_run().stderr
+        line = (f"eprun: reduce: candidate {self.tries}: {len(kept)} of "
+                f"{len(self.graph.nodes)} nodes, {'fails' if fails else 'passes'} "
+                f"({time.monotonic() - self.started:.1f} s)\n")
+        write_fd(where if where is not None else 2, line.encode())
+
+    def feed(self, kept: tuple[int, ...]) -> dict:
+        inputs, _ = self.graph.interface(kept)
+        return {name: self.values.get(name) for name in inputs}
+
+    def _numbers(self, kept: tuple[int, ...]) -> tuple[bool, dict | None]:
+        """The candidate on ``--providers`` against the reference's values, compared as
+        ``check`` compares outputs. A candidate the providers cannot open or run fails when
+        the reference providers can (the error is the failure); one whose session did not get
+        a requested provider passes (it cannot show that provider's fault)."""
+        _, outputs = self.graph.interface(kept)
+        feed = self.feed(kept)
+        try:
+            session = open_exposed(self.graph.model_of(kept, self.types, self.values),
+                                   self.path, on=self.on)
+            got = run_session(session, outputs, feed, what="the candidate")
+        except ProviderRefused:
+            if self.strict:
+                raise
+            self.idle += 1
+            return False, None
+        except ModelChanged:
+            raise
+        except EprunError as exc:
+            try:
+                reference = open_exposed(self.graph.model_of(kept, self.types, self.values),
+                                         self.path, on=self.reference_on)
+                run_session(reference, outputs, feed, what="the candidate")
+            except EprunError:
+                return False, None  # a cut no provider runs: not the failure looked for
+            return True, {"error": one_line(exc)}
+        pairs = [(name, self.values.get(name), value) for name, value in zip(outputs, got)
+                 if name in self.values.files and getattr(value, "dtype", None) is not None
+                 and value.dtype.kind in "fciu"]
+        entries, failures = _gate_outputs(((name, expected) for name, expected, _ in pairs),
+                                          ((name, value) for name, _, value in pairs),
+                                          ("the reference", "the candidate"), self.tolerance)
+        if not failures:
+            return False, None
+        worst = max(entries, key=lambda entry: (entry.get("violations", 0),
+                                                entry.get("max_abs_diff") or 0))
+        return True, {"output": worst["reference"], "max_abs_diff": worst.get("max_abs_diff"),
+                      "max_rel_diff": worst.get("max_rel_diff"),
+                      "violations": worst.get("violations"), "elements": worst.get("elements"),
+                      "bounds": sorted({failure["bound"] for failure in failures})}
+
+    def _check(self, kept: tuple[int, ...]) -> tuple[bool, dict | None]:
+        """The user's ``--check`` command on the candidate written into the scratch folder."""
+        import subprocess
+
+        stem = os.path.join(self.folder, f"candidate-{self.tries}")
+        model_path, inputs_path = f"{stem}.onnx", f"{stem}.inputs.npz"
+        data_name = os.path.basename(stem) + ".data"
+        write_model, write_data = _weight_writers(
+            self.graph.model_of(kept, self.types, self.values), self.path, data_name)
+        written = [model_path, inputs_path]
+        try:
+            with open(model_path, "xb") as stream:
+                write_model(stream)
+            if write_data is not None:
+                written.append(os.path.join(self.folder, data_name))
+                with open(written[-1], "xb") as stream:
+                    write_data(stream)
+            with open(inputs_path, "xb") as stream:
+                write_npz(stream, self.feed(kept))
+            argv = [word.replace("{model}", model_path).replace("{inputs}", inputs_path)
+                    for word in self.check]
+            with open(f"{stem}.stderr", "w+b") as errors:
+                written.append(f"{stem}.stderr")
+                try:
+                    code = subprocess.run(argv, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=errors,
+                                          timeout=self.timeout, check=False).returncode
+                except subprocess.TimeoutExpired:
+                    return self.timeout_fails, {"timeout": self.timeout}
+                except OSError as exc:
+                    raise EprunError(f"--check cannot run {self.check[0]!r}: "
+                                     f"{exc.strerror or one_line(exc)}", EXIT_USAGE) from exc
+                errors.seek(0)
+                said = [line for line in errors.read()[-4096:].decode(
+                    "utf-8", "replace").splitlines() if line.strip()]
+        finally:
+            for path in written:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        status = _check_status(code)
+        if said:
+            status["stderr"] = said[-1].strip()[:500]
+        return code != 0, status
+
+
+def reduce_nodes(reduction: Reduction, mode: str) -> tuple[tuple[int, ...], bool]:
+    """``(kept, minimal)``: bisection from both ends (``mode`` "bisect"), then single nodes
+    off either end of the graph (its sinks, then its sources) until none can go. ``minimal``:
+    every end node was tried in the end and the candidate without it passed."""
+    kept = tuple(range(len(reduction.graph.nodes)))
+    if mode == "bisect":
+        for from_front in (True, False):
+            known, beyond = 0, len(kept)  # removing `known` still fails; `beyond` is too many
+            while beyond - known > 1:
+                middle = (known + beyond) // 2
+                trial = kept[middle:] if from_front else kept[:len(kept) - middle]
+                if reduction.fails(trial):
+                    known = middle
+                else:
+                    beyond = middle
+            kept = kept[known:] if from_front else kept[:len(kept) - known]
+    settled = False
+    while not settled:
+        settled = True
+        sinks, sources = reduction.graph.ends(kept)
+        for node in dict.fromkeys([*sinks, *sources]):
+            trial = tuple(i for i in kept if i != node)
+            if trial and reduction.fails(trial):
+                kept, settled = trial, False
+                break
+    sinks, sources = reduction.graph.ends(kept)
+    return kept, all(reduction.passed(tuple(i for i in kept if i != node))
+                     for node in {*sinks, *sources})
+
+
+def reduce(model: str, output: str, *, check: str | None = None,
+           check_timeout: float | None = None, timeout_fails: bool = False,
+           providers: list[str] | None = None, reference_providers: list[str] | None = None,
+           profile: str | None = None, rtol: float | list | None = None,
+           atol: float | list | None = None, min_cos: float | None = None,
+           inputs: InputOptions | None = None, seed: int = 0, mode: str = "bisect",
+           allow_fallback: bool = False, ep_library: list[str] = (),
+           ep_options: dict | None = None, force: bool = False) -> dict:
+    """The smallest set of ``model``'s nodes that still fails, written as ``output`` with its
+    inputs beside it (``<output stem>.inputs.npz``). Fails: the ``check`` command exits
+    non-zero (or dies by a signal) on the candidate, or, without ``check``, the candidate's
+    outputs on ``providers`` differ from the reference's beyond the tolerance."""
+    import shlex
+
+    require_file(model)
+    argv = None
+    if check is not None:
+        try:
+            argv = shlex.split(check)
+        except ValueError as exc:
+            raise EprunError(f"--check {check!r} is not a command line: {one_line(exc)}",
+                             EXIT_USAGE) from exc
+        if not argv or not any("{model}" in word for word in argv):
+            raise EprunError(f"--check {check!r} does not name the candidate: put {{model}} "
+                             "where its path goes (and {inputs} where the path of its inputs, "
+                             "an .npz, goes)", EXIT_USAGE)
+        if providers is not None:
+            raise EprunError("--check decides by itself whether a candidate fails; "
+                             "--providers compares the candidate's numbers instead: give one "
+                             "of them", EXIT_USAGE)
+    elif providers is None:
+        raise EprunError("say what fails: --providers LIST (the candidate's numbers on them "
+                         "against --reference-providers) or --check 'COMMAND {model}'",
+                         EXIT_USAGE)
+    if timeout_fails and check_timeout is None:
+        raise EprunError("--timeout-fails needs --check-timeout SECONDS", EXIT_USAGE)
+    stem = output[:-len(".onnx")] if output.lower().endswith(".onnx") else output
+    inputs_path = f"{stem}.inputs.npz"
+    data_path = os.path.join(os.path.dirname(output), data_file_name(output, 0))
+    graph_model = load_model(model, text_names=True)
+    sources = [model, *external_data_files(graph_model, model),
+               *([inputs.file] if inputs is not None and inputs.file else [])]
+    for path in (output, inputs_path, data_path):
+        check_output(path, sources)
+    _refuse_foreign_outputs(output, (inputs_path, data_path), force)
+    targets = targets_from(providers, reference_providers or [CPU_EP], allow_fallback,
+                           ep_library, ep_options)
+    tolerance = dict(TOLERANCE_PROFILES[profile or "fp16"])
+    for key, given in (("rtol", rtol), ("atol", atol)):
+        for name, value in ([("", given)] if isinstance(given, (int, float)) else given or ()):
+            if name:
+                raise EprunError(f"--{key} {name}:{value}: reduce holds every output of every "
+                                 "candidate to one tolerance; give it without a name",
+                                 EXIT_USAGE)
+            tolerance[key] = value
+    if min_cos is not None:
+        tolerance["min_cos"] = min_cos
+    graph = ReduceGraph(graph_model)
+    if not graph.nodes:
+        raise EprunError(f"{model!r} has no node to reduce")
+    feed = make_feeds(specs_from_model(graph_model), seed, inputs, model)
+    types = tensor_types(graph_model)
+    with scratch_folder("eprun-reduce-") as folder:
+        values = ReferenceValues(folder, feed.arrays)
+        reference_got = values.compute(load_model(model, text_names=True), model,
+                                       graph.computed(), targets.reference, types)
+        reduction = Reduction(model, graph, values, types, folder, check=argv,
+                              timeout=check_timeout, timeout_fails=timeout_fails,
+                              on=targets.candidate, reference_on=targets.reference,
+                              tolerance=tolerance)
+        if not reduction.fails(tuple(range(len(graph.nodes))), show=False):
+            what = (f"--check {check!r} passes on it" if argv is not None else
+                    f"its outputs on {','.join(providers)} are within tolerance of "
+                    f"{','.join(targets.reference.requested)}'s")
+            raise EprunError(f"{model!r} does not fail ({what}): there is nothing to reduce; "
+                             "nothing written", 1)
+        reduction.strict = False
+        kept, minimal = reduce_nodes(reduction, mode)
+        model_inputs, model_outputs = graph.interface(kept)
+        reduced = graph.model_of(kept, types, values)
+        mark_as_eprun(reduced, EPRUN_REDUCED)
+        write_model, write_data = _weight_writers(reduced, model,
+                                                  os.path.basename(data_path))
+        staged: list[Staged] = []
+        folder_fd = open_folder(os.path.dirname(os.path.abspath(output)))
+        try:
+            feed_arrays = reduction.feed(kept)
+            if write_data is not None:
+                staged.append(stage(write_data, data_path, like=(model,), folder=folder_fd))
+            staged.append(stage(lambda stream: write_npz(stream, feed_arrays), inputs_path,
+                                like=tuple(sources[:1]), folder=folder_fd))
+            staged.append(stage(write_model, output, like=(model,), folder=folder_fd))
+            commit(staged)
+        except BaseException:
+            discard(staged)
+            raise
+        finally:
+            os.close(folder_fd)
+    if reduction.idle:
+        note(f"{reduction.idle} candidate{'s' if reduction.idle > 1 else ''} passed because "
+             f"their session did not get {','.join(providers or [])} (the provider took none of "
+             "their nodes): a failure there cannot be that provider's")
+    if reduction.uncut:
+        note(f"{reduction.uncut} candidate{'s' if reduction.uncut > 1 else ''} would cut "
+             "through a value that is no tensor (a sequence or map), which eprun cannot feed: "
+             "counted as passing")
+    _note_invalid(output)
+    nodes = graph.nodes
+    answer = {"model": model, "output": output, "inputs_file": inputs_path,
+              "original_nodes": len(nodes), "nodes": len(kept),
+              "kept": [{"name": nodes[i].name, "op_type": nodes[i].op_type,
+                        "outputs": list(nodes[i].output)} for i in kept],
+              "inputs": model_inputs, "outputs": model_outputs, "tries": reduction.tries,
+              "minimal": minimal, "failure": reduction.failure(kept)}
+    if write_data is not None:
+        answer["external_data"] = data_path
+    if argv is None:
+        answer["tolerance"] = tolerance
+        answer["providers"] = {"requested": targets.candidate.requested,
+                               "reference": reference_got.actual}
+    return answer
+
+
+# The mark of a model ``reduce`` wrote (see ``EPRUN_MARK``).
+EPRUN_REDUCED = "reduced: the smallest part of a model that still fails"
+
+
+def _refuse_foreign_outputs(output: str, companions: tuple[str, ...], force: bool) -> None:
+    """An existing ``output`` is replaced only when eprun wrote it (or with ``force``), and
+    its inputs file and data file with it; without it, a file at their names is somebody's."""
+    if force:
+        return
+    if os.path.lexists(output):
+        if not is_eprun_model(output):
+            raise EprunError(f"refusing to replace {output!r}, which eprun did not write; "
+                             "choose another --output, or add --force to replace it")
+        return
+    for path in companions:
+        if os.path.lexists(path):
+            raise EprunError(f"refusing to replace {path!r}, which would go with {output!r} "
+                             "but eprun did not write it for that; move it away, choose "
+                             "another --output, or add --force")
+
+
+def _note_invalid(path: str) -> None:
+    """Say on stderr when onnx's full check refuses the written model (an original it
+    refuses gives such parts)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(path, full_check=True)
+    except Exception as exc:  # ValidationError, InferenceError, or its own failure to read
+        note(f"onnx.checker (full_check) refuses {path!r}: {one_line(exc)}")
+
+
+def write_npz(stream, arrays: dict) -> None:
+    """``arrays`` as an uncompressed ``.npz`` whose members are named exactly by their keys
+    (``numpy.savez`` takes names as keywords: an input called ``file`` would be refused)."""
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+
+
+REDUCE = declare(Command(
+    name="reduce",
+    summary="the smallest part of a model that still fails (a --check command, or numbers "
+            "on --providers against the reference), saved with its inputs",
+    run=reduce,
+    arguments=(
+        MODEL,
+        arg("-o", "--output", required=True, metavar="OUT.onnx",
+            help="where the reduced model goes; its inputs go beside it as OUT's stem + "
+                 ".inputs.npz"),
+        arg("--check", metavar="COMMAND",
+            help="a command line (split as a shell splits it, run without a shell) in which "
+                 "{model} is the candidate's path and {inputs} the path of an .npz of its "
+                 "inputs; the candidate still fails when it exits non-zero or dies by a signal"),
+        arg("--check-timeout", type=parse_tolerance, metavar="SECONDS",
+            help="stop a --check that runs longer; it then passes (or fails: --timeout-fails)"),
+        arg("--timeout-fails", action="store_true",
+            help="a --check stopped by --check-timeout counts as failing"),
+        arg("--providers", type=parse_list, metavar="LIST",
+            help="without --check: run each candidate on these providers and compare its "
+                 "outputs with the reference's values"),
+        arg("--reference-providers", type=parse_list, metavar="LIST",
+            help="where the reference values come from (default CPUExecutionProvider)"),
+        arg("--profile", choices=sorted(TOLERANCE_PROFILES),
+            help="the tolerance a candidate must break to fail, as check's (default fp16)"),
+        arg("--rtol", type=parse_output_tolerance, action="append", metavar="VALUE",
+            help="relative tolerance (overrides the profile)"),
+        arg("--atol", type=parse_output_tolerance, action="append", metavar="VALUE",
+            help="absolute tolerance (overrides the profile)"),
+        arg("--min-cos", type=parse_cosine, help="smallest allowed cosine"),
+        arg("--mode", choices=("bisect", "linear"), default="bisect",
+            help="bisect from both ends, then remove single end nodes (default); linear: "
+                 "single end nodes only"),
+        *INPUT_ARGS,
+        arg("--seed", type=parse_seed, default=0, help="input seed (default 0)"),
+        arg("--allow-fallback", action="store_true",
+            help="reduce even when the full model's session did not get a requested provider"),
+        *EP_ARGS,
+        arg("--force", action="store_true",
+            help="replace files at OUT's names that eprun did not write"),
+        FORMAT_ARG),
+    fields=("model", "output", "inputs_file", "original_nodes", "nodes", "kept", "inputs",
+            "outputs", "tries", "minimal", "failure"),
+    detail='kept: [{"name", "op_type", "outputs"}] in file order; failure: for --check '
+           '{"exit"} or {"signal"} or {"timeout"} (with the check\'s last stderr line as '
+           '"stderr"), else {"output", "max_abs_diff", "max_rel_diff", "violations", '
+           '"elements", "bounds"} of the worst output (or {"error"}); without --check '
+           '"tolerance" and "providers" too; "external_data" when weights went to a file',
+    example="eprun.py reduce model.onnx --output small.onnx --providers "
+            "OpenVINOExecutionProvider --rtol 1e-5 --atol 1e-9"))
 
 
 # -- sensitivity -----------------------------------------------------------------------------------

@@ -457,6 +457,62 @@ def chain_rows(work: Path, repeat: int) -> list[str]:
                 "hand-written floor")]
 
 
+def build_reduce_chain(folder: Path, blocks: int = 333, width: int = 64) -> str:
+    """A 1,000-node chain (MatMul -> Add -> Relu, 64 wide, then a Tanh) for ``reduce``."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(SEED)
+    graph_nodes, inits, current = [], [], "x"
+    for k in range(blocks):
+        inits += [numpy_helper.from_array((rng.standard_normal((width, width)) / 8)
+                                          .astype(np.float32), f"W{k}_"),
+                  numpy_helper.from_array(np.zeros(width, np.float32), f"B{k}_")]
+        graph_nodes += [helper.make_node("MatMul", [current, f"W{k}_"], [f"m{k}_"]),
+                        helper.make_node("Add", [f"m{k}_", f"B{k}_"], [f"a{k}_"]),
+                        helper.make_node("Relu", [f"a{k}_"], [f"r{k}_"])]
+        current = f"r{k}_"
+    graph_nodes.append(helper.make_node("Tanh", [current], ["y"]))
+    graph = helper.make_graph(
+        graph_nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = folder / "reduce.onnx"
+    onnx.save(model, str(path))
+    return str(path)
+
+
+# Fails while the candidate still names two tensors 10 blocks apart (a byte search: the check
+# itself costs a Python start, about what a user's cheapest check costs).
+REDUCE_CHECK = ("import sys; data = open(sys.argv[1], 'rb').read(); "
+                "sys.exit(1 if b'r200_' in data and b'r210_' in data else 0)")
+
+
+def reduce_rows(work: Path, repeat: int) -> list[str]:
+    """``reduce --check`` on the 1,000-node chain against one run of the same check on the
+    full model: the ratio is about the number of candidates bisection needs."""
+    model = build_reduce_chain(work / "reduce")
+    out = str(work / "reduce" / "small.onnx")
+    check = f"{PY} -c \"{REDUCE_CHECK}\" {{model}}"
+    got = measure_together({
+        "reduce": ([[PY, EPRUN, "reduce", model, "--output", out, "--check", check,
+                     "--force"]], None),
+        # (exit 1 is the check's "fails": the wrapper makes it the success run_once wants)
+        "check": ([[PY, "-c", (f"import sys, subprocess; sys.exit(1 - subprocess.run("
+                               f"[{PY!r}, '-c', {REDUCE_CHECK!r}, {model!r}]).returncode)")]],
+                  None)},
+        repeat)
+    answer = json.loads(subprocess.run([PY, EPRUN, "reduce", model, "--output", out, "--check",
+                                        check, "--force"], capture_output=True, text=True,
+                                       check=True).stdout)
+    return [row(f"reduce --check, 1,000-node chain ({answer['tries']} candidates, "
+                f"{answer['nodes']} nodes kept)", got["reduce"], got["check"],
+                "one run of the check on the full model")]
+
+
 def script(work: Path, name: str, text: str) -> str:
     path = work / f"{name}.py"
     path.write_text(text)
@@ -560,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-startup", action="store_true",
                         help="only the start-up routes (each lab command, --version, --help) "
                              "and, unless --skip-large, the 2 GiB ones")
+    parser.add_argument("--only-reduce", action="store_true",
+                        help="only reduce on the 1,000-node chain")
     parser.add_argument("--build", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.build:  # the child that builds the models (see below)
@@ -588,7 +646,9 @@ def main(argv: list[str] | None = None) -> int:
                 ("16x2048² pair", str(work / "large" / "fp32.onnx"),
                  str(work / "large" / "int8.onnx"))])
             rows += ep_rows(work, args, pairs)
-        if args.only_startup:
+        if args.only_reduce:
+            rows += reduce_rows(work, args.repeat)
+        elif args.only_startup:
             rows += startup_rows(work, args, fp32, int8)
             rows += [] if args.skip_large else huge_rows(work, args)
         elif not args.only_ep:
@@ -776,6 +836,8 @@ def cpu_rows(work: Path, args: argparse.Namespace, fp32: str, int8: str) -> list
         print("50k-node chain ...", file=sys.stderr)
         rows += chain_rows(work, args.repeat)
         rows += huge_rows(work, args)
+    print("reduce, 1,000-node chain ...", file=sys.stderr)
+    rows += reduce_rows(work, args.repeat)
     return rows
 
 

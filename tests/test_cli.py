@@ -29,6 +29,8 @@ def default_argv(name: str, fp32, int8, tmp_path) -> list:
         "sensitivity": ["sensitivity", fp32, int8, "1"],
         "weights": ["weights", fp32, int8],
         "inspect": ["inspect", int8],
+        "reduce": ["reduce", int8, "--output", tmp_path / "small.onnx", "--check",
+                   f"{sys.executable} -c 'raise SystemExit(1)' {{model}}"],
     }[name]
 
 

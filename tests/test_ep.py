@@ -891,3 +891,31 @@ def test_local_on_openvino_recomputed(eprun, lab_pair, tmp_path):
         got = answer["layers"][k]["local"]
         assert got["max_abs_error"] == pytest.approx(float(np.abs(a - b).max()), rel=1e-6,
                                                      abs=1e-12), k
+
+
+def test_reduce_finds_the_one_node_openvino_computes_differently(eprun, openvino, tmp_path):
+    """An elementwise chain in which only OpenVINO's Erf is off (by about 1e-5 relative: its
+    approximation of erf), held to --rtol 1e-5 --atol 1e-9: reduce keeps the Erf alone, and
+    the saved model, run here on its saved inputs, still fails there against the CPU."""
+    from onnx import TensorProto, helper
+
+    ops = ["Abs", "Neg", "Erf", "Neg", "Relu", "Abs"]
+    nodes = [helper.make_node(op, [f"t{k - 1}" if k else "x"], [f"t{k}"], name=f"{op}{k}")
+             for k, op in enumerate(ops)]
+    model = models.save(models.finish(nodes, [models.float_input("x", 4)], [
+        helper.make_tensor_value_info("t5", TensorProto.FLOAT, ["N", 4])]),
+        tmp_path / "erf_chain.onnx")
+    out = tmp_path / "erf.onnx"
+    answer = eprun("reduce", model, "--output", out, "--providers", OPENVINO, "--rows", "512",
+                   "--rtol", "1e-5", "--atol", "1e-9")
+    assert [(node["name"], node["op_type"]) for node in answer["kept"]] == [("Erf2", "Erf")]
+    assert answer["minimal"] and answer["inputs"] == ["t1"] and answer["outputs"] == ["t2"]
+    assert answer["providers"]["reference"] == [CPU]
+    saved = dict(np.load(tmp_path / "erf.inputs.npz"))
+    on_cpu = models.run(out, saved)[0]
+    on_openvino = openvino(out).run(None, saved)[0]
+    violations = int(np.count_nonzero(~np.isclose(on_openvino, on_cpu, rtol=1e-5, atol=1e-9)))
+    assert violations > 0
+    assert answer["failure"]["violations"] == violations
+    assert answer["failure"]["max_abs_diff"] == pytest.approx(
+        float(np.abs(on_openvino.astype(np.float64) - on_cpu).max()), rel=1e-6)

@@ -1,0 +1,389 @@
+"""``reduce``: the smallest part of a model that still fails.
+
+The oracle is the graph itself: with a ``--check`` that fails exactly when the candidate still
+computes two chosen tensors A and B, the smallest failing part is the set of nodes on the
+paths from A's producer to B's producer (computed here from the node lists, by walking the
+graph both ways). The written model is then run here, in a session of the test's own, on the
+saved inputs, and its outputs compared with the original model's tensors of the same names.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import models
+import numpy as np
+import onnx
+import pytest
+from conftest import in_process
+from onnx import TensorProto, helper, numpy_helper
+
+# Exit 1 (fails) when the candidate model still computes both tensors named after it.
+PRODUCES_BOTH = """import sys, onnx
+model = onnx.load(sys.argv[1], load_external_data=False)
+made = {name for node in model.graph.node for name in node.output}
+sys.exit(1 if set(sys.argv[2:]) <= made else 0)
+"""
+
+
+def check_script(tmp_path: Path, body: str = PRODUCES_BOTH) -> Path:
+    script = tmp_path / "check.py"
+    script.write_text(body)
+    return script
+
+
+def check_command(script: Path, *names: str) -> str:
+    return " ".join([sys.executable, str(script), "{model}", *names])
+
+
+def path_nodes(model: onnx.ModelProto, a: str, b: str) -> list[int]:
+    """Positions of the nodes that are descendants of A's producer and ancestors of B's
+    producer (both included), reads inside subgraphs counted as the node's reads."""
+    nodes = list(model.graph.node)
+
+    def reads(node) -> set[str]:
+        names = set(node.input)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                names |= {name for inner in attribute.g.node for name in inner.input}
+        return names
+
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output}
+    down, frontier = {producer[a]}, [producer[a]]
+    while frontier:
+        written = set(nodes[frontier.pop()].output)
+        for i, node in enumerate(nodes):
+            if i not in down and reads(node) & written:
+                down.add(i)
+                frontier.append(i)
+    up, frontier = {producer[b]}, [producer[b]]
+    while frontier:
+        for name in reads(nodes[frontier.pop()]):
+            if name in producer and producer[name] not in up:
+                up.add(producer[name])
+                frontier.append(producer[name])
+    return sorted(down & up)
+
+
+def reduce_with_check(capfd, tmp_path, model_path, a, b, *extra) -> dict:
+    out = tmp_path / "out" / "small.onnx"
+    out.parent.mkdir(exist_ok=True)
+    script = check_script(tmp_path)
+    code, stdout, stderr = in_process(capfd, "reduce", model_path, "--output", out,
+                                      "--check", check_command(script, a, b),
+                                      "--inputs", given_inputs(model_path), *extra)
+    assert code == 0, stderr
+    return json.loads(stdout)
+
+
+def given_inputs(model_path: Path) -> Path:
+    """An .npz of every input of the model (5 rows each), saved beside it for --inputs."""
+    rng = np.random.default_rng(11)
+    model = onnx.load(str(model_path), load_external_data=False)
+    path = model_path.with_suffix(".given.npz")
+    np.savez(path, **{value.name: rng.standard_normal((5, 4)).astype(np.float32)
+                      for value in model.graph.input})
+    return path
+
+
+def assert_reduced_correctly(answer: dict, model_path: Path, a: str, b: str) -> None:
+    """The kept nodes are exactly the A-to-B paths', as the original has them; the written
+    model is valid, typed, and computes what the original computes on the saved inputs."""
+    original = onnx.load(str(model_path))
+    expected = path_nodes(original, a, b)
+    nodes = list(original.graph.node)
+    assert [(node["name"], node["op_type"], node["outputs"]) for node in answer["kept"]] == \
+        [(nodes[i].name, nodes[i].op_type, list(nodes[i].output)) for i in expected]
+    assert answer["nodes"] == len(expected)
+    assert answer["original_nodes"] == len(nodes)
+    assert answer["minimal"] is True
+    out = Path(answer["output"])
+    written = onnx.load(str(out))
+    onnx.checker.check_model(str(out), full_check=True)
+    assert [node.SerializeToString() for node in written.graph.node] == \
+        [nodes[i].SerializeToString() for i in expected]
+    for value in (*written.graph.input, *written.graph.output):
+        tensor = value.type.tensor_type
+        assert tensor.elem_type and tensor.HasField("shape"), value.name
+    assert [value.name for value in written.graph.input] == answer["inputs"]
+    assert [value.name for value in written.graph.output] == answer["outputs"]
+    # Run both here: the reduced model on its saved inputs gives the original's tensors.
+    saved = dict(np.load(answer["inputs_file"]))
+    assert sorted(saved) == sorted(answer["inputs"])
+    feed = dict(np.load(model_path.with_suffix(".given.npz")))
+    reference = dict(zip(answer["inputs"] + answer["outputs"],
+                         models.run(model_path, feed, answer["inputs"] + answer["outputs"])))
+    for name in answer["inputs"]:
+        np.testing.assert_array_equal(saved[name], reference[name])
+    got = models.run(out, saved)
+    for name, value in zip(answer["outputs"], got):
+        np.testing.assert_allclose(value, reference[name], rtol=1e-6, atol=1e-6)
+
+
+# -- models ------------------------------------------------------------------------------------
+
+def chain_model(ops=("Relu", "Sigmoid", "Erf", "Tanh", "Abs", "Neg", "Exp", "Sin"),
+                named: bool = True) -> onnx.ModelProto:
+    nodes, previous = [], "x"
+    for i, op in enumerate(ops):
+        nodes.append(helper.make_node(op, [previous], [f"t{i}"],
+                                      name=f"n{i}" if named else ""))
+        previous = f"t{i}"
+    return models.finish(nodes, [models.float_input("x", 4)],
+                         [helper.make_tensor_value_info(previous, TensorProto.FLOAT, ["N", 4])])
+
+
+def branching_model() -> onnx.ModelProto:
+    """Two inputs, a diamond between A and B, side branches off it and into it, a second
+    output; half of the nodes unnamed."""
+    make = helper.make_node
+    nodes = [
+        make("Relu", ["x"], ["a0"], name="start"),
+        make("Abs", ["u"], ["u1"]),                       # another input's branch, into B
+        make("Sigmoid", ["a0"], ["A"], name="producer_a"),
+        make("Tanh", ["A"], ["left"]),                    # the diamond's two sides
+        make("Neg", ["u1"], ["u2"], name="side_in"),
+        make("Exp", ["A"], ["dead_end"], name="side_out"),  # off A, read by nothing kept
+        make("Sin", ["A"], ["right"]),
+        make("Add", ["left", "right"], ["joined"], name="join"),
+        make("Mul", ["joined", "u2"], ["B"], name="producer_b"),
+        make("Relu", ["B"], ["y"]),
+        make("Add", ["dead_end", "y"], ["z"], name="tail"),
+    ]
+    return models.finish(nodes, [models.float_input("x", 4), models.float_input("u", 4)],
+                         [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4]),
+                          helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+
+
+def if_model() -> onnx.ModelProto:
+    """An If on the path from A to B whose branches read tensors of the outer graph, one of
+    them computed off the path (it becomes an input of the reduced model)."""
+    make = helper.make_node
+    then_branch = helper.make_graph(
+        [make("Tanh", ["A"], ["t"]), make("Add", ["t", "outer"], ["then_out"])], "then", [],
+        [helper.make_tensor_value_info("then_out", TensorProto.FLOAT, ["N", 4])])
+    else_branch = helper.make_graph(
+        [make("Neg", ["A"], ["else_out"])], "else", [],
+        [helper.make_tensor_value_info("else_out", TensorProto.FLOAT, ["N", 4])])
+    nodes = [
+        make("Relu", ["x"], ["r"], name="first"),
+        make("Sigmoid", ["r"], ["A"], name="producer_a"),
+        make("Abs", ["x"], ["outer"], name="off_path"),
+        make("If", ["flag"], ["branched"], name="choice", then_branch=then_branch,
+             else_branch=else_branch),
+        make("Exp", ["branched"], ["B"], name="producer_b"),
+        make("Neg", ["B"], ["y"], name="last"),
+    ]
+    flag = numpy_helper.from_array(np.array(True), "flag")
+    return models.finish(nodes, [models.float_input("x", 4)],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+                         [flag])
+
+
+def weighted_chain(path: Path) -> Path:
+    """MatMul layers whose weights live in an external data file beside the model."""
+    rng = np.random.default_rng(5)
+    nodes, weights, previous = [], [], "x"
+    for i in range(4):
+        weights.append(numpy_helper.from_array(
+            rng.standard_normal((4, 4)).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [previous, f"w{i}"], [f"m{i}"], name=f"mm{i}"))
+        nodes.append(helper.make_node("Tanh", [f"m{i}"], [f"h{i}"], name=f"act{i}"))
+        previous = f"h{i}"
+    model = models.finish(nodes, [models.float_input("x", 4)],
+                          [helper.make_tensor_value_info(previous, TensorProto.FLOAT, ["N", 4])],
+                          weights)
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="weights.bin", size_threshold=0)
+    return path
+
+
+# -- the kept nodes are the paths from A to B ---------------------------------------------------
+
+@pytest.mark.parametrize("a, b", [("t1", "t4"), ("t0", "t7"), ("t3", "t3"), ("t2", "t5")])
+def test_a_chain_reduces_to_the_nodes_from_a_to_b(capfd, tmp_path, a, b):
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    assert_reduced_correctly(reduce_with_check(capfd, tmp_path, model, a, b), model, a, b)
+
+
+def test_unnamed_nodes_keep_their_empty_names(capfd, tmp_path):
+    model = models.save(chain_model(named=False), tmp_path / "chain.onnx")
+    answer = reduce_with_check(capfd, tmp_path, model, "t2", "t5")
+    assert {node["name"] for node in answer["kept"]} == {""}
+    assert_reduced_correctly(answer, model, "t2", "t5")
+
+
+@pytest.mark.parametrize("mode", ["bisect", "linear"])
+def test_a_branching_graph_keeps_only_the_paths(capfd, tmp_path, mode):
+    model = models.save(branching_model(), tmp_path / "branching.onnx")
+    answer = reduce_with_check(capfd, tmp_path, model, "A", "B", "--mode", mode)
+    assert_reduced_correctly(answer, model, "A", "B")
+    assert answer["inputs"] == ["a0", "u2"]  # cut where removed nodes wrote them
+    assert answer["outputs"] == ["B"]
+
+
+def test_an_if_moves_whole_and_its_outer_reads_become_inputs(capfd, tmp_path):
+    model = models.save(if_model(), tmp_path / "if.onnx")
+    answer = reduce_with_check(capfd, tmp_path, model, "A", "B")
+    assert_reduced_correctly(answer, model, "A", "B")
+    assert [node["op_type"] for node in answer["kept"]] == ["Sigmoid", "If", "Exp"]
+    assert "outer" in answer["inputs"]
+
+
+def test_external_weights_go_beside_the_reduced_model(capfd, tmp_path):
+    model = weighted_chain(tmp_path / "weighted.onnx")
+    answer = reduce_with_check(capfd, tmp_path, model, "m1", "m2")
+    assert_reduced_correctly(answer, model, "m1", "m2")
+    data = Path(answer["external_data"])
+    assert data.parent == Path(answer["output"]).parent and data.name == "small.onnx.data"
+    written = onnx.load(answer["output"], load_external_data=False)
+    kept_weights = {tensor.name for tensor in written.graph.initializer}
+    assert kept_weights == {"w1", "w2"}
+    assert all(entry.value == data.name for tensor in written.graph.initializer
+               for entry in tensor.external_data if entry.key == "location")
+
+
+def test_bisection_tries_grow_with_the_log_of_the_node_count(capfd, tmp_path):
+    """200 nodes, the failure between nodes 120 and 122: bisection needs about 2 log2(200)
+    candidates, going node by node needs about 200."""
+    model = models.save(chain_model(["Relu", "Neg"] * 100), tmp_path / "long.onnx")
+    answer = reduce_with_check(capfd, tmp_path, model, "t120", "t122")
+    assert_reduced_correctly(answer, model, "t120", "t122")
+    assert answer["tries"] <= 2 * 8 + 4 + 2
+
+
+# -- what fails ----------------------------------------------------------------------------------
+
+def test_a_check_killed_by_a_signal_fails(capfd, tmp_path):
+    script = check_script(tmp_path, PRODUCES_BOTH.replace(
+        "sys.exit(1 if", "import os, signal\nif set(sys.argv[2:]) <= made: "
+        "os.kill(os.getpid(), signal.SIGSEGV)\nsys.exit(1 if"))
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
+                                      "--check", check_command(script, "t1", "t2"))
+    assert code == 0, stderr
+    answer = json.loads(stdout)
+    assert answer["failure"] == {"signal": "SIGSEGV"}
+    assert [node["outputs"] for node in answer["kept"]] == [["t1"], ["t2"]]
+
+
+def test_a_check_past_its_timeout_counts_as_the_user_says(capfd, tmp_path):
+    script = check_script(tmp_path, PRODUCES_BOTH.replace(
+        "sys.exit(1 if", "import time\nif set(sys.argv[2:]) <= made: time.sleep(30)\n"
+        "sys.exit(1 if"))
+    model = models.save(chain_model(["Relu", "Neg", "Abs"]), tmp_path / "chain.onnx")
+    command = check_command(script, "t1", "t2")
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
+                                      "--check", command, "--check-timeout", "1",
+                                      "--timeout-fails")
+    assert code == 0, stderr
+    answer = json.loads(stdout)
+    assert answer["failure"] == {"timeout": 1.0}
+    assert [node["outputs"] for node in answer["kept"]] == [["t1"], ["t2"]]
+    # passing on a timeout (the default), the full model does not fail
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "other.onnx",
+                                      "--check", command, "--check-timeout", "1")
+    assert code == 1 and stdout == ""
+    assert not (tmp_path / "other.onnx").exists()
+
+
+def test_numbers_off_on_one_node_reduce_to_that_node(capfd, tmp_path, monkeypatch):
+    """Without --check: a stand-in provider whose Erf is off by 1e-3 (every session after the
+    reference's gets each Erf's output shifted so); the reduction keeps the Erf alone and
+    says how far off it is."""
+    import eprun
+
+    real, opened = eprun.open_exposed, []
+
+    def skewed(model, model_path, *args, **kwargs):
+        opened.append(model_path)
+        if len(opened) > 1:  # the first session is the reference's
+            for node in [node for node in model.graph.node if node.op_type == "Erf"]:
+                exact = node.output[0] + "_exact"
+                model.graph.node.append(helper.make_node("Add", [exact, "skew"],
+                                                         [node.output[0]]))
+                node.output[0] = exact
+            model.graph.initializer.append(numpy_helper.from_array(np.float32(1e-3), "skew"))
+            sorted_nodes = onnx.helper.make_graph(
+                _topological(model.graph.node), "g", model.graph.input, model.graph.output,
+                model.graph.initializer)
+            model.graph.CopyFrom(sorted_nodes)
+        return real(model, model_path, *args, **kwargs)
+
+    monkeypatch.setattr(eprun, "open_exposed", skewed)
+    model = models.save(chain_model(["Abs", "Neg", "Erf", "Neg", "Relu"]),
+                        tmp_path / "chain.onnx")
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
+                                      "--providers", "CPUExecutionProvider", "--rtol", "1e-5",
+                                      "--atol", "1e-9")
+    assert code == 0, stderr
+    answer = json.loads(stdout)
+    assert [node["op_type"] for node in answer["kept"]] == ["Erf"]
+    assert answer["inputs"] == ["t1"] and answer["outputs"] == ["t2"]
+    failure = answer["failure"]
+    assert failure["output"] == "t2" and failure["violations"] == failure["elements"] == 64 * 4
+    assert failure["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
+
+
+def _topological(nodes) -> list:
+    """``nodes`` ordered so each comes after the writers of what it reads."""
+    pending, ordered = list(nodes), []
+    while pending:
+        for node in pending:
+            writers = {name for other in pending if other is not node for name in other.output}
+            if not set(node.input) & writers:
+                ordered.append(node)
+                pending.remove(node)
+                break
+    return ordered
+
+
+def test_a_model_that_does_not_fail_writes_nothing(capfd, tmp_path):
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    before = sorted(os.listdir(tmp_path))
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
+                                      "--providers", "CPUExecutionProvider")
+    assert (code, stdout) == (1, "")
+    assert stderr.splitlines() == [stderr.strip()] and "does not fail" in stderr
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--check", "true"], "{model}"),
+    ([], "--providers"),
+    (["--check", "x {model}", "--providers", "CPUExecutionProvider"], "one of them"),
+    (["--check", "'unclosed {model}"], "not a command line"),
+    (["--check", "x {model}", "--timeout-fails"], "--check-timeout"),
+])
+def test_a_wrong_request_is_one_line_and_exit_2(capfd, tmp_path, argv, words):
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
+                                      *argv)
+    assert (code, stdout) == (2, "")
+    assert stderr.count("\n") == 1 and words in stderr
+
+
+def test_a_file_eprun_did_not_write_is_not_replaced(capfd, tmp_path):
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    mine = tmp_path / "small.onnx"
+    mine.write_bytes(b"my notes")
+    script = check_script(tmp_path)
+    argv = ["reduce", model, "-o", mine, "--check", check_command(script, "t1", "t2")]
+    code, stdout, stderr = in_process(capfd, *argv)
+    assert (code, stdout) == (4, "") and "eprun did not write" in stderr
+    assert mine.read_bytes() == b"my notes"
+    assert in_process(capfd, *argv, "--force")[0] == 0
+    assert in_process(capfd, *argv)[0] == 0  # eprun's own now: replaced without --force
+
+
+def test_the_table_names_the_kept_nodes(capfd, tmp_path):
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    script = check_script(tmp_path)
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
+                                      "--check", check_command(script, "t1", "t2"),
+                                      "--format", "table")
+    assert code == 0, stderr
+    assert stdout.splitlines()[0].startswith(f"reduce: {model}: 2 of 8 nodes still fail")
+    assert any(line.split()[:3] == ["n1", "Sigmoid", "t1"] for line in stdout.splitlines())

@@ -431,7 +431,9 @@ class Run:
     silenced for this run (not with ``EPRUN_DEBUG``); ``quieted``: that was done.
     ``session_config``: session config entries every session of the run gets (a sensitivity
     worker's: no spinning threads). ``warned``: the knob warnings given (``knob_warning``).
-    ``locations``: each model file's external-data locations (``external_locations``)."""
+    ``locations``: each model file's external-data locations (``external_locations``).
+    ``children``: the process groups of the commands it runs (``reduce --check``), ended
+    with it."""
 
     program: bool = False
     argv: tuple = ()
@@ -447,6 +449,7 @@ class Run:
     session_config: dict = dataclasses.field(default_factory=dict)
     warned: set = dataclasses.field(default_factory=set)
     locations: dict = dataclasses.field(default_factory=dict)
+    children: set = dataclasses.field(default_factory=set)
 
 
 _RUNS = [Run()]  # the run in progress last; the first is that of direct calls
@@ -738,9 +741,13 @@ def _process_alive(pid: int) -> bool:
 
 
 def remove_temporaries() -> None:
-    """What a signal leaves of eprun's temporaries: nothing."""
+    """What a signal leaves of eprun's temporaries: nothing, and no process group it started
+    (``children``: a ``reduce --check`` command) still running."""
     import shutil
 
+    for group in list(current_run().children):
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
     for name in list(current_run().temporaries):
         if os.path.isdir(name) and not os.path.islink(name):
             shutil.rmtree(name, ignore_errors=True)
@@ -7688,14 +7695,24 @@ class ReferenceValues:
         import numpy as np
 
         expose_in_place(model, (), extra=names, types=types, unknown_as_float=False)
+        _inline_nested_weights(model, model_path)
         session = open_exposed(model, model_path, on=on)
         size, start = 32, 0
         while start < len(names):
             batch = names[start:start + size]
-            values = run_session(session, batch, self.feed, what=repr(model_path))
+            try:
+                values = run_session(session, batch, self.feed, what=repr(model_path))
+            except EprunError:
+                if len(batch) == 1:  # a type numpy has no form for (bfloat16): not fed
+                    self.other.add(batch[0])
+                    start += 1
+                    continue
+                size = 1  # one at a time, to find the one that fails
+                continue
             used = 0
-            for name, value in zip(batch, values):
-                if not isinstance(value, np.ndarray):
+            for name, fetched in zip(batch, values):
+                value = _storable(fetched)
+                if value is None:
                     self.other.add(name)
                     continue
                 path = os.path.join(self.folder, f"value-{len(self.files)}.npy")
@@ -7716,17 +7733,60 @@ class ReferenceValues:
         return self.feed[name] if name in self.feed else np.load(self.files[name])
 
 
+def _storable(value):
+    """``value`` as an array ``numpy.save`` writes without pickling (strings as unicode),
+    or None for what is no such array (a sequence, a map, objects that are not strings)."""
+    import numpy as np
+
+    if not isinstance(value, np.ndarray):
+        return None
+    if value.dtype == object:
+        if not all(isinstance(item, str) for item in value.flat):
+            return None
+        return value.astype(str)
+    return value
+
+
+def _inline_nested_weights(model, model_path: str) -> None:
+    """Read back inline the external data of the tensors inside nodes (a Constant's value, the
+    initializers of If/Loop/Scan bodies, at any depth): a candidate written elsewhere, or
+    given to onnxruntime as bytes, could not find their files."""
+    TensorProto = onnx_messages().TensorProto
+
+    def inline(tensor) -> None:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            values = _map_external(tensor, model_path, read=True)
+            del tensor.external_data[:]
+            tensor.ClearField("data_location")
+            tensor.raw_data = values.tobytes()
+
+    pending = list(model.graph.node)
+    while pending:
+        node = pending.pop()
+        for attribute in node.attribute:
+            for tensor in ([attribute.t] if attribute.HasField("t") else []) + \
+                    list(attribute.tensors):
+                inline(tensor)
+            for body in ([attribute.g] if attribute.HasField("g") else []) + \
+                    list(attribute.graphs):
+                for tensor in body.initializer:
+                    inline(tensor)
+                pending += list(body.node)
+
+
 class ReduceGraph:
     """The main graph of the model being reduced, read for cutting: for each node (by file
     position) the tensors it reads (its subgraphs' outer-scope reads included: an If, Loop or
     Scan moves as a whole) and writes. A candidate is a sorted tuple of node positions."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, model_path: str) -> None:
         graph = model.graph
-        self.model = model
+        self.model, self.path = model, model_path
         self.nodes = list(graph.node)
         self.initializers = {tensor.name: tensor for tensor in graph.initializer}
-        self.inputs = [value for value in graph_inputs(model)]
+        self.sparse = {tensor.values.name: tensor for tensor in graph.sparse_initializer}
+        self.inputs = [value for value in graph_inputs(model)
+                       if value.name not in self.sparse]
         self.input_names = {value.name for value in self.inputs}
         self.outputs = {value.name: value for value in graph.output}
         self.reads = [[name for name in dict.fromkeys(_node_inputs(node)) if name]
@@ -7749,7 +7809,7 @@ class ReduceGraph:
         inputs += list(dict.fromkeys(
             name for i in kept for name in self.reads[i]
             if name not in written and name not in self.initializers
-            and name not in self.input_names))
+            and name not in self.sparse and name not in self.input_names))
         outputs = [name for i in kept for name in self.writes[i]
                    if name not in read or name in self.outputs]
         return inputs, list(dict.fromkeys(outputs))
@@ -7783,10 +7843,17 @@ class ReduceGraph:
         read = {name for i in kept for name in self.reads[i]}
         graph.initializer.extend(tensor for name, tensor in self.initializers.items()
                                  if name in read)
+        graph.sparse_initializer.extend(tensor for name, tensor in self.sparse.items()
+                                        if name in read)
+        _inline_nested_weights(model, self.path)
         for name in inputs:
             graph.input.append(original[name] if name in original and
                                _declared(original[name]) else
                                self._typed(name, types, values))
+        if self.model.ir_version < 4:  # the initializers were graph inputs too then
+            listed = {value.name: value for value in self.model.graph.input}
+            graph.input.extend(listed[tensor.name] for tensor in graph.initializer
+                               if tensor.name in listed)
         for name in outputs:
             declared = self.outputs.get(name)
             graph.output.append(declared if declared is not None and _declared(declared)
@@ -7803,16 +7870,17 @@ class ReduceGraph:
 
         messages = onnx_messages()
         value = messages.ValueInfoProto(name=name)
-        if name in types and types[name].HasField("tensor_type"):
+        if name in types:
             value.type.CopyFrom(types[name])
         array = values.get(name) if values.has(name) else None
-        if isinstance(array, np.ndarray):
+        if isinstance(array, np.ndarray) and not value.type.HasField("sequence_type") and \
+                not value.type.HasField("map_type") and not value.type.HasField("optional_type"):
             tensor = value.type.tensor_type
             if not tensor.elem_type:
                 from onnx import helper
 
-                tensor.elem_type = (messages.TensorProto.STRING if array.dtype == object else
-                                    helper.np_dtype_to_tensor_dtype(array.dtype))
+                tensor.elem_type = (messages.TensorProto.STRING if array.dtype.kind in "OUS"
+                                    else helper.np_dtype_to_tensor_dtype(array.dtype))
             tensor.ClearField("shape")
             tensor.shape.SetInParent()
             for size in array.shape:
@@ -7867,6 +7935,34 @@ def _weight_writers(model, model_path: str, data_name: str | None) -> tuple:
     return (lambda stream: stream.write(serialized)), (write_data if outside else None)
 
 
+def _run_check(argv: list[str], errors, timeout: float | None) -> int | None:
+    """Run a ``--check`` command in a process group of its own (its stdout dropped, its
+    stderr into ``errors``); its exit status (negative: the signal that ended it), or None
+    when it ran past ``timeout`` and was killed, with every process it started. A signal that
+    ends eprun meanwhile ends the group too (``Run.children``)."""
+    import subprocess
+
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=errors, start_new_session=True)
+    except OSError as exc:
+        code = EXIT_MISSING if isinstance(exc, FileNotFoundError) else EXIT_USAGE
+        raise EprunError(f"--check cannot run {argv[0]!r}: {exc.strerror or one_line(exc)}",
+                         code) from exc
+    children = current_run().children
+    children.add(process.pid)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)  # what it left running, or all of it
+        with contextlib.suppress(Exception):
+            process.wait()
+        children.discard(process.pid)
+
+
 def _check_status(code: int) -> dict:
     """A ``--check`` command's end as the answer records it."""
     if code < 0:
@@ -7911,6 +8007,7 @@ class Reduction:
         return self.verdicts[kept][0]
 
     def failure(self, kept: tuple[int, ...]) -> dict | None:
+        """Why ``kept`` fails (or, for one that passed by a timeout, that record)."""
         return self.verdicts[kept][1]
 
     def passed(self, kept: tuple[int, ...]) -> bool:
@@ -7928,6 +8025,17 @@ class Reduction:
                 f"{len(self.graph.nodes)} nodes, {'fails' if fails else 'passes'} "
                 f"({time.monotonic() - self.started:.1f} s)\n")
         write_fd(where if where is not None else 2, line.encode())
+
+    def say_what_passed(self, providers: list[str] | None) -> None:
+        """Notes on the candidates that passed for want of something to run."""
+        if self.idle:
+            note(f"{self.idle} candidate{'s' if self.idle > 1 else ''} passed because their "
+                 f"session did not get {','.join(providers or [])} (the provider took none of "
+                 "their nodes): a failure there cannot be that provider's")
+        if self.uncut:
+            note(f"{self.uncut} candidate{'s' if self.uncut > 1 else ''} would cut through a "
+                 "value eprun cannot feed (a sequence, a map, or a type numpy has no form "
+                 "for), counted as passing")
 
     def feed(self, kept: tuple[int, ...]) -> dict:
         inputs, _ = self.graph.interface(kept)
@@ -7961,7 +8069,7 @@ class Reduction:
             return True, {"error": one_line(exc)}
         pairs = [(name, self.values.get(name), value) for name, value in zip(outputs, got)
                  if name in self.values.files and getattr(value, "dtype", None) is not None
-                 and value.dtype.kind in "fciu"]
+                 and value.dtype.kind in "biufc"]
         entries, failures = _gate_outputs(((name, expected) for name, expected, _ in pairs),
                                           ((name, value) for name, _, value in pairs),
                                           ("the reference", "the candidate"), self.tolerance)
@@ -7976,8 +8084,6 @@ class Reduction:
 
     def _check(self, kept: tuple[int, ...]) -> tuple[bool, dict | None]:
         """The user's ``--check`` command on the candidate written into the scratch folder."""
-        import subprocess
-
         stem = os.path.join(self.folder, f"candidate-{self.tries}")
         model_path, inputs_path = f"{stem}.onnx", f"{stem}.inputs.npz"
         data_name = os.path.basename(stem) + ".data"
@@ -7997,15 +8103,9 @@ class Reduction:
                     for word in self.check]
             with open(f"{stem}.stderr", "w+b") as errors:
                 written.append(f"{stem}.stderr")
-                try:
-                    code = subprocess.run(argv, stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=errors,
-                                          timeout=self.timeout, check=False).returncode
-                except subprocess.TimeoutExpired:
+                code = _run_check(argv, errors, self.timeout)
+                if code is None:
                     return self.timeout_fails, {"timeout": self.timeout}
-                except OSError as exc:
-                    raise EprunError(f"--check cannot run {self.check[0]!r}: "
-                                     f"{exc.strerror or one_line(exc)}", EXIT_USAGE) from exc
                 errors.seek(0)
                 said = [line for line in errors.read()[-4096:].decode(
                     "utf-8", "replace").splitlines() if line.strip()]
@@ -8035,18 +8135,21 @@ def reduce_nodes(reduction: Reduction, mode: str) -> tuple[tuple[int, ...], bool
                 else:
                     beyond = middle
             kept = kept[known:] if from_front else kept[:len(kept) - known]
-    settled = False
-    while not settled:
-        settled = True
+    needed: set[int] = set()  # ends whose removal passed once: tried again only at the end
+    while True:
         sinks, sources = reduction.graph.ends(kept)
-        for node in dict.fromkeys([*sinks, *sources]):
+        ends = list(dict.fromkeys([*sinks, *sources]))
+        for node in [node for node in ends if node not in needed] or ends:
             trial = tuple(i for i in kept if i != node)
             if trial and reduction.fails(trial):
-                kept, settled = trial, False
+                kept = trial
                 break
-    sinks, sources = reduction.graph.ends(kept)
-    return kept, all(reduction.passed(tuple(i for i in kept if i != node))
-                     for node in {*sinks, *sources})
+            needed.add(node)
+        else:
+            if all(reduction.passed(tuple(i for i in kept if i != node)) or
+                   tuple(i for i in kept if i != node) in reduction.verdicts for node in ends):
+                break
+    return kept, all(reduction.passed(tuple(i for i in kept if i != node)) for node in ends)
 
 
 def reduce(model: str, output: str, *, check: str | None = None,
@@ -8061,41 +8164,123 @@ def reduce(model: str, output: str, *, check: str | None = None,
     inputs beside it (``<output stem>.inputs.npz``). Fails: the ``check`` command exits
     non-zero (or dies by a signal) on the candidate, or, without ``check``, the candidate's
     outputs on ``providers`` differ from the reference's beyond the tolerance."""
-    import shlex
-
     require_file(model)
-    argv = None
-    if check is not None:
-        try:
-            argv = shlex.split(check)
-        except ValueError as exc:
-            raise EprunError(f"--check {check!r} is not a command line: {one_line(exc)}",
-                             EXIT_USAGE) from exc
-        if not argv or not any("{model}" in word for word in argv):
-            raise EprunError(f"--check {check!r} does not name the candidate: put {{model}} "
-                             "where its path goes (and {inputs} where the path of its inputs, "
-                             "an .npz, goes)", EXIT_USAGE)
-        if providers is not None:
-            raise EprunError("--check decides by itself whether a candidate fails; "
-                             "--providers compares the candidate's numbers instead: give one "
-                             "of them", EXIT_USAGE)
-    elif providers is None:
-        raise EprunError("say what fails: --providers LIST (the candidate's numbers on them "
-                         "against --reference-providers) or --check 'COMMAND {model}'",
-                         EXIT_USAGE)
-    if timeout_fails and check_timeout is None:
-        raise EprunError("--timeout-fails needs --check-timeout SECONDS", EXIT_USAGE)
-    stem = output[:-len(".onnx")] if output.lower().endswith(".onnx") else output
-    inputs_path = f"{stem}.inputs.npz"
-    data_path = os.path.join(os.path.dirname(output), data_file_name(output, 0))
+    argv = _check_words(check, providers, check_timeout, timeout_fails,
+                        (profile, rtol, atol, min_cos))
+    tolerance = _one_tolerance(profile, rtol, atol, min_cos)
+    paths = ReducedPaths.of(output)
     graph_model = load_model(model, text_names=True)
-    sources = [model, *external_data_files(graph_model, model),
-               *([inputs.file] if inputs is not None and inputs.file else [])]
-    for path in (output, inputs_path, data_path):
-        check_output(path, sources)
-    _refuse_foreign_outputs(output, (inputs_path, data_path), force)
+    sources = (model, *external_data_files(graph_model, model),
+               *([inputs.file] if inputs is not None and inputs.file else []))
+    for path in paths:
+        check_output(path, list(sources))
+    replacing = _replaceable(paths, force)  # an earlier reduce's files
     targets = targets_from(providers, reference_providers or [CPU_EP], allow_fallback,
                            ep_library, ep_options)
+    graph = ReduceGraph(graph_model, model)
+    if not graph.nodes:
+        raise EprunError(f"{model!r} has no node to reduce")
+    feed = make_feeds(specs_from_model(graph_model), seed, inputs, model)
+    types = {**_value_types(graph_model), **tensor_types(graph_model)}
+    with scratch_folder("eprun-reduce-") as folder:
+        values = ReferenceValues(folder, feed.arrays)
+        reference_got = values.compute(load_model(model, text_names=True), model,
+                                       graph.computed(), targets.reference, types)
+        reduction = Reduction(model, graph, values, types, folder, check=argv,
+                              timeout=check_timeout, timeout_fails=timeout_fails,
+                              on=targets.candidate, reference_on=targets.reference,
+                              tolerance=tolerance)
+        everything = tuple(range(len(graph.nodes)))
+        if not reduction.fails(everything, show=False):
+            raise EprunError(f"{model!r} does not fail ({_why_it_passes(reduction, everything)})"
+                             ": there is nothing to reduce; nothing written", 1)
+        reduction.strict = False
+        kept, minimal = reduce_nodes(reduction, mode)
+        external = _write_reduced(reduction, kept, paths, sources, replacing)
+    reduction.say_what_passed(providers)
+    _note_invalid(output)
+    nodes = graph.nodes
+    model_inputs, model_outputs = graph.interface(kept)
+    answer = {"model": model, "output": output, "inputs_file": paths.inputs,
+              "original_nodes": len(nodes), "nodes": len(kept),
+              "kept": [{"name": nodes[i].name, "op_type": nodes[i].op_type,
+                        "outputs": list(nodes[i].output)} for i in kept],
+              "inputs": model_inputs, "outputs": model_outputs, "tries": reduction.tries,
+              "minimal": minimal, "failure": reduction.failure(kept)}
+    if external:
+        answer["external_data"] = paths.data
+    if argv is None:
+        answer["tolerance"] = tolerance
+        answer["providers"] = {"requested": targets.candidate.requested,
+                               "reference": reference_got.actual}
+    return answer
+
+
+def _value_types(model) -> dict:
+    """Name -> inferred type of every value shape inference types, sequences and maps too
+    (``tensor_types`` keeps tensors only)."""
+    try:
+        inferred = infer_shapes(_skeleton(model)).graph
+    except Exception:  # custom domains, invalid graphs: what tensor_types tells is all
+        return {}
+    return {value.name: value.type for value in (*inferred.value_info, *inferred.output)
+            if value.type.WhichOneof("value") is not None}
+
+
+class ReducedPaths(NamedTuple):
+    """What ``reduce`` writes: the model, its inputs (the model's stem + ``.inputs.npz``) and,
+    for weights kept outside it, their data file (``data_file_name``)."""
+
+    model: str
+    inputs: str
+    data: str
+
+    @classmethod
+    def of(cls, output: str) -> ReducedPaths:
+        stem = output[:-len(".onnx")] if output.lower().endswith(".onnx") else output
+        return cls(output, f"{stem}.inputs.npz",
+                   os.path.join(os.path.dirname(output), data_file_name(output, 0)))
+
+
+def _check_words(check: str | None, providers: list[str] | None, timeout: float | None,
+                 timeout_fails: bool, tolerances: tuple) -> list[str] | None:
+    """The ``--check`` command's words (None without one), refusing every option that says
+    nothing with what was given."""
+    import shlex
+
+    if check is None:
+        if providers is None:
+            raise EprunError("say what fails: --providers LIST (the candidate's numbers on "
+                             "them against --reference-providers) or --check 'COMMAND {model}'",
+                             EXIT_USAGE)
+        if timeout is not None or timeout_fails:
+            raise EprunError("--check-timeout and --timeout-fails are for a --check command",
+                             EXIT_USAGE)
+        return None
+    try:
+        argv = shlex.split(check)
+    except ValueError as exc:
+        raise EprunError(f"--check {check!r} is not a command line: {one_line(exc)}",
+                         EXIT_USAGE) from exc
+    if not argv or not any("{model}" in word for word in argv):
+        raise EprunError(f"--check {check!r} does not name the candidate: put {{model}} where "
+                         "its path goes (and {inputs} where the path of its inputs, an .npz, "
+                         "goes)", EXIT_USAGE)
+    if providers is not None:
+        raise EprunError("--check decides by itself whether a candidate fails; --providers "
+                         "compares the candidate's numbers instead: give one of them",
+                         EXIT_USAGE)
+    if any(value is not None for value in tolerances):
+        raise EprunError("--profile, --rtol, --atol and --min-cos set what a difference in "
+                         "numbers is (with --providers); a --check command decides by itself",
+                         EXIT_USAGE)
+    if timeout_fails and timeout is None:
+        raise EprunError("--timeout-fails needs --check-timeout SECONDS", EXIT_USAGE)
+    return argv
+
+
+def _one_tolerance(profile: str | None, rtol, atol, min_cos: float | None) -> dict:
+    """The tolerance every output of every candidate is held to (a profile's, overridden)."""
     tolerance = dict(TOLERANCE_PROFILES[profile or "fp16"])
     for key, given in (("rtol", rtol), ("atol", atol)):
         for name, value in ([("", given)] if isinstance(given, (int, float)) else given or ()):
@@ -8106,91 +8291,111 @@ def reduce(model: str, output: str, *, check: str | None = None,
             tolerance[key] = value
     if min_cos is not None:
         tolerance["min_cos"] = min_cos
-    graph = ReduceGraph(graph_model)
-    if not graph.nodes:
-        raise EprunError(f"{model!r} has no node to reduce")
-    feed = make_feeds(specs_from_model(graph_model), seed, inputs, model)
-    types = tensor_types(graph_model)
-    with scratch_folder("eprun-reduce-") as folder:
-        values = ReferenceValues(folder, feed.arrays)
-        reference_got = values.compute(load_model(model, text_names=True), model,
-                                       graph.computed(), targets.reference, types)
-        reduction = Reduction(model, graph, values, types, folder, check=argv,
-                              timeout=check_timeout, timeout_fails=timeout_fails,
-                              on=targets.candidate, reference_on=targets.reference,
-                              tolerance=tolerance)
-        if not reduction.fails(tuple(range(len(graph.nodes))), show=False):
-            what = (f"--check {check!r} passes on it" if argv is not None else
-                    f"its outputs on {','.join(providers)} are within tolerance of "
-                    f"{','.join(targets.reference.requested)}'s")
-            raise EprunError(f"{model!r} does not fail ({what}): there is nothing to reduce; "
-                             "nothing written", 1)
-        reduction.strict = False
-        kept, minimal = reduce_nodes(reduction, mode)
-        model_inputs, model_outputs = graph.interface(kept)
-        reduced = graph.model_of(kept, types, values)
-        mark_as_eprun(reduced, EPRUN_REDUCED)
-        write_model, write_data = _weight_writers(reduced, model,
-                                                  os.path.basename(data_path))
-        staged: list[Staged] = []
-        folder_fd = open_folder(os.path.dirname(os.path.abspath(output)))
-        try:
-            feed_arrays = reduction.feed(kept)
-            if write_data is not None:
-                staged.append(stage(write_data, data_path, like=(model,), folder=folder_fd))
-            staged.append(stage(lambda stream: write_npz(stream, feed_arrays), inputs_path,
-                                like=tuple(sources[:1]), folder=folder_fd))
-            staged.append(stage(write_model, output, like=(model,), folder=folder_fd))
-            commit(staged)
-        except BaseException:
-            discard(staged)
-            raise
-        finally:
-            os.close(folder_fd)
-    if reduction.idle:
-        note(f"{reduction.idle} candidate{'s' if reduction.idle > 1 else ''} passed because "
-             f"their session did not get {','.join(providers or [])} (the provider took none of "
-             "their nodes): a failure there cannot be that provider's")
-    if reduction.uncut:
-        note(f"{reduction.uncut} candidate{'s' if reduction.uncut > 1 else ''} would cut "
-             "through a value that is no tensor (a sequence or map), which eprun cannot feed: "
-             "counted as passing")
-    _note_invalid(output)
-    nodes = graph.nodes
-    answer = {"model": model, "output": output, "inputs_file": inputs_path,
-              "original_nodes": len(nodes), "nodes": len(kept),
-              "kept": [{"name": nodes[i].name, "op_type": nodes[i].op_type,
-                        "outputs": list(nodes[i].output)} for i in kept],
-              "inputs": model_inputs, "outputs": model_outputs, "tries": reduction.tries,
-              "minimal": minimal, "failure": reduction.failure(kept)}
-    if write_data is not None:
-        answer["external_data"] = data_path
-    if argv is None:
-        answer["tolerance"] = tolerance
-        answer["providers"] = {"requested": targets.candidate.requested,
-                               "reference": reference_got.actual}
-    return answer
+    return tolerance
+
+
+def _why_it_passes(reduction: Reduction, everything: tuple) -> str:
+    record = reduction.failure(everything) or {}
+    if "timeout" in record:
+        return (f"--check ran past --check-timeout {record['timeout']:g} s on it, which "
+                "counts as passing without --timeout-fails")
+    if reduction.check is not None:
+        return f"--check {shlex_join(reduction.check)!r} passes on it"
+    return (f"its outputs on {','.join(reduction.on.requested)} are within tolerance of "
+            f"{','.join(reduction.reference_on.requested)}'s")
+
+
+def shlex_join(words: list[str]) -> str:
+    import shlex
+
+    return " ".join(shlex.quote(word) for word in words)
+
+
+# Weights the original keeps in data files of its own stay outside the reduced model when the
+# ones it keeps come to this much or more; below it they are written inline.
+REDUCE_EXTERNAL_MIN = 1 << 20
+
+
+def _write_reduced(reduction: Reduction, kept: tuple, paths: ReducedPaths, sources: tuple,
+                   replacing: set) -> bool:
+    """Write the reduced model, its inputs and (weights kept outside) its data file, all or
+    none; an earlier data file of eprun's that the new model no longer reads goes. True when
+    weights went to the data file."""
+    import numpy as np
+
+    graph = reduction.graph
+    reduced = graph.model_of(kept, reduction.types, reduction.values)
+    mark_as_eprun(reduced, EPRUN_REDUCED)
+    outside = sum(_initializer_bytes(tensor) for tensor in external_tensors(reduced)
+                  if not _same_file(reduction.path, _safe_location(
+                      _external_location(tensor).location, reduction.path)))
+    write_model, write_data = _weight_writers(
+        reduced, reduction.path,
+        os.path.basename(paths.data) if outside >= REDUCE_EXTERNAL_MIN else None)
+    feed = {name: value if (stored := _storable(np.asarray(value))) is None else stored
+            for name, value in reduction.feed(kept).items()}
+    staged: list[Staged] = []
+    folder = open_folder(os.path.dirname(os.path.abspath(paths.model)))
+    try:
+        if write_data is not None:
+            staged.append(stage(write_data, paths.data, like=sources, folder=folder))
+        staged.append(stage(lambda stream: write_npz(stream, feed), paths.inputs,
+                            like=sources, folder=folder))
+        staged.append(stage(write_model, paths.model, like=sources, folder=folder))
+        commit(staged)
+        if write_data is None and paths.data in replacing:  # the last one's, now unread
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.basename(paths.data), dir_fd=folder)
+    except BaseException:
+        discard(staged)
+        raise
+    finally:
+        os.close(folder)
+    return write_data is not None
 
 
 # The mark of a model ``reduce`` wrote (see ``EPRUN_MARK``).
 EPRUN_REDUCED = "reduced: the smallest part of a model that still fails"
 
 
-def _refuse_foreign_outputs(output: str, companions: tuple[str, ...], force: bool) -> None:
-    """An existing ``output`` is replaced only when eprun wrote it (or with ``force``), and
-    its inputs file and data file with it; without it, a file at their names is somebody's."""
-    if force:
-        return
-    if os.path.lexists(output):
-        if not is_eprun_model(output):
-            raise EprunError(f"refusing to replace {output!r}, which eprun did not write; "
-                             "choose another --output, or add --force to replace it")
-        return
-    for path in companions:
-        if os.path.lexists(path):
-            raise EprunError(f"refusing to replace {path!r}, which would go with {output!r} "
-                             "but eprun did not write it for that; move it away, choose "
-                             "another --output, or add --force")
+def _replaceable(paths: ReducedPaths, force: bool) -> set[str]:
+    """The paths ``reduce`` writes that hold what an earlier ``reduce`` wrote there (a model
+    with eprun's mark, the inputs file whose arrays are that model's inputs, the data file it
+    reads). Any other file there is refused, unless ``force``."""
+    present = {path for path in paths if os.path.lexists(path)}
+    earlier = None
+    if paths.model in present and is_eprun_model(paths.model):
+        earlier = load_model(paths.model, graph_only=True)
+    elif paths.model in present and not force:
+        raise EprunError(f"refusing to replace {paths.model!r}, which eprun did not write; "
+                         "choose another --output, or add --force to replace it")
+    mine = set()
+    if earlier is not None:
+        mine.add(paths.model)
+        inputs = {value.name for value in graph_inputs(earlier)}
+        if paths.inputs in present and _npz_members(paths.inputs) == inputs:
+            mine.add(paths.inputs)
+        if any(_external_location(tensor).location == os.path.basename(paths.data)
+               for tensor in external_tensors(earlier)):
+            mine.add(paths.data)
+    foreign = sorted(present - mine)
+    if foreign and not force:
+        raise EprunError(f"refusing to replace {foreign[0]!r}, which eprun did not write for "
+                         f"{paths.model!r}; move it away, choose another --output, or add "
+                         "--force")
+    return mine
+
+
+def _npz_members(path: str) -> set[str] | None:
+    """The array names of an ``.npz`` file; None for a file that is not one."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None
+    return {name[:-len(".npy")] for name in names if name.endswith(".npy")}
 
 
 def _note_invalid(path: str) -> None:

@@ -83,8 +83,9 @@ def given_inputs(model_path: Path) -> Path:
     rng = np.random.default_rng(11)
     model = onnx.load(str(model_path), load_external_data=False)
     path = model_path.with_suffix(".given.npz")
-    np.savez(path, **{value.name: rng.standard_normal((5, 4)).astype(np.float32)
-                      for value in model.graph.input})
+    np.savez(path, **{value.name: rng.standard_normal(
+        (5, value.type.tensor_type.shape.dim[1].dim_value)).astype(np.float32)
+        for value in model.graph.input})
     return path
 
 
@@ -102,8 +103,7 @@ def assert_reduced_correctly(answer: dict, model_path: Path, a: str, b: str) -> 
     out = Path(answer["output"])
     written = onnx.load(str(out))
     onnx.checker.check_model(str(out), full_check=True)
-    assert [node.SerializeToString() for node in written.graph.node] == \
-        [nodes[i].SerializeToString() for i in expected]
+    assert [plain(node) for node in written.graph.node] == [plain(nodes[i]) for i in expected]
     for value in (*written.graph.input, *written.graph.output):
         tensor = value.type.tensor_type
         assert tensor.elem_type and tensor.HasField("shape"), value.name
@@ -120,6 +120,23 @@ def assert_reduced_correctly(answer: dict, model_path: Path, a: str, b: str) -> 
     got = models.run(out, saved)
     for name, value in zip(answer["outputs"], got):
         np.testing.assert_allclose(value, reference[name], rtol=1e-6, atol=1e-6)
+
+
+def plain(node) -> bytes:
+    """A node's bytes with its tensors' weights where they are, inline or read back from
+    their file: onnx.load marks a tensor it read back as stored by default."""
+    node = onnx.NodeProto.FromString(node.SerializeToString())
+    pending = [node]
+    while pending:
+        for attribute in pending.pop().attribute:
+            tensors = ([attribute.t] if attribute.HasField("t") else []) + list(attribute.tensors)
+            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                tensors += list(body.initializer)
+                pending += list(body.node)
+            for tensor in tensors:
+                if tensor.data_location == TensorProto.DEFAULT:
+                    tensor.ClearField("data_location")
+    return node.SerializeToString()
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -182,18 +199,19 @@ def if_model() -> onnx.ModelProto:
                          [flag])
 
 
-def weighted_chain(path: Path) -> Path:
+def weighted_chain(path: Path, width: int = 4) -> Path:
     """MatMul layers whose weights live in an external data file beside the model."""
     rng = np.random.default_rng(5)
     nodes, weights, previous = [], [], "x"
     for i in range(4):
         weights.append(numpy_helper.from_array(
-            rng.standard_normal((4, 4)).astype(np.float32), f"w{i}"))
+            (rng.standard_normal((width, width)) / width).astype(np.float32), f"w{i}"))
         nodes.append(helper.make_node("MatMul", [previous, f"w{i}"], [f"m{i}"], name=f"mm{i}"))
         nodes.append(helper.make_node("Tanh", [f"m{i}"], [f"h{i}"], name=f"act{i}"))
         previous = f"h{i}"
-    model = models.finish(nodes, [models.float_input("x", 4)],
-                          [helper.make_tensor_value_info(previous, TensorProto.FLOAT, ["N", 4])],
+    model = models.finish(nodes, [models.float_input("x", width)],
+                          [helper.make_tensor_value_info(previous, TensorProto.FLOAT,
+                                                         ["N", width])],
                           weights)
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
               location="weights.bin", size_threshold=0)
@@ -233,7 +251,9 @@ def test_an_if_moves_whole_and_its_outer_reads_become_inputs(capfd, tmp_path):
 
 
 def test_external_weights_go_beside_the_reduced_model(capfd, tmp_path):
-    model = weighted_chain(tmp_path / "weighted.onnx")
+    """Two 512x512 weights kept (2 MiB, the original keeps them in a data file): beside the
+    reduced model, in a data file named after it."""
+    model = weighted_chain(tmp_path / "weighted.onnx", width=512)
     answer = reduce_with_check(capfd, tmp_path, model, "m1", "m2")
     assert_reduced_correctly(answer, model, "m1", "m2")
     data = Path(answer["external_data"])
@@ -243,6 +263,34 @@ def test_external_weights_go_beside_the_reduced_model(capfd, tmp_path):
     assert kept_weights == {"w1", "w2"}
     assert all(entry.value == data.name for tensor in written.graph.initializer
                for entry in tensor.external_data if entry.key == "location")
+
+
+def test_small_external_weights_come_inline(capfd, tmp_path):
+    model = weighted_chain(tmp_path / "weighted.onnx")
+    answer = reduce_with_check(capfd, tmp_path, model, "m1", "m2")
+    assert_reduced_correctly(answer, model, "m1", "m2")
+    assert "external_data" not in answer
+    written = onnx.load(answer["output"], load_external_data=False)
+    assert [tensor.name for tensor in written.graph.initializer] == ["w1", "w2"]
+    assert not any(tensor.external_data for tensor in written.graph.initializer)
+
+
+def test_a_branch_weight_in_external_data_comes_inline(capfd, tmp_path):
+    """onnx.save puts an If branch's initializers in the data file too: the reduced model
+    (written elsewhere) carries them inline."""
+    model = if_model()
+    (then_branch,) = [attribute.g for attribute in model.graph.node[3].attribute
+                      if attribute.name == "then_branch"]
+    then_branch.initializer.append(numpy_helper.from_array(np.full((4,), 0.5, np.float32),
+                                                           "half"))
+    then_branch.node[0].input[0] = "A"
+    then_branch.node.insert(1, helper.make_node("Mul", ["t", "half"], ["t_half"]))
+    then_branch.node[2].input[0] = "t_half"
+    path = tmp_path / "if_external.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="if.bin", size_threshold=0)
+    answer = reduce_with_check(capfd, tmp_path, path, "A", "B")
+    assert_reduced_correctly(answer, path, "A", "B")
 
 
 def test_bisection_tries_grow_with_the_log_of_the_node_count(capfd, tmp_path):
@@ -387,3 +435,163 @@ def test_the_table_names_the_kept_nodes(capfd, tmp_path):
     assert code == 0, stderr
     assert stdout.splitlines()[0].startswith(f"reduce: {model}: 2 of 8 nodes still fail")
     assert any(line.split()[:3] == ["n1", "Sigmoid", "t1"] for line in stdout.splitlines())
+
+
+# -- models that are not plain float chains --------------------------------------------------------
+
+def test_strings_old_irs_and_sequences_reduce_to_valid_models(capfd, tmp_path):
+    """A string tensor cut (fed from the saved inputs), an IR 3 model whose initializers are
+    graph inputs too, and a sequence that becomes an output: each written model passes
+    onnx's full check and runs on its saved inputs."""
+    make = helper.make_node
+    strings = models.finish(
+        [make("Relu", ["x"], ["r"], name="relu"), make("Cast", ["r"], ["s"], to=8, name="text"),
+         make("Cast", ["s"], ["back"], to=1, name="number"), make("Neg", ["back"], ["y"])],
+        [models.float_input("x", 4)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    weight = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    old = helper.make_model(helper.make_graph(
+        [make("MatMul", ["x", "w"], ["m0"]), make("MatMul", ["m0", "w"], ["m1"]),
+         make("Relu", ["m1"], ["y"])], "old",
+        [models.float_input("x", 4), helper.make_tensor_value_info("w", TensorProto.FLOAT,
+                                                                   [4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [weight]),
+        opset_imports=[helper.make_opsetid("", 9)])
+    old.ir_version = 3
+    sequence = models.finish(
+        [make("Relu", ["x"], ["A"]), make("SplitToSequence", ["A"], ["sq"], axis=1),
+         make("SequenceAt", ["sq", "zero"], ["first"]), make("Neg", ["first"], ["y"])],
+        [models.float_input("x", 4)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    for name, model, a, b in (("strings", strings, "s", "back"), ("old", old, "m0", "m1"),
+                              ("sequence", sequence, "A", "sq")):
+        path = models.save(model, tmp_path / f"{name}.onnx")
+        answer = reduce_with_check(capfd, tmp_path, path, a, b)
+        onnx.checker.check_model(answer["output"], full_check=True)
+        saved = dict(np.load(answer["inputs_file"]))
+        assert sorted(saved) == sorted(answer["inputs"]), name
+        if name != "sequence":  # (a sequence output is no array for models.run)
+            models.run(answer["output"], saved)
+
+
+def test_a_numbers_failure_in_a_bool_output_counts(capfd, tmp_path, monkeypatch):
+    """Outputs compare as check compares them, booleans included."""
+    import eprun
+
+    real, opened = eprun.open_exposed, []
+
+    def flipped(model, model_path, *args, **kwargs):
+        opened.append(model_path)
+        if len(opened) > 1:  # every candidate's session: its Not gives the opposite
+            for node in model.graph.node:
+                if node.op_type == "Not":
+                    node.op_type = "Identity"
+        return real(model, model_path, *args, **kwargs)
+
+    monkeypatch.setattr(eprun, "open_exposed", flipped)
+    make = helper.make_node
+    model = models.save(models.finish(
+        [make("Abs", ["x"], ["a"]), make("Greater", ["a", "half"], ["big"]),
+         make("Not", ["big"], ["small"], name="negation")],
+        [models.float_input("x", 4)],
+        [helper.make_tensor_value_info("small", TensorProto.BOOL, ["N", 4])],
+        [numpy_helper.from_array(np.float32(0.5), "half")]), tmp_path / "bool.onnx")
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
+                                      "--providers", "CPUExecutionProvider")
+    assert code == 0, stderr
+    answer = json.loads(stdout)
+    assert [node["name"] for node in answer["kept"]] == ["negation"]
+    assert answer["failure"]["output"] == "small"
+
+
+# -- what is written, and what is not --------------------------------------------------------------
+
+def test_outputs_are_no_more_open_than_their_sources(capfd, tmp_path):
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    given = given_inputs(model)
+    os.chmod(given, 0o600)
+    answer = reduce_with_check(capfd, tmp_path, model, "t1", "t2")
+    for path in (answer["output"], answer["inputs_file"]):
+        assert os.stat(path).st_mode & 0o777 == 0o600 & ~_umask(), path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_file_of_someone_else_beside_an_earlier_result_is_refused(capfd, tmp_path):
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    script = check_script(tmp_path)
+    argv = ["reduce", model, "-o", tmp_path / "small.onnx", "--check",
+            check_command(script, "t1", "t2")]
+    assert in_process(capfd, *argv)[0] == 0
+    assert in_process(capfd, *argv)[0] == 0  # its own files: replaced
+    notes = tmp_path / "small.inputs.npz"
+    notes.write_text("my notes")
+    code, stdout, stderr = in_process(capfd, *argv)
+    assert (code, stdout) == (4, "") and "small.inputs.npz" in stderr
+    assert notes.read_text() == "my notes"
+
+
+def test_a_full_model_past_the_timeout_says_so(capfd, tmp_path):
+    """A check that ran past --check-timeout on the full model: the line says it timed out,
+    and the check's own child (a shell's sleep) is ended with it."""
+    marker = tmp_path / "still-running"
+    script = tmp_path / "slow.sh"
+    script.write_text(f"#!/bin/sh\n(sleep 3; touch {marker}) &\nsleep 30\n")
+    script.chmod(0o755)
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
+                                      "--check", f"{script} {{model}}", "--check-timeout", "0.5")
+    assert (code, stdout) == (1, "")
+    assert "ran past --check-timeout 0.5 s" in stderr
+    import time
+
+    time.sleep(4)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--check", "x {model}", "--rtol", "0.1"], "--rtol"),
+    (["--check", "x {model}", "--profile", "int8"], "--profile"),
+    (["--providers", "CPUExecutionProvider", "--check-timeout", "1"], "--check-timeout"),
+])
+def test_an_option_that_says_nothing_with_the_others_is_refused(capfd, tmp_path, argv, words):
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
+                                      *argv)
+    assert (code, stdout) == (2, "") and words in stderr
+
+
+def test_an_original_output_read_further_on_stays_an_output(capfd, tmp_path):
+    model = chain_model()
+    model.graph.output.append(helper.make_tensor_value_info("t1", TensorProto.FLOAT, ["N", 4]))
+    path = models.save(model, tmp_path / "two_outputs.onnx")
+    answer = reduce_with_check(capfd, tmp_path, path, "t0", "t3")
+    assert answer["outputs"] == ["t1", "t3"]
+    assert_reduced_correctly(answer, path, "t0", "t3")
+
+
+def test_a_part_that_cannot_be_cut_further_is_not_called_minimal(capfd, tmp_path):
+    """Without its SplitToSequence the SequenceAt would need a sequence fed, which eprun
+    cannot feed: that candidate is never run, so the answer does not say minimal."""
+    make = helper.make_node
+    path = models.save(models.finish(
+        [make("Relu", ["x"], ["A"], name="relu"),
+         make("SplitToSequence", ["A"], ["sq"], axis=1, name="split"),
+         make("SequenceAt", ["sq", "zero"], ["first"], name="at"),
+         make("Neg", ["first"], ["y"], name="neg")],
+        [models.float_input("x", 4)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero")]), tmp_path / "seq.onnx")
+    out = tmp_path / "small.onnx"
+    code, stdout, stderr = in_process(capfd, "reduce", path, "-o", out, "--check",
+                                      check_command(check_script(tmp_path), "first", "first"))
+    assert code == 0, stderr
+    answer = json.loads(stdout)
+    assert [node["name"] for node in answer["kept"]] == ["split", "at"]
+    assert answer["minimal"] is False
+    assert "cannot feed" in stderr

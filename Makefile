@@ -2,7 +2,8 @@
 #   make lab    create .venv with the stack pinned for your Python, build the lab models, write
 #               every deliverable
 #   make test   run the test suite on the pinned stack, then on the oldest supported stack, then
-#               the execution-provider tests on OpenVINO in both packagings (make test-ep)
+#               the execution-provider tests on OpenVINO in both packagings (make test-ep), then
+#               Model Explorer's and matplotlib's views of the answers in a browser (make test-viz)
 #
 # PYTHON picks the interpreter .venv is built from (make lab PYTHON=python3.12). A name like
 # python3.10 that does not run by itself (a pyenv shim of a version that is not selected) is
@@ -52,7 +53,7 @@ NEED_PINNED_STACK = $(if $(filter requirements.txt,$(STACK_$(PY_VERSION))),,$(er
 # whatever its stamps say: FORCE makes its install rules run, and venv_install rebuilds it.
 VENV_STALE := $(if $(filter $(PY_VERSION),$(call PY_VERSION_OF,$(VENV)/bin/python)),,FORCE)
 
-.PHONY: lab models deliverables test lint test-current test-oldest test-ep bench bench-ep mutation same-answers clean FORCE
+.PHONY: lab models deliverables test lint test-current test-oldest test-ep test-viz docs-images bench bench-ep mutation same-answers clean FORCE
 
 lab: $(VENV)/.lab-installed
 	$(MAKE) --no-print-directory deliverables RUN=$(VENV)/bin/python
@@ -63,7 +64,7 @@ models:
 deliverables: models
 	$(RUN) eprun.py report fp32.onnx int8.onnx --seed $(SEED) > /dev/null
 
-test: lint test-current test-oldest test-ep
+test: lint test-current test-oldest test-ep test-viz
 
 # ruff with the rules and reasons in pyproject.toml (line length 100, B, PL, PT, SIM, ISC, ...).
 lint: $(VENV)/.dev-installed
@@ -88,6 +89,31 @@ EP_VENVS = .venv-openvino .venv-plugin
 test-ep: .venv-openvino/.dev-installed .venv-plugin/.dev-installed
 	.venv-openvino/bin/python -m pytest tests/test_ep.py
 	.venv-plugin/bin/python -m pytest tests/test_ep.py
+
+# tests/test_viz.py in a venv of its own (requirements-viz.txt: Model Explorer and its ONNX
+# adapter, matplotlib, selenium) with Debian's chromium and chromium-driver, which it installs
+# when it runs as root on Debian and they are missing (CI); elsewhere a missing browser stops
+# it with one line saying what to install.
+VIZ_VENV = .venv-viz
+BROWSER_CHECK = command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "make: needs Debian's chromium and chromium-driver: sudo apt-get install chromium chromium-driver"; exit 1; \
+	  fi; }
+
+test-viz: $(VIZ_VENV)/.dev-installed
+	@$(BROWSER_CHECK)
+	EPRUN_TEST_VIZ=1 $(VIZ_VENV)/bin/python -m pytest tests/test_viz.py
+
+# The README's two pictures, from eprun commands run on the lab pair (docs/make_images.py).
+docs-images: $(VIZ_VENV)/.dev-installed
+	@$(BROWSER_CHECK)
+	$(VIZ_VENV)/bin/python docs/make_images.py
+
+$(VIZ_VENV)/.dev-installed: requirements-viz.txt requirements-dev.txt requirements.txt $(VENV_STALE)
+	$(NEED_PINNED_STACK)$(call venv_install,$(VIZ_VENV),$(PY),requirements-viz.txt)
+	touch $@
 
 .venv-openvino/.dev-installed: requirements-ep-openvino.txt $(VENV_STALE)
 	$(NEED_PINNED_STACK)$(call venv_install,.venv-openvino,$(PY),requirements-ep-openvino.txt)
@@ -155,7 +181,7 @@ $(OLD_VENV)/.dev-installed: requirements-oldest.txt
 FORCE:
 
 clean:
-	rm -rf $(VENV) $(OLD_VENV) $(EP_VENVS) .pytest_cache tests/__pycache__ __pycache__ build dist *.egg-info small.onnx small.inputs.npz
+	rm -rf $(VENV) $(OLD_VENV) $(EP_VENVS) $(VIZ_VENV) .pytest_cache tests/__pycache__ __pycache__ build dist *.egg-info small.onnx small.inputs.npz
 
 # Mutation testing: plant one bug at a time in a copy of eprun.py and check the suite goes red
 # (tests/mutation.py; MUTANTS=N sets the sample size, MUTATION_FLAGS adds options, e.g.

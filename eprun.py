@@ -914,19 +914,19 @@ def check_output(path: str, inputs: list[str]) -> None:
                              "device, FIFO or socket); eprun replaces regular files only")
 
 
-def require_out_dir(out_dir: str) -> None:
-    """Before anything is measured: ``--out-dir`` must be, or be creatable as, a folder eprun
-    can write into (not a file, nor under one)."""
+def require_out_dir(out_dir: str, option: str = "--out-dir") -> None:
+    """Before anything is measured: ``--out-dir`` (or ``option``) must be, or be creatable as,
+    a folder eprun can write into (not a file, nor under one)."""
     existing = os.path.abspath(out_dir)
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         where = "is" if existing == os.path.abspath(out_dir) else f"is under {existing!r}, which is"
-        raise EprunError(f"--out-dir {out_dir!r} {where} a file, not a folder; choose another "
-                         "--out-dir")
+        raise EprunError(f"{option} {out_dir!r} {where} a file, not a folder; choose another "
+                         f"{option}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise EprunError(f"--out-dir {out_dir!r}: eprun may not write into {existing!r}; "
-                         "choose another --out-dir")
+        raise EprunError(f"{option} {out_dir!r}: eprun may not write into {existing!r}; "
+                         f"choose another {option}")
 
 
 # -- staging and commit ----------------------------------------------------------------------------
@@ -1116,6 +1116,28 @@ def write_atomically(data: bytes | Callable[[Any], None], path: str,
     """Write ``data`` to ``path`` so that ``path`` is either untouched or complete (see
     ``stage`` and ``commit``); two writers of the same path leave one complete file."""
     commit([stage(data, path, like)])
+
+
+def write_into(folder_path: str, files: list[tuple[str, bytes]], like: tuple[str, ...]) -> None:
+    """Write ``files`` (``(path, bytes)``, all in ``folder_path``) as one set, all or none,
+    the folder created first where it is missing (and removed again on a failure)."""
+    created = _missing_folders(folder_path)
+    os.makedirs(folder_path, exist_ok=True)
+    staged: list[Staged] = []
+    try:
+        folder = open_folder(folder_path)
+        try:
+            for path, data in files:
+                staged.append(stage(data, path, like=like, folder=folder))
+            commit(staged)
+        finally:
+            os.close(folder)
+    except BaseException:
+        discard(staged)
+        for made in created:  # the deepest first
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
+        raise
 
 
 def _open_unnamed(folder: int) -> int | None:
@@ -5557,14 +5579,14 @@ def _partition_prose(splits: list[dict], measured: dict, facts: dict) -> str:
 
 def _sensitivity_missing(why: str) -> str:
     """The optional section when the ranking could not be made, and why."""
-    return "\n".join(["", "## Sensitivity (optional: report --sensitivity)", "",
+    return "\n".join(["", REPORT_SENSITIVITY_HEADING, "",
                       f"Not measured: {why}", ""])
 
 
 def _sensitivity_section(ranked: dict) -> str:
     """The optional fifth section of ``ep_report.md`` (``report --sensitivity``)."""
     quantized = ranked["quantized"]
-    lines = ["", "## Sensitivity (optional: report --sensitivity)", "",
+    lines = ["", REPORT_SENSITIVITY_HEADING, "",
              ("Each quantized unit restored to float alone ("
               + ("the graph the installed quantize_static writes with it in nodes_to_exclude"
                  if ranked.get("predicted_by") == "quantize_static" else
@@ -5607,6 +5629,28 @@ def _report_command(provider_answer: dict, settings_answer: dict) -> str:
         return shlex.join([*(["python"] if program.endswith(".py") else []), program, *argv])
     return (f"python eprun.py report {provider_answer['model']} {settings_answer['model']} "
             f"--seed {settings_answer['seed']}")
+
+
+# The report's headings that figures (--save-plots) go under.
+REPORT_GROWTH_HEADING = "## 층을 거듭하며 자란 오차"
+REPORT_MACHINE_HEADING = "## 이 기계에서만 참인 것"
+REPORT_SENSITIVITY_HEADING = "## Sensitivity (optional: report --sensitivity)"
+
+
+def with_figures(markdown: str, figures: dict) -> str:
+    """``markdown`` with each figure (``{heading: relative path}``) linked at the end of the
+    section under that heading."""
+    lines = markdown.split("\n")
+    for heading, path in figures.items():
+        if heading not in lines:
+            continue
+        start = lines.index(heading)
+        end = next((k for k in range(start + 1, len(lines)) if lines[k].startswith("## ")),
+                   len(lines))
+        while end > start + 1 and not lines[end - 1].strip():
+            end -= 1
+        lines[end:end] = ["", f"![{os.path.basename(path)}]({path})"]
+    return "\n".join(lines)
 
 
 def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict,
@@ -5691,7 +5735,7 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
            f"one `default_rng({measured['seed']})` in input order: " + "; ".join(
                f"`{item['name']}` {item['dtype']} {item['shape']} from {item['source']}"
                for item in measured["inputs"]))
-    lines = ["## 층을 거듭하며 자란 오차", "",
+    lines = [REPORT_GROWTH_HEADING, "",
               (f"Input: {fed}, both models exposed in memory and run {_where_ran(measured)} "
               "with default session options; boundary k pairs the k-th tensor of each model"
               f"{'' if facts['in_order'] else ' named after it'} (`growth.json`)."), "",
@@ -5877,7 +5921,7 @@ def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dic
     available = provider_answer["available"]
     base = settings_answer["baseline"]
     differing = [case for case in settings_answer["cases"] if not case["bitwise_equal"]]
-    lines = ["## 이 기계에서만 참인 것", "",
+    lines = [REPORT_MACHINE_HEADING, "",
               ("These results hold for this machine's provider set and settings, and may differ "
               "elsewhere:"), "",
               (f"- **Providers**: {len(available)} available ({_ops(available)}). Which lists fell "
@@ -5906,6 +5950,377 @@ def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dic
               ("- **No timing was measured.** Nothing here says anything about speed; latency on "
               "this machine would not carry over to an accelerator anyway."), ""]
     return lines
+
+
+# -- Model Explorer node data --------------------------------------------------------------------
+
+# Colours of a number's scale, from the good end to the bad one, and of each provider or owner.
+_SCALE = ((0.0, (0x1a, 0x98, 0x50)), (0.5, (0xfe, 0xe0, 0x8b)), (1.0, (0xd7, 0x30, 0x27)))
+_OWNER_COLOURS = {"CPU": "#9e9e9e", "EP": "#1f78b4", "OpenVINO": "#0068b5", "CUDA": "#76b900",
+                  "TensorRT": "#4c8c00", "DirectML": "#ff8c00", "Dml": "#ff8c00",
+                  "QNN": "#d62598", "CoreML": "#7f3fbf", "ROCm": "#ed1c24",
+                  "MIGraphX": "#b5179e", "WebGpu": "#00a3a3", "Azure": "#0078d4",
+                  "VitisAI": "#e05206"}
+_OTHER_COLOURS = ("#a6761d", "#66a61e", "#e7298a", "#7570b3", "#d95f02", "#1b9e77")
+
+
+def explorer_node_ids(graph) -> list[str]:
+    """The id Model Explorer's ONNX adapter (model-explorer-onnx 0.4.2) shows for each node of
+    the main graph, in file order: the node's name as onnx-ir's ``NameFixPass`` leaves it. That
+    pass walks every node depth first (a node, then the nodes of its subgraphs), each graph a
+    scope of its own for node names and one counter of suffixes for the whole walk: an unnamed
+    node is called ``node``, and a name already taken in its graph gets ``_1``, ``_2`` ... (the
+    counter of that name), so an unnamed node's id depends on every name before it."""
+    counter: collections.Counter = collections.Counter()
+    main: list[str] = []
+
+    def unique(preferred: str, used: set) -> str:
+        name = preferred
+        while name in used:
+            counter[preferred] += 1
+            name = f"{preferred}_{counter[preferred]}"
+        used.add(name)
+        return name
+
+    def walk(graph, top: bool) -> None:
+        used: set = set()
+        for node in graph.node:
+            name = unique(node.name or "node", used)
+            if top:
+                main.append(name)
+            for attribute in node.attribute:
+                for body in ([attribute.g] if attribute.HasField("g") else []) + \
+                        list(attribute.graphs):
+                    walk(body, False)
+
+    walk(graph, True)
+    return main
+
+
+def explorer_producers(graph) -> dict[str, str]:
+    """``{tensor: node id}``: the node Model Explorer's ONNX adapter draws as writing each
+    tensor of the main graph. A graph input is a node of its own (``[value] NAME``); an If's
+    outputs come from the ``(Phi)`` node (``<If's id>_phi``) the adapter adds where it draws
+    the If's branches inline."""
+    ids = explorer_node_ids(graph)
+    found = {value.name: f"[value] {value.name}" for value in graph.input}
+    for node, node_id in zip(graph.node, ids):
+        inline = node.op_type == "If" and node.domain in ("", "ai.onnx")
+        for output in node.output:
+            if output:
+                found[output] = f"{node_id}_phi" if inline else node_id
+    return found
+
+
+def explorer_graph_id(graph) -> str:
+    """The id of the main graph in Model Explorer's ONNX adapter: its name (empty too), or
+    ``<main>`` for a graph without the field."""
+    return graph.name if graph.HasField("name") else "<main>"
+
+
+def _hex(rgb: tuple) -> str:
+    return "#" + "".join(f"{round(channel):02x}" for channel in rgb)
+
+
+def _scale_colour(position: float) -> str:
+    """The colour at ``position`` (0 good, 1 bad) of the green-yellow-red scale."""
+    position = min(1.0, max(0.0, position))
+    for (start, low), (end, high) in zip(_SCALE, _SCALE[1:]):
+        if position <= end:
+            t = (position - start) / (end - start)
+            return _hex(tuple(a + (b - a) * t for a, b in zip(low, high)))
+    return _hex(_SCALE[-1][1])
+
+
+def owner_colour(label: str) -> str:
+    """One fixed colour per provider or owner (the label's first word), in every file."""
+    word = label.split(maxsplit=1)[0] if label.strip() else label
+    if word in _OWNER_COLOURS:
+        return _OWNER_COLOURS[word]
+    import zlib
+
+    return _OTHER_COLOURS[zlib.crc32(word.encode("utf-8", "surrogateescape"))
+                          % len(_OTHER_COLOURS)]
+
+
+def number_colours(values: list[float], higher_is_better: bool = False) -> list[str]:
+    """A colour per value on a scale that fits them: green at the best, red at the worst,
+    logarithmic where positive values span more than two decades."""
+    finite = [value for value in values if math.isfinite(value)]
+    if not finite:
+        return [_scale_colour(1.0) for _ in values]
+    low, high = min(finite), max(finite)
+    logarithmic = low > 0 and high / low > 100
+    if logarithmic:
+        low, high = math.log10(low), math.log10(high)
+
+    def position(value: float) -> float:
+        if not math.isfinite(value):
+            return 1.0
+        point = math.log10(value) if logarithmic else value
+        where = 0.5 if high == low else (point - low) / (high - low)
+        return 1.0 - where if higher_is_better else where
+
+    return [_scale_colour(position(value)) for value in values]
+
+
+# The quantities whose larger values are the better ones (the colours run the other way).
+HIGHER_IS_BETTER = frozenset({"sqnr_db", "cos_min"})
+
+
+def node_data(graph, quantity: str, values: dict) -> tuple[dict, int]:
+    """Model Explorer's node data (the shape ``model_explorer.node_data_builder`` writes: graph
+    id -> ``results`` keyed by node id, with a ``gradient`` for numbers) of ``values``, keyed
+    by tensor (placed on the node the adapter draws writing it) or by ``("node", index)`` (the
+    main graph's node at that position); ``(data, count of values with no node to sit on)``.
+    Numbers get colours from green (good) to red (bad); strings one colour per owner."""
+    producers = explorer_producers(graph)
+    ids = explorer_node_ids(graph)
+    results: dict[str, dict] = {}
+    unplaced = 0
+    for key, value in values.items():
+        if isinstance(key, tuple):
+            node_id = ids[key[1]] if 0 <= key[1] < len(ids) else None
+        else:
+            node_id = producers.get(key)
+        if node_id is None or value is None or (isinstance(value, float)
+                                                and not math.isfinite(value)):
+            unplaced += 1
+            continue
+        results[node_id] = {"value": value}
+    numbers = [entry["value"] for entry in results.values()
+               if not isinstance(entry["value"], str)]
+    data: dict = {"name": quantity, "results": results}
+    if numbers:
+        better = quantity in HIGHER_IS_BETTER
+        for entry, colour in zip([entry for entry in results.values()
+                                  if not isinstance(entry["value"], str)],
+                                 number_colours(numbers, better)):
+            entry["bgColor"] = colour
+        ends = (_SCALE[-1][1], _SCALE[0][1]) if better else (_SCALE[0][1], _SCALE[-1][1])
+        data["gradient"] = [{"stop": 0, "bgColor": _hex(ends[0])},
+                            {"stop": 0.5, "bgColor": _hex(_SCALE[1][1])},
+                            {"stop": 1, "bgColor": _hex(ends[1])}]
+    for entry in results.values():
+        if isinstance(entry["value"], str):
+            entry["bgColor"] = owner_colour(entry["value"])
+    return {explorer_graph_id(graph): data}, unplaced
+
+
+class NodeDataWriter:
+    """``--node-data DIR``: each command's node-data files, one per model and quantity, named
+    ``<model file stem>.<quantity>.json`` (the stem qualified by the model's role where two
+    models share it), staged into DIR (created if missing) and committed together."""
+
+    def __init__(self, folder: str, models: dict[str, str]) -> None:
+        self.folder = folder
+        stems = {role: _model_stem(path) for role, path in models.items()}
+        self.shared = len(set(stems.values())) < len(stems)
+        self.stems = {role: f"{stem}.{role}" if self.shared else stem
+                      for role, stem in stems.items()}
+        self.files: list[tuple[str, bytes]] = []
+        self.unplaced = 0
+        self.models = models
+
+    def add(self, role: str, graph, quantity: str, values: dict) -> None:
+        import json
+
+        data, unplaced = node_data(graph, quantity, values)
+        self.unplaced += unplaced
+        path = os.path.join(self.folder, f"{self.stems[role]}.{quantity}.json")
+        self.files.append((path, (json.dumps(_strict(data), indent=1, allow_nan=False)
+                                  + "\n").encode()))
+
+    def write(self) -> dict:
+        """Write every file (all or none); the answer's fields."""
+        write_into(self.folder, self.files, tuple(self.models.values()))
+        if self.unplaced:
+            note(f"--node-data: {self.unplaced} value{'s' if self.unplaced > 1 else ''} "
+                 "had no node to sit on in Model Explorer's drawing of the graph (a graph "
+                 "input, or a tensor no main-graph node writes) and were left out")
+        fields: dict = {"node_data": [path for path, _ in self.files]}
+        if self.shared:
+            fields["node_data_note"] = ("the models share a file name, so each file name "
+                                        "carries the model's role: "
+                                        + ", ".join(f"{stem} for {self.models[role]}"
+                                                    for role, stem in self.stems.items()))
+        return fields
+
+
+def _model_stem(path: str) -> str:
+    name = os.path.basename(path)
+    return name[:-len(".onnx")] if name.lower().endswith(".onnx") else name
+
+
+# What --node-data shows of each command's answer (their writers are in the commands layer).
+NODE_DATA_ARG = arg("--node-data", metavar="DIR",
+                    help="also write Model Explorer node-data files into DIR (created if "
+                         "missing): <model file stem>.<quantity>.json, one per model and "
+                         "quantity, opened with model-explorer MODEL --extensions="
+                         "model_explorer_onnx --node_data_paths=FILE; the answer adds "
+                         "\"node_data\" (their paths)")
+
+
+# -- plots (matplotlib, only when asked for) -------------------------------------------------------
+
+PLOT_FORMATS = ("png", "svg")
+PLOT_ARGS = (
+    arg("--save-plots", metavar="DIR",
+        help="also draw the answer into DIR (created if missing) with matplotlib, the optional "
+             "plots extra: pip install 'eprun[plots]'; the answer adds \"plots\" (their paths)"),
+    arg("--plot-format", choices=PLOT_FORMATS, default="png",
+        help="png (default) or svg"),
+)
+# Boundary names shown on a plot's axis at most; a longer model shows every k-th.
+PLOT_LABELS = 24
+
+
+def require_plots(save_plots: str | None) -> None:
+    """Before anything is measured: ``--save-plots`` needs matplotlib (the ``plots`` extra)
+    and a folder eprun can write into."""
+    if save_plots is None:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise EprunError(f"--save-plots needs matplotlib, which {sys.executable} does not "
+                         "have: pip install 'eprun[plots]' (or pip install matplotlib)",
+                         EXIT_USAGE)
+    require_out_dir(save_plots, "--save-plots")
+
+
+class PlotWriter:
+    """``--save-plots DIR``: figures drawn with matplotlib (imported here, never on the
+    start-up path), named ``<model stem>.<command>.<what>.<png|svg>``, the same bytes on a
+    rerun with the same stack (no date, no version, a fixed SVG id salt), written into DIR
+    (created if missing) all or none."""
+
+    def __init__(self, folder: str, stem_of: str, command: str, form: str = "png") -> None:
+        self.folder, self.form = folder, form
+        self.prefix = f"{_model_stem(stem_of)}.{command}"
+        self.files: list[tuple[str, bytes]] = []
+
+    @staticmethod
+    def pyplot():
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+
+        plt.rcParams.update({"svg.hashsalt": "eprun", "figure.dpi": 100,
+                             "savefig.dpi": 100, "font.size": 9})
+        return plt
+
+    def add(self, what: str, figure) -> str:
+        import io
+
+        buffer = io.BytesIO()
+        metadata = ({"Software": None} if self.form == "png" else
+                    {"Date": None, "Creator": None})
+        figure.savefig(buffer, format=self.form, metadata=metadata, bbox_inches="tight")
+        self.pyplot().close(figure)
+        path = os.path.join(self.folder, f"{self.prefix}.{what}.{self.form}")
+        self.files.append((path, buffer.getvalue()))
+        return path
+
+    def write(self, like: tuple[str, ...]) -> list[str]:
+        write_into(self.folder, self.files, like)
+        return [path for path, _ in self.files]
+
+
+def _thinned(names: list[str]) -> tuple[list[int], list[str]]:
+    """Positions and labels for an axis of boundary names, every k-th one for a long model."""
+    step = max(1, math.ceil(len(names) / PLOT_LABELS))
+    picked = list(range(0, len(names), step))
+    return picked, [names[k] if len(names[k]) <= 28 else names[k][:27] + "…" for k in picked]
+
+
+def _spans_decades(values: list) -> bool:
+    finite = [value for value in values if isinstance(value, (int, float))
+              and math.isfinite(value) and value > 0]
+    return bool(finite) and len(finite) == len([v for v in values if v is not None]) and \
+        max(finite) / min(finite) > 100
+
+
+def plot_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict) -> str:
+    """The chosen metric per boundary (a log axis where it spans decades), where the error is
+    born (the first divergence) and where it jumps most (the largest ratio lands) marked, the
+    local and inherited parts stacked where ``--local`` measured them."""
+    plt = writer.pyplot()
+    entries = answer["layers"]
+    names = [entry["fp32"] for entry in entries]
+    values = [entry.get(metric) for entry in entries]
+    figure, axes = plt.subplots(figsize=(max(6.0, min(16.0, 0.35 * len(entries) + 4)), 4))
+    positions = list(range(len(entries)))
+    local = growth.get("local_rel_error") if metric == "rel_error" else None
+    if local:
+        own = [value if value is not None else 0.0 for value in local]
+        inherited = [max(0.0, (total or 0.0) - part) for total, part in zip(values, own)]
+        axes.bar(positions, own, color="#d73027", label="local (born in this layer)")
+        axes.bar(positions, inherited, bottom=own, color="#fdae61",
+                 label="inherited from before")
+    else:
+        axes.plot(positions, [math.nan if value is None else value for value in values],
+                  marker="o", color="#2c7bb6", label=metric)
+    if _spans_decades(values) and metric not in ("sqnr_db", "cos_min"):
+        axes.set_yscale("log")
+    born = (answer.get("first_divergence") or first_divergence(entries) or {}).get("index")
+    if born is not None:
+        axes.axvline(born, color="#1a9850", linestyle="--", linewidth=1,
+                     label=f"born: boundary {born}")
+    jump = growth.get("max_ratio")
+    if jump:
+        axes.axvline(jump["index"] + 1, color="#d73027", linestyle=":", linewidth=1.5,
+                     label=f"largest jump: x{jump['ratio']:.3g} at boundary {jump['index'] + 1}")
+    picked, labels = _thinned(names)
+    axes.set_xticks(picked)
+    axes.set_xticklabels(labels, rotation=60, ha="right")
+    axes.set_xlabel("boundary (fp32 name)")
+    axes.set_ylabel(metric)
+    axes.set_title(f"{metric} per boundary")
+    axes.legend(loc="best", fontsize=8)
+    axes.grid(True, alpha=0.3)
+    return writer.add(metric, figure)
+
+
+def plot_settings(writer: PlotWriter, answer: dict) -> str:
+    """One bar per case: its largest difference from the baseline's output."""
+    plt = writer.pyplot()
+    cases = answer["cases"]
+    labels = [f"{case['ep_option']['key']}={case['ep_option']['value']}" if "ep_option" in case
+              else f"{case['level']}\n{case['intra_op']} thread"
+              + ("s" if case["intra_op"] > 1 else "") for case in cases]
+    diffs = [case["max_abs_diff"] if case["max_abs_diff"] is not None else math.nan
+             for case in cases]
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    colours = ["#1a9850" if case.get("bitwise_equal") else "#d73027" for case in cases]
+    axes.bar(range(len(cases)), diffs, color=colours)
+    axes.set_xticks(range(len(cases)))
+    axes.set_xticklabels(labels, fontsize=8)
+    baseline = answer["baseline"]
+    axes.set_ylabel("max |case - baseline|")
+    axes.set_title(f"against {baseline['level']}, {baseline['intra_op']} thread "
+                   "(green: bitwise equal)")
+    axes.grid(True, axis="y", alpha=0.3)
+    return writer.add("max_abs_diff", figure)
+
+
+def plot_sensitivity(writer: PlotWriter, answer: dict) -> str:
+    """The gain of restoring each unit alone, best first, the recommended units marked."""
+    plt = writer.pyplot()
+    units = answer["units"]
+    chosen = set((answer.get("recommendation") or {}).get("nodes_to_exclude") or ())
+    gains = [unit["gain_db"] if unit["gain_db"] is not None else math.nan for unit in units]
+    figure, axes = plt.subplots(figsize=(max(6.0, min(16.0, 0.3 * len(units) + 4)), 4))
+    axes.bar(range(len(units)), gains,
+             color=["#d73027" if unit["name"] in chosen else "#9e9e9e" for unit in units])
+    picked, labels = _thinned([unit["name"] for unit in units])
+    axes.set_xticks(picked)
+    axes.set_xticklabels(labels, rotation=60, ha="right")
+    axes.set_ylabel("gain in final-output SQNR (dB)")
+    axes.set_title("each unit restored to float alone (red: recommended)")
+    axes.grid(True, axis="y", alpha=0.3)
+    return writer.add("gain_db", figure)
 
 
 # -- tables --------------------------------------------------------------------------------------
@@ -6483,7 +6898,8 @@ def _cycle_error(stuck) -> EprunError:
                       "its own output): it is not a valid ONNX graph")
 
 
-def partition(model: str, supported: list[str], mode: str = "file", parsed=None) -> dict:
+def partition(model: str, supported: list[str], mode: str = "file", parsed=None,
+              node_data: str | None = None) -> dict:
     """Which pieces an EP supporting only ``supported`` would get; needs only onnx.
 
     ``file`` (the contract): runs of consecutive nodes in file order. ``ort``: the groups
@@ -6492,6 +6908,7 @@ def partition(model: str, supported: list[str], mode: str = "file", parsed=None)
     subgraph), each body is partitioned alone, listed under ``subgraphs`` and added into
     ``totals``. ``parsed`` is the already parsed graph of ``model``, when the caller has it.
     """
+    require_views(node_data, None)
     if parsed is None:
         parsed = load_model(model, graph_only=True)
     _check_op_list(parsed, supported, model, mode)
@@ -6502,6 +6919,14 @@ def partition(model: str, supported: list[str], mode: str = "file", parsed=None)
         if subgraphs:
             answer["subgraphs"] = subgraphs
             answer["totals"] = _partition_totals(answer)
+    if node_data:  # each node of the main graph its owner and the partition's index
+        writer = NodeDataWriter(node_data, {"model": model})
+        writer.add("model", parsed.graph, "partition", {
+            ("node", index): f"{'EP' if owner == 'ep' else 'CPU'} {number}"
+            for number, (owner, members) in enumerate(
+                _partition_members(parsed.graph.node, supported, mode))
+            for index in members})
+        answer.update(writer.write())
     return answer
 
 
@@ -6524,8 +6949,9 @@ def _check_op_list(parsed, supported: list[str], model: str, mode: str) -> None:
          f"op types: {', '.join(present) or 'none'}")
 
 
-def _partition_graph(graph, supported: list[str], mode: str) -> dict:
-    nodes = list(graph.node)
+def _partition_members(nodes, supported: list[str], mode: str) -> list[tuple[str, list]]:
+    """``(owner, node positions)`` of each partition, in the answer's order."""
+    nodes = list(nodes)
     if mode == "ort":
         units = ort_partition_units(nodes, supported)
     else:
@@ -6535,10 +6961,13 @@ def _partition_graph(graph, supported: list[str], mode: str) -> dict:
     # Runs of units with one owner form one partition. onnxruntime's groups are never
     # adjacent (a new wave starts with the unsupported nodes the last group held back), so
     # in ort mode only unsupported nodes merge.
-    from itertools import groupby
+    return [(owner, [index for _, members in run for index in members])
+            for owner, run in itertools.groupby(units, key=lambda unit: unit[0])]
 
-    merged = [(owner, [index for _, members in run for index in members])
-              for owner, run in groupby(units, key=lambda unit: unit[0])]
+
+def _partition_graph(graph, supported: list[str], mode: str) -> dict:
+    nodes = list(graph.node)
+    merged = _partition_members(nodes, supported, mode)
     partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
                    "size": len(members)} for owner, members in merged]
     return {
@@ -6603,7 +7032,7 @@ PARTITION = declare(Command(
                    help="file: runs of consecutive nodes in file order (the lab's rule, "
                         "default); ort: the groups onnxruntime's partitioner forms "
                         "(topological, branches merge, each If/Loop/Scan body on its own)"),
-               FORMAT_ARG),
+               FORMAT_ARG, NODE_DATA_ARG),
     fields=("model", "supported", "nodes", "claimed", "partition_count", "handoffs",
             "partitions"),
     detail='partitions: [{"owner", "nodes", "size"}]; --mode ort adds "subgraphs" and '
@@ -6754,18 +7183,38 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            allow_fallback: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, save_boundaries: str | None = None,
            load_boundaries: str | None = None, swapped_ok: bool = False,
-           output: str | None = None, boundaries: list[str] | None = None) -> dict:
+           output: str | None = None, boundaries: list[str] | None = None,
+           node_data: str | None = None, save_plots: str | None = None,
+           plot_format: str = "png") -> dict:
     """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
-    twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
+    twice with ``providers`` is the EP-vs-CPU divergence table of that model. ``node_data``
+    and ``save_plots``: folders for Model Explorer node data and plots of the answer."""
     require_file(fp32)
     require_file(int8)
+    require_views(node_data, save_plots)
     targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
                            ep_options)
-    return measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
-                          metrics=metrics, local=local, max_memory=max_memory, pair=pair,
-                          targets=targets, save_boundaries=save_boundaries,
-                          load_boundaries=load_boundaries, swapped_ok=swapped_ok,
-                          output=output, boundaries=boundaries)[0]
+    answer = measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
+                            metrics=metrics, local=local, max_memory=max_memory, pair=pair,
+                            targets=targets, save_boundaries=save_boundaries,
+                            load_boundaries=load_boundaries, swapped_ok=swapped_ok,
+                            output=output, boundaries=boundaries)[0]
+    if node_data:
+        answer.update(_layers_node_data(node_data, fp32, int8, answer))
+    if save_plots:
+        metric = {"sqnr": "sqnr_db", "mse": "mse"}[metrics[0]] if metrics else "rel_error"
+        writer = PlotWriter(save_plots, int8, "layers", plot_format)
+        plot_boundaries(writer, answer, metric, growth_of(answer))
+        answer["plots"] = writer.write((fp32, int8))
+    return answer
+
+
+def require_views(node_data: str | None, save_plots: str | None) -> None:
+    """Before anything is measured: the folders ``--node-data`` and ``--save-plots`` name can
+    be written into, and matplotlib is there for plots."""
+    if node_data is not None:
+        require_out_dir(node_data, "--node-data")
+    require_plots(save_plots)
 
 
 def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
@@ -6775,15 +7224,62 @@ def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            allow_fallback: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, save_boundaries: str | None = None,
            load_boundaries: str | None = None, swapped_ok: bool = False,
-           output: str | None = None, boundaries: list[str] | None = None) -> dict:
+           output: str | None = None, boundaries: list[str] | None = None,
+           node_data: str | None = None, save_plots: str | None = None,
+           plot_format: str = "png") -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
-    return growth_of(layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
-                            local=local, max_memory=max_memory, pair=pair, providers=providers,
-                            reference_providers=reference_providers,
-                            allow_fallback=allow_fallback, ep_library=ep_library,
-                            ep_options=ep_options, save_boundaries=save_boundaries,
-                            load_boundaries=load_boundaries, swapped_ok=swapped_ok,
-                            output=output, boundaries=boundaries))
+    require_views(node_data, save_plots)
+    measured = layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
+                      local=local, max_memory=max_memory, pair=pair, providers=providers,
+                      reference_providers=reference_providers, allow_fallback=allow_fallback,
+                      ep_library=ep_library, ep_options=ep_options,
+                      save_boundaries=save_boundaries, load_boundaries=load_boundaries,
+                      swapped_ok=swapped_ok, output=output, boundaries=boundaries)
+    answer = growth_of(measured)
+    if node_data:
+        answer.update(_growth_node_data(node_data, fp32, int8, measured, answer))
+    if save_plots:
+        writer = PlotWriter(save_plots, int8, "growth", plot_format)
+        plot_boundaries(writer, measured, "rel_error", answer)
+        answer["plots"] = writer.write((fp32, int8))
+    return answer
+
+
+def _pair_node_data(folder: str, fp32: str, int8: str, quantities: dict) -> dict:
+    """Write ``quantities`` (``{quantity: {"fp32": {tensor: value}, "int8": {...}}}``) for
+    both models of a pair; the answer's node-data fields."""
+    writer = NodeDataWriter(folder, {"fp32": fp32, "int8": int8})
+    graphs = {"fp32": load_model(fp32, graph_only=True).graph,
+              "int8": load_model(int8, graph_only=True).graph}
+    for quantity, sides in quantities.items():
+        for role, values in sides.items():
+            writer.add(role, graphs[role], quantity, values)
+    return writer.write()
+
+
+def _layers_node_data(folder: str, fp32: str, int8: str, answer: dict) -> dict:
+    """Each boundary's numbers, on the node that writes the boundary in each model."""
+    quantities = [key for key in ("max_abs_error", "rel_error", "cos_min", "sqnr_db", "mse")
+                  if answer["layers"] and key in answer["layers"][0]]
+    return _pair_node_data(folder, fp32, int8, {
+        key: {role: {entry[role]: entry[key] for entry in answer["layers"]}
+              for role in ("fp32", "int8")} for key in quantities})
+
+
+def _growth_node_data(folder: str, fp32: str, int8: str, measured: dict,
+                      answer: dict) -> dict:
+    """Ratio *i* on boundary *i + 1* (where the jump lands; null ones left out), and each
+    boundary's own error with ``--local``."""
+    entries = measured["layers"]
+    quantities = {"ratio": {role: {entries[k + 1][role]: ratio
+                                   for k, ratio in enumerate(answer["ratios"])
+                                   if ratio is not None}
+                            for role in ("fp32", "int8")}}
+    if "local_rel_error" in answer:
+        quantities["local_rel_error"] = {
+            role: {entry[role]: value for entry, value in zip(entries, answer["local_rel_error"])
+                   if value is not None} for role in ("fp32", "int8")}
+    return _pair_node_data(folder, fp32, int8, quantities)
 
 
 # What layers and growth both take.
@@ -6815,6 +7311,7 @@ PAIR_ARGS = (
     arg("--load-boundaries", metavar="FILE.npz",
         help="take the fp32 side from a file --save-boundaries wrote (on its inputs) instead "
              "of running the fp32 model; refused if its boundaries are not the stored ones"),
+    NODE_DATA_ARG, *PLOT_ARGS,
 )
 
 LAYERS = declare(Command(
@@ -6910,7 +7407,8 @@ def parse_option_sweep(text: str) -> tuple[str, str, list[str]]:
 def settings(model: str, seed: int, inputs: InputOptions | None = None,
              explain: bool = False, *, providers: list[str] | None = None,
              allow_fallback: bool = False, ep_library: list[str] = (),
-             ep_options: dict | None = None, ep_option_sweep: list = ()) -> dict:
+             ep_options: dict | None = None, ep_option_sweep: list = (),
+             save_plots: str | None = None, plot_format: str = "png") -> dict:
     """The first output under other optimization levels and intra-op thread counts, compared
     with the single-threaded, unoptimized baseline bit for bit.
 
@@ -6924,6 +7422,7 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
     import numpy as np
 
     require_file(model)
+    require_plots(save_plots)
     for provider, key, _ in ep_option_sweep:
         if provider not in (providers or ()):
             raise EprunError(f"--ep-option-sweep {provider}:{key}: give {provider} in "
@@ -6967,6 +7466,10 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
     if explain:
         answer["explanations"] = [explain_case(runner, base, case) for case in cases
                                   if not case["bitwise_equal"] and "ep_option" not in case]
+    if save_plots:
+        writer = PlotWriter(save_plots, model, "settings", plot_format)
+        plot_settings(writer, answer)
+        answer["plots"] = writer.write((model,))
     return answer
 
 
@@ -7244,7 +7747,7 @@ SETTINGS = declare(Command(
     summary="the first output under other optimization levels and thread counts, compared "
             "with a single-threaded unoptimized baseline",
     run=settings,
-    arguments=(MODEL, SEED, SEED_OPTION, *INPUT_ARGS, FORMAT_ARG,
+    arguments=(MODEL, SEED, SEED_OPTION, *INPUT_ARGS, FORMAT_ARG, *PLOT_ARGS,
                arg("--explain", action="store_true",
                    help="for each case that differs: the optimization level that introduces "
                         "it, a minimal set of graph transformers whose disabling restores the "
@@ -7270,7 +7773,7 @@ SETTINGS = declare(Command(
 
 def placement(model: str, providers: list[str], seed: int = 0,
               inputs: InputOptions | None = None, *, ep_library: list[str] = (),
-              ep_options: dict | None = None) -> dict:
+              ep_options: dict | None = None, node_data: str | None = None) -> dict:
     """Which execution provider each node was actually assigned to, as onnxruntime reports it.
 
     onnxruntime 1.24+ records the assignment when asked (``session.record_ep_graph_assignment_
@@ -7279,6 +7782,7 @@ def placement(model: str, providers: list[str], seed: int = 0,
     executes, after its graph optimizations: a fused node stands for several of the file's.
     """
     require_file(model)
+    require_views(node_data, None)
     prepare_providers([providers], ep_library, ep_options)
     require_known_providers(providers)
     recorded = hasattr(import_ort().InferenceSession, "get_provider_graph_assignment_info")
@@ -7324,10 +7828,30 @@ def placement(model: str, providers: list[str], seed: int = 0,
     if missing:
         note(f"the session did not get {', '.join(missing)}, or it took no node: its nodes ran "
              f"on {', '.join(counts) or 'nothing'}")
-    return {"model": model, "requested": providers, "actual": actual,
-            "fell_back": differs_from_request(providers, actual), "source": source,
-            "counts": counts, "nodes_per_provider": counts, "nodes": nodes,
-            "subgraphs": dict(collections.Counter(subgraphs))}
+    answer = {"model": model, "requested": providers, "actual": actual,
+              "fell_back": differs_from_request(providers, actual), "source": source,
+              "counts": counts, "nodes_per_provider": counts, "nodes": nodes,
+              "subgraphs": dict(collections.Counter(subgraphs))}
+    if node_data:
+        answer.update(_placement_node_data(node_data, model, nodes))
+    return answer
+
+
+def _placement_node_data(folder: str, model: str, nodes: list[dict]) -> dict:
+    """Each node of the file its provider (short: ``OpenVINO``, ``CPU``), matched by name with
+    the nodes onnxruntime ran; a node it fused into another, or renamed, has none."""
+    graph = load_model(model, graph_only=True).graph
+    ran = {node["name"]: node["provider"] for node in nodes if node["name"]}
+    values = {("node", index): _short_provider(ran[node.name])
+              for index, node in enumerate(graph.node) if node.name in ran}
+    writer = NodeDataWriter(folder, {"model": model})
+    writer.add("model", graph, "provider", values)
+    writer.unplaced += len(graph.node) - len(values)
+    return writer.write()
+
+
+def _short_provider(name: str) -> str:
+    return name[:-len("ExecutionProvider")] if name.endswith("ExecutionProvider") else name
 
 
 def _not_text(model: str, exc: UnicodeDecodeError) -> EprunError:
@@ -7354,7 +7878,7 @@ PLACEMENT = declare(Command(
             "graph assignment info, or a one-run profile on releases before 1.24)",
     run=placement,
     arguments=(MODEL, arg("providers", type=parse_list, help="comma-joined provider names"),
-               *input_args(rows_default="1"), *EP_ARGS, FORMAT_ARG),
+               *input_args(rows_default="1"), *EP_ARGS, FORMAT_ARG, NODE_DATA_ARG),
     fields=("model", "requested", "actual", "fell_back", "source", "counts",
             "nodes_per_provider", "nodes",
             "subgraphs"),
@@ -9765,7 +10289,9 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                 reference_providers: list[str] | None = None, allow_fallback: bool = False,
                 ep_library: list[str] = (), ep_options: dict | None = None,
                 swapped_ok: bool = False, jobs: int | None = None,
-                calibration: str | None = None, extra_options: dict | None = None) -> dict:
+                calibration: str | None = None, extra_options: dict | None = None,
+                node_data: str | None = None, save_plots: str | None = None,
+                plot_format: str = "png") -> dict:
     """Which quantized units to keep in float: each restored alone (the graph quantize_static
     writes with it excluded, ``SensitivityRun``) and measured on the final float output
     against the fp32 model, ranked by the SQNR it gains, then a verified recommendation: the
@@ -9776,6 +10302,7 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
     quantize_static extra options the int8 model was made with, over those eprun reads off it."""
     require_file(fp32)
     require_file(int8)
+    require_views(node_data, save_plots)
     targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
                            ep_options)
     if jobs is not None and jobs < 1:
@@ -9787,9 +10314,20 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                     ep_options)})
     with SensitivityRun(fp32, int8, seed, inputs, targets, swapped_ok=swapped_ok,
                         calibration=calibration, extra_options=extra_options) as run:
-        return _rank_units(run, seed, targets, target_sqnr=target_sqnr,
-                           target_rel_error=target_rel_error, profile=profile,
-                           max_units=max_units, units=units, parallel=parallel)
+        answer = _rank_units(run, seed, targets, target_sqnr=target_sqnr,
+                             target_rel_error=target_rel_error, profile=profile,
+                             max_units=max_units, units=units, parallel=parallel)
+        if node_data:  # each unit's gain on its node in both models
+            gains = {entry["name"]: entry["gain_db"] for entry in answer["units"]}
+            answer.update(_pair_node_data(node_data, fp32, int8, {"gain_db": {
+                role: {("node", getattr(unit, f"{role}_index")): gains[unit.name]
+                       for unit in run.units if unit.name in gains}
+                for role in ("fp32", "int8")}}))
+    if save_plots:
+        writer = PlotWriter(save_plots, int8, "sensitivity", plot_format)
+        plot_sensitivity(writer, answer)
+        answer["plots"] = writer.write((fp32, int8))
+    return answer
 
 
 @dataclasses.dataclass
@@ -10086,7 +10624,8 @@ SENSITIVITY = declare(Command(
         arg("--jobs", type=parse_count, metavar="N",
             help="measure the units in N processes (default: one per core, once the units "
                  "would take more than a few seconds one after another)"),
-        CALIBRATION_ARG, EXTRA_OPTION_ARG, *measure_ep_args(), SWAPPED_OK_ARG, FORMAT_ARG),
+        CALIBRATION_ARG, EXTRA_OPTION_ARG, *measure_ep_args(), SWAPPED_OK_ARG, FORMAT_ARG,
+        NODE_DATA_ARG, *PLOT_ARGS),
     fields=("seed", "rows", "output", "quantized", "units", "target", "recommendation",
             "predicted_by", "quantizer", "sessions"),
     detail='units: [{"name", "op_type", "named", "rel_error", "cos_min", "sqnr_db", '
@@ -10183,7 +10722,8 @@ def weight_error(reference, dequantized) -> dict:
             "max_abs_error": float(np.abs(diff).max()) if diff.size else 0.0}
 
 
-def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
+def weights(fp32: str, int8: str, *, swapped_ok: bool = False,
+            node_data: str | None = None) -> dict:
     """Each quantized weight of ``int8`` (biases too) against the fp32 weight it quantizes,
     named by its float name as qdq_loss_debug names it (the integer initializer's name less
     ``_quantized`` and the other suffixes quantizers add)."""
@@ -10191,6 +10731,7 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
 
     require_file(fp32)
     require_file(int8)
+    require_views(node_data, None)
     fp32_model, int8_model = load_model(fp32, text_names=True), load_model(int8, text_names=True)
     require_in_order((fp32_model, int8_model), (fp32, int8), swapped_ok)
     found = quantized_weights(int8_model.graph)
@@ -10250,9 +10791,17 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False) -> dict:
              f"shape in {fp32!r}, left out: {', '.join(map(repr, unpaired[:5]))}"
              f"{' and more' if len(unpaired) > 5 else ''}")
     worst = min(entries, key=lambda entry: entry["sqnr_db"], default=None)
-    return {"fp32": fp32, "int8": int8, "weight_count": len(entries), "weights": entries,
-            "worst": None if worst is None else {"name": worst["name"],
-                                                 "sqnr_db": worst["sqnr_db"]}}
+    answer = {"fp32": fp32, "int8": int8, "weight_count": len(entries), "weights": entries,
+              "worst": None if worst is None else {"name": worst["name"],
+                                                   "sqnr_db": worst["sqnr_db"]}}
+    if node_data:  # each weight's SQNR on the nodes that read it, in both models
+        answer.update(_pair_node_data(node_data, fp32, int8, {"weight_sqnr_db": {
+            role: {("node", index): entry["sqnr_db"] for entry in entries
+                   for index, node in enumerate(model.graph.node)
+                   if entry[key] in node.input}
+            for role, model, key in (("fp32", fp32_model, "name"),
+                                     ("int8", int8_model, "quantized"))}}))
+    return answer
 
 
 WEIGHTS = declare(Command(
@@ -10260,7 +10809,7 @@ WEIGHTS = declare(Command(
     summary="how far each quantized weight is from its float original (qdq_loss_debug's "
             "weight SQNR), no session",
     run=weights,
-    arguments=(*FP32_INT8, SWAPPED_OK_ARG, FORMAT_ARG),
+    arguments=(*FP32_INT8, SWAPPED_OK_ARG, FORMAT_ARG, NODE_DATA_ARG),
     fields=("fp32", "int8", "weight_count", "weights", "worst"),
     detail='weights: [{"name", "quantized", "op_type", "shape", "axis", "sqnr_db", '
            '"max_abs_error"}] in the int8 file\'s order, "name" the float weight\'s name, '
@@ -10410,7 +10959,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            sensitivity_section: bool = False, ep_library: list[str] = (),
            ep_options: dict | None = None, swapped_ok: bool = False, local: bool = False,
            chart: str | None = None, calibration: str | None = None,
-           extra_options: dict | None = None, allow_fallback: bool = False) -> dict:
+           extra_options: dict | None = None, allow_fallback: bool = False,
+           save_plots: str | None = None, plot_format: str = "png") -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -10434,6 +10984,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
             raise EprunError(f"{option} is the sensitivity section's: give --sensitivity too",
                              EXIT_USAGE)
     require_out_dir(out_dir)
+    require_plots(save_plots)
     names = (*REPORT_FILES, *((CHART_FILE,) if chart == "svg" else ()))
     paths = {name: os.path.join(out_dir, name) for name in names}
     paths_of = {"fp32": fp32, "int8": int8}
@@ -10497,13 +11048,29 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     if ranked is not None:
         markdown += (_sensitivity_section(ranked) if "error" not in ranked else
                      _sensitivity_missing(ranked["error"]))
-
-    external = _write_deliverables(
+    plots = []
+    if save_plots:  # drawn and written first; linked from the section each belongs to
+        writer = PlotWriter(save_plots, int8, "report", plot_format)
+        figures = {REPORT_GROWTH_HEADING: plot_boundaries(writer, measured, "rel_error",
+                                                          growth_answer),
+                   REPORT_MACHINE_HEADING: plot_settings(writer, settings_answer)}
+        if ranked is not None and "error" not in ranked:
+            figures[REPORT_SENSITIVITY_HEADING] = plot_sensitivity(writer, ranked)
+        plots = writer.write((fp32, int8))
+        markdown = with_figures(markdown, {heading: os.path.relpath(path, out_dir)
+                                           for heading, path in figures.items()})
+    try:
+        external = _write_deliverables(
         out_dir, paths, paths_of, boundary_ops,
         {"providers.json": provider_answer, "growth.json": growth_answer,
          "settings.json": settings_answer, "ep_report.md": markdown,
          **({CHART_FILE: growth_svg(measured, growth_answer)} if chart == "svg" else {})},
-        force=force)
+            force=force)
+    except BaseException:
+        for path in plots:  # the report they belong to was not written
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
     answer = {"out_dir": out_dir, "files": [paths[name] for name in names],
               "pairing": pairing,
               "check": {key: gate[key] for key in ("profile", "tolerance", "providers",
@@ -10514,6 +11081,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
             answer["sensitivity_error"] = ranked["error"]
     if external:
         answer["external_data"] = external
+    if plots:
+        answer["plots"] = plots
     return answer
 
 
@@ -10626,7 +11195,7 @@ REPORT = declare(Command(
             help="with --providers: measure even when a session did not get them (or they took "
                  "no node); each section then says what it ran on"),
         *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG, CALIBRATION_ARG,
-        EXTRA_OPTION_ARG, FORMAT_ARG),
+        EXTRA_OPTION_ARG, FORMAT_ARG, *PLOT_ARGS),
     fields=("out_dir", "files", "pairing", "check"),
     detail='check: {"profile", "tolerance", "providers", "failures", "passed"}; the JSON files '
            'hold the command answers, providers.json adds "note"',

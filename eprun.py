@@ -1121,23 +1121,41 @@ def write_atomically(data: bytes | Callable[[Any], None], path: str,
 def write_into(folder_path: str, files: list[tuple[str, bytes]], like: tuple[str, ...]) -> None:
     """Write ``files`` (``(path, bytes)``, all in ``folder_path``) as one set, all or none,
     the folder created first where it is missing (and removed again on a failure)."""
+    staged, created = stage_into(folder_path, files, like)
+    try:
+        commit(staged)
+    except BaseException:
+        discard(staged)
+        remove_folders(created)
+        raise
+
+
+def stage_into(folder_path: str, files: list[tuple[str, bytes]], like: tuple[str, ...]
+               ) -> tuple[list[Staged], list[str]]:
+    """``files`` staged into ``folder_path`` (created where missing), not yet visible:
+    ``(staged, the folders made)``; on a failure nothing is left."""
     created = _missing_folders(folder_path)
-    os.makedirs(folder_path, exist_ok=True)
     staged: list[Staged] = []
     try:
+        os.makedirs(folder_path, exist_ok=True)
         folder = open_folder(folder_path)
         try:
             for path, data in files:
                 staged.append(stage(data, path, like=like, folder=folder))
-            commit(staged)
         finally:
             os.close(folder)
     except BaseException:
         discard(staged)
-        for made in created:  # the deepest first
-            with contextlib.suppress(OSError):
-                os.rmdir(made)
+        remove_folders(created)
         raise
+    return staged, created
+
+
+def remove_folders(created: list[str]) -> None:
+    """Remove the folders a failed write made, the deepest first (each empty by then)."""
+    for made in created:
+        with contextlib.suppress(OSError):
+            os.rmdir(made)
 
 
 def _open_unnamed(folder: int) -> int | None:
@@ -5649,7 +5667,8 @@ def with_figures(markdown: str, figures: dict) -> str:
                    len(lines))
         while end > start + 1 and not lines[end - 1].strip():
             end -= 1
-        lines[end:end] = ["", f"![{os.path.basename(path)}]({path})"]
+        target = f"<{path}>" if re.search(r"[\s()<>]", path) else path
+        lines[end:end] = ["", f"![{os.path.basename(path)}]({target})"]
     return "\n".join(lines)
 
 
@@ -5956,7 +5975,7 @@ def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dic
 
 # Colours of a number's scale, from the good end to the bad one, and of each provider or owner.
 _SCALE = ((0.0, (0x1a, 0x98, 0x50)), (0.5, (0xfe, 0xe0, 0x8b)), (1.0, (0xd7, 0x30, 0x27)))
-_OWNER_COLOURS = {"CPU": "#9e9e9e", "EP": "#1f78b4", "OpenVINO": "#0068b5", "CUDA": "#76b900",
+_OWNER_COLOURS = {"CPU": "#9e9e9e", "EP": "#6a3d9a", "OpenVINO": "#0068b5", "CUDA": "#76b900",
                   "TensorRT": "#4c8c00", "DirectML": "#ff8c00", "Dml": "#ff8c00",
                   "QNN": "#d62598", "CoreML": "#7f3fbf", "ROCm": "#ed1c24",
                   "MIGraphX": "#b5179e", "WebGpu": "#00a3a3", "Azure": "#0078d4",
@@ -6065,7 +6084,7 @@ def number_colours(values: list[float], higher_is_better: bool = False) -> list[
 
 
 # The quantities whose larger values are the better ones (the colours run the other way).
-HIGHER_IS_BETTER = frozenset({"sqnr_db", "cos_min"})
+HIGHER_IS_BETTER = frozenset({"sqnr_db", "cos_min", "weight_sqnr_db"})
 
 
 def node_data(graph, quantity: str, values: dict) -> tuple[dict, int]:
@@ -6076,35 +6095,57 @@ def node_data(graph, quantity: str, values: dict) -> tuple[dict, int]:
     Numbers get colours from green (good) to red (bad); strings one colour per owner."""
     producers = explorer_producers(graph)
     ids = explorer_node_ids(graph)
+    better = quantity in HIGHER_IS_BETTER
     results: dict[str, dict] = {}
-    unplaced = 0
-    for key, value in values.items():
+    counts = {"unplaced": 0, "shared": 0, "lost": 0}
+    for key, given in values.items():
         if isinstance(key, tuple):
             node_id = ids[key[1]] if 0 <= key[1] < len(ids) else None
         else:
             node_id = producers.get(key)
-        if node_id is None or value is None or (isinstance(value, float)
-                                                and not math.isfinite(value)):
-            unplaced += 1
+        if node_id is None:
+            counts["unplaced"] += 1
             continue
+        value = given
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            value = NON_FINITE  # NaN or infinity got into it: shown, in the worst colour
+            counts["lost"] += 1
+        if node_id in results:  # one node, several values: it shows the worst
+            counts["shared"] += 1
+            value = _worse(results[node_id]["value"], value, better)
         results[node_id] = {"value": value}
-    numbers = [entry["value"] for entry in results.values()
-               if not isinstance(entry["value"], str)]
+    numbered = [entry for entry in results.values() if not isinstance(entry["value"], str)]
     data: dict = {"name": quantity, "results": results}
-    if numbers:
-        better = quantity in HIGHER_IS_BETTER
-        for entry, colour in zip([entry for entry in results.values()
-                                  if not isinstance(entry["value"], str)],
-                                 number_colours(numbers, better)):
+    if numbered:
+        numbers = [entry["value"] for entry in numbered]
+        for entry, colour in zip(numbered, number_colours(numbers, better)):
             entry["bgColor"] = colour
-        ends = (_SCALE[-1][1], _SCALE[0][1]) if better else (_SCALE[0][1], _SCALE[-1][1])
-        data["gradient"] = [{"stop": 0, "bgColor": _hex(ends[0])},
-                            {"stop": 0.5, "bgColor": _hex(_SCALE[1][1])},
-                            {"stop": 1, "bgColor": _hex(ends[1])}]
+        finite = [value for value in numbers if math.isfinite(value)]
+        if not (finite and min(finite) > 0 and max(finite) / min(finite) > 100):
+            ends = (_SCALE[-1][1], _SCALE[0][1]) if better else (_SCALE[0][1], _SCALE[-1][1])
+            data["gradient"] = [{"stop": 0, "bgColor": _hex(ends[0])},
+                                {"stop": 0.5, "bgColor": _hex(_SCALE[1][1])},
+                                {"stop": 1, "bgColor": _hex(ends[1])}]
     for entry in results.values():
-        if isinstance(entry["value"], str):
+        if entry["value"] == NON_FINITE:
+            entry["bgColor"] = "#7f0000"
+        elif isinstance(entry["value"], str):
             entry["bgColor"] = owner_colour(entry["value"])
-    return {explorer_graph_id(graph): data}, unplaced
+    return {explorer_graph_id(graph): data}, counts
+
+
+# What a node shows for a value that NaN or infinity got into (null in the answer).
+NON_FINITE = "non-finite"
+
+
+def _worse(first, second, higher_is_better: bool):
+    """The worse of two values for one node: a non-finite one, else by the quantity's sense
+    (strings: the first)."""
+    if NON_FINITE in (first, second):
+        return NON_FINITE
+    if isinstance(first, str) or isinstance(second, str):
+        return first
+    return min(first, second) if higher_is_better else max(first, second)
 
 
 class NodeDataWriter:
@@ -6115,18 +6156,19 @@ class NodeDataWriter:
     def __init__(self, folder: str, models: dict[str, str]) -> None:
         self.folder = folder
         stems = {role: _model_stem(path) for role, path in models.items()}
-        self.shared = len(set(stems.values())) < len(stems)
+        self.shared = len({stem.lower() for stem in stems.values()}) < len(stems)
         self.stems = {role: f"{stem}.{role}" if self.shared else stem
                       for role, stem in stems.items()}
         self.files: list[tuple[str, bytes]] = []
-        self.unplaced = 0
+        self.counts = {"unplaced": 0, "shared": 0, "lost": 0}
         self.models = models
 
     def add(self, role: str, graph, quantity: str, values: dict) -> None:
         import json
 
-        data, unplaced = node_data(graph, quantity, values)
-        self.unplaced += unplaced
+        data, counts = node_data(graph, quantity, values)
+        for key, count in counts.items():
+            self.counts[key] += count
         path = os.path.join(self.folder, f"{self.stems[role]}.{quantity}.json")
         self.files.append((path, (json.dumps(_strict(data), indent=1, allow_nan=False)
                                   + "\n").encode()))
@@ -6134,10 +6176,20 @@ class NodeDataWriter:
     def write(self) -> dict:
         """Write every file (all or none); the answer's fields."""
         write_into(self.folder, self.files, tuple(self.models.values()))
-        if self.unplaced:
-            note(f"--node-data: {self.unplaced} value{'s' if self.unplaced > 1 else ''} "
-                 "had no node to sit on in Model Explorer's drawing of the graph (a graph "
-                 "input, or a tensor no main-graph node writes) and were left out")
+        unplaced, shared, lost = (self.counts[key] for key in ("unplaced", "shared", "lost"))
+        if unplaced:
+            note(f"--node-data: {unplaced} value{'s' if unplaced > 1 else ''} had no node to "
+                 "sit on in Model Explorer's drawing of the main graph (a tensor inside a "
+                 "subgraph, a node onnxruntime fused, renamed or reported without a name) and "
+                 f"{'were' if unplaced > 1 else 'was'} left out")
+        if shared:
+            note(f"--node-data: {shared} value{'s' if shared > 1 else ''} fell on a node that "
+                 "already had one (a node writing several boundaries, or reading several "
+                 "weights): each such node shows the worst")
+        if lost:
+            note(f"--node-data: {lost} value{'s' if lost > 1 else ''} had NaN or infinity in "
+                 f"{'them' if lost > 1 else 'it'} (null in the answer): shown as "
+                 f"{NON_FINITE!r}, in dark red")
         fields: dict = {"node_data": [path for path, _ in self.files]}
         if self.shared:
             fields["node_data_note"] = ("the models share a file name, so each file name "
@@ -6168,25 +6220,44 @@ PLOT_ARGS = (
     arg("--save-plots", metavar="DIR",
         help="also draw the answer into DIR (created if missing) with matplotlib, the optional "
              "plots extra: pip install 'eprun[plots]'; the answer adds \"plots\" (their paths)"),
-    arg("--plot-format", choices=PLOT_FORMATS, default="png",
-        help="png (default) or svg"),
+    arg("--plot-format", choices=PLOT_FORMATS,
+        help="png (the default) or svg"),
 )
 # Boundary names shown on a plot's axis at most; a longer model shows every k-th.
 PLOT_LABELS = 24
 
 
-def require_plots(save_plots: str | None) -> None:
-    """Before anything is measured: ``--save-plots`` needs matplotlib (the ``plots`` extra)
-    and a folder eprun can write into."""
+def require_plots(save_plots: str | None, plot_format: str | None = None) -> None:
+    """Before anything is measured: ``--save-plots`` needs matplotlib (the ``plots`` extra),
+    importable, and a folder eprun can write into; ``--plot-format`` needs ``--save-plots``."""
     if save_plots is None:
+        if plot_format is not None:
+            raise EprunError("--plot-format says how --save-plots draws; give --save-plots DIR",
+                             EXIT_USAGE)
         return
+    if not save_plots:
+        raise EprunError("--save-plots needs a folder (it is empty)", EXIT_USAGE)
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
         raise EprunError(f"--save-plots needs matplotlib, which {sys.executable} does not "
                          "have: pip install 'eprun[plots]' (or pip install matplotlib)",
                          EXIT_USAGE)
+    try:
+        import matplotlib.figure  # noqa: F401 (an install that is there but broken)
+    except Exception as exc:
+        raise EprunError(f"--save-plots needs matplotlib, which {sys.executable} has but "
+                         f"cannot import ({type(exc).__name__}: {one_line(exc)}): reinstall "
+                         "it with pip install --force-reinstall 'eprun[plots]'",
+                         EXIT_USAGE) from exc
     require_out_dir(save_plots, "--save-plots")
+
+
+# matplotlib settings of every figure, whatever the user's matplotlibrc says (and the
+# settings of a program that imports eprun are left as they were: no pyplot, no backend)
+PLOT_STYLE = {"svg.hashsalt": "eprun", "figure.dpi": 100, "savefig.dpi": 100, "font.size": 9,
+              "font.family": "DejaVu Sans", "axes.unicode_minus": False}
+
 
 
 class PlotWriter:
@@ -6195,21 +6266,22 @@ class PlotWriter:
     rerun with the same stack (no date, no version, a fixed SVG id salt), written into DIR
     (created if missing) all or none."""
 
-    def __init__(self, folder: str, stem_of: str, command: str, form: str = "png") -> None:
-        self.folder, self.form = folder, form
+    def __init__(self, folder: str, stem_of: str, command: str, form: str | None = None
+                 ) -> None:
+        self.folder, self.form = folder, form or "png"
         self.prefix = f"{_model_stem(stem_of)}.{command}"
         self.files: list[tuple[str, bytes]] = []
 
-    @staticmethod
-    def pyplot():
+    def style(self):
         import matplotlib
 
-        matplotlib.use("Agg", force=True)
-        import matplotlib.pyplot as plt
+        return matplotlib.rc_context(PLOT_STYLE)
 
-        plt.rcParams.update({"svg.hashsalt": "eprun", "figure.dpi": 100,
-                             "savefig.dpi": 100, "font.size": 9})
-        return plt
+    def figure(self, size: tuple[float, float]):
+        from matplotlib.figure import Figure
+
+        figure = Figure(figsize=size)
+        return figure, figure.subplots()
 
     def add(self, what: str, figure) -> str:
         import io
@@ -6218,7 +6290,6 @@ class PlotWriter:
         metadata = ({"Software": None} if self.form == "png" else
                     {"Date": None, "Creator": None})
         figure.savefig(buffer, format=self.form, metadata=metadata, bbox_inches="tight")
-        self.pyplot().close(figure)
         path = os.path.join(self.folder, f"{self.prefix}.{what}.{self.form}")
         self.files.append((path, buffer.getvalue()))
         return path
@@ -6226,6 +6297,11 @@ class PlotWriter:
     def write(self, like: tuple[str, ...]) -> list[str]:
         write_into(self.folder, self.files, like)
         return [path for path, _ in self.files]
+
+    def stage(self, like: tuple[str, ...]) -> tuple[list, list]:
+        """The files staged (see ``stage``), not yet visible, and the folders made for them:
+        for a caller that commits them with other files, or discards both."""
+        return stage_into(self.folder, self.files, like)
 
 
 def _thinned(names: list[str]) -> tuple[list[int], list[str]]:
@@ -6246,11 +6322,15 @@ def plot_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict)
     """The chosen metric per boundary (a log axis where it spans decades), where the error is
     born (the first divergence) and where it jumps most (the largest ratio lands) marked, the
     local and inherited parts stacked where ``--local`` measured them."""
-    plt = writer.pyplot()
+    with writer.style():
+        return _draw_boundaries(writer, answer, metric, growth)
+
+
+def _draw_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict) -> str:
     entries = answer["layers"]
     names = [entry["fp32"] for entry in entries]
     values = [entry.get(metric) for entry in entries]
-    figure, axes = plt.subplots(figsize=(max(6.0, min(16.0, 0.35 * len(entries) + 4)), 4))
+    figure, axes = writer.figure((max(6.0, min(16.0, 0.35 * len(entries) + 4)), 4))
     positions = list(range(len(entries)))
     local = growth.get("local_rel_error") if metric == "rel_error" else None
     if local:
@@ -6268,10 +6348,14 @@ def plot_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict)
     if born is not None:
         axes.axvline(born, color="#1a9850", linestyle="--", linewidth=1,
                      label=f"born: boundary {born}")
-    jump = growth.get("max_ratio")
+    jump = growth.get("max_ratio")  # its index: the boundary the jump lands on
     if jump:
-        axes.axvline(jump["index"] + 1, color="#d73027", linestyle=":", linewidth=1.5,
-                     label=f"largest jump: x{jump['ratio']:.3g} at boundary {jump['index'] + 1}")
+        axes.axvline(jump["index"], color="#d73027", linestyle=":", linewidth=1.5,
+                     label=f"largest jump: x{jump['ratio']:.3g} at boundary {jump['index']}")
+    lost = [k for k, value in enumerate(values) if value is None]
+    for k in lost:  # NaN or infinity got into it: drawn as a band, never left out unseen
+        axes.axvspan(k - 0.4, k + 0.4, color="#7f0000", alpha=0.25,
+                     label="non-finite" if k == lost[0] else None)
     picked, labels = _thinned(names)
     axes.set_xticks(picked)
     axes.set_xticklabels(labels, rotation=60, ha="right")
@@ -6285,14 +6369,18 @@ def plot_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict)
 
 def plot_settings(writer: PlotWriter, answer: dict) -> str:
     """One bar per case: its largest difference from the baseline's output."""
-    plt = writer.pyplot()
+    with writer.style():
+        return _draw_settings(writer, answer)
+
+
+def _draw_settings(writer: PlotWriter, answer: dict) -> str:
     cases = answer["cases"]
     labels = [f"{case['ep_option']['key']}={case['ep_option']['value']}" if "ep_option" in case
               else f"{case['level']}\n{case['intra_op']} thread"
               + ("s" if case["intra_op"] > 1 else "") for case in cases]
     diffs = [case["max_abs_diff"] if case["max_abs_diff"] is not None else math.nan
              for case in cases]
-    figure, axes = plt.subplots(figsize=(6, 3.5))
+    figure, axes = writer.figure((6, 3.5))
     colours = ["#1a9850" if case.get("bitwise_equal") else "#d73027" for case in cases]
     axes.bar(range(len(cases)), diffs, color=colours)
     axes.set_xticks(range(len(cases)))
@@ -6307,11 +6395,15 @@ def plot_settings(writer: PlotWriter, answer: dict) -> str:
 
 def plot_sensitivity(writer: PlotWriter, answer: dict) -> str:
     """The gain of restoring each unit alone, best first, the recommended units marked."""
-    plt = writer.pyplot()
+    with writer.style():
+        return _draw_sensitivity(writer, answer)
+
+
+def _draw_sensitivity(writer: PlotWriter, answer: dict) -> str:
     units = answer["units"]
     chosen = set((answer.get("recommendation") or {}).get("nodes_to_exclude") or ())
     gains = [unit["gain_db"] if unit["gain_db"] is not None else math.nan for unit in units]
-    figure, axes = plt.subplots(figsize=(max(6.0, min(16.0, 0.3 * len(units) + 4)), 4))
+    figure, axes = writer.figure((max(6.0, min(16.0, 0.3 * len(units) + 4)), 4))
     axes.bar(range(len(units)), gains,
              color=["#d73027" if unit["name"] in chosen else "#9e9e9e" for unit in units])
     picked, labels = _thinned([unit["name"] for unit in units])
@@ -6397,7 +6489,13 @@ def render_table(command: str, answer: dict, colour: bool = False) -> str:
     text a person reads at a terminal: what was measured, one aligned row per boundary,
     output, case, unit or provider, the worst one marked, and the verdict or summary under
     it."""
-    return "\n".join(_TABLES[command](answer, colour))
+    lines = _TABLES[command](answer, colour)
+    for key, what in (("node_data", "node data"), ("plots", "plots")):
+        if answer.get(key):
+            lines.append(f"{what}: {', '.join(answer[key])}")
+    if answer.get("node_data_note"):
+        lines.append(f"({answer['node_data_note']})")
+    return "\n".join(lines)
 
 
 def _layers_table(answer: dict, colour: bool) -> list[str]:
@@ -7185,13 +7283,13 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            load_boundaries: str | None = None, swapped_ok: bool = False,
            output: str | None = None, boundaries: list[str] | None = None,
            node_data: str | None = None, save_plots: str | None = None,
-           plot_format: str = "png") -> dict:
+           plot_format: str | None = None) -> dict:
     """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
     twice with ``providers`` is the EP-vs-CPU divergence table of that model. ``node_data``
     and ``save_plots``: folders for Model Explorer node data and plots of the answer."""
     require_file(fp32)
     require_file(int8)
-    require_views(node_data, save_plots)
+    require_views(node_data, save_plots, plot_format)
     targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
                            ep_options)
     answer = measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
@@ -7209,12 +7307,15 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
     return answer
 
 
-def require_views(node_data: str | None, save_plots: str | None) -> None:
+def require_views(node_data: str | None, save_plots: str | None,
+                  plot_format: str | None = None) -> None:
     """Before anything is measured: the folders ``--node-data`` and ``--save-plots`` name can
     be written into, and matplotlib is there for plots."""
     if node_data is not None:
+        if not node_data:
+            raise EprunError("--node-data needs a folder (it is empty)", EXIT_USAGE)
         require_out_dir(node_data, "--node-data")
-    require_plots(save_plots)
+    require_plots(save_plots, plot_format)
 
 
 def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
@@ -7226,9 +7327,9 @@ def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
            load_boundaries: str | None = None, swapped_ok: bool = False,
            output: str | None = None, boundaries: list[str] | None = None,
            node_data: str | None = None, save_plots: str | None = None,
-           plot_format: str = "png") -> dict:
+           plot_format: str | None = None) -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
-    require_views(node_data, save_plots)
+    require_views(node_data, save_plots, plot_format)
     measured = layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
                       local=local, max_memory=max_memory, pair=pair, providers=providers,
                       reference_providers=reference_providers, allow_fallback=allow_fallback,
@@ -7408,7 +7509,7 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
              explain: bool = False, *, providers: list[str] | None = None,
              allow_fallback: bool = False, ep_library: list[str] = (),
              ep_options: dict | None = None, ep_option_sweep: list = (),
-             save_plots: str | None = None, plot_format: str = "png") -> dict:
+             save_plots: str | None = None, plot_format: str | None = None) -> dict:
     """The first output under other optimization levels and intra-op thread counts, compared
     with the single-threaded, unoptimized baseline bit for bit.
 
@@ -7422,7 +7523,7 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
     import numpy as np
 
     require_file(model)
-    require_plots(save_plots)
+    require_plots(save_plots, plot_format)
     for provider, key, _ in ep_option_sweep:
         if provider not in (providers or ()):
             raise EprunError(f"--ep-option-sweep {provider}:{key}: give {provider} in "
@@ -7846,7 +7947,7 @@ def _placement_node_data(folder: str, model: str, nodes: list[dict]) -> dict:
               for index, node in enumerate(graph.node) if node.name in ran}
     writer = NodeDataWriter(folder, {"model": model})
     writer.add("model", graph, "provider", values)
-    writer.unplaced += len(graph.node) - len(values)
+    writer.counts["unplaced"] += len(graph.node) - len(values)
     return writer.write()
 
 
@@ -10291,7 +10392,7 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                 swapped_ok: bool = False, jobs: int | None = None,
                 calibration: str | None = None, extra_options: dict | None = None,
                 node_data: str | None = None, save_plots: str | None = None,
-                plot_format: str = "png") -> dict:
+                plot_format: str | None = None) -> dict:
     """Which quantized units to keep in float: each restored alone (the graph quantize_static
     writes with it excluded, ``SensitivityRun``) and measured on the final float output
     against the fp32 model, ranked by the SQNR it gains, then a verified recommendation: the
@@ -10302,7 +10403,7 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
     quantize_static extra options the int8 model was made with, over those eprun reads off it."""
     require_file(fp32)
     require_file(int8)
-    require_views(node_data, save_plots)
+    require_views(node_data, save_plots, plot_format)
     targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
                            ep_options)
     if jobs is not None and jobs < 1:
@@ -10960,7 +11061,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            ep_options: dict | None = None, swapped_ok: bool = False, local: bool = False,
            chart: str | None = None, calibration: str | None = None,
            extra_options: dict | None = None, allow_fallback: bool = False,
-           save_plots: str | None = None, plot_format: str = "png") -> dict:
+           save_plots: str | None = None, plot_format: str | None = None) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -10984,7 +11085,7 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
             raise EprunError(f"{option} is the sensitivity section's: give --sensitivity too",
                              EXIT_USAGE)
     require_out_dir(out_dir)
-    require_plots(save_plots)
+    require_plots(save_plots, plot_format)
     names = (*REPORT_FILES, *((CHART_FILE,) if chart == "svg" else ()))
     paths = {name: os.path.join(out_dir, name) for name in names}
     paths_of = {"fp32": fp32, "int8": int8}
@@ -11056,7 +11157,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
                    REPORT_MACHINE_HEADING: plot_settings(writer, settings_answer)}
         if ranked is not None and "error" not in ranked:
             figures[REPORT_SENSITIVITY_HEADING] = plot_sensitivity(writer, ranked)
-        plots = writer.write((fp32, int8))
+        plot_files, plot_folders = writer.stage((fp32, int8))
+        plots = [path for path, _ in writer.files]
         markdown = with_figures(markdown, {heading: os.path.relpath(path, out_dir)
                                            for heading, path in figures.items()})
     try:
@@ -11066,11 +11168,13 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
          "settings.json": settings_answer, "ep_report.md": markdown,
          **({CHART_FILE: growth_svg(measured, growth_answer)} if chart == "svg" else {})},
             force=force)
-    except BaseException:
-        for path in plots:  # the report they belong to was not written
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+    except BaseException:  # the report they belong to was not written: nor are they
+        if plots:
+            discard(plot_files)
+            remove_folders(plot_folders)
         raise
+    if plots:
+        commit(plot_files)
     answer = {"out_dir": out_dir, "files": [paths[name] for name in names],
               "pairing": pairing,
               "check": {key: gate[key] for key in ("profile", "tolerance", "providers",

@@ -104,3 +104,95 @@ def test_a_node_data_folder_that_is_a_file_is_refused_first(capfd, named_pair, t
     blocker.write_text("")
     code, out, err = in_process(capfd, "layers", fp32, int8, "1", "--node-data", blocker)
     assert (code, out) == (4, "") and "--node-data" in err and "not a folder" in err
+
+
+def test_weights_colours_run_from_the_worst_sqnr_in_red(capfd, named_pair, tmp_path):
+    fp32, int8 = named_pair
+    code, _, err = in_process(capfd, "weights", fp32, int8, "--node-data", tmp_path)
+    assert code == 0, err
+    graph = results(tmp_path / "b.weight_sqnr_db.json")
+    worst = min(graph["results"].values(), key=lambda result: result["value"])
+    best = max(graph["results"].values(), key=lambda result: result["value"])
+    assert (worst["bgColor"], best["bgColor"]) == ("#d73027", "#1a9850")
+
+
+def test_two_values_on_one_node_show_the_worst_and_say_so(capfd, tmp_path):
+    """A Split writes both boundaries asked for: its node shows the larger error."""
+    from onnx import TensorProto, helper
+
+    make = helper.make_node
+    model = models.save(models.finish(
+        [make("Relu", ["x"], ["r"], name="relu"),
+         make("Split", ["r"], ["a", "b"], axis=1, name="split"),
+         make("Add", ["a", "b"], ["y"], name="add")],
+        [models.float_input("x", 8)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        name="g"), tmp_path / "split.onnx")
+    model.rename(tmp_path / "one.onnx")
+    changed = __import__("onnx").load(str(tmp_path / "one.onnx"))
+    changed.graph.node[0].op_type = "Abs"  # negative inputs differ: a and b by other amounts
+    other = models.save(changed, tmp_path / "two.onnx")
+    code, out, err = in_process(capfd, "layers", tmp_path / "one.onnx", other, "1",
+                                "--boundaries", "a,b", "--node-data", tmp_path / "nd")
+    assert code == 0, err
+    answer = json.loads(out)
+    graph = results(tmp_path / "nd" / "one.max_abs_error.json")
+    errors = [entry["max_abs_error"] for entry in answer["layers"][:2]]
+    assert errors[0] != errors[1]
+    assert graph["results"]["split"]["value"] == max(errors)
+    assert "each such node shows the worst" in err
+
+
+def test_a_non_finite_value_is_shown_not_dropped(capfd, tmp_path):
+    from onnx import TensorProto, helper
+
+    make = helper.make_node
+    path = models.save(models.finish(
+        [make("Neg", ["x"], ["n"], name="negate"), make("Log", ["n"], ["l"], name="log"),
+         make("MatMul", ["l", "w"], ["y"], name="mm")],
+        [models.float_input("x", 4)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [__import__("onnx").numpy_helper.from_array(
+            __import__("numpy").eye(4, dtype="float32"), "w")]), tmp_path / "nan.onnx")
+    code, out, err = in_process(capfd, "layers", path, path, "1", "--boundaries", "n,l",
+                                "--node-data", tmp_path / "nd")
+    assert code == 0, err
+    answer = json.loads(out)
+    assert answer["layers"][1]["rel_error"] is None  # NaN: null in the answer
+    graph = results(tmp_path / "nd" / "nan.fp32.rel_error.json")
+    assert graph["results"]["log"] == {"value": "non-finite", "bgColor": "#7f0000"}
+    assert "NaN or infinity" in err
+
+
+def test_the_table_names_what_was_written(capfd, named_pair, tmp_path):
+    fp32, int8 = named_pair
+    code, out, err = in_process(capfd, "layers", fp32, int8, "1", "--node-data", tmp_path,
+                                "--format", "table")
+    assert code == 0, err
+    assert out.splitlines()[-1].startswith(f"node data: {tmp_path / 'a.max_abs_error.json'}")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--node-data", ""], "--node-data needs a folder"),
+    (["--save-plots", ""], "--save-plots needs a folder"),
+    (["--plot-format", "svg"], "give --save-plots DIR"),
+])
+def test_view_options_that_say_nothing_are_refused(capfd, named_pair, argv, words):
+    fp32, int8 = named_pair
+    code, out, err = in_process(capfd, "layers", fp32, int8, "1", *argv)
+    assert (code, out) == (2, "") and words in err
+
+
+def test_a_matplotlib_that_cannot_be_imported_is_a_usage_error(capfd, named_pair, tmp_path,
+                                                              monkeypatch):
+    broken = tmp_path / "site" / "matplotlib"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('built for another numpy')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for name in [name for name in __import__("sys").modules if name.startswith("matplotlib")]:
+        monkeypatch.delitem(__import__("sys").modules, name)
+    fp32, int8 = named_pair
+    code, out, err = in_process(capfd, "layers", fp32, int8, "1", "--save-plots",
+                                tmp_path / "plots", "--node-data", tmp_path / "nd")
+    assert (code, out) == (2, "") and "cannot import (ImportError: built for another" in err
+    assert not (tmp_path / "plots").exists() and not (tmp_path / "nd").exists()

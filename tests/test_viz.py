@@ -352,3 +352,51 @@ def test_model_explorer_loads_the_node_data_with_eprun_s_range(capfd, lab_pair, 
             driver.quit()
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_the_jump_is_marked_where_growth_says_it_lands(capfd, lab_pair, tmp_path):
+    """The figure's dotted line stands at growth's max_ratio index (where the jump lands)."""
+    import eprun
+
+    fp32, int8 = lab_pair
+    layers = json.loads(in_process(capfd, "layers", fp32, int8, "1")[1])
+    growth = json.loads(in_process(capfd, "growth", fp32, int8, "1")[1])
+    kept = []
+
+    class Keeping(eprun.PlotWriter):
+        def add(self, what, figure):
+            kept.append(figure)
+            return what
+
+    eprun.plot_boundaries(Keeping(str(tmp_path), str(int8), "layers"), layers, "rel_error",
+                          growth)
+    (axes,) = kept[0].axes
+    vertical = [line for line in axes.lines if line.get_label().startswith("largest jump")]
+    assert list(vertical[0].get_xdata()) == [growth["max_ratio"]["index"]] * 2
+    ratio = layers["layers"][growth["max_ratio"]["index"]]["rel_error"] / \
+        layers["layers"][growth["max_ratio"]["index"] - 1]["rel_error"]
+    assert ratio == pytest.approx(growth["max_ratio"]["ratio"], rel=1e-12)
+
+
+def test_a_report_that_fails_keeps_the_last_ones_figures(capfd, lab_pair, tmp_path,
+                                                         monkeypatch):
+    import eprun
+
+    fp32, int8 = lab_pair
+    shutil.copy(fp32, tmp_path / "fp32.onnx")
+    shutil.copy(int8, tmp_path / "int8.onnx")
+    argv = ["report", tmp_path / "fp32.onnx", tmp_path / "int8.onnx", "--out-dir",
+            tmp_path / "out", "--save-plots", tmp_path / "out" / "figures"]
+    assert in_process(capfd, *argv)[0] == 0
+    before = {path.name: path.read_bytes() for path in (tmp_path / "out" / "figures").iterdir()}
+
+    def fails(*args, **kwargs):
+        raise eprun.EprunError("the disk is full")
+
+    monkeypatch.setattr(eprun, "_write_deliverables", fails)
+    code, out, err = in_process(capfd, *argv, "--seed", "9", "--force")
+    assert (code, out) == (4, "") and "the disk is full" in err
+    after = {path.name: path.read_bytes() for path in (tmp_path / "out" / "figures").iterdir()}
+    assert after == before
+    code, out, err = in_process(capfd, *argv[:-1], tmp_path / "new" / "figures", "--force")
+    assert code == 4 and not (tmp_path / "new").exists()

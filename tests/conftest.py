@@ -121,10 +121,20 @@ def in_process(capfd, *argv) -> tuple[int, str, str]:
     import eprun
 
     capfd.readouterr()
+    # capfd hands Python streams that write to its files directly, past file descriptors 1
+    # and 2: a real process's sys.stdout and sys.stderr write through them, which is where
+    # eprun holds a command's chatter (and drops it after a failure).
+    streams = (sys.stdout, sys.stderr)
+    sys.stdout, sys.stderr = (open(fd, "w", encoding="utf-8", errors="backslashreplace",
+                                   closefd=False) for fd in (1, 2))
     try:
         code = eprun.main([str(word) for word in argv])
     except SystemExit as exc:  # argparse's own exits
         code = exc.code
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = streams
     out, err = capfd.readouterr()
     return code, out, err
 
@@ -143,22 +153,43 @@ def own_tmpdir(tmp_path_factory, monkeypatch):
     return folder
 
 
-@pytest.fixture
-def eprun():
-    """Run ``python eprun.py ARGS``; assert success and return the parsed JSON answer."""
+class _Done:
+    """What ``in_process`` gave, as ``run_eprun``'s ``Result`` reads."""
+
+    def __init__(self, code: int, stdout: str, stderr: str) -> None:
+        self.code, self.stdout, self.stderr = code, stdout, stderr
+
+    answer = Result.answer
+
+
+def run_here(capfd, monkeypatch, *args: str, env: dict | None = None,
+             cwd: str | None = None, prefix: list[str] | None = None):
+    """``run_eprun`` without a process: ``main(argv)`` here, with ``env`` set and ``cwd`` the
+    working folder for the call (a ``prefix``, another interpreter, still gets a process)."""
+    if prefix is not None:
+        return run_eprun(*args, env=env, cwd=cwd, prefix=prefix)
+    with monkeypatch.context() as patch:
+        for key, value in (env or {}).items():
+            patch.setenv(key, value)
+        if cwd is not None:
+            patch.chdir(cwd)
+        return _Done(*in_process(capfd, *args))
+
+
+def _succeeds(run):
+    """``run`` (one way to run eprun) held to success: the parsed JSON answer."""
     def call(*args: str, **kwargs) -> dict:
-        result = run_eprun(*args, **kwargs)
+        result = run(*args, **kwargs)
         assert result.code == 0, f"exit {result.code}: {result.stderr}"
         assert "Traceback" not in result.stderr
         return result.answer
     return call
 
 
-@pytest.fixture
-def eprun_fails():
-    """Run ``python eprun.py ARGS`` expecting failure ``code``: empty stdout, one error line."""
+def _fails(run):
+    """``run`` held to failure ``code``: empty stdout, one error line (returned)."""
     def call(code: int, *args: str, **kwargs) -> str:
-        result = run_eprun(*args, **kwargs)
+        result = run(*args, **kwargs)
         assert result.code == code, f"exit {result.code}, wanted {code}: {result.stderr}"
         assert result.stdout == ""
         assert "Traceback" not in result.stderr
@@ -167,6 +198,33 @@ def eprun_fails():
         assert lines[0].startswith("eprun: error: ")
         return lines[0]
     return call
+
+
+@pytest.fixture
+def eprun(capfd, monkeypatch):
+    """Run eprun with ARGS in this process (``main(argv)``); assert success and return the
+    parsed JSON answer."""
+    return _succeeds(lambda *args, **kwargs: run_here(capfd, monkeypatch, *args, **kwargs))
+
+
+@pytest.fixture
+def eprun_fails(capfd, monkeypatch):
+    """Run eprun with ARGS in this process expecting failure ``code``: empty stdout, one
+    error line."""
+    return _fails(lambda *args, **kwargs: run_here(capfd, monkeypatch, *args, **kwargs))
+
+
+@pytest.fixture
+def eprun_process():
+    """``eprun``, as ``python eprun.py ARGS`` in a process of its own: for what lives as long
+    as a process (a plugin EP library registered, onnxruntime's log level)."""
+    return _succeeds(run_eprun)
+
+
+@pytest.fixture
+def eprun_fails_process():
+    """``eprun_fails`` in a process of its own."""
+    return _fails(run_eprun)
 
 
 @pytest.fixture(scope="session")

@@ -85,8 +85,20 @@ def files(tmp_path, lab_pair):
     return made
 
 
+@pytest.fixture(autouse=True)
+def _here(capfd, monkeypatch):
+    """``expect_failure`` runs ``main(argv)`` in this process (the exit code, stdout and
+    stderr it gives are the ones a process gives: tests/test_safety.py checks those)."""
+    from conftest import run_here
+
+    monkeypatch.setitem(_RUNNER, "run", lambda *argv: run_here(capfd, monkeypatch, *argv))
+
+
+_RUNNER: dict = {"run": run_eprun}
+
+
 def expect_failure(code: int, argv: list[str], names: str | None = None) -> str:
-    result = run_eprun(*argv)
+    result = _RUNNER["run"](*argv)
     assert result.code == code, f"{argv}: exit {result.code}, wanted {code}: {result.stderr}"
     assert result.stdout == "", argv
     assert "Traceback" not in result.stderr

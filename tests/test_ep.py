@@ -38,6 +38,18 @@ plugin_openvino = pytest.mark.skipif(
     reason="onnxruntime-ep-openvino is not installed (make test-ep runs these)")
 
 
+# Each run of eprun here is a process of its own: a plugin EP library it registers stays
+# registered as long as its process does, and must not leak into the next run's sessions.
+@pytest.fixture
+def eprun(eprun_process):
+    return eprun_process
+
+
+@pytest.fixture
+def eprun_fails(eprun_fails_process):
+    return eprun_fails_process
+
+
 # -- oracles: onnxruntime sessions made here, numbers with numpy -------------------------------
 
 @pytest.fixture(scope="module")

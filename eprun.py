@@ -6038,6 +6038,7 @@ def explorer_graph_id(graph) -> str:
 
 
 def _hex(rgb: tuple) -> str:
+    """``(r, g, b)`` as a CSS colour, ``#rrggbb``."""
     return "#" + "".join(f"{round(channel):02x}" for channel in rgb)
 
 
@@ -6200,6 +6201,7 @@ class NodeDataWriter:
 
 
 def _model_stem(path: str) -> str:
+    """A model file's name without its ``.onnx``: what its output files are named after."""
     name = os.path.basename(path)
     return name[:-len(".onnx")] if name.lower().endswith(".onnx") else name
 
@@ -6273,17 +6275,21 @@ class PlotWriter:
         self.files: list[tuple[str, bytes]] = []
 
     def style(self):
+        """The settings every figure is drawn and saved under (``PLOT_STYLE``)."""
         import matplotlib
 
         return matplotlib.rc_context(PLOT_STYLE)
 
     def figure(self, size: tuple[float, float]):
+        """A new figure of ``size`` inches and its one axes, outside pyplot (no global state)."""
         from matplotlib.figure import Figure
 
         figure = Figure(figsize=size)
         return figure, figure.subplots()
 
     def add(self, what: str, figure) -> str:
+        """Render ``figure`` into bytes, kept for ``write`` as ``<prefix>.<what>.<form>``;
+        return its path."""
         import io
 
         buffer = io.BytesIO()
@@ -6312,6 +6318,7 @@ def _thinned(names: list[str]) -> tuple[list[int], list[str]]:
 
 
 def _spans_decades(values: list) -> bool:
+    """Do the (all positive) values span more than two decades, so a log axis reads them?"""
     finite = [value for value in values if isinstance(value, (int, float))
               and math.isfinite(value) and value > 0]
     return bool(finite) and len(finite) == len([v for v in values if v is not None]) and \
@@ -6788,6 +6795,7 @@ def _report_table(answer: dict, colour: bool) -> list[str]:
 
 
 def _reduce_table(answer: dict, colour: bool) -> list[str]:
+    """``reduce``: what was kept, in file order, the cut's inputs and outputs, and the failure."""
     rows = [[node["name"] or "(unnamed)", node["op_type"], ", ".join(node["outputs"])]
             for node in answer["kept"]]
     failure = answer["failure"] or {}
@@ -7952,6 +7960,7 @@ def _placement_node_data(folder: str, model: str, nodes: list[dict]) -> dict:
 
 
 def _short_provider(name: str) -> str:
+    """A provider's name as a node shows it: ``OpenVINO`` for ``OpenVINOExecutionProvider``."""
     return name[:-len("ExecutionProvider")] if name.endswith("ExecutionProvider") else name
 
 
@@ -8350,9 +8359,11 @@ class ReferenceValues:
         return Got.of(session)
 
     def has(self, name: str) -> bool:
+        """Is there a value of ``name`` to feed (a graph input's, or one kept on disk)?"""
         return name in self.feed or name in self.files
 
     def get(self, name: str):
+        """The value of ``name``: its feed, or read back from its ``.npy`` file."""
         import numpy as np
 
         return self.feed[name] if name in self.feed else np.load(self.files[name])
@@ -8642,6 +8653,7 @@ class Reduction:
         return not kept or (tried and not fails)
 
     def _progress(self, kept: tuple[int, ...]) -> None:
+        """One stderr line on the real stderr, as the candidate's verdict comes in."""
         import time
 
         fails = self.verdicts[kept][0]
@@ -8663,6 +8675,7 @@ class Reduction:
                  "for), counted as passing")
 
     def feed(self, kept: tuple[int, ...]) -> dict:
+        """The arrays that feed the candidate ``kept``: each of its inputs' reference value."""
         inputs, _ = self.graph.interface(kept)
         return {name: self.values.get(name) for name in inputs}
 
@@ -8817,7 +8830,7 @@ def reduce(model: str, output: str, *, check: str | None = None,
                               tolerance=tolerance)
         everything = tuple(range(len(graph.nodes)))
         if not reduction.fails(everything, show=False):
-            raise EprunError(f"{model!r} does not fail ({_why_it_passes(reduction, everything)})"
+            raise EprunError(f"{model!r} does not fail ({_why_it_passes(reduction, check)})"
                              ": there is nothing to reduce; nothing written", 1)
         reduction.strict = False
         kept, minimal = reduce_nodes(reduction, mode)
@@ -8919,21 +8932,16 @@ def _one_tolerance(profile: str | None, rtol, atol, min_cos: float | None) -> di
     return tolerance
 
 
-def _why_it_passes(reduction: Reduction, everything: tuple) -> str:
-    record = reduction.failure(everything) or {}
+def _why_it_passes(reduction: Reduction, check: str | None) -> str:
+    """Why the full model does not fail, in words, for the one line that says so."""
+    record = reduction.failure(tuple(range(len(reduction.graph.nodes)))) or {}
     if "timeout" in record:
         return (f"--check ran past --check-timeout {record['timeout']:g} s on it, which "
                 "counts as passing without --timeout-fails")
-    if reduction.check is not None:
-        return f"--check {shlex_join(reduction.check)!r} passes on it"
+    if check is not None:
+        return f"--check {check!r} passes on it"
     return (f"its outputs on {','.join(reduction.on.requested)} are within tolerance of "
             f"{','.join(reduction.reference_on.requested)}'s")
-
-
-def shlex_join(words: list[str]) -> str:
-    import shlex
-
-    return " ".join(shlex.quote(word) for word in words)
 
 
 # Weights the original keeps in data files of its own stay outside the reduced model when the

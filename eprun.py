@@ -2157,22 +2157,26 @@ def _map_external(tensor, model_path: str, read: bool = False):
                          f"{one_line(exc)}") from exc
 
 
-def _inline_subgraph_weights(model, data_path: str) -> None:
+def _inline_subgraph_weights(model, data_path: str, attributes: bool = False) -> None:
     """Put the external weights of If/Loop/Scan bodies back inline: for a model given as
     bytes without the folder option (releases before 1.21, or a main graph with no external
     data), onnxruntime looks for them relative to the working directory, where another file
-    of the same name may be, and ``add_external_initializers`` reaches the main graph only."""
+    of the same name may be, and ``add_external_initializers`` reaches the main graph only.
+    ``attributes``: the tensors in node attributes too (a Constant's value), at any depth,
+    for a model written elsewhere (``reduce``'s candidates), where no reference would hold."""
     pending = [attribute for node in model.graph.node for attribute in node.attribute]
     while pending:
         attribute = pending.pop()
-        for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-            for tensor in body.initializer:
-                if uses_external_data(tensor):
-                    values = _map_external(tensor, data_path, read=True)
-                    del tensor.external_data[:]
-                    tensor.ClearField("data_location")
-                    tensor.raw_data = values.tobytes()
-            pending += [inner for node in body.node for inner in node.attribute]
+        tensors = ([attribute.t] if attribute.HasField("t") else []) + list(attribute.tensors)
+        bodies = ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
+        for tensor in (tensors if attributes else []) + [tensor for body in bodies
+                                                         for tensor in body.initializer]:
+            if uses_external_data(tensor):
+                values = _map_external(tensor, data_path, read=True)
+                del tensor.external_data[:]
+                tensor.ClearField("data_location")
+                tensor.raw_data = values.tobytes()
+        pending += [inner for body in bodies for node in body.node for inner in node.attribute]
 
 
 def _drop_unused_initializers(model) -> None:
@@ -2320,14 +2324,21 @@ def _skeleton(model):
     return skeleton
 
 
-def tensor_types(model) -> dict:
-    """Name -> inferred ``TypeProto`` for every tensor whose type shape inference can tell.
-    Imports onnx only where a type is left that onnx's schemas must tell (``_fill_types``)."""
-    types = {}
+def inferred_graph(model):
+    """``model``'s graph with the types shape inference gives its values (run on a copy
+    without the weights), or its graph as declared where inference fails."""
     try:
-        inferred = infer_shapes(_skeleton(model)).graph
+        return infer_shapes(_skeleton(model)).graph
     except Exception:  # custom domains, invalid graphs: fall back to what the file declares
-        inferred = model.graph
+        return model.graph
+
+
+def tensor_types(model, inferred=None) -> dict:
+    """Name -> inferred ``TypeProto`` for every tensor whose type shape inference can tell
+    (``inferred``: ``inferred_graph(model)``, where the caller has it). Imports onnx only
+    where a type is left that onnx's schemas must tell (``_fill_types``)."""
+    types = {}
+    inferred = inferred if inferred is not None else inferred_graph(model)
     for value in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
         if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
             types[value.name] = value.type
@@ -7354,12 +7365,14 @@ def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
     return answer
 
 
-def _pair_node_data(folder: str, fp32: str, int8: str, quantities: dict) -> dict:
+def _pair_node_data(folder: str, fp32: str, int8: str, quantities: dict,
+                    graphs: dict | None = None) -> dict:
     """Write ``quantities`` (``{quantity: {"fp32": {tensor: value}, "int8": {...}}}``) for
-    both models of a pair; the answer's node-data fields."""
+    both models of a pair (``graphs``: their graphs, where the caller has read them); the
+    answer's node-data fields."""
     writer = NodeDataWriter(folder, {"fp32": fp32, "int8": int8})
-    graphs = {"fp32": load_model(fp32, graph_only=True).graph,
-              "int8": load_model(int8, graph_only=True).graph}
+    graphs = graphs or {"fp32": load_model(fp32, graph_only=True).graph,
+                        "int8": load_model(int8, graph_only=True).graph}
     for quantity, sides in quantities.items():
         for role, values in sides.items():
             writer.add(role, graphs[role], quantity, values)
@@ -8037,13 +8050,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     if profile in (None, "auto"):
         profile = _auto_profile(graphs, candidate, told=profile == "auto")
     del graphs  # the graphs only; the sessions read the files
-    tolerance = dict(TOLERANCE_PROFILES[profile])
-    per_output: dict[str, dict] = {}
-    for key, given in (("rtol", rtol), ("atol", atol)):
-        for name, value in ([("", given)] if isinstance(given, (int, float)) else given or ()):
-            (per_output.setdefault(name, {}) if name else tolerance)[key] = value
-    if min_cos is not None:
-        tolerance["min_cos"] = min_cos
+    tolerance, per_output = tolerances(profile, rtol, atol, min_cos)
     retries_used = [0]
     golden, feed, reference_names, reference_outputs, reference_got = _reference_run(
         reference, seed, inputs, reference_on, load_outputs, seed_given=seed_given)
@@ -8112,6 +8119,20 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
             "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
             "failures": failures, "passed": not failures,
             **({"golden": golden} if golden else {})}
+
+
+def tolerances(profile: str, rtol, atol, min_cos: float | None) -> tuple[dict, dict]:
+    """``(tolerance, per_output)``: the profile's bounds with ``--rtol``/``--atol`` given
+    without a name (and ``--min-cos``) over them, and ``{output: {"rtol"|"atol": value}}``
+    for those given as NAME:VALUE."""
+    tolerance = dict(TOLERANCE_PROFILES[profile])
+    per_output: dict[str, dict] = {}
+    for key, given in (("rtol", rtol), ("atol", atol)):
+        for name, value in ([("", given)] if isinstance(given, (int, float)) else given or ()):
+            (per_output.setdefault(name, {}) if name else tolerance)[key] = value
+    if min_cos is not None:
+        tolerance["min_cos"] = min_cos
+    return tolerance, per_output
 
 
 def _auto_profile(graphs: list, candidate: str, told: bool = True) -> str:
@@ -8329,7 +8350,7 @@ class ReferenceValues:
         import numpy as np
 
         expose_in_place(model, (), extra=names, types=types, unknown_as_float=False)
-        _inline_nested_weights(model, model_path)
+        _inline_subgraph_weights(model, model_path, attributes=True)
         session = open_exposed(model, model_path, on=on)
         size, start = 32, 0
         while start < len(names):
@@ -8383,33 +8404,6 @@ def _storable(value):
     return value
 
 
-def _inline_nested_weights(model, model_path: str) -> None:
-    """Read back inline the external data of the tensors inside nodes (a Constant's value, the
-    initializers of If/Loop/Scan bodies, at any depth): a candidate written elsewhere, or
-    given to onnxruntime as bytes, could not find their files."""
-    TensorProto = onnx_messages().TensorProto
-
-    def inline(tensor) -> None:
-        if tensor.data_location == TensorProto.EXTERNAL:
-            values = _map_external(tensor, model_path, read=True)
-            del tensor.external_data[:]
-            tensor.ClearField("data_location")
-            tensor.raw_data = values.tobytes()
-
-    pending = list(model.graph.node)
-    while pending:
-        node = pending.pop()
-        for attribute in node.attribute:
-            for tensor in ([attribute.t] if attribute.HasField("t") else []) + \
-                    list(attribute.tensors):
-                inline(tensor)
-            for body in ([attribute.g] if attribute.HasField("g") else []) + \
-                    list(attribute.graphs):
-                for tensor in body.initializer:
-                    inline(tensor)
-                pending += list(body.node)
-
-
 class ReduceGraph:
     """The main graph of the model being reduced, read for cutting: for each node (by file
     position) the tensors it reads (its subgraphs' outer-scope reads included: an If, Loop or
@@ -8429,6 +8423,7 @@ class ReduceGraph:
                       for node in self.nodes]
         self.writes = [[name for name in node.output if name] for node in self.nodes]
         self.value_info = {value.name: value for value in graph.value_info}
+        self._interfaces: dict[tuple, tuple[list[str], list[str]]] = {}
 
     def computed(self) -> list[str]:
         """Every tensor a node writes, each once, in file order."""
@@ -8439,6 +8434,11 @@ class ReduceGraph:
         (in their order), then each tensor it reads that no kept node writes (fed with the
         reference's value); each tensor a kept node writes that none reads, or that is an
         output of the original."""
+        if kept not in self._interfaces:
+            self._interfaces[kept] = self._interface(kept)
+        return self._interfaces[kept]
+
+    def _interface(self, kept: tuple[int, ...]) -> tuple[list[str], list[str]]:
         written = {name for i in kept for name in self.writes[i]}
         read = {name for i in kept for name in self.reads[i]}
         inputs = [value.name for value in self.inputs if value.name in read]
@@ -8481,7 +8481,7 @@ class ReduceGraph:
                                  if name in read)
         graph.sparse_initializer.extend(tensor for name, tensor in self.sparse.items()
                                         if name in read)
-        _inline_nested_weights(model, self.path)
+        _inline_subgraph_weights(model, self.path, attributes=True)
         for name in inputs:
             graph.input.append(original[name] if name in original and
                                _declared(original[name]) else
@@ -8541,9 +8541,7 @@ def _weight_writers(model, model_path: str, data_name: str | None) -> tuple:
     inline_total = sum(_initializer_bytes(tensor) for tensor in referring)
     outside = [] if data_name is None else [
         tensor for tensor in referring
-        if inline_total > REDUCE_INLINE_LIMIT
-        or not _same_file(model_path, _safe_location(_external_location(tensor).location,
-                                                     model_path))]
+        if inline_total > REDUCE_INLINE_LIMIT or _in_data_file(tensor, model_path)]
     outside_ids = {id(tensor) for tensor in outside}
     sources = []
     offset = 0
@@ -8599,6 +8597,13 @@ def _run_check(argv: list[str], errors, timeout: float | None) -> int | None:
         children.discard(process.pid)
 
 
+def _in_data_file(tensor, model_path: str) -> bool:
+    """Does the original keep this initializer in a data file of its own (not a payload
+    ``load_model`` left in the model file)?"""
+    return not _same_file(model_path, _safe_location(_external_location(tensor).location,
+                                                    model_path))
+
+
 def _check_status(code: int) -> dict:
     """A ``--check`` command's end as the answer records it."""
     if code < 0:
@@ -8625,7 +8630,9 @@ class Reduction:
         self.verdicts: dict[tuple, tuple[bool, dict | None, bool]] = {}  # fails, why, tried
         self.tries, self.idle, self.uncut = 0, 0, 0
         self.strict = True  # the full model: a session without the providers is refused
-        self.started = __import__("time").monotonic()
+        import time
+
+        self.started = time.monotonic()
 
     def fails(self, kept: tuple[int, ...], *, show: bool = True) -> bool:
         """Does the candidate ``kept`` still fail? Run once per distinct candidate."""
@@ -8777,16 +8784,16 @@ def reduce_nodes(reduction: Reduction, mode: str) -> tuple[tuple[int, ...], bool
     while True:
         sinks, sources = reduction.graph.ends(kept)
         ends = list(dict.fromkeys([*sinks, *sources]))
-        for node in [node for node in ends if node not in needed] or ends:
+        fresh = [node for node in ends if node not in needed]
+        removed = False
+        for node in fresh or ends:  # the new ends; when none, every end once more
             trial = tuple(i for i in kept if i != node)
             if trial and reduction.fails(trial):
-                kept = trial
+                kept, removed = trial, True
                 break
             needed.add(node)
-        else:
-            if all(reduction.passed(tuple(i for i in kept if i != node)) or
-                   tuple(i for i in kept if i != node) in reduction.verdicts for node in ends):
-                break
+        if not removed and not fresh:
+            break
     return kept, all(reduction.passed(tuple(i for i in kept if i != node)) for node in ends)
 
 
@@ -8819,11 +8826,14 @@ def reduce(model: str, output: str, *, check: str | None = None,
     if not graph.nodes:
         raise EprunError(f"{model!r} has no node to reduce")
     feed = make_feeds(specs_from_model(graph_model), seed, inputs, model)
-    types = {**_value_types(graph_model), **tensor_types(graph_model)}
+    inferred = inferred_graph(graph_model)
+    types = {**_value_types(inferred), **tensor_types(graph_model, inferred)}
     with scratch_folder("eprun-reduce-") as folder:
         values = ReferenceValues(folder, feed.arrays)
-        reference_got = values.compute(load_model(model, text_names=True), model,
-                                       graph.computed(), targets.reference, types)
+        exposed = type(graph_model)()  # a copy to expose (the weights stay in their files)
+        exposed.CopyFrom(graph_model)
+        reference_got = values.compute(exposed, model, graph.computed(), targets.reference,
+                                       types)
         reduction = Reduction(model, graph, values, types, folder, check=argv,
                               timeout=check_timeout, timeout_fails=timeout_fails,
                               on=targets.candidate, reference_on=targets.reference,
@@ -8854,13 +8864,9 @@ def reduce(model: str, output: str, *, check: str | None = None,
     return answer
 
 
-def _value_types(model) -> dict:
-    """Name -> inferred type of every value shape inference types, sequences and maps too
+def _value_types(inferred) -> dict:
+    """Name -> type of every value of an ``inferred_graph``, sequences and maps too
     (``tensor_types`` keeps tensors only)."""
-    try:
-        inferred = infer_shapes(_skeleton(model)).graph
-    except Exception:  # custom domains, invalid graphs: what tensor_types tells is all
-        return {}
     return {value.name: value.type for value in (*inferred.value_info, *inferred.output)
             if value.type.WhichOneof("value") is not None}
 
@@ -8918,17 +8924,13 @@ def _check_words(check: str | None, providers: list[str] | None, timeout: float 
 
 
 def _one_tolerance(profile: str | None, rtol, atol, min_cos: float | None) -> dict:
-    """The tolerance every output of every candidate is held to (a profile's, overridden)."""
-    tolerance = dict(TOLERANCE_PROFILES[profile or "fp16"])
-    for key, given in (("rtol", rtol), ("atol", atol)):
-        for name, value in ([("", given)] if isinstance(given, (int, float)) else given or ()):
-            if name:
-                raise EprunError(f"--{key} {name}:{value}: reduce holds every output of every "
-                                 "candidate to one tolerance; give it without a name",
-                                 EXIT_USAGE)
-            tolerance[key] = value
-    if min_cos is not None:
-        tolerance["min_cos"] = min_cos
+    """The tolerance every output of every candidate is held to (a profile's, overridden):
+    ``check``'s, without the per-output ones."""
+    tolerance, per_output = tolerances(profile or "fp16", rtol, atol, min_cos)
+    for name, named in per_output.items():
+        key, value = next(iter(named.items()))
+        raise EprunError(f"--{key} {name}:{value}: reduce holds every output of every "
+                         "candidate to one tolerance; give it without a name", EXIT_USAGE)
     return tolerance
 
 
@@ -8954,19 +8956,15 @@ def _write_reduced(reduction: Reduction, kept: tuple, paths: ReducedPaths, sourc
     """Write the reduced model, its inputs and (weights kept outside) its data file, all or
     none; an earlier data file of eprun's that the new model no longer reads goes. True when
     weights went to the data file."""
-    import numpy as np
-
     graph = reduction.graph
     reduced = graph.model_of(kept, reduction.types, reduction.values)
     mark_as_eprun(reduced, EPRUN_REDUCED)
     outside = sum(_initializer_bytes(tensor) for tensor in external_tensors(reduced)
-                  if not _same_file(reduction.path, _safe_location(
-                      _external_location(tensor).location, reduction.path)))
+                  if _in_data_file(tensor, reduction.path))
     write_model, write_data = _weight_writers(
         reduced, reduction.path,
         os.path.basename(paths.data) if outside >= REDUCE_EXTERNAL_MIN else None)
-    feed = {name: value if (stored := _storable(np.asarray(value))) is None else stored
-            for name, value in reduction.feed(kept).items()}
+    feed = reduction.feed(kept)
     staged: list[Staged] = []
     folder = open_folder(os.path.dirname(os.path.abspath(paths.model)))
     try:
@@ -9051,8 +9049,11 @@ def write_npz(stream, arrays: dict) -> None:
 
     with zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, array in arrays.items():
+            value = np.asanyarray(array)
+            if value.dtype == object and _storable(value) is not None:  # strings: unicode
+                value = _storable(value)
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+                np.lib.format.write_array(member, value, allow_pickle=False)
 
 
 REDUCE = declare(Command(
@@ -10909,7 +10910,8 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False,
                    for index, node in enumerate(model.graph.node)
                    if entry[key] in node.input}
             for role, model, key in (("fp32", fp32_model, "name"),
-                                     ("int8", int8_model, "quantized"))}}))
+                                     ("int8", int8_model, "quantized"))}},
+            graphs={"fp32": fp32_model.graph, "int8": int8_model.graph}))
     return answer
 
 
@@ -11226,9 +11228,7 @@ def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: t
             commit(staged)
     except BaseException:
         discard(staged)
-        for folder in created:  # the deepest first: each is empty once the one below is gone
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+        remove_folders(created)
         raise
     return external
 

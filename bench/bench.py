@@ -408,9 +408,11 @@ def build_huge(folder: Path, layers: int = 8, width: int = 8192) -> str:
     return str(path)
 
 
-def build_chain(folder: Path, nodes: int = 50_001, width: int = 4) -> str:
+def build_chain(folder: Path, nodes: int = 50_001, width: int = 4, *, name: str = "chain.onnx",
+                scale: float = 0.5, suffix: str = "", tanh: bool = False) -> str:
     """A 50,000-node chain (MatMul -> Add -> Relu, 4 wide): every graph pass must be linear in
-    the node count (a list membership test once made ``layers`` spend 11 s in one)."""
+    the node count (a list membership test once made ``layers`` spend 11 s in one). Tensors
+    are named ``W{k}{suffix}``, ``m{k}{suffix}``, ...; ``tanh`` ends it with a Tanh "y"."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -419,19 +421,23 @@ def build_chain(folder: Path, nodes: int = 50_001, width: int = 4) -> str:
     rng = np.random.default_rng(SEED)
     graph_nodes, inits, current = [], [], "x"
     for k in range(nodes // 3):
-        inits += [numpy_helper.from_array((rng.standard_normal((width, width)) * 0.5)
-                                          .astype(np.float32), f"W{k}"),
-                  numpy_helper.from_array(np.zeros(width, np.float32), f"B{k}")]
-        graph_nodes += [helper.make_node("MatMul", [current, f"W{k}"], [f"m{k}"]),
-                        helper.make_node("Add", [f"m{k}", f"B{k}"], [f"a{k}"]),
-                        helper.make_node("Relu", [f"a{k}"], [f"r{k}"])]
-        current = f"r{k}"
+        w, b, m, a, r = (f"{letter}{k}{suffix}" for letter in "WBmar")
+        inits += [numpy_helper.from_array((rng.standard_normal((width, width)) * scale)
+                                          .astype(np.float32), w),
+                  numpy_helper.from_array(np.zeros(width, np.float32), b)]
+        graph_nodes += [helper.make_node("MatMul", [current, w], [m]),
+                        helper.make_node("Add", [m, b], [a]),
+                        helper.make_node("Relu", [a], [r])]
+        current = r
+    if tanh:
+        graph_nodes.append(helper.make_node("Tanh", [current], ["y"]))
+        current = "y"
     graph = helper.make_graph(
         graph_nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
         [helper.make_tensor_value_info(current, TensorProto.FLOAT, ["N", width])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    path = folder / "chain.onnx"
+    path = folder / name
     onnx.save(model, str(path))
     return str(path)
 
@@ -457,32 +463,10 @@ def chain_rows(work: Path, repeat: int) -> list[str]:
                 "hand-written floor")]
 
 
-def build_reduce_chain(folder: Path, blocks: int = 333, width: int = 64) -> str:
-    """A 1,000-node chain (MatMul -> Add -> Relu, 64 wide, then a Tanh) for ``reduce``."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(SEED)
-    graph_nodes, inits, current = [], [], "x"
-    for k in range(blocks):
-        inits += [numpy_helper.from_array((rng.standard_normal((width, width)) / 8)
-                                          .astype(np.float32), f"W{k}_"),
-                  numpy_helper.from_array(np.zeros(width, np.float32), f"B{k}_")]
-        graph_nodes += [helper.make_node("MatMul", [current, f"W{k}_"], [f"m{k}_"]),
-                        helper.make_node("Add", [f"m{k}_", f"B{k}_"], [f"a{k}_"]),
-                        helper.make_node("Relu", [f"a{k}_"], [f"r{k}_"])]
-        current = f"r{k}_"
-    graph_nodes.append(helper.make_node("Tanh", [current], ["y"]))
-    graph = helper.make_graph(
-        graph_nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = folder / "reduce.onnx"
-    onnx.save(model, str(path))
-    return str(path)
+def build_reduce_chain(folder: Path) -> str:
+    """A 1,000-node chain (333 blocks of MatMul -> Add -> Relu, 64 wide, then a Tanh) for
+    ``reduce``; its tensors end with "_", so no name is the start of another."""
+    return build_chain(folder, 999, 64, name="reduce.onnx", scale=1 / 8, suffix="_", tanh=True)
 
 
 # Fails while the candidate still names two tensors 10 blocks apart (a byte search: the check

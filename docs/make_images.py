@@ -12,9 +12,7 @@ Usage: python docs/make_images.py [--out docs/images]
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,52 +21,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EPRUN = [sys.executable, str(ROOT / "eprun.py")]
+sys.path.insert(0, str(ROOT / "tests"))  # the server and browser test_viz.py uses
+from explorer import browser, explorer, page_text_with  # noqa: E402
 
 
 def eprun(*argv: str) -> None:
     subprocess.run([*EPRUN, *argv], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def screenshot(model: Path, node_data: Path, out: Path) -> None:
     """Model Explorer's own server with the model and the node data, every layer expanded,
     captured by headless chromium."""
     from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
 
-    port = free_port()
-    server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "model-explorer"), str(model),
-         "--extensions=model_explorer_onnx", f"--node_data_paths={node_data}",
-         "--no_open_in_browser", "--host=127.0.0.1", f"--port={port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--enable-unsafe-swiftshader",
-                 "--disable-gpu", "--disable-background-networking", "--disable-sync",
-                 "--disable-component-update", "--no-first-run", "--window-size=1600,1000"):
-        options.add_argument(flag)
-    driver = None
-    try:
-        url = None
-        while url is None:
-            line = server.stdout.readline()
-            if not line:
-                raise SystemExit("Model Explorer's server did not start")
-            if f"http://127.0.0.1:{port}/" in line:
-                url = line.strip()
-        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    with explorer(model, node_data) as url, browser() as driver:
         driver.get(url)
-        deadline = time.monotonic() + 60
-        while "Aggregated stats" not in driver.find_element("tag name", "body").text:
-            if time.monotonic() > deadline:
-                raise SystemExit("the page never showed the node data")
-            time.sleep(0.5)
+        page_text_with(driver, "Aggregated stats")
         for icon in driver.find_elements("tag name", "mat-icon"):
             if icon.text == "unfold_more_double":  # "expand all layers"
                 icon.click()
@@ -78,11 +46,6 @@ def screenshot(model: Path, node_data: Path, out: Path) -> None:
             webdriver.ActionChains(driver).move_to_element(legend[0]).perform()
         time.sleep(3)
         driver.save_screenshot(str(out))
-    finally:
-        if driver is not None:
-            driver.quit()
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def main(argv: list[str] | None = None) -> int:

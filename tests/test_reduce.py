@@ -595,3 +595,24 @@ def test_a_part_that_cannot_be_cut_further_is_not_called_minimal(capfd, tmp_path
     assert [node["name"] for node in answer["kept"]] == ["split", "at"]
     assert answer["minimal"] is False
     assert "cannot feed" in stderr
+
+
+def test_a_constant_kept_in_external_data_comes_inline(capfd, tmp_path):
+    """onnx can keep a Constant's value in the data file too: the reduced model, written
+    elsewhere, carries it inline."""
+    from onnx import external_data_helper
+
+    make = helper.make_node
+    model = models.finish(
+        [make("Constant", [], ["c"], name="const",
+              value=numpy_helper.from_array(np.full((4,), 2.0, np.float32), "c_value")),
+         make("Relu", ["x"], ["A"], name="relu"), make("Mul", ["A", "c"], ["B"], name="mul"),
+         make("Neg", ["B"], ["y"], name="neg")],
+        [models.float_input("x", 4)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    external_data_helper.convert_model_to_external_data(
+        model, location="c.bin", size_threshold=0, convert_attribute=True)
+    path = models.save(model, tmp_path / "constant.onnx")
+    assert (tmp_path / "c.bin").exists()
+    answer = reduce_with_check(capfd, tmp_path, path, "c", "B")
+    assert_reduced_correctly(answer, path, "c", "B")

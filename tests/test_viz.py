@@ -13,10 +13,6 @@ import json
 import logging
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import models
@@ -24,6 +20,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import in_process
+from explorer import browser, explorer, page_text_with
 from model_explorer_onnx.main import ONNXAdapter
 from onnx import TensorProto, helper, numpy_helper
 
@@ -284,30 +281,6 @@ def test_report_links_each_figure_under_its_section(capfd, lab_pair, tmp_path):
 
 # -- Model Explorer itself, in a browser -----------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def browser():
-    """Headless Debian chromium driven by selenium; a missing browser fails the test."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    for program in ("/usr/bin/chromium", "/usr/bin/chromedriver"):
-        assert os.path.exists(program), (f"{program} is missing: make test-viz needs Debian's "
-                                         "chromium and chromium-driver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--enable-unsafe-swiftshader",
-                 "--disable-gpu", "--disable-background-networking", "--disable-sync",
-                 "--disable-component-update", "--no-first-run", "--disable-quic",
-                 "--window-size=1600,1000"):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-
-
 def test_model_explorer_loads_the_node_data_with_eprun_s_range(capfd, lab_pair, tmp_path):
     fp32, int8 = lab_pair
     code, out, err = in_process(capfd, "layers", fp32, int8, "5", "--node-data", tmp_path)
@@ -315,43 +288,14 @@ def test_model_explorer_loads_the_node_data_with_eprun_s_range(capfd, lab_pair, 
     answer = json.loads(out)
     errors = [entry["rel_error"] for entry in answer["layers"]]
     node_data = tmp_path / "int8.rel_error.json"
-    port = free_port()
-    server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "model-explorer"), str(int8),
-         "--extensions=model_explorer_onnx", f"--node_data_paths={node_data}",
-         "--no_open_in_browser", "--host=127.0.0.1", f"--port={port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    driver = None
-    try:
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            line = server.stdout.readline()
-            if f"http://127.0.0.1:{port}/" in line:
-                url = line.strip()
-        assert url, "Model Explorer's server did not start"
-        driver = browser()
+    with explorer(int8, node_data) as url, browser() as driver:
         driver.get(url)
-        stats = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            text = driver.find_element("tag name", "body").text
-            if "Aggregated stats" in text and "\nMin " in text:
-                stats = text
-                break
-            time.sleep(0.5)
-        assert stats, "the page never showed the node data's aggregated stats"
-        lines = stats.splitlines()
-        assert "rel_error" in lines
-        shown = {line.split()[0]: float(line.split()[1]) for line in lines
-                 if line.split() and line.split()[0] in ("Min", "Max") and len(line.split()) == 2}
-        assert shown["Min"] == pytest.approx(min(errors), rel=1e-12)
-        assert shown["Max"] == pytest.approx(max(errors), rel=1e-12)
-    finally:
-        if driver is not None:
-            driver.quit()
-        server.terminate()
-        server.wait(timeout=30)
+        lines = page_text_with(driver, "\nMin ").splitlines()
+    assert "Aggregated stats" in lines and "rel_error" in lines
+    shown = {line.split()[0]: float(line.split()[1]) for line in lines
+             if line.split() and line.split()[0] in ("Min", "Max") and len(line.split()) == 2}
+    assert shown["Min"] == pytest.approx(min(errors), rel=1e-12)
+    assert shown["Max"] == pytest.approx(max(errors), rel=1e-12)
 
 
 def test_the_jump_is_marked_where_growth_says_it_lands(capfd, lab_pair, tmp_path):

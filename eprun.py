@@ -33,8 +33,11 @@ The file reads top-down in layers, each using only the layers above it:
     4. Sessions and providers  the one options builder and session opener, EPs, plugin EPs
     5. Measurement core  feeds, golden files, boundaries, comparison, paired and local error
     6. Rendering  answers into text: a verdict's line, the report's markdown, tables
-    7. Commands  each command's function and its declaration, in the order listed above
-    8. Command line  the parser, main() (which owns each run's state), the one failure report
+    7. Sensitivity  sensitivity's machinery: the quantized units, quantize_static run again,
+       each unit restored and measured (in worker processes), the ranking and the verified
+       recommendation
+    8. Commands  each command's function and its declaration, in the order listed above
+    9. Command line  the parser, main() (which owns each run's state), the one failure report
 
 Flow: parse the arguments -> read each model's graph only (weights stay on disk) -> expose the
 boundaries in memory -> one session per model, one model at a time -> compare with numpy ->
@@ -6830,7 +6833,1561 @@ _TABLES = {"layers": _layers_table, "growth": _growth_table, "check": _check_tab
            "reduce": _reduce_table}
 
 
-# == 7. Commands ===================================================================================
+# == 7. Sensitivity ================================================================================
+
+
+# -- units: what the int8 model quantized, and one restored to float -------------------------------
+
+class Unit(NamedTuple):
+    """A node the quantizer wrapped, by the float model's node name (what
+    ``quantize_static(nodes_to_exclude=...)`` takes); ``named`` is False when the float node
+    has no name and eprun derived one from its op type and position."""
+
+    name: str
+    op_type: str
+    named: bool
+    int8_index: int
+    fp32_index: int
+
+
+def quantized_units(fp32_model, int8_model, int8_index: GraphIndex | None = None) -> list[Unit]:
+    """The compute nodes of a QDQ model that read a DequantizeLinear output or feed a
+    QuantizeLinear, paired with their float nodes: by name, else (unnamed nodes) the k-th
+    unnamed node of the same op type in each model."""
+    int8_index = int8_index or GraphIndex.of(int8_model.graph)
+    int8_nodes, fp32_nodes = int8_index.nodes, list(fp32_model.graph.node)
+    feeds_quantize = {node.input[0] for node in int8_nodes if node.op_type == "QuantizeLinear"}
+    by_name = {node.name: index for index, node in enumerate(fp32_nodes) if node.name}
+    unnamed: dict[str, list[int]] = {}
+    for index, node in enumerate(fp32_nodes):
+        if not node.name:
+            unnamed.setdefault(node.op_type, []).append(index)
+    seen: dict[str, int] = {}
+    units = []
+    quantizable = _quantizer_op_types()
+    for index, node in enumerate(int8_nodes):
+        if node.op_type in _QDQ_OPS or (quantizable and node.op_type not in quantizable):
+            continue
+        wrapped = any(int8_index.producer(name) is not None
+                      and int8_index.producer(name).op_type == "DequantizeLinear"
+                      for name in node.input)
+        if not wrapped and not feeds_quantize.intersection(node.output):
+            continue
+        if node.name:
+            if node.name in by_name:
+                units.append(Unit(node.name, node.op_type, True, index, by_name[node.name]))
+            continue
+        k = seen.get(node.op_type, 0)
+        seen[node.op_type] = k + 1
+        if k < len(unnamed.get(node.op_type, ())):
+            units.append(Unit(f"{node.op_type}#{k}", node.op_type, False, index,
+                              unnamed[node.op_type][k]))
+    return units
+
+
+# The op types onnxruntime's quantizer quantizes by default (its QLinearOpsRegistry and
+# QDQRegistry, the list quantize_static starts from), with the release that added each one,
+# read from every release from 1.16 to 1.32 (onnxruntime/quantization/registry.py). Only
+# sensitivity imports the quantizer (and reads its registries); this table serves where it
+# cannot be imported (it needs sympy on some releases) and for the units of graph edits.
+QUANTIZER_OP_TYPES = (
+    *((name, (1, 16)) for name in (
+        "Add", "ArgMax", "AveragePool", "Clip", "Concat", "Conv", "ConvTranspose",
+        "EmbedLayerNormalization", "Gather", "Gemm", "GlobalAveragePool",
+        "InstanceNormalization", "LeakyRelu", "MatMul", "MaxPool", "Mul", "Pad", "Relu",
+        "Reshape", "Resize", "Sigmoid", "Softmax", "Split", "Squeeze", "Transpose",
+        "Unsqueeze", "Where")),
+    ("LayerNormalization", (1, 17)), ("BatchNormalization", (1, 19)),
+    ("GatherElements", (1, 20)), ("Slice", (1, 20)), ("TopK", (1, 23)), ("CumSum", (1, 24)),
+    ("Flatten", (1, 28)),
+)
+
+
+def _quantizer_op_types() -> set[str]:
+    """The op types the quantizer of the installed onnxruntime release quantizes (the int8
+    model is taken to come from that release's quantize_static)."""
+    release = ort_release()
+    return {name for name, first in QUANTIZER_OP_TYPES if first <= release}
+
+
+def restore_to_float(int8_model, fp32_model, units: list[Unit], fp32_path: str,
+                     every_unit: list[Unit] | None = None):
+    """The int8 graph with ``units`` back in float, as ``quantize_static(...,
+    nodes_to_exclude=[...])`` writes it (checked against it in the tests): each unit reads its
+    float weights and biases instead of their DequantizeLinear; an input the quantizer only
+    quantized for the unit (a graph input read by nothing else) loses its Q/DQ pair; and an
+    activation the quantizer folded into the unit's output (a Relu after a MatMul + Add) comes
+    back as the float node it was. An input quantized only for the unit (a graph input, the
+    output of an op left in float) and an output quantized only for the unit (a graph output)
+    lose their QuantizeLinear/DequantizeLinear pair. Returns ``(model, float weights by
+    name)``; ``int8_model`` is not changed. The weights are read as arrays, never copied
+    through protobuf."""
+    from onnx import ModelProto
+
+    model = ModelProto()
+    model.CopyFrom(int8_model)  # graph only: weights stay on disk or in placeholders later
+    if every_unit is None:
+        every_unit = quantized_units(fp32_model, int8_model)
+    restoring = _Restoring(model, fp32_model, units, fp32_path, every_unit)
+    for unit in units:
+        restoring.unit_inputs(unit)
+        restoring.unit_output(unit)
+        restoring.folded_activation(unit)
+        restoring.float_attributes(unit)
+    restoring.write_back()
+    return model, restoring.arrays
+
+
+class _Restoring:
+    """``restore_to_float`` at work on a copy of the int8 graph: its nodes as they are
+    rewired, those removed, the float weights to hand over and the activations put back.
+
+    Units register their outputs for quantization; any other producer (a graph input, an op
+    the quantizer leaves in float) had its output quantized only for its consumers. Who reads
+    each tensor is kept up to date as inputs are rewired; who writes it is the graph's as it
+    was."""
+
+    def __init__(self, model, fp32_model, units: list[Unit], fp32_path: str,
+                 every_unit: list[Unit]) -> None:
+        self.model, self.fp32_path = model, fp32_path
+        self.nodes = list(model.graph.node)
+        self.fp32_nodes = list(fp32_model.graph.node)
+        self.fp32_weights = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
+        self.int8_weights = {tensor.name for tensor in model.graph.initializer}
+        self.excluded = {unit.int8_index for unit in units}
+        self.wrapped = {unit.int8_index for unit in every_unit}
+        self.removed: set[int] = set()
+        self.arrays: dict = {}
+        self.inserted: dict[int, list] = {}
+        self.producer_index = GraphIndex(self.nodes).producer_index
+        self.readers: dict[str, set[int]] = {}
+        for index, node in enumerate(self.nodes):
+            for name in node.input:
+                self.readers.setdefault(name, set()).add(index)
+        self.fp32_readers: dict[str, list] = {}
+        for candidate in self.fp32_nodes:
+            for name in candidate.input:
+                self.fp32_readers.setdefault(name, []).append(candidate)
+
+    def consumers(self, name: str) -> set[int]:
+        return {index for index in self.readers.get(name, ()) if index not in self.removed}
+
+    def rename(self, old: str, new: str) -> None:
+        """Every node that reads ``old`` reads ``new`` instead."""
+        for index in self.readers.pop(old, set()):
+            other = self.nodes[index]
+            other.input[:] = [new if item == old else item for item in other.input]
+            self.readers.setdefault(new, set()).add(index)
+
+    def set_input(self, index: int, position: int, new: str) -> None:
+        node = self.nodes[index]
+        old = node.input[position]
+        node.input[position] = new
+        if old not in node.input:
+            self.readers[old].discard(index)
+        self.readers.setdefault(new, set()).add(index)
+
+    def unit_inputs(self, unit: Unit) -> None:
+        """The unit reads its float weights and biases, and an activation quantized only for
+        it loses its Q/DQ pair."""
+        nodes = self.nodes
+        node, original = nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
+        for position, name in enumerate(list(node.input)):
+            source = self.producer_index.get(name)
+            if source is None or nodes[source].op_type != "DequantizeLinear" or \
+                    position >= len(original.input):
+                continue
+            dequantize = nodes[source]
+            if dequantize.input[0] in self.int8_weights:  # a quantized weight or bias
+                float_name = original.input[position]
+                if float_name not in self.fp32_weights:
+                    continue
+                if self.consumers(name) <= self.excluded:  # quantized for these units only
+                    self.removed.add(source)
+                # The float weight under its own name, unless a node left in the graph writes
+                # that name: the DequantizeLinear that keeps a bias's name, for this unit or
+                # (a bias shared by two nodes, each quantized with its own scale) another.
+                writer = self.producer_index.get(float_name)
+                taken = writer is not None and writer not in self.removed
+                target = f"{float_name}_float" if taken else float_name
+                self.arrays[target] = _initializer_array(self.fp32_weights[float_name],
+                                                         self.fp32_path)
+                self.set_input(unit.int8_index, position, target)
+                continue
+            quantize_at = self.producer_index.get(dequantize.input[0])
+            quantize = nodes[quantize_at] if quantize_at is not None else None
+            upstream = (self.producer_index.get(quantize.input[0]) if quantize is not None
+                        else None)
+            if (quantize is not None and quantize.op_type == "QuantizeLinear"
+                    and (upstream is None or upstream not in self.wrapped)
+                    and self.consumers(name) & self.wrapped <= self.excluded
+                    and self.consumers(quantize.output[0]) <= {source}):
+                self.rename(name, quantize.input[0])  # every reader reads the float tensor
+                self.removed.update((source, quantize_at))
+
+    def unit_output(self, unit: Unit) -> None:
+        """The Q/DQ pair that quantized the unit's own output for nobody else (a graph
+        output) goes."""
+        nodes = self.nodes
+        node, original = nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
+        output_pair = _output_pair(nodes, node.output[0], self.removed)
+        if output_pair is None or not (
+                self.consumers(nodes[output_pair[1]].output[0]) & self.wrapped
+                <= self.excluded):
+            return
+        dequantize_at = output_pair[1]
+        if nodes[dequantize_at].output[0] == original.output[0]:
+            node.output[0] = original.output[0]
+        else:
+            self.rename(nodes[dequantize_at].output[0], node.output[0])
+        self.removed.update(output_pair)
+
+    def folded_activation(self, unit: Unit) -> None:
+        """An activation the quantizer folded into the unit's output (a Relu after a MatMul +
+        Add) comes back as the float node it was."""
+        node, original = self.nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
+        if node.output[0] == original.output[0]:
+            return
+        chain, current = [], original.output[0]
+        while current != node.output[0] and len(self.fp32_readers.get(current, ())) == 1:
+            follower = self.fp32_readers[current][0]
+            chain.append(follower)
+            current = follower.output[0]
+        if current == node.output[0]:
+            node.output[0] = original.output[0]
+            self.inserted[unit.int8_index] = chain
+            for name in {name for follower in chain for name in follower.input}:
+                # a Clip's bounds: the quantizer drops them with the Clip
+                if name in self.fp32_weights and name not in self.int8_weights:
+                    self.arrays[name] = _initializer_array(self.fp32_weights[name],
+                                                           self.fp32_path)
+
+    def float_attributes(self, unit: Unit) -> None:
+        """The unit's attributes as the float node has them: the quantizer folds a Gemm's beta
+        into its int32 bias and writes beta 1, which the float bias must not keep."""
+        node, original = self.nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
+        del node.attribute[:]
+        node.attribute.extend(original.attribute)
+
+    def write_back(self) -> None:
+        """The kept nodes in order, each followed by the activations put back after it, and
+        only the initializers they read (onnxruntime drops unused ones before they arrive)."""
+        ordered = []
+        for index, node in enumerate(self.nodes):
+            if index not in self.removed:
+                ordered.append(node)
+                ordered += self.inserted.get(index, [])
+        graph = self.model.graph
+        del graph.node[:]
+        graph.node.extend(ordered)
+        used = {name for node in ordered for name in _node_inputs(node)}
+        kept = [tensor for tensor in graph.initializer if tensor.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+
+
+def _output_pair(nodes: list, name: str, removed: set) -> tuple[int, int] | None:
+    """``(QuantizeLinear, DequantizeLinear)`` indices of the one pair that reads ``name``."""
+    for index, node in enumerate(nodes):
+        if index not in removed and node.op_type == "QuantizeLinear" and node.input[0] == name:
+            follower = next((k for k, other in enumerate(nodes) if k not in removed
+                             and other.op_type == "DequantizeLinear"
+                             and other.input[0] == node.output[0]), None)
+            return None if follower is None else (index, follower)
+    return None
+
+
+def _data_dependent(index: GraphIndex, unit: Unit) -> str | None:
+    """Why restoring ``unit`` cannot match quantize_static exactly, if it cannot: the quantizer
+    then quantizes the unit's output from calibration data eprun does not have. ``index`` is
+    the int8 graph's."""
+    nodes = index.nodes
+    node = nodes[unit.int8_index]
+    if node.op_type == "Softmax":
+        return ("a quantized Softmax's output range is fixed to [0, 1]; left in float, its "
+                "output is calibrated from data, so its scale is not known here")
+    pair = _output_pair(nodes, node.output[0], set())
+    weights = index.initializers
+    table_scales = {index.producer(name).input[1] for name in node.input
+                    if name in index.producer_index
+                    and index.producer(name).op_type == "DequantizeLinear"
+                    and index.producer(name).input[0] in weights}
+    if pair is not None and nodes[pair[0]].input[1] in table_scales:
+        return (f"a quantized {node.op_type} passes its table's scale on to its output; left "
+                "in float, its output is calibrated from data, so its scale is not known here")
+    return None
+
+
+def _final(model) -> str:
+    name = final_output(model.graph)
+    if name is None:
+        raise EprunError("the model has no output")
+    return name
+
+
+def require_qdq_form(model, path: str) -> None:
+    """sensitivity restores units of a QDQ model, whose every quantized op is a float op
+    between DequantizeLinear and QuantizeLinear. A QOperator model (QLinearMatMul, ...) or a
+    dynamic one (DynamicQuantizeLinear, MatMulInteger) has no such units: restoring what
+    looks like one would rank ops the quantizer never touched."""
+    ops = [node.op_type for node in model.graph.node]
+    other = sorted({op for op in ops if op.startswith("QLinear") or op in (
+        *_INTEGER_OPS, "QGemm", "QAttention", "DynamicQuantizeMatMul")})
+    if other:
+        form = "dynamic" if {"DynamicQuantizeLinear", "DynamicQuantizeMatMul"} & set(other) \
+            else "QOperator"
+        raise EprunError(f"{path!r} is quantized in {form} form ({', '.join(other)}); "
+                         "sensitivity restores units of a QDQ model (quantize_static with "
+                         "QuantFormat.QDQ): quantize the float model that way to rank its "
+                         "units", EXIT_FAILURE)
+    if not any(op in _QDQ_OPS for op in ops):
+        raise EprunError(f"{path!r} has no QuantizeLinear/DequantizeLinear nodes; "
+                         "sensitivity restores units of a QDQ model (quantize_static with "
+                         "QuantFormat.QDQ)")
+
+
+# -- requantization: quantize_static itself --------------------------------------------------------
+
+# A zero point's element type -> the QuantType that writes it.
+_QUANT_TYPE_NAMES = {2: "QUInt8", 3: "QInt8", 4: "QUInt16", 5: "QInt16", 21: "QUInt4", 22: "QInt4"}
+# quantize_static calls the settings search may make before eprun falls back to graph edits.
+REQUANTIZE_SEARCH_CALLS = 80
+# quantize_static's extra_options that change which tensors it quantizes, each tried alone with
+# the default op types when those do not write the int8 model's tensors.
+_STRUCTURAL_OPTIONS = ({"QuantizeBias": False}, {"AddQDQPairToWeight": True},
+                       {"ForceQuantizeNoInputCheck": True}, {"MatMulConstBOnly": True})
+
+
+def quantized_signature(model) -> frozenset:
+    """What a quantizer decided for a QDQ graph: the activations it quantized (a
+    QuantizeLinear reads them) and the weights it quantized (a DequantizeLinear reads them),
+    by name, which quantize_static derives from the float model's tensor names."""
+    weights = {tensor.name for tensor in model.graph.initializer}
+    decided = set()
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[0] not in weights:
+            decided.add(("activation", node.input[0]))
+        elif node.op_type == "DequantizeLinear" and node.input[0] in weights:
+            decided.add(("weight", node.input[0]))
+    return frozenset(decided)
+
+
+# Where a quantized graph reads a weight in the weight type: a MatMul's or Gemm's B, a Conv's
+# W. Other constants it quantizes (an Add's bias, a Mul's factor) take the activation type.
+_KERNEL_INPUTS = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1}
+
+
+def quantization_types(model) -> dict:
+    """``activation_type``, ``weight_type`` (QuantType names: the most common zero-point type
+    of each kind, a weight's read where a MatMul, Gemm or Conv takes its kernel, else of any
+    quantized constant but an int32 bias) and ``per_channel`` (a kernel with more than one
+    scale) of a QDQ graph."""
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    kernel_reads = {node.input[position] for node in model.graph.node
+                    for op, position in _KERNEL_INPUTS.items()
+                    if node.op_type == op and len(node.input) > position}
+    activations: collections.Counter = collections.Counter()
+    kernels: collections.Counter = collections.Counter()
+    constants: collections.Counter = collections.Counter()
+    per_channel = False
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[0] not in weights \
+                and len(node.input) > 2 and node.input[2] in weights:
+            activations[weights[node.input[2]].data_type] += 1
+        elif node.op_type == "DequantizeLinear" and node.input[0] in weights:
+            data_type = weights[node.input[0]].data_type
+            if data_type == 6:  # int32: a bias
+                continue
+            if node.output[0] not in kernel_reads:
+                constants[data_type] += 1
+                continue
+            kernels[data_type] += 1
+            scale = weights.get(node.input[1])
+            per_channel = per_channel or (scale is not None and math.prod(scale.dims) > 1)
+    named = {kind: _QUANT_TYPE_NAMES.get(counts.most_common(1)[0][0] if counts else 3, "QInt8")
+             for kind, counts in (("activation_type", activations),
+                                  ("weight_type", kernels or constants))}
+    return {**named, "per_channel": per_channel}
+
+
+def _kernel_quantizations(index: GraphIndex, values: Callable) -> list[tuple]:
+    """``(quantized values, zero point)`` of every kernel a MatMul, Gemm or Conv reads through
+    a DequantizeLinear of a quantized weight; ``values`` gives an initializer's array."""
+    found = []
+    for node in index.nodes:
+        position = _KERNEL_INPUTS.get(node.op_type)
+        if position is None or len(node.input) <= position:
+            continue
+        dequantize = _weight_dequantizer(index, node.input[position])
+        if dequantize is None or len(dequantize.input) < 3:
+            continue
+        weight, zero = values(dequantize.input[0]), values(dequantize.input[2])
+        if weight is not None and zero is not None and weight.dtype.kind in "iu" and weight.size:
+            found.append((weight, zero))
+    return found
+
+
+def _reduced_range(kernels: list[tuple]) -> bool:
+    """Whether every kernel keeps to half its type's range, as quantize_static's
+    ``reduce_range`` (7 bits of 8) writes them; a full-range kernel reaches an end."""
+    import numpy as np
+
+    spans = [(int(weight.max()) - int(weight.min()),
+              int(np.iinfo(weight.dtype).max) - int(np.iinfo(weight.dtype).min))
+             for weight, _ in kernels]
+    return bool(spans) and any(span for span, _ in spans) and all(
+        span <= (full + 1) // 2 for span, full in spans)
+
+
+def _centred(points: list) -> bool:
+    """Whether every zero point sits at the middle of its type (0 for a signed one, 128 for
+    uint8), as a symmetric quantizer writes them; False for none."""
+    import numpy as np
+
+    return bool(points) and all(
+        point.dtype.kind in "iu" and np.all(point == (
+            0 if point.dtype.kind == "i" else (int(np.iinfo(point.dtype).max) + 1) // 2))
+        for point in points)
+
+
+def _same_numbers(mine: tuple | None, theirs: tuple | None) -> bool:
+    """Whether two (scale, zero point) pairs hold the same numbers, exactly."""
+    return mine is not None and theirs is not None and len(mine) == len(theirs) and all(
+        a is not None and b is not None and a.shape == b.shape and bool((a == b).all())
+        for a, b in zip(mine, theirs))
+
+
+def _visible_options(model) -> dict:
+    """The quantize_static extra_options a QDQ graph shows: ``ActivationSymmetric`` where
+    every activation's zero point sits at the middle of its type, ``DedicatedQDQPair`` where a
+    tensor has a QuantizeLinear for each reader. (``ForceQuantizeNoInputCheck`` and the like
+    can leave no trace; they are taken as off unless the tensors say otherwise.)"""
+    from onnx import numpy_helper
+
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    quantizers = [node for node in model.graph.node
+                  if node.op_type == "QuantizeLinear" and node.input[0] not in weights]
+    options = {}
+    # (only a range calibrated anew depends on it: every other number is the int8 model's)
+    if _centred([numpy_helper.to_array(weights[node.input[2]]) for node in quantizers
+                 if len(node.input) > 2 and node.input[2] in weights]):
+        options["ActivationSymmetric"] = True
+    if any(count > 1 for count in collections.Counter(
+            node.input[0] for node in quantizers).values()):
+        options["DedicatedQDQPair"] = True
+    return options
+
+
+@contextlib.contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    """The quantizer's advice ("consider pre-processing") and prints stay out of eprun's
+    output, once per call; ``EPRUN_DEBUG=1`` keeps them."""
+    import logging
+    import warnings
+
+    if debugging():
+        yield
+        return
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), open(os.devnull, "w") as sink, \
+                contextlib.redirect_stdout(sink):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def _shown_op_types(index: GraphIndex, present: set[str]) -> list[list[str]]:
+    """The ``op_types_to_quantize`` a QDQ graph suggests, among the op types ``present``, most
+    likely first: those of the nodes that read a quantized weight (a weight is quantized for
+    its reader alone); then those of every node that reads a DequantizeLinear's output (a
+    reader of a shared activation may be left in float: a residual Add beside a MatMul)."""
+    weights, activations = set(), set()
+    for node in index.nodes:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        for name in node.input:
+            producer = index.producer(name) if name else None
+            if producer is not None and producer.op_type == "DequantizeLinear":
+                activations.add(node.op_type)
+                if producer.input[0] in index.initializers:
+                    weights.add(node.op_type)
+    shown = []
+    for types in (weights & present, (weights | activations) & present):
+        if types and sorted(types) not in shown and types != present:
+            shown.append(sorted(types))
+    return shown
+
+
+def _touched(difference: frozenset) -> set[str]:
+    """The float tensors behind a signature difference (quantize_static names a quantized
+    weight W ``W_quantized``)."""
+    return {name for _, name in difference} | {
+        name[:-len("_quantized")] for kind, name in difference
+        if kind == "weight" and name.endswith("_quantized")}
+
+
+class QuantizerFailure(EprunError):
+    """quantize_static raised: a model or an exclusion onnxruntime's quantizer cannot do."""
+
+
+class Requantizer:
+    """The installed onnxruntime's ``quantize_static`` (QDQ), set up to write the int8 model
+    again from the fp32 one, so that what it makes of ``nodes_to_exclude=[...]`` follows the
+    quantizer's own rules: which Q/DQ pairs survive an exclusion (one that a Transpose or a
+    residual Add needed goes with it), what a restricted ``op_types_to_quantize`` leaves alone.
+
+    Its settings are read off the int8 model: the quantization types, ``per_channel``,
+    ``reduce_range`` and the extra options a graph shows from its zero points, scales and
+    kernels; ``op_types_to_quantize``, an extra option that changes the quantized tensors and
+    the nodes it already leaves in float by search, until the quantized tensors are the int8
+    model's (``settle``). Its numbers are the int8 model's: every scale, zero point and
+    quantized weight it has is taken from there, so only a tensor the int8 model never
+    quantized keeps the range calibration on ``batches`` gave it (eprun's seeded input, or
+    with ``calibrated`` the int8 model's own calibration data, whose activation numbers are
+    kept: ``_take_activation``)."""
+
+    def __init__(self, fp32_path: str, fp32_model, int8_model, *, int8_values: Callable,
+                 batches: list[dict], calibrated: bool, folder: str) -> None:
+        """``batches`` are what the quantizer calibrates on; ``calibrated``: they are the
+        int8 model's own calibration data, so the activations keep the numbers it derives."""
+        from onnxruntime import quantization  # ImportError: the caller falls back
+
+        self.quantization, self.batches, self.folder = quantization, batches, folder
+        self.calibrated = calibrated
+        self.int8_model, self.int8_values = int8_model, int8_values
+        index = self.int8_index = GraphIndex.of(int8_model.graph)
+        self.target = quantized_signature(int8_model)
+        self.types = quantization_types(int8_model)
+        self.extra_options = _visible_options(int8_model)
+        kernels = _kernel_quantizations(index, int8_values)
+        self.types["reduce_range"] = _reduced_range(kernels)
+        symmetric = _centred([zero for _, zero in kernels])
+        if kernels and symmetric != self.types["weight_type"].startswith("QInt"):
+            self.extra_options["WeightSymmetric"] = symmetric  # not the weight type's default
+        self.output_path = os.path.join(folder, "requantized.onnx")
+        self.calls = 0
+        self.progress: Progress | None = None
+        self.op_types: list[str] | None = None  # None: quantize_static's default
+        self.excluded: list[str] = []
+        self.source = fp32_path
+        self.fp32_path, self.large = self._named_copy(fp32_path)
+        self.int8_quantizers = _activation_quantizers(index)
+        named = list(_named_nodes(int8_model.graph))
+        self.int8_nodes = {node.name: node for node in named}
+        self.borrowed = _borrowed_ranges(named, index, self.int8_quantizers, int8_values)
+        # tensor -> (scale, zero point) quantize_static calibrated on ``batches``, nothing
+        # excluded, where they are said to be the int8 model's data: set by the first
+        # model([]) (the check that it writes the int8 model again)
+        self.calibrated_values: dict | None = None
+        # (node, input position) -> the DequantizeLinear of a weight it reads in the int8 model
+        self.int8_weight_readers = {
+            (node.name, position): _weight_dequantizer(index, name)
+            for node in named
+            for position, name in enumerate(node.input)
+            if _weight_dequantizer(index, name) is not None}
+
+    def _named_copy(self, fp32_path: str) -> tuple[str, bool]:
+        """The fp32 model copied into the scratch folder, where quantize_static may write beside
+        it (it writes ``<stem>-inferred.onnx`` next to its input, and would remove a user's
+        file of that name), each unnamed node named as eprun names its unit
+        (``_named_nodes``), since quantize_static excludes nodes by name; and whether it is
+        large enough to need external data."""
+        import onnx
+
+        model = onnx.load(fp32_path)
+        for node, named in zip(model.graph.node, list(_named_nodes(model.graph))):
+            node.name = named.name
+        path = os.path.join(self.folder, "fp32.onnx")
+        large = model.ByteSize() > (1 << 30)  # protobuf's 2 GB limit, with room
+        onnx.save(model, path, save_as_external_data=large)
+        return path, large
+
+    def quantize(self, op_types: list[str] | None, excluded) -> Any:
+        """One quantize_static call, calibrated on ``batches``; the graph it wrote."""
+        import onnx
+
+        quantization = self.quantization
+        feeds = iter(self.batches)
+
+        class Reader(quantization.CalibrationDataReader):
+            def get_next(self):
+                return next(feeds, None)
+
+        self.calls += 1
+        import tempfile
+
+        saved, tempfile.tempdir = tempfile.tempdir, self.folder  # its temporaries: in ours
+        try:
+            with _quiet_quantizer():
+                quantization.quantize_static(
+                    self.fp32_path, self.output_path, Reader(),
+                    quant_format=quantization.QuantFormat.QDQ, op_types_to_quantize=op_types,
+                    nodes_to_exclude=sorted(excluded), per_channel=self.types["per_channel"],
+                    activation_type=getattr(quantization.QuantType,
+                                            self.types["activation_type"]),
+                    weight_type=getattr(quantization.QuantType, self.types["weight_type"]),
+                    reduce_range=self.types["reduce_range"],
+                    use_external_data_format=self.large, extra_options=dict(self.extra_options))
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except Exception as exc:  # the quantizer's own failure, on this model
+            raise QuantizerFailure(
+                f"onnxruntime's quantize_static fails on {self.source!r} with "
+                f"nodes_to_exclude={sorted(excluded)} ({type(exc).__name__}: "
+                f"{one_line(exc)})") from exc
+        finally:
+            tempfile.tempdir = saved
+        return onnx.load(self.output_path)
+
+    def _distance(self, op_types, excluded) -> tuple[int, frozenset]:
+        difference = quantized_signature(self.quantize(op_types, excluded)) ^ self.target
+        if self.progress is not None:
+            self.progress.step(self.calls)
+        return len(difference), difference
+
+    def settle(self, fp32_model, quantizable: set[str]) -> bool:
+        """Settings under which quantize_static writes the int8 model's quantized tensors: its
+        default op types (alone, then with each structural option); else the op type lists
+        the int8 model shows (``_shown_op_types``), then, from the closest list, dropping one
+        op type at a time while that brings the tensors closer, then every op type it can do
+        without (a restricted list is a short one); then nodes left in float, among those
+        that read or write a tensor that still differs. False if none is found within
+        ``REQUANTIZE_SEARCH_CALLS`` calls."""
+        self.progress = Progress("matching quantize_static's settings to the int8 model")
+        try:
+            return self._settle(fp32_model, quantizable)
+        finally:
+            self.progress.close()
+            self.progress = None
+
+    def _settle(self, fp32_model, quantizable: set[str]) -> bool:
+        distance, difference = self._distance(None, ())
+        kept = self.extra_options
+        for options in _STRUCTURAL_OPTIONS if distance else ():  # one alone may be all it takes
+            self.extra_options = {**kept, **options}
+            if self._distance(None, ())[0] == 0:
+                return True
+        self.extra_options = kept
+        if distance == 0:
+            return True
+        # the default list, restricted to the op types present: the same decisions
+        types = sorted({node.op_type for node in fp32_model.graph.node} & quantizable)
+        # the lists the twin shows (one call each) before a search that drops one op type per
+        # round: a restricted list is mostly what the twin's DequantizeLinears are read by
+        for shown in _shown_op_types(self.int8_index, set(types)):
+            trial, trial_difference = self._distance(shown, ())
+            if trial < distance:
+                distance, difference, types = trial, trial_difference, shown
+            if distance == 0:
+                break
+        while distance and self.calls + len(types) <= REQUANTIZE_SEARCH_CALLS:
+            trials = [(self._distance([t for t in types if t != op], ()), op) for op in types]
+            (best, best_difference), op = min(trials, key=lambda trial: trial[0][0])
+            if best >= distance:
+                break
+            distance, difference = best, best_difference
+            types = [t for t in types if t != op]
+        for op in list(types) if distance == 0 else ():
+            if len(types) > 1 and self.calls < REQUANTIZE_SEARCH_CALLS and \
+                    self._distance([t for t in types if t != op], ())[0] == 0:
+                types = [t for t in types if t != op]
+        excluded: list[str] = []
+        in_int8 = {node.name for node in self.int8_model.graph.node}
+        progress = True
+        while distance and progress and self.calls < REQUANTIZE_SEARCH_CALLS:
+            progress = False
+            touched = _touched(difference)
+            for node in fp32_model.graph.node:
+                if (node.op_type in types and node.name in in_int8 and node.name not in excluded
+                        and touched.intersection((*node.input, *node.output))
+                        and self.calls < REQUANTIZE_SEARCH_CALLS):
+                    trial, trial_difference = self._distance(types, [*excluded, node.name])
+                    if trial < distance:
+                        distance, difference, progress = trial, trial_difference, True
+                        excluded.append(node.name)
+                        touched = _touched(difference)
+        if distance:
+            self.difference = difference
+            return False
+        every = {node.op_type for node in fp32_model.graph.node} & quantizable
+        self.op_types = None if set(types) == every else types  # None: the default list
+        self.excluded = excluded
+        return True
+
+    def model(self, excluded: list[str]) -> tuple[Any, dict, list[str], list[str]]:
+        """The graph quantize_static writes with ``excluded`` (and the nodes the int8 model
+        leaves in float) kept in float, its numbers taken from the int8 model: ``(model,
+        arrays by initializer name, tensors whose numbers the int8 model does not hold,
+        tensors it would calibrate anew)``.
+        The arrays replace the graph's own initializers of those names.
+
+        An activation's scale and zero point are the int8 model's QuantizeLinear's for the
+        same tensor; a weight's or bias's are those the same node reads at the same input in
+        the int8 model (not those of the same name: a bias shared by two nodes is quantized
+        once for each, and which gets the plain name depends on what is excluded)."""
+        from onnx import numpy_helper
+
+        model = self.quantize(self.op_types, [*self.excluded, *excluded])
+        index = GraphIndex.of(model.graph)
+        own = index.initializers
+        quantizers = _activation_quantizers(index)
+        if self.calibrated and self.calibrated_values is None and not excluded:
+            self.calibrated_values = {tensor: _quantization_values(own, node)
+                                      for tensor, node in quantizers.items()}
+        taking = _Taking(own, self.int8_values)
+        left = {*self.excluded, *excluded}
+        for node in model.graph.node:
+            if node.op_type == "QuantizeLinear" and node.input[0] not in own:
+                self._take_activation(taking, node, quantizers, left)
+        readers = sorted(_named_nodes(model.graph), key=lambda node: node.name in left)
+        done: set[str] = set()
+        for node in readers:  # the quantized readers first: a weight is quantized for them
+            for position, name in enumerate(node.input):
+                dequantize = _weight_dequantizer(index, name)
+                if dequantize is None or (node.name in left and dequantize.input[0] in done):
+                    continue  # (a node left in float may read what was quantized for another)
+                done.add(dequantize.input[0])
+                if self.calibrated and own[dequantize.input[0]].data_type == 6 and \
+                        not self._same_input_scale(index, node):
+                    continue  # an int32 bias follows its input's scale, calibrated anew here
+                taking.take(dequantize.input, self.int8_weight_readers.get(
+                    (node.name, position)), dequantize.input[0])
+        arrays = {}
+        for name, value in taking.values.items():  # small ones inline, large ones as arrays
+            if value.nbytes < DETACH_MIN_BYTES:
+                own[name].CopyFrom(numpy_helper.from_array(value, name))
+            else:
+                arrays[name] = value
+        kept = [tensor for tensor in model.graph.initializer if tensor.name not in arrays]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        return model, arrays, taking.unknown, taking.fresh
+
+    def _same_input_scale(self, index: GraphIndex, node) -> bool:
+        """Whether ``node`` (a Gemm or Conv of the requantized graph) reads its input with the
+        scale the same node reads it with in the int8 model: then its int32 bias is the int8
+        model's, scaled by the int8 model's weight scale, which the weight taken from there
+        needs (the quantizer's own weight scale can differ: reduce_range, WeightSymmetric)."""
+        from onnx import numpy_helper
+
+        theirs_node = self.int8_nodes.get(node.name)
+        mine = index.producer(node.input[0]) if node.input else None
+        theirs = (self.int8_index.producer(theirs_node.input[0])
+                  if theirs_node is not None and theirs_node.input else None)
+        if mine is None or theirs is None or mine.op_type != "DequantizeLinear" or \
+                theirs.op_type != "DequantizeLinear" or mine.input[1] not in index.initializers:
+            return False
+        return _same_numbers((numpy_helper.to_array(index.initializers[mine.input[1]]),),
+                             (self.int8_values(theirs.input[1]),))
+
+    def calibration_differs(self) -> str | None:
+        """Where the quantizer's own calibration (nothing excluded) does not give the int8
+        model's scale or zero point, the first such tensor said with both scales; None where
+        every one agrees."""
+        import numpy as np
+
+        for tensor, node in self.int8_quantizers.items():
+            mine = (self.calibrated_values or {}).get(tensor)
+            theirs = tuple(self.int8_values(name) for name in node.input[1:3])
+            if mine is None or len(theirs) < 2 or any(value is None for value in theirs):
+                continue
+            if mine[0].shape != theirs[0].shape or not (
+                    np.allclose(mine[0], theirs[0], rtol=1e-6, atol=0)
+                    and np.array_equal(mine[1], theirs[1])):
+                return (f"{tensor!r} with scale {np.ravel(mine[0])[0]:.6g}, the int8 model has "
+                        f"{np.ravel(theirs[0])[0]:.6g}")
+        return None
+
+    def _take_activation(self, taking: _Taking, node, quantizers: dict, left: set) -> None:
+        """An activation's scale and zero point, ``node`` its QuantizeLinear in the requantized
+        graph (``quantizers``: its activation QuantizeLinears, ``left``: the nodes it leaves in
+        float): the int8 model's, unless the quantizer calibrated on the int8 model's own data
+        (``calibrated``: then its numbers are the int8 model's already). Where the tensor
+        borrowed its range along a chain this graph cuts, the quantizer calibrates it anew from
+        data eprun does not have: that is said (``fresh``), and the int8 number is still the
+        nearest there is."""
+        if self.calibrated:
+            return
+        tensor = node.input[0]
+        if self._cut_from_its_range(tensor, quantizers, taking.own, left) and \
+                repr(tensor) not in taking.fresh:
+            taking.fresh.append(repr(tensor))
+        taking.take(node.input[1:], self.int8_quantizers.get(tensor), tensor)
+
+    def _cut_from_its_range(self, tensor: str, quantizers: dict, own: dict, left: set) -> bool:
+        """Whether ``tensor`` borrowed its range in the int8 model along a chain that this
+        graph cuts, from a tensor whose range is not its own: the quantizer then calibrates
+        the tensor after the cut itself. A loan is cut where its op is left in float, the
+        lender is no longer quantized, or the two no longer share the numbers here (the
+        quantizer passes a scale on only to an op it reaches after the input was quantized,
+        in node order: excluding the earlier readers of a tensor ends a MaxPool's loan).
+        ``quantizers``: this graph's activation QuantizeLinears, ``own`` its initializers."""
+        path, current, seen = [], tensor, {tensor}
+        while current in self.borrowed:
+            lender, op_type, node_name, by_name = self.borrowed[current]
+            if lender in seen:
+                break
+            path.append((current, lender, op_type, node_name, by_name))
+            seen.add(lender)
+            current = lender
+        for k, (child, lender, _, node_name, by_name) in enumerate(path):
+            if node_name in left or lender not in quantizers or child not in quantizers:
+                cut = True
+            elif by_name:
+                cut = quantizers[child].input[1] != quantizers[lender].input[1]
+            else:
+                cut = not _same_numbers(_quantization_values(own, quantizers[child]),
+                                        _quantization_values(own, quantizers[lender]))
+            if cut:
+                return not {op for _, _, op, _, _ in path[k:]} <= _RANGE_KEEPING_OPS
+        return False
+
+
+def _weight_dequantizer(index: GraphIndex, name: str):
+    """The DequantizeLinear of a quantized weight (an initializer) that writes ``name``, if
+    one does."""
+    node = index.producer(name)
+    if node is not None and node.op_type == "DequantizeLinear" and \
+            node.input[0] in index.initializers:
+        return node
+    return None
+
+
+def _named_nodes(graph) -> Iterator:
+    """The graph's nodes, each unnamed one named as eprun names its unit (``<op>#<k>``), in a
+    copy: how a requantized node and the int8 model's node it was are paired."""
+    counts: collections.Counter = collections.Counter()
+    for node in graph.node:
+        if node.name:
+            yield node
+            continue
+        named = type(node)()
+        named.CopyFrom(node)
+        named.name = f"{node.op_type}#{counts[node.op_type]}"
+        counts[node.op_type] += 1
+        yield named
+
+
+def _quantization_values(initializers: dict, quantize) -> tuple | None:
+    """The (scale, zero point) arrays a QuantizeLinear reads from ``initializers``."""
+    from onnx import numpy_helper
+
+    names = list(quantize.input[1:3])
+    if len(names) < 2 or not set(names) <= initializers.keys():
+        return None
+    return tuple(numpy_helper.to_array(initializers[name]) for name in names)
+
+
+def _activation_quantizers(index: GraphIndex) -> dict:
+    """Each quantized activation's QuantizeLinear, by the tensor it reads."""
+    return {node.input[0]: node for node in index.nodes
+            if node.op_type == "QuantizeLinear" and node.input[0] not in index.initializers}
+
+
+# Ops whose output holds exactly their input's values, moved or repeated: the range a quantizer
+# calibrates for the output is the input's, whatever the data.
+_RANGE_KEEPING_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
+                                "Identity", "DepthToSpace", "SpaceToDepth", "Expand", "Tile"})
+# Activations a symmetric quantizer gives their input's range the other way round: the input
+# takes the output's (quantize_static with ActivationSymmetric, a Relu it cannot fold).
+_RANGE_LENDING_OUTPUTS = frozenset({"Relu", "Clip"})
+# Ops a quantizer gives their input's scale and zero point (onnxruntime's QDQ pass-through
+# ops and their kin): where another tool names the shared numbers twice, equal numbers across
+# one of these are taken as borrowed; across any other op they are a coincidence of the data.
+_RANGE_PASSING_OPS = _RANGE_KEEPING_OPS | {"Slice", "Split", "Gather", "GatherElements", "TopK",
+                                          "MaxPool", "AveragePool", "Resize", "Pad"}
+
+
+def _borrowed_ranges(nodes, index: GraphIndex, quantizers: dict, values: Callable) -> dict:
+    """Which activations of a QDQ graph (``nodes``, named as the units are) borrowed their
+    scale and zero point from a neighbour, as a quantizer gives an op that passes values on
+    (Reshape, Slice, MaxPool, Split) its input's, and a symmetric one a Relu's input the
+    Relu's output: ``{tensor: (lender, op type, node name, by name)}``, for every op whose
+    input and output are quantized with the same numbers (by name, or by value across
+    ``_RANGE_PASSING_OPS``)."""
+    borrowed: dict = {}
+
+    def numbers(tensor: str):
+        node = quantizers[tensor]
+        return [values(name) for name in node.input[1:3]]
+
+    for node in nodes:
+        if node.op_type in _QDQ_OPS:
+            continue
+        for output in node.output:
+            if output not in quantizers:
+                continue
+            theirs = numbers(output)
+            for name in node.input:
+                dequantize = index.producer(name)
+                quantize = index.producer(dequantize.input[0]) if dequantize is not None and \
+                    dequantize.op_type == "DequantizeLinear" else None
+                if quantize is None or quantize.op_type != "QuantizeLinear" or \
+                        quantize.input[0] not in quantizers or quantize.input[0] == output:
+                    continue
+                same_name = quantize.input[1] == quantizers[output].input[1]
+                if not same_name and (
+                        node.op_type not in _RANGE_PASSING_OPS | _RANGE_LENDING_OUTPUTS
+                        or not _same_numbers(numbers(quantize.input[0]), theirs)):
+                    continue
+                if node.op_type in _RANGE_LENDING_OUTPUTS:
+                    borrowed.setdefault(quantize.input[0],
+                                        (output, node.op_type, node.name, same_name))
+                else:
+                    borrowed.setdefault(output,
+                                        (quantize.input[0], node.op_type, node.name, same_name))
+    return borrowed
+
+
+class _Taking:
+    """Numbers taken over from the int8 model into a requantized graph's initializers
+    (``own``): each only where its shape and type fit and no initializer would get two; what
+    cannot be taken is named in ``unknown``."""
+
+    def __init__(self, own: dict, int8_values: Callable) -> None:
+        self.own, self.int8_values = own, int8_values
+        self.values: dict = {}
+        self.assigned: dict[str, str] = {}
+        self.unknown: list[str] = []
+        self.fresh: list[str] = []  # ranges the quantizer would calibrate anew, said once each
+
+    def take(self, mine: list[str], theirs, what: str) -> None:
+        """``mine`` (initializer names) get the values of ``theirs``' same inputs."""
+        from onnx import helper
+
+        if theirs is None:
+            self.unknown.append(what)
+            return
+        their_names = list(theirs.input) if len(mine) == len(theirs.input) else \
+            list(theirs.input[1:])
+        for name, their in zip(mine, their_names):
+            value = self.int8_values(their)
+            tensor = self.own.get(name)
+            fits = (value is not None and tensor is not None
+                    and value.shape == tuple(tensor.dims)
+                    and value.dtype == helper.tensor_dtype_to_np_dtype(tensor.data_type))
+            if not fits or self.assigned.get(name, their) != their:  # one name, two values
+                self.unknown.append(what)
+                return
+            self.assigned[name] = their
+            self.values[name] = value
+
+
+# How an estimate by graph edits in the quantizer's place begins (``SensitivityRun.inexact``).
+_GRAPH_EDITS_STAND_IN = "graph edits stand in for quantize_static"
+
+
+def _for_graph_edits_only(inexact: str | None) -> bool:
+    """Is a unit exact but for graph edits standing in for the quantizer? Then it is no
+    worse an estimate than every other unit, and keeps its rank in the recommendation."""
+    return inexact is None or inexact.startswith(_GRAPH_EDITS_STAND_IN)
+
+
+# -- measurement: a sensitivity run, its calibration data, its worker processes --------------------
+
+class SensitivityRun:
+    """The fp32 model's final output, and the int8 model's with any set of units restored.
+
+    Restored units are requantized: the graph is the one the installed onnxruntime's
+    quantize_static writes with them in ``nodes_to_exclude`` (``Requantizer``), its numbers
+    the int8 model's. Where the quantizer cannot be imported or cannot be made to write the
+    int8 model again, eprun edits the int8 graph instead (``restore_to_float``) and says so
+    (``predicted_by``). A context manager: its scratch folder goes when the block ends."""
+
+    def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
+                 targets: Targets | None = None, *, swapped_ok: bool = False,
+                 requantize: bool = True, calibration: str | None = None,
+                 extra_options: dict | None = None, settled: tuple | None = None,
+                 folder: str | None = None) -> None:
+        """``calibration``: the file of the data the int8 model was calibrated on;
+        ``extra_options``: quantize_static options it was made with that it may not show.
+        ``settled`` (op types, nodes left in float, calibrated) and ``folder`` are a worker's:
+        the settings its parent found and checked, and a folder inside the parent's own."""
+        self._stack = contextlib.ExitStack()
+        self._settled, self._folder, self.calibration = settled, folder, calibration
+        self.given_options = dict(extra_options or {})
+        try:
+            self._open(fp32, int8, seed, inputs, targets=targets, swapped_ok=swapped_ok,
+                       requantize=requantize)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def __enter__(self) -> SensitivityRun:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def _open(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None, *,
+              targets: Targets | None, swapped_ok: bool, requantize: bool) -> None:
+        require_file(fp32)
+        require_file(int8)
+        self.fp32, self.int8 = fp32, int8
+        self.targets = targets or Targets()
+        self.got = Got([])
+        self.unknown: list[str] = []
+        self.fresh: list[str] = []
+        self.fp32_model = load_model(fp32, text_names=True)
+        self.int8_model = load_model(int8, text_names=True)
+        require_in_order((self.fp32_model, self.int8_model), (fp32, int8), swapped_ok)
+        # a calibration file that does not fit fails before anything runs
+        self.batches = (calibration_batches(self.fp32_model, self.calibration, fp32)
+                        if self.calibration else None)
+        require_qdq_form(self.int8_model, int8)
+        self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
+        self.int8_feed = feed_for(specs_from_model(self.int8_model), int8, self.feed)
+        # Inline int8 weights become arrays once (large ones are read from the file by
+        # each session); each rebuilt graph copies placeholders only.
+        self.int8_weights = dict(zip(*detach_initializers(self.int8_model)))
+        self._int8_tensors = {tensor.name: tensor for tensor in self.int8_model.graph.initializer}
+        self.int8_index = GraphIndex.of(self.int8_model.graph)
+        self.units = quantized_units(self.fp32_model, self.int8_model, self.int8_index)
+        fp32_output = _final(self.fp32_model)
+        self.output = _final(self.int8_model)
+        model = load_model(fp32)
+        session = open_exposed(model, fp32, on=self.targets.reference)
+        self.reference_got = Got.of(session)
+        self.reference = run_session(session, [fp32_output], self.feed.arrays,
+                                     what=repr(fp32), hint=dims_hint(self.feed))[0]
+        del session
+        self.sessions = 0
+        # why graph edits stand in for the quantizer that was asked for, once they do
+        self.fallback: str | None = None
+        self._unrestored: tuple | None = None  # (value, unknown, fresh, got), by _reproduces
+        self.requantizer = self._requantizer() if requantize else None
+        if self.requantizer is None and requantize:  # graph edits: what was given goes unused
+            if self.calibration:
+                note(f"--calibration {self.calibration!r} is not used: the quantizer does not "
+                     "run (see above), and graph edits take every number from the int8 model")
+            if self.given_options:
+                note(f"--extra-option {', '.join(self.given_options)} is not used: graph edits "
+                     "do not run the quantizer")
+        if self.requantizer is not None:
+            kept = set(self.requantizer.op_types or _installed_quantizer_op_types())
+            left = set(self.requantizer.excluded)
+            self.units = [unit for unit in self.units
+                          if unit.op_type in kept and unit.name not in left]
+
+    @property
+    def predicted_by(self) -> str:
+        return "quantize_static" if self.requantizer is not None else "graph edits"
+
+    def _int8_value(self, name: str):
+        if name in self.int8_weights:
+            return self.int8_weights[name]
+        tensor = self._int8_tensors.get(name)
+        return None if tensor is None else _initializer_array(tensor, self.int8)
+
+    def _requantizer(self) -> Requantizer | None:
+        """The installed quantizer, set up to write the int8 model again; None (and a note)
+        where it cannot be."""
+        folder = self._folder or self._stack.enter_context(scratch_folder("eprun-sensitivity-"))
+        self.folder = folder
+        fallback = ("sensitivity edits the int8 graph instead, which can differ from what "
+                    "quantize_static writes")
+        try:
+            from onnxruntime import quantization  # noqa: F401 - can it be imported at all?
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except Exception as exc:  # ImportError (sympy), or a release that breaks on import
+            self.fallback = (f"onnxruntime.quantization cannot be imported here "
+                             f"({type(exc).__name__}: {one_line(exc)})")
+            note(f"{self.fallback}; {fallback}")
+            return None
+        batches = self.batches or [calibration_rows(self.fp32_model, self.feed)]
+        requantizer = Requantizer(self.fp32, self.fp32_model, self.int8_model,
+                                  int8_values=self._int8_value, batches=batches,
+                                  calibrated=bool(self.calibration), folder=folder)
+        requantizer.extra_options.update(self.given_options)
+        if self._settled is not None:  # a worker: its parent searched and checked
+            (requantizer.op_types, requantizer.excluded, requantizer.extra_options,
+             requantizer.calibrated) = self._settled
+            return requantizer
+        try:
+            settled = requantizer.settle(self.fp32_model, _installed_quantizer_op_types())
+        except QuantizerFailure as exc:
+            self._blame_given_options(requantizer, exc)
+            self.fallback = str(exc)
+            note(f"{exc}; {fallback}")
+            return None
+        if not settled:
+            differ = sorted(name for _, name in requantizer.difference)
+            self.fallback = (f"quantize_static, with any settings eprun tried "
+                             f"({requantizer.calls} calls), does not quantize the tensors "
+                             f"{self.int8!r} quantizes ({len(differ)} differ, e.g. "
+                             f"{', '.join(map(repr, differ[:3]))})")
+            note(f"{self.fallback}; {fallback}")
+            return None
+        return requantizer if self._reproduces(requantizer, fallback) else None
+
+    def _blame_given_options(self, requantizer: Requantizer, failure: QuantizerFailure) -> None:
+        """A usage error where quantize_static fails only with the ``--extra-option`` given:
+        it is the option, not the model."""
+        if not self.given_options:
+            return
+        for key in self.given_options:
+            requantizer.extra_options.pop(key, None)
+        try:
+            requantizer.quantize(None, ())
+        except QuantizerFailure:
+            return  # it fails without them too: the model's
+        given = ", ".join(f"{key}={value!r}" for key, value in self.given_options.items())
+        cause = failure.__cause__ or failure
+        raise EprunError(f"--extra-option {given}: quantize_static refuses it "
+                         f"({type(cause).__name__}: {one_line(cause)})", EXIT_USAGE)
+
+    def _reproduces(self, requantizer: Requantizer, fallback: str) -> bool:
+        """Does the requantized model with nothing excluded give the int8 model's own final
+        output? Same tensors quantized is not enough where a number could not be taken over
+        (a weight quantized per channel here and per tensor there)."""
+        import numpy as np
+
+        session = open_exposed(load_model(self.int8), self.int8, on=self.targets.candidate)
+        (own,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
+                             hint=dims_hint(self.feed))
+        del session
+        own64 = own.astype(np.float64)
+        mine = self._run_variant(requantizer, []).astype(np.float64)
+        differs = requantizer.calibration_differs() if requantizer.calibrated else None
+        if differs:
+            note(f"{self.calibration!r} is not the data {self.int8!r} was calibrated on "
+                 f"(quantize_static, MinMax, calibrates {differs}); sensitivity takes the int8 "
+                 "model's numbers instead and says where a range would be calibrated anew")
+            requantizer.calibrated = False
+            mine = self._run_variant(requantizer, []).astype(np.float64)
+        # the variant with nothing restored is the ranking's base: measured once, here
+        self._unrestored = (self._last_variant, self.unknown, self.fresh, self.got)
+        if own64.shape == mine.shape:
+            deviation = float(np.abs(own64 - mine).max(initial=0.0))
+            if deviation <= 1e-6 * max(float(np.abs(own64).max(initial=0.0)), 1e-30) or \
+                    np.array_equal(own64, mine, equal_nan=True):
+                return True
+        else:
+            deviation = math.inf
+        self.fallback = (f"quantize_static, set up to write {self.int8!r} again, gives another "
+                         f"final output (max abs difference {deviation:.3g}: a number of the "
+                         f"int8 model could not be taken over)")
+        note(f"{self.fallback}; {fallback}")
+        return False
+
+    def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
+        if not restored and self._unrestored is not None and self.requantizer is not None:
+            self.last, self.unknown, self.fresh, self.got = self._unrestored
+        else:
+            self.last = self._run_variant(self.requantizer, restored)
+        return compare_boundary(self.reference, self.last, self.feed.rows, metrics)
+
+    def _run_variant(self, requantizer: Requantizer | None, restored: list[Unit]):
+        """The int8 model's final output with ``restored`` in float: requantized by
+        ``requantizer``, else by graph edits."""
+        if requantizer is not None:
+            model, arrays, self.unknown, self.fresh = requantizer.model(
+                [unit.name for unit in restored])
+            path = requantizer.output_path
+        else:
+            model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored,
+                                             self.fp32, self.units)
+            used = {tensor.name for tensor in model.graph.initializer}
+            arrays = {**{name: array for name, array in self.int8_weights.items()
+                         if name in used}, **arrays}
+            path, self.unknown, self.fresh = self.int8, [], []
+        session = open_exposed(model, path, extra_arrays=arrays, on=self.targets.candidate)
+        self.got = Got.of(session)
+        self.sessions += 1
+        (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
+                               hint=dims_hint(self.feed))
+        self._last_variant = value
+        return value
+
+    def inexact(self, restored: list[Unit]) -> str | None:
+        """Why the last measure (``restored`` in float) may differ from quantize_static, if it
+        may: what the quantizer would calibrate from data eprun does not have (none where it
+        calibrates on the int8 model's own, ``--calibration``)."""
+        if self.requantizer is not None and self.requantizer.calibrated:
+            return None
+        reason = next(filter(None, (_data_dependent(self.int8_index, unit)
+                                    for unit in restored)), None)
+        if self.fallback is not None and restored:
+            stand_in = (f"{_GRAPH_EDITS_STAND_IN}, which can write another graph with this "
+                        f"excluded: {self.fallback}")
+            reason = stand_in if reason is None else f"{reason}; besides, {stand_in}"
+        source = "the --calibration data" if self.calibration else "eprun's seeded input"
+        if reason is None and self.unknown:
+            reason = (f"quantize_static would quantize {', '.join(self.unknown[:3])}"
+                      f"{' and more' if len(self.unknown) > 3 else ''}, which the int8 model "
+                      f"does not, with a range calibrated from data eprun does not have (here "
+                      f"from {source})")
+        if reason is None and self.fresh:
+            more = " and more" if len(self.fresh) > 2 else ""
+            cure = ("the --calibration data does not give the int8 model's ranges"
+                    if self.calibration else "--calibration makes it exact")
+            reason = (f"quantize_static would calibrate the range of "
+                      f"{', '.join(self.fresh[:2])}{more} anew, from data eprun does not have "
+                      f"(here the int8 model's number for it stands in; {cure})")
+        return reason
+
+    def settings(self) -> dict:
+        """The quantize_static settings that write the int8 model again."""
+        requantizer = self.requantizer
+        return {"op_types_to_quantize": requantizer.op_types,
+                "nodes_to_exclude": requantizer.excluded, **requantizer.types,
+                "extra_options": requantizer.extra_options, "calls": requantizer.calls}
+
+
+def calibration_batches(model, file: str, path: str) -> list[dict]:
+    """The arrays of a ``--calibration`` file (numpy.savez, one per input of the fp32 model)
+    as the batches quantize_static calibrates on. Where inputs fix a batch size and the file
+    holds a multiple of it, that many rows at a time: those inputs and the ones whose first
+    dim is free are cut alike (their row counts must agree), the rest (a scalar, a state
+    whose first dim is fixed and given whole) go with every batch. Else the file is one
+    batch. MinMax calibration takes the smallest and largest values over all batches."""
+    import numpy as np
+
+    specs = specs_from_model(model)
+    stored = _load_inputs_file(file, specs, path, "calibration")
+    arrays = {}
+    for spec in specs:
+        array = stored[spec.name]
+        wanted = np.dtype(spec.dtype) if spec.dtype in _SESSION_TYPES.values() else array.dtype
+        if array.dtype.kind != wanted.kind and {array.dtype.kind, wanted.kind} != {"i", "u"}:
+            raise EprunError(f"{file!r}: {spec.name!r} holds {array.dtype} values; {path!r} "
+                             f"takes {spec.dtype}")
+        arrays[spec.name] = array.astype(wanted, copy=False)
+    free = {spec.name for spec in specs if spec.dims and not isinstance(spec.dims[0], int)
+            and arrays[spec.name].ndim}
+    fixed = {spec.name: spec.dims[0] for spec in specs if spec.dims
+             and isinstance(spec.dims[0], int) and arrays[spec.name].ndim
+             and arrays[spec.name].shape[0] != spec.dims[0]}  # more rows than the model takes
+    rows = {name: arrays[name].shape[0] for name in (*free, *fixed)}
+    if len(set(rows.values())) > 1:
+        raise EprunError(f"the arrays in {file!r} disagree on the batch size ("
+                         + ", ".join(f"{name} {count}" for name, count in sorted(rows.items()))
+                         + "); give every batched input the same rows")
+    batches = [arrays]
+    sizes = set(fixed.values())
+    if len(sizes) == 1 and next(iter(rows.values())) % next(iter(sizes)) == 0:
+        size, count = sizes.pop(), next(iter(rows.values()))
+        cut = {*free, *fixed}
+        batches = [{name: array[start:start + size] if name in cut else array
+                    for name, array in arrays.items()} for start in range(0, count, size)]
+    for spec in specs:
+        _require_fitting(batches[0][spec.name], spec, file, path, "--calibration")
+    return batches
+
+
+# Rows of eprun's input the quantizer calibrates on: the numbers it derives are replaced by the
+# int8 model's, so the rows only matter for a tensor the int8 model does not quantize
+# ("inexact"), and all of them would cost memory for every tensor of the model, every call.
+CALIBRATION_ROWS = 16
+
+
+def calibration_rows(model, feed: Feed) -> dict:
+    """The first ``CALIBRATION_ROWS`` rows of ``feed``, where every graph input has a batch
+    dim of free size holding ``feed.rows``; else the whole feed."""
+    weights = {tensor.name for tensor in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in weights or value.name not in feed.arrays:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        array = feed.arrays[value.name]
+        if not dims or dims[0].HasField("dim_value") or not array.ndim or \
+                array.shape[0] != feed.rows:
+            return feed.arrays
+    return {name: array[:CALIBRATION_ROWS] for name, array in feed.arrays.items()}
+
+
+def _installed_quantizer_op_types() -> set[str]:
+    """The op types the installed quantizer's registries quantize (its default list)."""
+    try:
+        from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+    except ImportError:
+        return _quantizer_op_types()
+    return set(QLinearOpsRegistry) | set(QDQRegistry)
+
+
+@dataclasses.dataclass
+class Parallel:
+    """How ``sensitivity`` spreads its units over processes: ``jobs`` as given (None: as many
+    as the machine has cores, once the units would take a few seconds one after another),
+    and what a worker needs to open its own run (``spec``)."""
+
+    jobs: int | None
+    spec: dict
+
+
+# Seconds the units must be expected to take one after another before sensitivity, left to
+# choose (no --jobs), starts worker processes: each costs an interpreter, its imports and its
+# own reference run.
+PARALLEL_AFTER_SECONDS = 4.0
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _each_unit(run: SensitivityRun, chosen: list[Unit], parallel: Parallel | None
+               ) -> Iterator[tuple[dict, str | None]]:
+    """Each unit restored alone, in order: ``(measured, inexact)``. The first runs here; the
+    rest in worker processes when ``--jobs`` asks for more than one, or when left to choose
+    and the first took long enough that the rest would take ``PARALLEL_AFTER_SECONDS``.
+    Workers open the same models with the same input and settings, so the numbers are the
+    ones one process gives."""
+    import time
+
+    progress = Progress("restoring units one at a time", len(chosen))
+    done = 0
+    rest = list(chosen)
+    if rest:
+        started = time.monotonic()
+        unit = rest.pop(0)
+        yield run.measure([unit]), run.inexact([unit])
+        done += 1
+        progress.step(done)
+        took = time.monotonic() - started
+        jobs = 1 if parallel is None else parallel.jobs
+        if jobs is None:
+            jobs = _usable_cores() if took * len(rest) >= PARALLEL_AFTER_SECONDS else 1
+        jobs = min(jobs, len(rest))
+        if jobs > 1:
+            for result in _in_workers(run, rest, parallel, jobs):
+                done += 1
+                progress.step(done)
+                yield result
+            rest = []
+    for unit in rest:
+        yield run.measure([unit]), run.inexact([unit])
+        done += 1
+        progress.step(done)
+    progress.close()
+
+
+def _in_workers(run: SensitivityRun, units: list[Unit], parallel: Parallel, jobs: int
+                ) -> Iterator[tuple[dict, str | None]]:
+    """``units`` measured by ``jobs`` spawned worker processes, results in ``units``' order.
+    Each worker's scratch folder is inside this run's, so it goes with it, on a signal too."""
+    import concurrent.futures
+    import multiprocessing
+
+    spec = {**parallel.spec, "requantize": run.requantizer is not None,
+            "settled": (None if run.requantizer is None else
+                        (run.requantizer.op_types, run.requantizer.excluded,
+                         run.requantizer.extra_options, run.requantizer.calibrated)),
+            "folder": run.folder if run.requantizer is not None else None,
+            "fallback": run.fallback}
+    context = multiprocessing.get_context("spawn")
+    spec["parent"] = os.getpid()
+    with _isolated_spawning(), concurrent.futures.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_worker_start,
+            initargs=(spec,)) as pool:
+        futures = [pool.submit(_worker_measure, unit.name) for unit in units]
+        try:
+            for future in futures:
+                try:
+                    measured, inexact, sessions, calls = future.result()
+                except concurrent.futures.process.BrokenProcessPool as exc:
+                    raise EprunError(f"a sensitivity worker process ended abruptly "
+                                     f"({one_line(exc)}); rerun with --jobs 1") from exc
+                run.sessions += sessions
+                if run.requantizer is not None:
+                    run.requantizer.calls += calls
+                yield measured, inexact
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+@contextlib.contextmanager
+def _isolated_spawning() -> Iterator[None]:
+    """Worker processes (and multiprocessing's resource tracker) started in the block run
+    Python isolated (``-I``): no working directory on ``sys.path`` before the parent's own
+    path is restored, no ``PYTHON*`` variables, no user site. multiprocessing starts them as
+    ``python -c ...``, which would put the working directory first: a ``copyreg.py`` or
+    ``pickle.py`` there would run in every worker."""
+    from multiprocessing import spawn, util
+
+    commands = spawn.get_command_line
+    flags = util._args_from_interpreter_flags
+
+    def isolated_command(**kwargs) -> list[str]:
+        command = commands(**kwargs)
+        return [command[0], "-I", *command[1:]]
+
+    def isolated_flags() -> list[str]:  # the resource tracker's command line
+        return ["-I", *[flag for flag in flags() if flag != "-I"]]
+
+    spawn.get_command_line, util._args_from_interpreter_flags = isolated_command, isolated_flags
+    try:
+        yield
+    finally:
+        spawn.get_command_line, util._args_from_interpreter_flags = commands, flags
+
+
+_WORKER: dict = {}  # a sensitivity worker process's open run
+
+
+def _worker_start(spec: dict) -> None:
+    """A worker process opens its own run of the same pair, quietly: its notes would repeat
+    the parent's, and anything it has to say comes back as an error."""
+    import ctypes
+    import tempfile
+
+    with contextlib.suppress(Exception):  # Linux: die with the parent, whatever ends it
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != spec["parent"]:  # the parent died before that could take effect
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(spec["parent"],), daemon=True).start()
+    if not debugging():
+        sink = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(sink, 1)
+        os.dup2(sink, 2)
+        import_ort().set_default_logger_severity(4)
+    # Processes side by side: a thread that spins while it waits takes a core from the other.
+    # (How many threads a session has, which could change its numbers, stays the default.)
+    current_run().session_config = {"session.intra_op.allow_spinning": "0",
+                                    "session.inter_op.allow_spinning": "0"}
+    try:
+        folder = (tempfile.mkdtemp(prefix="worker-", dir=spec["folder"]) if spec["folder"]
+                  else None)
+        targets = targets_from(*spec["targets"])
+        run = SensitivityRun(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
+                             targets, swapped_ok=True, requantize=spec["requantize"],
+                             calibration=spec["calibration"],
+                             extra_options=spec["extra_options"], settled=spec["settled"],
+                             folder=folder)
+    except Exception as exc:  # said by the first measurement asked of this worker
+        _WORKER["error"] = exc
+        return
+    run.fallback = spec["fallback"]  # graph edits because the parent's quantizer failed
+    _WORKER["run"] = run
+    _WORKER["units"] = {unit.name: unit for unit in run.units}
+
+
+def _watch_parent(parent: int) -> None:
+    """A worker's watch, where ``PR_SET_PDEATHSIG`` is missing or the parent thread that
+    started it ended: once its parent is gone, the worker ends too."""
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
+    """One unit restored alone: ``(measured, inexact, sessions opened, quantizer calls)``."""
+    if "error" in _WORKER:
+        raise _WORKER["error"]
+    run = _WORKER["run"]
+    unit = _WORKER["units"][name]
+    before = run.sessions, run.requantizer.calls if run.requantizer is not None else 0
+    measured = run.measure([unit])
+    calls = run.requantizer.calls if run.requantizer is not None else 0
+    return measured, run.inexact([unit]), run.sessions - before[0], calls - before[1]
+
+
+# -- ranking and the verified recommendation -------------------------------------------------------
+
+def _meets(target: dict, measured: dict, reference, candidate) -> bool:
+    if "sqnr_db" in target:
+        return measured["sqnr_db"] is None or measured["sqnr_db"] >= target["sqnr_db"]
+    if "rel_error" in target:
+        return measured["rel_error"] <= target["rel_error"]
+    verdict = compare_outputs(reference, candidate, target["rtol"], target["atol"])
+    return verdict["violations"] == 0 and verdict["cosine"] >= target["min_cos"]
+
+
+def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
+                target_sqnr: float | None, target_rel_error: float | None, profile: str | None,
+                max_units: int | None, units: list[str] | None,
+                parallel: Parallel | None = None) -> dict:
+    """``sensitivity``'s answer from an open run: each unit restored alone, ranked by gain,
+    then the recommendation, each step measured on the graph quantize_static writes."""
+    chosen = run.units
+    if units is not None:
+        known = {unit.name for unit in run.units}
+        unknown = [name for name in units if name not in known]
+        if unknown:
+            raise EprunError(f"--units names {', '.join(map(repr, unknown))}, which "
+                             f"{run.int8!r} does not quantize (its units: "
+                             f"{', '.join(sorted(known)) or 'none'})", EXIT_USAGE)
+        chosen = [unit for unit in run.units if unit.name in units]
+    quantized = run.measure([])
+    base = run.last
+    if target_sqnr is not None:
+        target = {"sqnr_db": target_sqnr}
+    elif target_rel_error is not None:
+        target = {"rel_error": target_rel_error}
+    else:
+        target = {"profile": profile or "int8", **TOLERANCE_PROFILES[profile or "int8"]}
+    ranked = []
+    for unit, (measured, inexact) in zip(chosen, list(_each_unit(run, chosen, parallel))):
+        gain = (None if measured["sqnr_db"] is None or quantized["sqnr_db"] is None
+                else measured["sqnr_db"] - quantized["sqnr_db"])
+        entry = {"name": unit.name, "op_type": unit.op_type, "named": unit.named,
+                 "rel_error": measured["rel_error"], "cos_min": measured["cos_min"],
+                 "sqnr_db": measured["sqnr_db"], "gain_db": gain}
+        if inexact:
+            entry["inexact"] = inexact
+        ranked.append(entry)
+    ranked.sort(key=lambda entry: (-math.inf if entry["gain_db"] is None and
+                                   entry["sqnr_db"] is not None else
+                                   -(entry["gain_db"] if entry["gain_db"] is not None
+                                     else math.inf)))
+    by_name = {unit.name: unit for unit in run.units}
+    met = _meets(target, quantized, run.reference, base)
+    excluded: list[str] = []
+    steps = []
+    limit = len(ranked) if max_units is None else max_units
+    # units measured exactly first: a step whose number is calibrated from data eprun does
+    # not have is a promise it cannot check
+    for entry in sorted(ranked, key=lambda entry: not _for_graph_edits_only(
+            entry.get("inexact"))):
+        if met or len(excluded) >= limit:
+            break
+        excluded.append(entry["name"])
+        restored = [by_name[name] for name in excluded]
+        measured = run.measure(restored)
+        met = _meets(target, measured, run.reference, run.last)
+        steps.append({"added": entry["name"], "rel_error": measured["rel_error"],
+                      "cos_min": measured["cos_min"], "sqnr_db": measured["sqnr_db"],
+                      "met": met})
+        inexact = run.inexact(restored)
+        if inexact:
+            steps[-1]["inexact"] = inexact
+    answer = {"seed": seed, "rows": run.feed.rows}
+    if not run.feed.contract_shaped:
+        answer["inputs"] = run.feed.fed
+    unnamed = [entry["name"] for entry in ranked if not entry["named"]]
+    if unnamed:
+        note(f"{', '.join(unnamed)}: the float model's node has no name, so eprun names it by op "
+             "type and position; quantize_static can only exclude named nodes")
+    already = run.requantizer.excluded if run.requantizer is not None else []
+    if len(excluded) * 2 > len(ranked):
+        note(_undoes_most(len(excluded), len(ranked)))
+    return {**answer, "output": run.output, "quantized": {
+                key: quantized[key] for key in ("rel_error", "cos_min", "sqnr_db")},
+            "units": ranked, "target": target,
+            "recommendation": {"nodes_to_exclude": [*already, *excluded], "steps": steps,
+                               "met": met},
+            "predicted_by": run.predicted_by,
+            "quantizer": run.settings() if run.requantizer is not None else None,
+            "sessions": run.sessions,
+            **({"providers": targets.field(run.got, run.reference_got)}
+               if targets.given else {})}
+
+
+
+# == 8. Commands ===================================================================================
 
 
 # -- providers -------------------------------------------------------------------------------------
@@ -9110,1288 +10667,6 @@ REDUCE = declare(Command(
 
 # -- sensitivity -----------------------------------------------------------------------------------
 
-class Unit(NamedTuple):
-    """A node the quantizer wrapped, by the float model's node name (what
-    ``quantize_static(nodes_to_exclude=...)`` takes); ``named`` is False when the float node
-    has no name and eprun derived one from its op type and position."""
-
-    name: str
-    op_type: str
-    named: bool
-    int8_index: int
-    fp32_index: int
-
-
-def quantized_units(fp32_model, int8_model, int8_index: GraphIndex | None = None) -> list[Unit]:
-    """The compute nodes of a QDQ model that read a DequantizeLinear output or feed a
-    QuantizeLinear, paired with their float nodes: by name, else (unnamed nodes) the k-th
-    unnamed node of the same op type in each model."""
-    int8_index = int8_index or GraphIndex.of(int8_model.graph)
-    int8_nodes, fp32_nodes = int8_index.nodes, list(fp32_model.graph.node)
-    feeds_quantize = {node.input[0] for node in int8_nodes if node.op_type == "QuantizeLinear"}
-    by_name = {node.name: index for index, node in enumerate(fp32_nodes) if node.name}
-    unnamed: dict[str, list[int]] = {}
-    for index, node in enumerate(fp32_nodes):
-        if not node.name:
-            unnamed.setdefault(node.op_type, []).append(index)
-    seen: dict[str, int] = {}
-    units = []
-    quantizable = _quantizer_op_types()
-    for index, node in enumerate(int8_nodes):
-        if node.op_type in _QDQ_OPS or (quantizable and node.op_type not in quantizable):
-            continue
-        wrapped = any(int8_index.producer(name) is not None
-                      and int8_index.producer(name).op_type == "DequantizeLinear"
-                      for name in node.input)
-        if not wrapped and not feeds_quantize.intersection(node.output):
-            continue
-        if node.name:
-            if node.name in by_name:
-                units.append(Unit(node.name, node.op_type, True, index, by_name[node.name]))
-            continue
-        k = seen.get(node.op_type, 0)
-        seen[node.op_type] = k + 1
-        if k < len(unnamed.get(node.op_type, ())):
-            units.append(Unit(f"{node.op_type}#{k}", node.op_type, False, index,
-                              unnamed[node.op_type][k]))
-    return units
-
-
-# The op types onnxruntime's quantizer quantizes by default (its QLinearOpsRegistry and
-# QDQRegistry, the list quantize_static starts from), with the release that added each one,
-# read from every release from 1.16 to 1.32 (onnxruntime/quantization/registry.py). Only
-# sensitivity imports the quantizer (and reads its registries); this table serves where it
-# cannot be imported (it needs sympy on some releases) and for the units of graph edits.
-QUANTIZER_OP_TYPES = (
-    *((name, (1, 16)) for name in (
-        "Add", "ArgMax", "AveragePool", "Clip", "Concat", "Conv", "ConvTranspose",
-        "EmbedLayerNormalization", "Gather", "Gemm", "GlobalAveragePool",
-        "InstanceNormalization", "LeakyRelu", "MatMul", "MaxPool", "Mul", "Pad", "Relu",
-        "Reshape", "Resize", "Sigmoid", "Softmax", "Split", "Squeeze", "Transpose",
-        "Unsqueeze", "Where")),
-    ("LayerNormalization", (1, 17)), ("BatchNormalization", (1, 19)),
-    ("GatherElements", (1, 20)), ("Slice", (1, 20)), ("TopK", (1, 23)), ("CumSum", (1, 24)),
-    ("Flatten", (1, 28)),
-)
-
-
-def _quantizer_op_types() -> set[str]:
-    """The op types the quantizer of the installed onnxruntime release quantizes (the int8
-    model is taken to come from that release's quantize_static)."""
-    release = ort_release()
-    return {name for name, first in QUANTIZER_OP_TYPES if first <= release}
-
-
-def restore_to_float(int8_model, fp32_model, units: list[Unit], fp32_path: str,
-                     every_unit: list[Unit] | None = None):
-    """The int8 graph with ``units`` back in float, as ``quantize_static(...,
-    nodes_to_exclude=[...])`` writes it (checked against it in the tests): each unit reads its
-    float weights and biases instead of their DequantizeLinear; an input the quantizer only
-    quantized for the unit (a graph input read by nothing else) loses its Q/DQ pair; and an
-    activation the quantizer folded into the unit's output (a Relu after a MatMul + Add) comes
-    back as the float node it was. An input quantized only for the unit (a graph input, the
-    output of an op left in float) and an output quantized only for the unit (a graph output)
-    lose their QuantizeLinear/DequantizeLinear pair. Returns ``(model, float weights by
-    name)``; ``int8_model`` is not changed. The weights are read as arrays, never copied
-    through protobuf."""
-    from onnx import ModelProto
-
-    model = ModelProto()
-    model.CopyFrom(int8_model)  # graph only: weights stay on disk or in placeholders later
-    if every_unit is None:
-        every_unit = quantized_units(fp32_model, int8_model)
-    restoring = _Restoring(model, fp32_model, units, fp32_path, every_unit)
-    for unit in units:
-        restoring.unit_inputs(unit)
-        restoring.unit_output(unit)
-        restoring.folded_activation(unit)
-        restoring.float_attributes(unit)
-    restoring.write_back()
-    return model, restoring.arrays
-
-
-class _Restoring:
-    """``restore_to_float`` at work on a copy of the int8 graph: its nodes as they are
-    rewired, those removed, the float weights to hand over and the activations put back.
-
-    Units register their outputs for quantization; any other producer (a graph input, an op
-    the quantizer leaves in float) had its output quantized only for its consumers. Who reads
-    each tensor is kept up to date as inputs are rewired; who writes it is the graph's as it
-    was."""
-
-    def __init__(self, model, fp32_model, units: list[Unit], fp32_path: str,
-                 every_unit: list[Unit]) -> None:
-        self.model, self.fp32_path = model, fp32_path
-        self.nodes = list(model.graph.node)
-        self.fp32_nodes = list(fp32_model.graph.node)
-        self.fp32_weights = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
-        self.int8_weights = {tensor.name for tensor in model.graph.initializer}
-        self.excluded = {unit.int8_index for unit in units}
-        self.wrapped = {unit.int8_index for unit in every_unit}
-        self.removed: set[int] = set()
-        self.arrays: dict = {}
-        self.inserted: dict[int, list] = {}
-        self.producer_index = GraphIndex(self.nodes).producer_index
-        self.readers: dict[str, set[int]] = {}
-        for index, node in enumerate(self.nodes):
-            for name in node.input:
-                self.readers.setdefault(name, set()).add(index)
-        self.fp32_readers: dict[str, list] = {}
-        for candidate in self.fp32_nodes:
-            for name in candidate.input:
-                self.fp32_readers.setdefault(name, []).append(candidate)
-
-    def consumers(self, name: str) -> set[int]:
-        return {index for index in self.readers.get(name, ()) if index not in self.removed}
-
-    def rename(self, old: str, new: str) -> None:
-        """Every node that reads ``old`` reads ``new`` instead."""
-        for index in self.readers.pop(old, set()):
-            other = self.nodes[index]
-            other.input[:] = [new if item == old else item for item in other.input]
-            self.readers.setdefault(new, set()).add(index)
-
-    def set_input(self, index: int, position: int, new: str) -> None:
-        node = self.nodes[index]
-        old = node.input[position]
-        node.input[position] = new
-        if old not in node.input:
-            self.readers[old].discard(index)
-        self.readers.setdefault(new, set()).add(index)
-
-    def unit_inputs(self, unit: Unit) -> None:
-        """The unit reads its float weights and biases, and an activation quantized only for
-        it loses its Q/DQ pair."""
-        nodes = self.nodes
-        node, original = nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
-        for position, name in enumerate(list(node.input)):
-            source = self.producer_index.get(name)
-            if source is None or nodes[source].op_type != "DequantizeLinear" or \
-                    position >= len(original.input):
-                continue
-            dequantize = nodes[source]
-            if dequantize.input[0] in self.int8_weights:  # a quantized weight or bias
-                float_name = original.input[position]
-                if float_name not in self.fp32_weights:
-                    continue
-                if self.consumers(name) <= self.excluded:  # quantized for these units only
-                    self.removed.add(source)
-                # The float weight under its own name, unless a node left in the graph writes
-                # that name: the DequantizeLinear that keeps a bias's name, for this unit or
-                # (a bias shared by two nodes, each quantized with its own scale) another.
-                writer = self.producer_index.get(float_name)
-                taken = writer is not None and writer not in self.removed
-                target = f"{float_name}_float" if taken else float_name
-                self.arrays[target] = _initializer_array(self.fp32_weights[float_name],
-                                                         self.fp32_path)
-                self.set_input(unit.int8_index, position, target)
-                continue
-            quantize_at = self.producer_index.get(dequantize.input[0])
-            quantize = nodes[quantize_at] if quantize_at is not None else None
-            upstream = (self.producer_index.get(quantize.input[0]) if quantize is not None
-                        else None)
-            if (quantize is not None and quantize.op_type == "QuantizeLinear"
-                    and (upstream is None or upstream not in self.wrapped)
-                    and self.consumers(name) & self.wrapped <= self.excluded
-                    and self.consumers(quantize.output[0]) <= {source}):
-                self.rename(name, quantize.input[0])  # every reader reads the float tensor
-                self.removed.update((source, quantize_at))
-
-    def unit_output(self, unit: Unit) -> None:
-        """The Q/DQ pair that quantized the unit's own output for nobody else (a graph
-        output) goes."""
-        nodes = self.nodes
-        node, original = nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
-        output_pair = _output_pair(nodes, node.output[0], self.removed)
-        if output_pair is None or not (
-                self.consumers(nodes[output_pair[1]].output[0]) & self.wrapped
-                <= self.excluded):
-            return
-        dequantize_at = output_pair[1]
-        if nodes[dequantize_at].output[0] == original.output[0]:
-            node.output[0] = original.output[0]
-        else:
-            self.rename(nodes[dequantize_at].output[0], node.output[0])
-        self.removed.update(output_pair)
-
-    def folded_activation(self, unit: Unit) -> None:
-        """An activation the quantizer folded into the unit's output (a Relu after a MatMul +
-        Add) comes back as the float node it was."""
-        node, original = self.nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
-        if node.output[0] == original.output[0]:
-            return
-        chain, current = [], original.output[0]
-        while current != node.output[0] and len(self.fp32_readers.get(current, ())) == 1:
-            follower = self.fp32_readers[current][0]
-            chain.append(follower)
-            current = follower.output[0]
-        if current == node.output[0]:
-            node.output[0] = original.output[0]
-            self.inserted[unit.int8_index] = chain
-            for name in {name for follower in chain for name in follower.input}:
-                # a Clip's bounds: the quantizer drops them with the Clip
-                if name in self.fp32_weights and name not in self.int8_weights:
-                    self.arrays[name] = _initializer_array(self.fp32_weights[name],
-                                                           self.fp32_path)
-
-    def float_attributes(self, unit: Unit) -> None:
-        """The unit's attributes as the float node has them: the quantizer folds a Gemm's beta
-        into its int32 bias and writes beta 1, which the float bias must not keep."""
-        node, original = self.nodes[unit.int8_index], self.fp32_nodes[unit.fp32_index]
-        del node.attribute[:]
-        node.attribute.extend(original.attribute)
-
-    def write_back(self) -> None:
-        """The kept nodes in order, each followed by the activations put back after it, and
-        only the initializers they read (onnxruntime drops unused ones before they arrive)."""
-        ordered = []
-        for index, node in enumerate(self.nodes):
-            if index not in self.removed:
-                ordered.append(node)
-                ordered += self.inserted.get(index, [])
-        graph = self.model.graph
-        del graph.node[:]
-        graph.node.extend(ordered)
-        used = {name for node in ordered for name in _node_inputs(node)}
-        kept = [tensor for tensor in graph.initializer if tensor.name in used]
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
-
-
-def _output_pair(nodes: list, name: str, removed: set) -> tuple[int, int] | None:
-    """``(QuantizeLinear, DequantizeLinear)`` indices of the one pair that reads ``name``."""
-    for index, node in enumerate(nodes):
-        if index not in removed and node.op_type == "QuantizeLinear" and node.input[0] == name:
-            follower = next((k for k, other in enumerate(nodes) if k not in removed
-                             and other.op_type == "DequantizeLinear"
-                             and other.input[0] == node.output[0]), None)
-            return None if follower is None else (index, follower)
-    return None
-
-
-def _data_dependent(index: GraphIndex, unit: Unit) -> str | None:
-    """Why restoring ``unit`` cannot match quantize_static exactly, if it cannot: the quantizer
-    then quantizes the unit's output from calibration data eprun does not have. ``index`` is
-    the int8 graph's."""
-    nodes = index.nodes
-    node = nodes[unit.int8_index]
-    if node.op_type == "Softmax":
-        return ("a quantized Softmax's output range is fixed to [0, 1]; left in float, its "
-                "output is calibrated from data, so its scale is not known here")
-    pair = _output_pair(nodes, node.output[0], set())
-    weights = index.initializers
-    table_scales = {index.producer(name).input[1] for name in node.input
-                    if name in index.producer_index
-                    and index.producer(name).op_type == "DequantizeLinear"
-                    and index.producer(name).input[0] in weights}
-    if pair is not None and nodes[pair[0]].input[1] in table_scales:
-        return (f"a quantized {node.op_type} passes its table's scale on to its output; left "
-                "in float, its output is calibrated from data, so its scale is not known here")
-    return None
-
-
-def _final(model) -> str:
-    name = final_output(model.graph)
-    if name is None:
-        raise EprunError("the model has no output")
-    return name
-
-
-def require_qdq_form(model, path: str) -> None:
-    """sensitivity restores units of a QDQ model, whose every quantized op is a float op
-    between DequantizeLinear and QuantizeLinear. A QOperator model (QLinearMatMul, ...) or a
-    dynamic one (DynamicQuantizeLinear, MatMulInteger) has no such units: restoring what
-    looks like one would rank ops the quantizer never touched."""
-    ops = [node.op_type for node in model.graph.node]
-    other = sorted({op for op in ops if op.startswith("QLinear") or op in (
-        *_INTEGER_OPS, "QGemm", "QAttention", "DynamicQuantizeMatMul")})
-    if other:
-        form = "dynamic" if {"DynamicQuantizeLinear", "DynamicQuantizeMatMul"} & set(other) \
-            else "QOperator"
-        raise EprunError(f"{path!r} is quantized in {form} form ({', '.join(other)}); "
-                         "sensitivity restores units of a QDQ model (quantize_static with "
-                         "QuantFormat.QDQ): quantize the float model that way to rank its "
-                         "units", EXIT_FAILURE)
-    if not any(op in _QDQ_OPS for op in ops):
-        raise EprunError(f"{path!r} has no QuantizeLinear/DequantizeLinear nodes; "
-                         "sensitivity restores units of a QDQ model (quantize_static with "
-                         "QuantFormat.QDQ)")
-
-
-# -- sensitivity: quantize_static itself -----------------------------------------------------------
-
-# A zero point's element type -> the QuantType that writes it.
-_QUANT_TYPE_NAMES = {2: "QUInt8", 3: "QInt8", 4: "QUInt16", 5: "QInt16", 21: "QUInt4", 22: "QInt4"}
-# quantize_static calls the settings search may make before eprun falls back to graph edits.
-REQUANTIZE_SEARCH_CALLS = 80
-# quantize_static's extra_options that change which tensors it quantizes, each tried alone with
-# the default op types when those do not write the int8 model's tensors.
-_STRUCTURAL_OPTIONS = ({"QuantizeBias": False}, {"AddQDQPairToWeight": True},
-                       {"ForceQuantizeNoInputCheck": True}, {"MatMulConstBOnly": True})
-
-
-def quantized_signature(model) -> frozenset:
-    """What a quantizer decided for a QDQ graph: the activations it quantized (a
-    QuantizeLinear reads them) and the weights it quantized (a DequantizeLinear reads them),
-    by name, which quantize_static derives from the float model's tensor names."""
-    weights = {tensor.name for tensor in model.graph.initializer}
-    decided = set()
-    for node in model.graph.node:
-        if node.op_type == "QuantizeLinear" and node.input[0] not in weights:
-            decided.add(("activation", node.input[0]))
-        elif node.op_type == "DequantizeLinear" and node.input[0] in weights:
-            decided.add(("weight", node.input[0]))
-    return frozenset(decided)
-
-
-# Where a quantized graph reads a weight in the weight type: a MatMul's or Gemm's B, a Conv's
-# W. Other constants it quantizes (an Add's bias, a Mul's factor) take the activation type.
-_KERNEL_INPUTS = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1}
-
-
-def quantization_types(model) -> dict:
-    """``activation_type``, ``weight_type`` (QuantType names: the most common zero-point type
-    of each kind, a weight's read where a MatMul, Gemm or Conv takes its kernel, else of any
-    quantized constant but an int32 bias) and ``per_channel`` (a kernel with more than one
-    scale) of a QDQ graph."""
-    weights = {tensor.name: tensor for tensor in model.graph.initializer}
-    kernel_reads = {node.input[position] for node in model.graph.node
-                    for op, position in _KERNEL_INPUTS.items()
-                    if node.op_type == op and len(node.input) > position}
-    activations: collections.Counter = collections.Counter()
-    kernels: collections.Counter = collections.Counter()
-    constants: collections.Counter = collections.Counter()
-    per_channel = False
-    for node in model.graph.node:
-        if node.op_type == "QuantizeLinear" and node.input[0] not in weights \
-                and len(node.input) > 2 and node.input[2] in weights:
-            activations[weights[node.input[2]].data_type] += 1
-        elif node.op_type == "DequantizeLinear" and node.input[0] in weights:
-            data_type = weights[node.input[0]].data_type
-            if data_type == 6:  # int32: a bias
-                continue
-            if node.output[0] not in kernel_reads:
-                constants[data_type] += 1
-                continue
-            kernels[data_type] += 1
-            scale = weights.get(node.input[1])
-            per_channel = per_channel or (scale is not None and math.prod(scale.dims) > 1)
-    named = {kind: _QUANT_TYPE_NAMES.get(counts.most_common(1)[0][0] if counts else 3, "QInt8")
-             for kind, counts in (("activation_type", activations),
-                                  ("weight_type", kernels or constants))}
-    return {**named, "per_channel": per_channel}
-
-
-def _kernel_quantizations(index: GraphIndex, values: Callable) -> list[tuple]:
-    """``(quantized values, zero point)`` of every kernel a MatMul, Gemm or Conv reads through
-    a DequantizeLinear of a quantized weight; ``values`` gives an initializer's array."""
-    found = []
-    for node in index.nodes:
-        position = _KERNEL_INPUTS.get(node.op_type)
-        if position is None or len(node.input) <= position:
-            continue
-        dequantize = _weight_dequantizer(index, node.input[position])
-        if dequantize is None or len(dequantize.input) < 3:
-            continue
-        weight, zero = values(dequantize.input[0]), values(dequantize.input[2])
-        if weight is not None and zero is not None and weight.dtype.kind in "iu" and weight.size:
-            found.append((weight, zero))
-    return found
-
-
-def _reduced_range(kernels: list[tuple]) -> bool:
-    """Whether every kernel keeps to half its type's range, as quantize_static's
-    ``reduce_range`` (7 bits of 8) writes them; a full-range kernel reaches an end."""
-    import numpy as np
-
-    spans = [(int(weight.max()) - int(weight.min()),
-              int(np.iinfo(weight.dtype).max) - int(np.iinfo(weight.dtype).min))
-             for weight, _ in kernels]
-    return bool(spans) and any(span for span, _ in spans) and all(
-        span <= (full + 1) // 2 for span, full in spans)
-
-
-def _centred(points: list) -> bool:
-    """Whether every zero point sits at the middle of its type (0 for a signed one, 128 for
-    uint8), as a symmetric quantizer writes them; False for none."""
-    import numpy as np
-
-    return bool(points) and all(
-        point.dtype.kind in "iu" and np.all(point == (
-            0 if point.dtype.kind == "i" else (int(np.iinfo(point.dtype).max) + 1) // 2))
-        for point in points)
-
-
-def _same_numbers(mine: tuple | None, theirs: tuple | None) -> bool:
-    """Whether two (scale, zero point) pairs hold the same numbers, exactly."""
-    return mine is not None and theirs is not None and len(mine) == len(theirs) and all(
-        a is not None and b is not None and a.shape == b.shape and bool((a == b).all())
-        for a, b in zip(mine, theirs))
-
-
-def _visible_options(model) -> dict:
-    """The quantize_static extra_options a QDQ graph shows: ``ActivationSymmetric`` where
-    every activation's zero point sits at the middle of its type, ``DedicatedQDQPair`` where a
-    tensor has a QuantizeLinear for each reader. (``ForceQuantizeNoInputCheck`` and the like
-    can leave no trace; they are taken as off unless the tensors say otherwise.)"""
-    from onnx import numpy_helper
-
-    weights = {tensor.name: tensor for tensor in model.graph.initializer}
-    quantizers = [node for node in model.graph.node
-                  if node.op_type == "QuantizeLinear" and node.input[0] not in weights]
-    options = {}
-    # (only a range calibrated anew depends on it: every other number is the int8 model's)
-    if _centred([numpy_helper.to_array(weights[node.input[2]]) for node in quantizers
-                 if len(node.input) > 2 and node.input[2] in weights]):
-        options["ActivationSymmetric"] = True
-    if any(count > 1 for count in collections.Counter(
-            node.input[0] for node in quantizers).values()):
-        options["DedicatedQDQPair"] = True
-    return options
-
-
-@contextlib.contextmanager
-def _quiet_quantizer() -> Iterator[None]:
-    """The quantizer's advice ("consider pre-processing") and prints stay out of eprun's
-    output, once per call; ``EPRUN_DEBUG=1`` keeps them."""
-    import logging
-    import warnings
-
-    if debugging():
-        yield
-        return
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), open(os.devnull, "w") as sink, \
-                contextlib.redirect_stdout(sink):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        root.setLevel(level)
-
-
-def _shown_op_types(index: GraphIndex, present: set[str]) -> list[list[str]]:
-    """The ``op_types_to_quantize`` a QDQ graph suggests, among the op types ``present``, most
-    likely first: those of the nodes that read a quantized weight (a weight is quantized for
-    its reader alone); then those of every node that reads a DequantizeLinear's output (a
-    reader of a shared activation may be left in float: a residual Add beside a MatMul)."""
-    weights, activations = set(), set()
-    for node in index.nodes:
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        for name in node.input:
-            producer = index.producer(name) if name else None
-            if producer is not None and producer.op_type == "DequantizeLinear":
-                activations.add(node.op_type)
-                if producer.input[0] in index.initializers:
-                    weights.add(node.op_type)
-    shown = []
-    for types in (weights & present, (weights | activations) & present):
-        if types and sorted(types) not in shown and types != present:
-            shown.append(sorted(types))
-    return shown
-
-
-def _touched(difference: frozenset) -> set[str]:
-    """The float tensors behind a signature difference (quantize_static names a quantized
-    weight W ``W_quantized``)."""
-    return {name for _, name in difference} | {
-        name[:-len("_quantized")] for kind, name in difference
-        if kind == "weight" and name.endswith("_quantized")}
-
-
-class QuantizerFailure(EprunError):
-    """quantize_static raised: a model or an exclusion onnxruntime's quantizer cannot do."""
-
-
-class Requantizer:
-    """The installed onnxruntime's ``quantize_static`` (QDQ), set up to write the int8 model
-    again from the fp32 one, so that what it makes of ``nodes_to_exclude=[...]`` follows the
-    quantizer's own rules: which Q/DQ pairs survive an exclusion (one that a Transpose or a
-    residual Add needed goes with it), what a restricted ``op_types_to_quantize`` leaves alone.
-
-    Its settings are read off the int8 model: the quantization types, ``per_channel``,
-    ``reduce_range`` and the extra options a graph shows from its zero points, scales and
-    kernels; ``op_types_to_quantize``, an extra option that changes the quantized tensors and
-    the nodes it already leaves in float by search, until the quantized tensors are the int8
-    model's (``settle``). Its numbers are the int8 model's: every scale, zero point and
-    quantized weight it has is taken from there, so only a tensor the int8 model never
-    quantized keeps the range calibration on ``batches`` gave it (eprun's seeded input, or
-    with ``calibrated`` the int8 model's own calibration data, whose activation numbers are
-    kept: ``_take_activation``)."""
-
-    def __init__(self, fp32_path: str, fp32_model, int8_model, *, int8_values: Callable,
-                 batches: list[dict], calibrated: bool, folder: str) -> None:
-        """``batches`` are what the quantizer calibrates on; ``calibrated``: they are the
-        int8 model's own calibration data, so the activations keep the numbers it derives."""
-        from onnxruntime import quantization  # ImportError: the caller falls back
-
-        self.quantization, self.batches, self.folder = quantization, batches, folder
-        self.calibrated = calibrated
-        self.int8_model, self.int8_values = int8_model, int8_values
-        index = self.int8_index = GraphIndex.of(int8_model.graph)
-        self.target = quantized_signature(int8_model)
-        self.types = quantization_types(int8_model)
-        self.extra_options = _visible_options(int8_model)
-        kernels = _kernel_quantizations(index, int8_values)
-        self.types["reduce_range"] = _reduced_range(kernels)
-        symmetric = _centred([zero for _, zero in kernels])
-        if kernels and symmetric != self.types["weight_type"].startswith("QInt"):
-            self.extra_options["WeightSymmetric"] = symmetric  # not the weight type's default
-        self.output_path = os.path.join(folder, "requantized.onnx")
-        self.calls = 0
-        self.progress: Progress | None = None
-        self.op_types: list[str] | None = None  # None: quantize_static's default
-        self.excluded: list[str] = []
-        self.source = fp32_path
-        self.fp32_path, self.large = self._named_copy(fp32_path)
-        self.int8_quantizers = _activation_quantizers(index)
-        named = list(_named_nodes(int8_model.graph))
-        self.int8_nodes = {node.name: node for node in named}
-        self.borrowed = _borrowed_ranges(named, index, self.int8_quantizers, int8_values)
-        # tensor -> (scale, zero point) quantize_static calibrated on ``batches``, nothing
-        # excluded, where they are said to be the int8 model's data: set by the first
-        # model([]) (the check that it writes the int8 model again)
-        self.calibrated_values: dict | None = None
-        # (node, input position) -> the DequantizeLinear of a weight it reads in the int8 model
-        self.int8_weight_readers = {
-            (node.name, position): _weight_dequantizer(index, name)
-            for node in named
-            for position, name in enumerate(node.input)
-            if _weight_dequantizer(index, name) is not None}
-
-    def _named_copy(self, fp32_path: str) -> tuple[str, bool]:
-        """The fp32 model copied into the scratch folder, where quantize_static may write beside
-        it (it writes ``<stem>-inferred.onnx`` next to its input, and would remove a user's
-        file of that name), each unnamed node named as eprun names its unit
-        (``_named_nodes``), since quantize_static excludes nodes by name; and whether it is
-        large enough to need external data."""
-        import onnx
-
-        model = onnx.load(fp32_path)
-        for node, named in zip(model.graph.node, list(_named_nodes(model.graph))):
-            node.name = named.name
-        path = os.path.join(self.folder, "fp32.onnx")
-        large = model.ByteSize() > (1 << 30)  # protobuf's 2 GB limit, with room
-        onnx.save(model, path, save_as_external_data=large)
-        return path, large
-
-    def quantize(self, op_types: list[str] | None, excluded) -> Any:
-        """One quantize_static call, calibrated on ``batches``; the graph it wrote."""
-        import onnx
-
-        quantization = self.quantization
-        feeds = iter(self.batches)
-
-        class Reader(quantization.CalibrationDataReader):
-            def get_next(self):
-                return next(feeds, None)
-
-        self.calls += 1
-        import tempfile
-
-        saved, tempfile.tempdir = tempfile.tempdir, self.folder  # its temporaries: in ours
-        try:
-            with _quiet_quantizer():
-                quantization.quantize_static(
-                    self.fp32_path, self.output_path, Reader(),
-                    quant_format=quantization.QuantFormat.QDQ, op_types_to_quantize=op_types,
-                    nodes_to_exclude=sorted(excluded), per_channel=self.types["per_channel"],
-                    activation_type=getattr(quantization.QuantType,
-                                            self.types["activation_type"]),
-                    weight_type=getattr(quantization.QuantType, self.types["weight_type"]),
-                    reduce_range=self.types["reduce_range"],
-                    use_external_data_format=self.large, extra_options=dict(self.extra_options))
-        except (KeyboardInterrupt, SystemExit, MemoryError):
-            raise
-        except Exception as exc:  # the quantizer's own failure, on this model
-            raise QuantizerFailure(
-                f"onnxruntime's quantize_static fails on {self.source!r} with "
-                f"nodes_to_exclude={sorted(excluded)} ({type(exc).__name__}: "
-                f"{one_line(exc)})") from exc
-        finally:
-            tempfile.tempdir = saved
-        return onnx.load(self.output_path)
-
-    def _distance(self, op_types, excluded) -> tuple[int, frozenset]:
-        difference = quantized_signature(self.quantize(op_types, excluded)) ^ self.target
-        if self.progress is not None:
-            self.progress.step(self.calls)
-        return len(difference), difference
-
-    def settle(self, fp32_model, quantizable: set[str]) -> bool:
-        """Settings under which quantize_static writes the int8 model's quantized tensors: its
-        default op types (alone, then with each structural option); else the op type lists
-        the int8 model shows (``_shown_op_types``), then, from the closest list, dropping one
-        op type at a time while that brings the tensors closer, then every op type it can do
-        without (a restricted list is a short one); then nodes left in float, among those
-        that read or write a tensor that still differs. False if none is found within
-        ``REQUANTIZE_SEARCH_CALLS`` calls."""
-        self.progress = Progress("matching quantize_static's settings to the int8 model")
-        try:
-            return self._settle(fp32_model, quantizable)
-        finally:
-            self.progress.close()
-            self.progress = None
-
-    def _settle(self, fp32_model, quantizable: set[str]) -> bool:
-        distance, difference = self._distance(None, ())
-        kept = self.extra_options
-        for options in _STRUCTURAL_OPTIONS if distance else ():  # one alone may be all it takes
-            self.extra_options = {**kept, **options}
-            if self._distance(None, ())[0] == 0:
-                return True
-        self.extra_options = kept
-        if distance == 0:
-            return True
-        # the default list, restricted to the op types present: the same decisions
-        types = sorted({node.op_type for node in fp32_model.graph.node} & quantizable)
-        # the lists the twin shows (one call each) before a search that drops one op type per
-        # round: a restricted list is mostly what the twin's DequantizeLinears are read by
-        for shown in _shown_op_types(self.int8_index, set(types)):
-            trial, trial_difference = self._distance(shown, ())
-            if trial < distance:
-                distance, difference, types = trial, trial_difference, shown
-            if distance == 0:
-                break
-        while distance and self.calls + len(types) <= REQUANTIZE_SEARCH_CALLS:
-            trials = [(self._distance([t for t in types if t != op], ()), op) for op in types]
-            (best, best_difference), op = min(trials, key=lambda trial: trial[0][0])
-            if best >= distance:
-                break
-            distance, difference = best, best_difference
-            types = [t for t in types if t != op]
-        for op in list(types) if distance == 0 else ():
-            if len(types) > 1 and self.calls < REQUANTIZE_SEARCH_CALLS and \
-                    self._distance([t for t in types if t != op], ())[0] == 0:
-                types = [t for t in types if t != op]
-        excluded: list[str] = []
-        in_int8 = {node.name for node in self.int8_model.graph.node}
-        progress = True
-        while distance and progress and self.calls < REQUANTIZE_SEARCH_CALLS:
-            progress = False
-            touched = _touched(difference)
-            for node in fp32_model.graph.node:
-                if (node.op_type in types and node.name in in_int8 and node.name not in excluded
-                        and touched.intersection((*node.input, *node.output))
-                        and self.calls < REQUANTIZE_SEARCH_CALLS):
-                    trial, trial_difference = self._distance(types, [*excluded, node.name])
-                    if trial < distance:
-                        distance, difference, progress = trial, trial_difference, True
-                        excluded.append(node.name)
-                        touched = _touched(difference)
-        if distance:
-            self.difference = difference
-            return False
-        every = {node.op_type for node in fp32_model.graph.node} & quantizable
-        self.op_types = None if set(types) == every else types  # None: the default list
-        self.excluded = excluded
-        return True
-
-    def model(self, excluded: list[str]) -> tuple[Any, dict, list[str], list[str]]:
-        """The graph quantize_static writes with ``excluded`` (and the nodes the int8 model
-        leaves in float) kept in float, its numbers taken from the int8 model: ``(model,
-        arrays by initializer name, tensors whose numbers the int8 model does not hold,
-        tensors it would calibrate anew)``.
-        The arrays replace the graph's own initializers of those names.
-
-        An activation's scale and zero point are the int8 model's QuantizeLinear's for the
-        same tensor; a weight's or bias's are those the same node reads at the same input in
-        the int8 model (not those of the same name: a bias shared by two nodes is quantized
-        once for each, and which gets the plain name depends on what is excluded)."""
-        from onnx import numpy_helper
-
-        model = self.quantize(self.op_types, [*self.excluded, *excluded])
-        index = GraphIndex.of(model.graph)
-        own = index.initializers
-        quantizers = _activation_quantizers(index)
-        if self.calibrated and self.calibrated_values is None and not excluded:
-            self.calibrated_values = {tensor: _quantization_values(own, node)
-                                      for tensor, node in quantizers.items()}
-        taking = _Taking(own, self.int8_values)
-        left = {*self.excluded, *excluded}
-        for node in model.graph.node:
-            if node.op_type == "QuantizeLinear" and node.input[0] not in own:
-                self._take_activation(taking, node, quantizers, left)
-        readers = sorted(_named_nodes(model.graph), key=lambda node: node.name in left)
-        done: set[str] = set()
-        for node in readers:  # the quantized readers first: a weight is quantized for them
-            for position, name in enumerate(node.input):
-                dequantize = _weight_dequantizer(index, name)
-                if dequantize is None or (node.name in left and dequantize.input[0] in done):
-                    continue  # (a node left in float may read what was quantized for another)
-                done.add(dequantize.input[0])
-                if self.calibrated and own[dequantize.input[0]].data_type == 6 and \
-                        not self._same_input_scale(index, node):
-                    continue  # an int32 bias follows its input's scale, calibrated anew here
-                taking.take(dequantize.input, self.int8_weight_readers.get(
-                    (node.name, position)), dequantize.input[0])
-        arrays = {}
-        for name, value in taking.values.items():  # small ones inline, large ones as arrays
-            if value.nbytes < DETACH_MIN_BYTES:
-                own[name].CopyFrom(numpy_helper.from_array(value, name))
-            else:
-                arrays[name] = value
-        kept = [tensor for tensor in model.graph.initializer if tensor.name not in arrays]
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(kept)
-        return model, arrays, taking.unknown, taking.fresh
-
-    def _same_input_scale(self, index: GraphIndex, node) -> bool:
-        """Whether ``node`` (a Gemm or Conv of the requantized graph) reads its input with the
-        scale the same node reads it with in the int8 model: then its int32 bias is the int8
-        model's, scaled by the int8 model's weight scale, which the weight taken from there
-        needs (the quantizer's own weight scale can differ: reduce_range, WeightSymmetric)."""
-        from onnx import numpy_helper
-
-        theirs_node = self.int8_nodes.get(node.name)
-        mine = index.producer(node.input[0]) if node.input else None
-        theirs = (self.int8_index.producer(theirs_node.input[0])
-                  if theirs_node is not None and theirs_node.input else None)
-        if mine is None or theirs is None or mine.op_type != "DequantizeLinear" or \
-                theirs.op_type != "DequantizeLinear" or mine.input[1] not in index.initializers:
-            return False
-        return _same_numbers((numpy_helper.to_array(index.initializers[mine.input[1]]),),
-                             (self.int8_values(theirs.input[1]),))
-
-    def calibration_differs(self) -> str | None:
-        """Where the quantizer's own calibration (nothing excluded) does not give the int8
-        model's scale or zero point, the first such tensor said with both scales; None where
-        every one agrees."""
-        import numpy as np
-
-        for tensor, node in self.int8_quantizers.items():
-            mine = (self.calibrated_values or {}).get(tensor)
-            theirs = tuple(self.int8_values(name) for name in node.input[1:3])
-            if mine is None or len(theirs) < 2 or any(value is None for value in theirs):
-                continue
-            if mine[0].shape != theirs[0].shape or not (
-                    np.allclose(mine[0], theirs[0], rtol=1e-6, atol=0)
-                    and np.array_equal(mine[1], theirs[1])):
-                return (f"{tensor!r} with scale {np.ravel(mine[0])[0]:.6g}, the int8 model has "
-                        f"{np.ravel(theirs[0])[0]:.6g}")
-        return None
-
-    def _take_activation(self, taking: _Taking, node, quantizers: dict, left: set) -> None:
-        """An activation's scale and zero point, ``node`` its QuantizeLinear in the requantized
-        graph (``quantizers``: its activation QuantizeLinears, ``left``: the nodes it leaves in
-        float): the int8 model's, unless the quantizer calibrated on the int8 model's own data
-        (``calibrated``: then its numbers are the int8 model's already). Where the tensor
-        borrowed its range along a chain this graph cuts, the quantizer calibrates it anew from
-        data eprun does not have: that is said (``fresh``), and the int8 number is still the
-        nearest there is."""
-        if self.calibrated:
-            return
-        tensor = node.input[0]
-        if self._cut_from_its_range(tensor, quantizers, taking.own, left) and \
-                repr(tensor) not in taking.fresh:
-            taking.fresh.append(repr(tensor))
-        taking.take(node.input[1:], self.int8_quantizers.get(tensor), tensor)
-
-    def _cut_from_its_range(self, tensor: str, quantizers: dict, own: dict, left: set) -> bool:
-        """Whether ``tensor`` borrowed its range in the int8 model along a chain that this
-        graph cuts, from a tensor whose range is not its own: the quantizer then calibrates
-        the tensor after the cut itself. A loan is cut where its op is left in float, the
-        lender is no longer quantized, or the two no longer share the numbers here (the
-        quantizer passes a scale on only to an op it reaches after the input was quantized,
-        in node order: excluding the earlier readers of a tensor ends a MaxPool's loan).
-        ``quantizers``: this graph's activation QuantizeLinears, ``own`` its initializers."""
-        path, current, seen = [], tensor, {tensor}
-        while current in self.borrowed:
-            lender, op_type, node_name, by_name = self.borrowed[current]
-            if lender in seen:
-                break
-            path.append((current, lender, op_type, node_name, by_name))
-            seen.add(lender)
-            current = lender
-        for k, (child, lender, _, node_name, by_name) in enumerate(path):
-            if node_name in left or lender not in quantizers or child not in quantizers:
-                cut = True
-            elif by_name:
-                cut = quantizers[child].input[1] != quantizers[lender].input[1]
-            else:
-                cut = not _same_numbers(_quantization_values(own, quantizers[child]),
-                                        _quantization_values(own, quantizers[lender]))
-            if cut:
-                return not {op for _, _, op, _, _ in path[k:]} <= _RANGE_KEEPING_OPS
-        return False
-
-
-def _weight_dequantizer(index: GraphIndex, name: str):
-    """The DequantizeLinear of a quantized weight (an initializer) that writes ``name``, if
-    one does."""
-    node = index.producer(name)
-    if node is not None and node.op_type == "DequantizeLinear" and \
-            node.input[0] in index.initializers:
-        return node
-    return None
-
-
-def _named_nodes(graph) -> Iterator:
-    """The graph's nodes, each unnamed one named as eprun names its unit (``<op>#<k>``), in a
-    copy: how a requantized node and the int8 model's node it was are paired."""
-    counts: collections.Counter = collections.Counter()
-    for node in graph.node:
-        if node.name:
-            yield node
-            continue
-        named = type(node)()
-        named.CopyFrom(node)
-        named.name = f"{node.op_type}#{counts[node.op_type]}"
-        counts[node.op_type] += 1
-        yield named
-
-
-def _quantization_values(initializers: dict, quantize) -> tuple | None:
-    """The (scale, zero point) arrays a QuantizeLinear reads from ``initializers``."""
-    from onnx import numpy_helper
-
-    names = list(quantize.input[1:3])
-    if len(names) < 2 or not set(names) <= initializers.keys():
-        return None
-    return tuple(numpy_helper.to_array(initializers[name]) for name in names)
-
-
-def _activation_quantizers(index: GraphIndex) -> dict:
-    """Each quantized activation's QuantizeLinear, by the tensor it reads."""
-    return {node.input[0]: node for node in index.nodes
-            if node.op_type == "QuantizeLinear" and node.input[0] not in index.initializers}
-
-
-# Ops whose output holds exactly their input's values, moved or repeated: the range a quantizer
-# calibrates for the output is the input's, whatever the data.
-_RANGE_KEEPING_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
-                                "Identity", "DepthToSpace", "SpaceToDepth", "Expand", "Tile"})
-# Activations a symmetric quantizer gives their input's range the other way round: the input
-# takes the output's (quantize_static with ActivationSymmetric, a Relu it cannot fold).
-_RANGE_LENDING_OUTPUTS = frozenset({"Relu", "Clip"})
-# Ops a quantizer gives their input's scale and zero point (onnxruntime's QDQ pass-through
-# ops and their kin): where another tool names the shared numbers twice, equal numbers across
-# one of these are taken as borrowed; across any other op they are a coincidence of the data.
-_RANGE_PASSING_OPS = _RANGE_KEEPING_OPS | {"Slice", "Split", "Gather", "GatherElements", "TopK",
-                                          "MaxPool", "AveragePool", "Resize", "Pad"}
-
-
-def _borrowed_ranges(nodes, index: GraphIndex, quantizers: dict, values: Callable) -> dict:
-    """Which activations of a QDQ graph (``nodes``, named as the units are) borrowed their
-    scale and zero point from a neighbour, as a quantizer gives an op that passes values on
-    (Reshape, Slice, MaxPool, Split) its input's, and a symmetric one a Relu's input the
-    Relu's output: ``{tensor: (lender, op type, node name, by name)}``, for every op whose
-    input and output are quantized with the same numbers (by name, or by value across
-    ``_RANGE_PASSING_OPS``)."""
-    borrowed: dict = {}
-
-    def numbers(tensor: str):
-        node = quantizers[tensor]
-        return [values(name) for name in node.input[1:3]]
-
-    for node in nodes:
-        if node.op_type in _QDQ_OPS:
-            continue
-        for output in node.output:
-            if output not in quantizers:
-                continue
-            theirs = numbers(output)
-            for name in node.input:
-                dequantize = index.producer(name)
-                quantize = index.producer(dequantize.input[0]) if dequantize is not None and \
-                    dequantize.op_type == "DequantizeLinear" else None
-                if quantize is None or quantize.op_type != "QuantizeLinear" or \
-                        quantize.input[0] not in quantizers or quantize.input[0] == output:
-                    continue
-                same_name = quantize.input[1] == quantizers[output].input[1]
-                if not same_name and (
-                        node.op_type not in _RANGE_PASSING_OPS | _RANGE_LENDING_OUTPUTS
-                        or not _same_numbers(numbers(quantize.input[0]), theirs)):
-                    continue
-                if node.op_type in _RANGE_LENDING_OUTPUTS:
-                    borrowed.setdefault(quantize.input[0],
-                                        (output, node.op_type, node.name, same_name))
-                else:
-                    borrowed.setdefault(output,
-                                        (quantize.input[0], node.op_type, node.name, same_name))
-    return borrowed
-
-
-class _Taking:
-    """Numbers taken over from the int8 model into a requantized graph's initializers
-    (``own``): each only where its shape and type fit and no initializer would get two; what
-    cannot be taken is named in ``unknown``."""
-
-    def __init__(self, own: dict, int8_values: Callable) -> None:
-        self.own, self.int8_values = own, int8_values
-        self.values: dict = {}
-        self.assigned: dict[str, str] = {}
-        self.unknown: list[str] = []
-        self.fresh: list[str] = []  # ranges the quantizer would calibrate anew, said once each
-
-    def take(self, mine: list[str], theirs, what: str) -> None:
-        """``mine`` (initializer names) get the values of ``theirs``' same inputs."""
-        from onnx import helper
-
-        if theirs is None:
-            self.unknown.append(what)
-            return
-        their_names = list(theirs.input) if len(mine) == len(theirs.input) else \
-            list(theirs.input[1:])
-        for name, their in zip(mine, their_names):
-            value = self.int8_values(their)
-            tensor = self.own.get(name)
-            fits = (value is not None and tensor is not None
-                    and value.shape == tuple(tensor.dims)
-                    and value.dtype == helper.tensor_dtype_to_np_dtype(tensor.data_type))
-            if not fits or self.assigned.get(name, their) != their:  # one name, two values
-                self.unknown.append(what)
-                return
-            self.assigned[name] = their
-            self.values[name] = value
-
-
-# How an estimate by graph edits in the quantizer's place begins (``SensitivityRun.inexact``).
-_GRAPH_EDITS_STAND_IN = "graph edits stand in for quantize_static"
-
-
-def _for_graph_edits_only(inexact: str | None) -> bool:
-    """Is a unit exact but for graph edits standing in for the quantizer? Then it is no
-    worse an estimate than every other unit, and keeps its rank in the recommendation."""
-    return inexact is None or inexact.startswith(_GRAPH_EDITS_STAND_IN)
-
-
-class SensitivityRun:
-    """The fp32 model's final output, and the int8 model's with any set of units restored.
-
-    Restored units are requantized: the graph is the one the installed onnxruntime's
-    quantize_static writes with them in ``nodes_to_exclude`` (``Requantizer``), its numbers
-    the int8 model's. Where the quantizer cannot be imported or cannot be made to write the
-    int8 model again, eprun edits the int8 graph instead (``restore_to_float``) and says so
-    (``predicted_by``). A context manager: its scratch folder goes when the block ends."""
-
-    def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
-                 targets: Targets | None = None, *, swapped_ok: bool = False,
-                 requantize: bool = True, calibration: str | None = None,
-                 extra_options: dict | None = None, settled: tuple | None = None,
-                 folder: str | None = None) -> None:
-        """``calibration``: the file of the data the int8 model was calibrated on;
-        ``extra_options``: quantize_static options it was made with that it may not show.
-        ``settled`` (op types, nodes left in float, calibrated) and ``folder`` are a worker's:
-        the settings its parent found and checked, and a folder inside the parent's own."""
-        self._stack = contextlib.ExitStack()
-        self._settled, self._folder, self.calibration = settled, folder, calibration
-        self.given_options = dict(extra_options or {})
-        try:
-            self._open(fp32, int8, seed, inputs, targets=targets, swapped_ok=swapped_ok,
-                       requantize=requantize)
-        except BaseException:
-            self._stack.close()
-            raise
-
-    def __enter__(self) -> SensitivityRun:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._stack.close()
-
-    def _open(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None, *,
-              targets: Targets | None, swapped_ok: bool, requantize: bool) -> None:
-        require_file(fp32)
-        require_file(int8)
-        self.fp32, self.int8 = fp32, int8
-        self.targets = targets or Targets()
-        self.got = Got([])
-        self.unknown: list[str] = []
-        self.fresh: list[str] = []
-        self.fp32_model = load_model(fp32, text_names=True)
-        self.int8_model = load_model(int8, text_names=True)
-        require_in_order((self.fp32_model, self.int8_model), (fp32, int8), swapped_ok)
-        # a calibration file that does not fit fails before anything runs
-        self.batches = (calibration_batches(self.fp32_model, self.calibration, fp32)
-                        if self.calibration else None)
-        require_qdq_form(self.int8_model, int8)
-        self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
-        self.int8_feed = feed_for(specs_from_model(self.int8_model), int8, self.feed)
-        # Inline int8 weights become arrays once (large ones are read from the file by
-        # each session); each rebuilt graph copies placeholders only.
-        self.int8_weights = dict(zip(*detach_initializers(self.int8_model)))
-        self._int8_tensors = {tensor.name: tensor for tensor in self.int8_model.graph.initializer}
-        self.int8_index = GraphIndex.of(self.int8_model.graph)
-        self.units = quantized_units(self.fp32_model, self.int8_model, self.int8_index)
-        fp32_output = _final(self.fp32_model)
-        self.output = _final(self.int8_model)
-        model = load_model(fp32)
-        session = open_exposed(model, fp32, on=self.targets.reference)
-        self.reference_got = Got.of(session)
-        self.reference = run_session(session, [fp32_output], self.feed.arrays,
-                                     what=repr(fp32), hint=dims_hint(self.feed))[0]
-        del session
-        self.sessions = 0
-        # why graph edits stand in for the quantizer that was asked for, once they do
-        self.fallback: str | None = None
-        self._unrestored: tuple | None = None  # (value, unknown, fresh, got), by _reproduces
-        self.requantizer = self._requantizer() if requantize else None
-        if self.requantizer is None and requantize:  # graph edits: what was given goes unused
-            if self.calibration:
-                note(f"--calibration {self.calibration!r} is not used: the quantizer does not "
-                     "run (see above), and graph edits take every number from the int8 model")
-            if self.given_options:
-                note(f"--extra-option {', '.join(self.given_options)} is not used: graph edits "
-                     "do not run the quantizer")
-        if self.requantizer is not None:
-            kept = set(self.requantizer.op_types or _installed_quantizer_op_types())
-            left = set(self.requantizer.excluded)
-            self.units = [unit for unit in self.units
-                          if unit.op_type in kept and unit.name not in left]
-
-    @property
-    def predicted_by(self) -> str:
-        return "quantize_static" if self.requantizer is not None else "graph edits"
-
-    def _int8_value(self, name: str):
-        if name in self.int8_weights:
-            return self.int8_weights[name]
-        tensor = self._int8_tensors.get(name)
-        return None if tensor is None else _initializer_array(tensor, self.int8)
-
-    def _requantizer(self) -> Requantizer | None:
-        """The installed quantizer, set up to write the int8 model again; None (and a note)
-        where it cannot be."""
-        folder = self._folder or self._stack.enter_context(scratch_folder("eprun-sensitivity-"))
-        self.folder = folder
-        fallback = ("sensitivity edits the int8 graph instead, which can differ from what "
-                    "quantize_static writes")
-        try:
-            from onnxruntime import quantization  # noqa: F401 - can it be imported at all?
-        except (KeyboardInterrupt, SystemExit, MemoryError):
-            raise
-        except Exception as exc:  # ImportError (sympy), or a release that breaks on import
-            self.fallback = (f"onnxruntime.quantization cannot be imported here "
-                             f"({type(exc).__name__}: {one_line(exc)})")
-            note(f"{self.fallback}; {fallback}")
-            return None
-        batches = self.batches or [calibration_rows(self.fp32_model, self.feed)]
-        requantizer = Requantizer(self.fp32, self.fp32_model, self.int8_model,
-                                  int8_values=self._int8_value, batches=batches,
-                                  calibrated=bool(self.calibration), folder=folder)
-        requantizer.extra_options.update(self.given_options)
-        if self._settled is not None:  # a worker: its parent searched and checked
-            (requantizer.op_types, requantizer.excluded, requantizer.extra_options,
-             requantizer.calibrated) = self._settled
-            return requantizer
-        try:
-            settled = requantizer.settle(self.fp32_model, _installed_quantizer_op_types())
-        except QuantizerFailure as exc:
-            self._blame_given_options(requantizer, exc)
-            self.fallback = str(exc)
-            note(f"{exc}; {fallback}")
-            return None
-        if not settled:
-            differ = sorted(name for _, name in requantizer.difference)
-            self.fallback = (f"quantize_static, with any settings eprun tried "
-                             f"({requantizer.calls} calls), does not quantize the tensors "
-                             f"{self.int8!r} quantizes ({len(differ)} differ, e.g. "
-                             f"{', '.join(map(repr, differ[:3]))})")
-            note(f"{self.fallback}; {fallback}")
-            return None
-        return requantizer if self._reproduces(requantizer, fallback) else None
-
-    def _blame_given_options(self, requantizer: Requantizer, failure: QuantizerFailure) -> None:
-        """A usage error where quantize_static fails only with the ``--extra-option`` given:
-        it is the option, not the model."""
-        if not self.given_options:
-            return
-        for key in self.given_options:
-            requantizer.extra_options.pop(key, None)
-        try:
-            requantizer.quantize(None, ())
-        except QuantizerFailure:
-            return  # it fails without them too: the model's
-        given = ", ".join(f"{key}={value!r}" for key, value in self.given_options.items())
-        cause = failure.__cause__ or failure
-        raise EprunError(f"--extra-option {given}: quantize_static refuses it "
-                         f"({type(cause).__name__}: {one_line(cause)})", EXIT_USAGE)
-
-    def _reproduces(self, requantizer: Requantizer, fallback: str) -> bool:
-        """Does the requantized model with nothing excluded give the int8 model's own final
-        output? Same tensors quantized is not enough where a number could not be taken over
-        (a weight quantized per channel here and per tensor there)."""
-        import numpy as np
-
-        session = open_exposed(load_model(self.int8), self.int8, on=self.targets.candidate)
-        (own,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
-                             hint=dims_hint(self.feed))
-        del session
-        own64 = own.astype(np.float64)
-        mine = self._run_variant(requantizer, []).astype(np.float64)
-        differs = requantizer.calibration_differs() if requantizer.calibrated else None
-        if differs:
-            note(f"{self.calibration!r} is not the data {self.int8!r} was calibrated on "
-                 f"(quantize_static, MinMax, calibrates {differs}); sensitivity takes the int8 "
-                 "model's numbers instead and says where a range would be calibrated anew")
-            requantizer.calibrated = False
-            mine = self._run_variant(requantizer, []).astype(np.float64)
-        # the variant with nothing restored is the ranking's base: measured once, here
-        self._unrestored = (self._last_variant, self.unknown, self.fresh, self.got)
-        if own64.shape == mine.shape:
-            deviation = float(np.abs(own64 - mine).max(initial=0.0))
-            if deviation <= 1e-6 * max(float(np.abs(own64).max(initial=0.0)), 1e-30) or \
-                    np.array_equal(own64, mine, equal_nan=True):
-                return True
-        else:
-            deviation = math.inf
-        self.fallback = (f"quantize_static, set up to write {self.int8!r} again, gives another "
-                         f"final output (max abs difference {deviation:.3g}: a number of the "
-                         f"int8 model could not be taken over)")
-        note(f"{self.fallback}; {fallback}")
-        return False
-
-    def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
-        if not restored and self._unrestored is not None and self.requantizer is not None:
-            self.last, self.unknown, self.fresh, self.got = self._unrestored
-        else:
-            self.last = self._run_variant(self.requantizer, restored)
-        return compare_boundary(self.reference, self.last, self.feed.rows, metrics)
-
-    def _run_variant(self, requantizer: Requantizer | None, restored: list[Unit]):
-        """The int8 model's final output with ``restored`` in float: requantized by
-        ``requantizer``, else by graph edits."""
-        if requantizer is not None:
-            model, arrays, self.unknown, self.fresh = requantizer.model(
-                [unit.name for unit in restored])
-            path = requantizer.output_path
-        else:
-            model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored,
-                                             self.fp32, self.units)
-            used = {tensor.name for tensor in model.graph.initializer}
-            arrays = {**{name: array for name, array in self.int8_weights.items()
-                         if name in used}, **arrays}
-            path, self.unknown, self.fresh = self.int8, [], []
-        session = open_exposed(model, path, extra_arrays=arrays, on=self.targets.candidate)
-        self.got = Got.of(session)
-        self.sessions += 1
-        (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
-                               hint=dims_hint(self.feed))
-        self._last_variant = value
-        return value
-
-    def inexact(self, restored: list[Unit]) -> str | None:
-        """Why the last measure (``restored`` in float) may differ from quantize_static, if it
-        may: what the quantizer would calibrate from data eprun does not have (none where it
-        calibrates on the int8 model's own, ``--calibration``)."""
-        if self.requantizer is not None and self.requantizer.calibrated:
-            return None
-        reason = next(filter(None, (_data_dependent(self.int8_index, unit)
-                                    for unit in restored)), None)
-        if self.fallback is not None and restored:
-            stand_in = (f"{_GRAPH_EDITS_STAND_IN}, which can write another graph with this "
-                        f"excluded: {self.fallback}")
-            reason = stand_in if reason is None else f"{reason}; besides, {stand_in}"
-        source = "the --calibration data" if self.calibration else "eprun's seeded input"
-        if reason is None and self.unknown:
-            reason = (f"quantize_static would quantize {', '.join(self.unknown[:3])}"
-                      f"{' and more' if len(self.unknown) > 3 else ''}, which the int8 model "
-                      f"does not, with a range calibrated from data eprun does not have (here "
-                      f"from {source})")
-        if reason is None and self.fresh:
-            more = " and more" if len(self.fresh) > 2 else ""
-            cure = ("the --calibration data does not give the int8 model's ranges"
-                    if self.calibration else "--calibration makes it exact")
-            reason = (f"quantize_static would calibrate the range of "
-                      f"{', '.join(self.fresh[:2])}{more} anew, from data eprun does not have "
-                      f"(here the int8 model's number for it stands in; {cure})")
-        return reason
-
-    def settings(self) -> dict:
-        """The quantize_static settings that write the int8 model again."""
-        requantizer = self.requantizer
-        return {"op_types_to_quantize": requantizer.op_types,
-                "nodes_to_exclude": requantizer.excluded, **requantizer.types,
-                "extra_options": requantizer.extra_options, "calls": requantizer.calls}
-
-
-def calibration_batches(model, file: str, path: str) -> list[dict]:
-    """The arrays of a ``--calibration`` file (numpy.savez, one per input of the fp32 model)
-    as the batches quantize_static calibrates on. Where inputs fix a batch size and the file
-    holds a multiple of it, that many rows at a time: those inputs and the ones whose first
-    dim is free are cut alike (their row counts must agree), the rest (a scalar, a state
-    whose first dim is fixed and given whole) go with every batch. Else the file is one
-    batch. MinMax calibration takes the smallest and largest values over all batches."""
-    import numpy as np
-
-    specs = specs_from_model(model)
-    stored = _load_inputs_file(file, specs, path, "calibration")
-    arrays = {}
-    for spec in specs:
-        array = stored[spec.name]
-        wanted = np.dtype(spec.dtype) if spec.dtype in _SESSION_TYPES.values() else array.dtype
-        if array.dtype.kind != wanted.kind and {array.dtype.kind, wanted.kind} != {"i", "u"}:
-            raise EprunError(f"{file!r}: {spec.name!r} holds {array.dtype} values; {path!r} "
-                             f"takes {spec.dtype}")
-        arrays[spec.name] = array.astype(wanted, copy=False)
-    free = {spec.name for spec in specs if spec.dims and not isinstance(spec.dims[0], int)
-            and arrays[spec.name].ndim}
-    fixed = {spec.name: spec.dims[0] for spec in specs if spec.dims
-             and isinstance(spec.dims[0], int) and arrays[spec.name].ndim
-             and arrays[spec.name].shape[0] != spec.dims[0]}  # more rows than the model takes
-    rows = {name: arrays[name].shape[0] for name in (*free, *fixed)}
-    if len(set(rows.values())) > 1:
-        raise EprunError(f"the arrays in {file!r} disagree on the batch size ("
-                         + ", ".join(f"{name} {count}" for name, count in sorted(rows.items()))
-                         + "); give every batched input the same rows")
-    batches = [arrays]
-    sizes = set(fixed.values())
-    if len(sizes) == 1 and next(iter(rows.values())) % next(iter(sizes)) == 0:
-        size, count = sizes.pop(), next(iter(rows.values()))
-        cut = {*free, *fixed}
-        batches = [{name: array[start:start + size] if name in cut else array
-                    for name, array in arrays.items()} for start in range(0, count, size)]
-    for spec in specs:
-        _require_fitting(batches[0][spec.name], spec, file, path, "--calibration")
-    return batches
-
-
-# Rows of eprun's input the quantizer calibrates on: the numbers it derives are replaced by the
-# int8 model's, so the rows only matter for a tensor the int8 model does not quantize
-# ("inexact"), and all of them would cost memory for every tensor of the model, every call.
-CALIBRATION_ROWS = 16
-
-
-def calibration_rows(model, feed: Feed) -> dict:
-    """The first ``CALIBRATION_ROWS`` rows of ``feed``, where every graph input has a batch
-    dim of free size holding ``feed.rows``; else the whole feed."""
-    weights = {tensor.name for tensor in model.graph.initializer}
-    for value in model.graph.input:
-        if value.name in weights or value.name not in feed.arrays:
-            continue
-        dims = value.type.tensor_type.shape.dim
-        array = feed.arrays[value.name]
-        if not dims or dims[0].HasField("dim_value") or not array.ndim or \
-                array.shape[0] != feed.rows:
-            return feed.arrays
-    return {name: array[:CALIBRATION_ROWS] for name, array in feed.arrays.items()}
-
-
-def _installed_quantizer_op_types() -> set[str]:
-    """The op types the installed quantizer's registries quantize (its default list)."""
-    try:
-        from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
-    except ImportError:
-        return _quantizer_op_types()
-    return set(QLinearOpsRegistry) | set(QDQRegistry)
-
-
-def _meets(target: dict, measured: dict, reference, candidate) -> bool:
-    if "sqnr_db" in target:
-        return measured["sqnr_db"] is None or measured["sqnr_db"] >= target["sqnr_db"]
-    if "rel_error" in target:
-        return measured["rel_error"] <= target["rel_error"]
-    verdict = compare_outputs(reference, candidate, target["rtol"], target["atol"])
-    return verdict["violations"] == 0 and verdict["cosine"] >= target["min_cos"]
-
-
 def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
                 target_sqnr: float | None = None, target_rel_error: float | None = None,
                 profile: str | None = None, max_units: int | None = None,
@@ -10438,268 +10713,6 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
         plot_sensitivity(writer, answer)
         answer["plots"] = writer.write((fp32, int8))
     return answer
-
-
-@dataclasses.dataclass
-class Parallel:
-    """How ``sensitivity`` spreads its units over processes: ``jobs`` as given (None: as many
-    as the machine has cores, once the units would take a few seconds one after another),
-    and what a worker needs to open its own run (``spec``)."""
-
-    jobs: int | None
-    spec: dict
-
-
-# Seconds the units must be expected to take one after another before sensitivity, left to
-# choose (no --jobs), starts worker processes: each costs an interpreter, its imports and its
-# own reference run.
-PARALLEL_AFTER_SECONDS = 4.0
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _each_unit(run: SensitivityRun, chosen: list[Unit], parallel: Parallel | None
-               ) -> Iterator[tuple[dict, str | None]]:
-    """Each unit restored alone, in order: ``(measured, inexact)``. The first runs here; the
-    rest in worker processes when ``--jobs`` asks for more than one, or when left to choose
-    and the first took long enough that the rest would take ``PARALLEL_AFTER_SECONDS``.
-    Workers open the same models with the same input and settings, so the numbers are the
-    ones one process gives."""
-    import time
-
-    progress = Progress("restoring units one at a time", len(chosen))
-    done = 0
-    rest = list(chosen)
-    if rest:
-        started = time.monotonic()
-        unit = rest.pop(0)
-        yield run.measure([unit]), run.inexact([unit])
-        done += 1
-        progress.step(done)
-        took = time.monotonic() - started
-        jobs = 1 if parallel is None else parallel.jobs
-        if jobs is None:
-            jobs = _usable_cores() if took * len(rest) >= PARALLEL_AFTER_SECONDS else 1
-        jobs = min(jobs, len(rest))
-        if jobs > 1:
-            for result in _in_workers(run, rest, parallel, jobs):
-                done += 1
-                progress.step(done)
-                yield result
-            rest = []
-    for unit in rest:
-        yield run.measure([unit]), run.inexact([unit])
-        done += 1
-        progress.step(done)
-    progress.close()
-
-
-def _in_workers(run: SensitivityRun, units: list[Unit], parallel: Parallel, jobs: int
-                ) -> Iterator[tuple[dict, str | None]]:
-    """``units`` measured by ``jobs`` spawned worker processes, results in ``units``' order.
-    Each worker's scratch folder is inside this run's, so it goes with it, on a signal too."""
-    import concurrent.futures
-    import multiprocessing
-
-    spec = {**parallel.spec, "requantize": run.requantizer is not None,
-            "settled": (None if run.requantizer is None else
-                        (run.requantizer.op_types, run.requantizer.excluded,
-                         run.requantizer.extra_options, run.requantizer.calibrated)),
-            "folder": run.folder if run.requantizer is not None else None,
-            "fallback": run.fallback}
-    context = multiprocessing.get_context("spawn")
-    spec["parent"] = os.getpid()
-    with _isolated_spawning(), concurrent.futures.ProcessPoolExecutor(
-            max_workers=jobs, mp_context=context, initializer=_worker_start,
-            initargs=(spec,)) as pool:
-        futures = [pool.submit(_worker_measure, unit.name) for unit in units]
-        try:
-            for future in futures:
-                try:
-                    measured, inexact, sessions, calls = future.result()
-                except concurrent.futures.process.BrokenProcessPool as exc:
-                    raise EprunError(f"a sensitivity worker process ended abruptly "
-                                     f"({one_line(exc)}); rerun with --jobs 1") from exc
-                run.sessions += sessions
-                if run.requantizer is not None:
-                    run.requantizer.calls += calls
-                yield measured, inexact
-        finally:
-            for future in futures:
-                future.cancel()
-
-
-@contextlib.contextmanager
-def _isolated_spawning() -> Iterator[None]:
-    """Worker processes (and multiprocessing's resource tracker) started in the block run
-    Python isolated (``-I``): no working directory on ``sys.path`` before the parent's own
-    path is restored, no ``PYTHON*`` variables, no user site. multiprocessing starts them as
-    ``python -c ...``, which would put the working directory first: a ``copyreg.py`` or
-    ``pickle.py`` there would run in every worker."""
-    from multiprocessing import spawn, util
-
-    commands = spawn.get_command_line
-    flags = util._args_from_interpreter_flags
-
-    def isolated_command(**kwargs) -> list[str]:
-        command = commands(**kwargs)
-        return [command[0], "-I", *command[1:]]
-
-    def isolated_flags() -> list[str]:  # the resource tracker's command line
-        return ["-I", *[flag for flag in flags() if flag != "-I"]]
-
-    spawn.get_command_line, util._args_from_interpreter_flags = isolated_command, isolated_flags
-    try:
-        yield
-    finally:
-        spawn.get_command_line, util._args_from_interpreter_flags = commands, flags
-
-
-_WORKER: dict = {}  # a sensitivity worker process's open run
-
-
-def _worker_start(spec: dict) -> None:
-    """A worker process opens its own run of the same pair, quietly: its notes would repeat
-    the parent's, and anything it has to say comes back as an error."""
-    import ctypes
-    import tempfile
-
-    with contextlib.suppress(Exception):  # Linux: die with the parent, whatever ends it
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != spec["parent"]:  # the parent died before that could take effect
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(spec["parent"],), daemon=True).start()
-    if not debugging():
-        sink = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(sink, 1)
-        os.dup2(sink, 2)
-        import_ort().set_default_logger_severity(4)
-    # Processes side by side: a thread that spins while it waits takes a core from the other.
-    # (How many threads a session has, which could change its numbers, stays the default.)
-    current_run().session_config = {"session.intra_op.allow_spinning": "0",
-                                    "session.inter_op.allow_spinning": "0"}
-    try:
-        folder = (tempfile.mkdtemp(prefix="worker-", dir=spec["folder"]) if spec["folder"]
-                  else None)
-        targets = targets_from(*spec["targets"])
-        run = SensitivityRun(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
-                             targets, swapped_ok=True, requantize=spec["requantize"],
-                             calibration=spec["calibration"],
-                             extra_options=spec["extra_options"], settled=spec["settled"],
-                             folder=folder)
-    except Exception as exc:  # said by the first measurement asked of this worker
-        _WORKER["error"] = exc
-        return
-    run.fallback = spec["fallback"]  # graph edits because the parent's quantizer failed
-    _WORKER["run"] = run
-    _WORKER["units"] = {unit.name: unit for unit in run.units}
-
-
-def _watch_parent(parent: int) -> None:
-    """A worker's watch, where ``PR_SET_PDEATHSIG`` is missing or the parent thread that
-    started it ended: once its parent is gone, the worker ends too."""
-    import time
-
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(1)
-
-
-def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
-    """One unit restored alone: ``(measured, inexact, sessions opened, quantizer calls)``."""
-    if "error" in _WORKER:
-        raise _WORKER["error"]
-    run = _WORKER["run"]
-    unit = _WORKER["units"][name]
-    before = run.sessions, run.requantizer.calls if run.requantizer is not None else 0
-    measured = run.measure([unit])
-    calls = run.requantizer.calls if run.requantizer is not None else 0
-    return measured, run.inexact([unit]), run.sessions - before[0], calls - before[1]
-
-
-def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
-                target_sqnr: float | None, target_rel_error: float | None, profile: str | None,
-                max_units: int | None, units: list[str] | None,
-                parallel: Parallel | None = None) -> dict:
-    """``sensitivity``'s answer from an open run: each unit restored alone, ranked by gain,
-    then the recommendation, each step measured on the graph quantize_static writes."""
-    chosen = run.units
-    if units is not None:
-        known = {unit.name for unit in run.units}
-        unknown = [name for name in units if name not in known]
-        if unknown:
-            raise EprunError(f"--units names {', '.join(map(repr, unknown))}, which "
-                             f"{run.int8!r} does not quantize (its units: "
-                             f"{', '.join(sorted(known)) or 'none'})", EXIT_USAGE)
-        chosen = [unit for unit in run.units if unit.name in units]
-    quantized = run.measure([])
-    base = run.last
-    if target_sqnr is not None:
-        target = {"sqnr_db": target_sqnr}
-    elif target_rel_error is not None:
-        target = {"rel_error": target_rel_error}
-    else:
-        target = {"profile": profile or "int8", **TOLERANCE_PROFILES[profile or "int8"]}
-    ranked = []
-    for unit, (measured, inexact) in zip(chosen, list(_each_unit(run, chosen, parallel))):
-        gain = (None if measured["sqnr_db"] is None or quantized["sqnr_db"] is None
-                else measured["sqnr_db"] - quantized["sqnr_db"])
-        entry = {"name": unit.name, "op_type": unit.op_type, "named": unit.named,
-                 "rel_error": measured["rel_error"], "cos_min": measured["cos_min"],
-                 "sqnr_db": measured["sqnr_db"], "gain_db": gain}
-        if inexact:
-            entry["inexact"] = inexact
-        ranked.append(entry)
-    ranked.sort(key=lambda entry: (-math.inf if entry["gain_db"] is None and
-                                   entry["sqnr_db"] is not None else
-                                   -(entry["gain_db"] if entry["gain_db"] is not None
-                                     else math.inf)))
-    by_name = {unit.name: unit for unit in run.units}
-    met = _meets(target, quantized, run.reference, base)
-    excluded: list[str] = []
-    steps = []
-    limit = len(ranked) if max_units is None else max_units
-    # units measured exactly first: a step whose number is calibrated from data eprun does
-    # not have is a promise it cannot check
-    for entry in sorted(ranked, key=lambda entry: not _for_graph_edits_only(
-            entry.get("inexact"))):
-        if met or len(excluded) >= limit:
-            break
-        excluded.append(entry["name"])
-        restored = [by_name[name] for name in excluded]
-        measured = run.measure(restored)
-        met = _meets(target, measured, run.reference, run.last)
-        steps.append({"added": entry["name"], "rel_error": measured["rel_error"],
-                      "cos_min": measured["cos_min"], "sqnr_db": measured["sqnr_db"],
-                      "met": met})
-        inexact = run.inexact(restored)
-        if inexact:
-            steps[-1]["inexact"] = inexact
-    answer = {"seed": seed, "rows": run.feed.rows}
-    if not run.feed.contract_shaped:
-        answer["inputs"] = run.feed.fed
-    unnamed = [entry["name"] for entry in ranked if not entry["named"]]
-    if unnamed:
-        note(f"{', '.join(unnamed)}: the float model's node has no name, so eprun names it by op "
-             "type and position; quantize_static can only exclude named nodes")
-    already = run.requantizer.excluded if run.requantizer is not None else []
-    if len(excluded) * 2 > len(ranked):
-        note(_undoes_most(len(excluded), len(ranked)))
-    return {**answer, "output": run.output, "quantized": {
-                key: quantized[key] for key in ("rel_error", "cos_min", "sqnr_db")},
-            "units": ranked, "target": target,
-            "recommendation": {"nodes_to_exclude": [*already, *excluded], "steps": steps,
-                               "met": met},
-            "predicted_by": run.predicted_by,
-            "quantizer": run.settings() if run.requantizer is not None else None,
-            "sessions": run.sessions,
-            **({"providers": targets.field(run.got, run.reference_got)}
-               if targets.given else {})}
 
 
 EXTRA_OPTION_ARG = arg(
@@ -11396,7 +11409,7 @@ def _exposure_effect(int8_path: str, seed: int, output: str, exposed, *,
             "max_abs_diff": largest_of(differences(plain, exposed)[2])}
 
 
-# == 8. Command line ===============================================================================
+# == 9. Command line ===============================================================================
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """argparse's formatter, asking for the terminal's width only when it formats. argparse

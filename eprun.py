@@ -2367,23 +2367,37 @@ def _fill_types(model, types: dict) -> None:
             continue
         inferred: dict = {}
         if node.domain in ("", "ai.onnx") and opset is not None:
-            if all(not name or name in types for name in node.input):
-                with contextlib.suppress(Exception):  # no schema, or it needs input values
-                    from onnx import defs, shape_inference
-
-                    schema = defs.get_schema(node.op_type, opset, "")
-                    inferred = shape_inference.infer_node_outputs(
-                        schema, node, {name: types[name] for name in node.input if name})
+            inferred = _schema_types(node, opset, types)
         elif node.op_type.startswith("QLinear") or node.op_type == "QGemm":
-            operand = (node.input[8] if node.op_type == "QGemm" and len(node.input) > 8
-                       else next((name for name in node.input
-                                  if _element_type(types, name) in (2, 3)), None))
-            elem = _element_type(types, operand) if operand else 1
-            inferred = {node.output[0]: tensor_type(elem or 1)}
+            inferred = _quantized_operand_type(node, types)
         for name, value in inferred.items():
             if name and name not in types and value.HasField("tensor_type") \
                     and value.tensor_type.elem_type:
                 types[name] = value
+
+
+def _schema_types(node, opset: int, types: dict) -> dict:
+    """A standard op's output types from its schema, once every input's type is known;
+    nothing where there is no schema or it needs input values."""
+    if not all(not name or name in types for name in node.input):
+        return {}
+    with contextlib.suppress(Exception):  # no schema, or it needs input values
+        from onnx import defs, shape_inference
+
+        schema = defs.get_schema(node.op_type, opset, "")
+        return shape_inference.infer_node_outputs(
+            schema, node, {name: types[name] for name in node.input if name})
+    return {}
+
+
+def _quantized_operand_type(node, types: dict) -> dict:
+    """A QLinear op's or QGemm's output type: that of its quantized operands (QGemm's output
+    zero point, else the first 8-bit input)."""
+    operand = (node.input[8] if node.op_type == "QGemm" and len(node.input) > 8
+               else next((name for name in node.input
+                          if _element_type(types, name) in (2, 3)), None))
+    elem = _element_type(types, operand) if operand else 1
+    return {node.output[0]: tensor_type(elem or 1)}
 
 
 def _type_name(elem: int) -> str:
@@ -3079,31 +3093,10 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
     ort = import_ort()
     counting = records_assignment()
     on = on or ProviderRequest([CPU_EP])
-    extra = {"disabled_optimizers": list(disabled)} if disabled else {}
-    if on.strict:  # an EP that fails to start is the answer, not a quiet retry on the CPU
-        extra["enable_fallback"] = 0
-    if counting:  # which provider each node went to: the truth get_providers() is not
-        options = options if options is not None else ort.SessionOptions()
-        options.add_session_config_entry(_ASSIGNMENT_KEY, "1")
-    if on.by_devices():
-        options = options if options is not None else session_options()
-        on.add_to(options)
-    else:
-        extra["providers"] = on.names
-        if on.options:
-            extra["provider_options"] = [dict(on.options.get(name, {})) for name in on.names]
+    options, extra = _session_arguments(options, disabled, on, counting)
     return_freed_memory()  # what sessions released before this one, so peaks do not stack
     path = source if isinstance(source, str) else None
-    before, handle = (file_stamp(path) if path is not None else None), None
-    locations = external_locations(path) if path is not None else []
-    for location in locations:
-        _safe_location(location, path)  # confined here, whatever the release confines
-    if path is not None and not locations and os.path.isdir("/proc/self/fd"):
-        # onnxruntime reads the very file eprun stamped, whatever the path leads to meanwhile
-        handle = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        before, source = _stamp(os.fstat(handle)), f"/proc/self/fd/{handle}"
-    elif path is not None and not _is_text(path):
-        source = _bytes_for_a_path_not_text(path)
+    before, handle, source = _pinned_source(path, source)
     try:
         session = ort.InferenceSession(source, sess_options=options, **extra)
     except Exception as exc:
@@ -3121,17 +3114,63 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
     if path is not None and handle is None:  # what onnxruntime read is one file, not two
         require_same_stamp(path, before)
     session.eprun_stamp = before  # the file this session is of (None: given as bytes)
-    try:  # onnxruntime hands names over as text: a name that is not UTF-8 fails on first use
-        [value.name for value in (*session.get_inputs(), *session.get_outputs())]
-    except UnicodeDecodeError as exc:
-        raise EprunError(f"{what} has an input or output whose name is not UTF-8 text "
-                         f"({one_line(exc)}); eprun reads tensor names as text: give it a "
-                         "UTF-8 name") from exc
+    _require_text_names(session, what)
     if counting:
         session.eprun_nodes = _assigned_nodes(session)
     if not on.allow_fallback:
         require_got(session, on, what, source)
     return session
+
+
+def _session_arguments(options, disabled: list[str], on: ProviderRequest,
+                       counting: bool) -> tuple[Any, dict]:
+    """``(session options, keyword arguments)`` for ``InferenceSession``: the transformers
+    turned off, no quiet retry on the CPU for a strict request, node assignment recorded
+    where onnxruntime can, and the providers by name or (plugin EPs, policies) by device."""
+    extra: dict = {"disabled_optimizers": list(disabled)} if disabled else {}
+    if on.strict:  # an EP that fails to start is the answer, not a quiet retry on the CPU
+        extra["enable_fallback"] = 0
+    if counting:  # which provider each node went to: the truth get_providers() is not
+        options = options if options is not None else import_ort().SessionOptions()
+        options.add_session_config_entry(_ASSIGNMENT_KEY, "1")
+    if on.by_devices():
+        options = options if options is not None else session_options()
+        on.add_to(options)
+    else:
+        extra["providers"] = on.names
+        if on.options:
+            extra["provider_options"] = [dict(on.options.get(name, {})) for name in on.names]
+    return options, extra
+
+
+def _pinned_source(path: str | None, source) -> tuple[Any, int | None, Any]:
+    """``(stamp, descriptor, source)``: the model file held open where it has no external
+    data (onnxruntime then reads the very file eprun stamped, whatever the path leads to
+    meanwhile), its external data's locations confined first; bytes for a path that is not
+    text."""
+    if path is None:
+        return None, None, source
+    before = file_stamp(path)
+    locations = external_locations(path)
+    for location in locations:
+        _safe_location(location, path)  # confined here, whatever the release confines
+    if not locations and os.path.isdir("/proc/self/fd"):
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return _stamp(os.fstat(handle)), handle, f"/proc/self/fd/{handle}"
+    if not _is_text(path):
+        return before, None, _bytes_for_a_path_not_text(path)
+    return before, None, source
+
+
+def _require_text_names(session, what: str) -> None:
+    """onnxruntime hands names over as text: a name that is not UTF-8 fails on first use, so
+    it fails here, once, in words."""
+    try:
+        [value.name for value in (*session.get_inputs(), *session.get_outputs())]
+    except UnicodeDecodeError as exc:
+        raise EprunError(f"{what} has an input or output whose name is not UTF-8 text "
+                         f"({one_line(exc)}); eprun reads tensor names as text: give it a "
+                         "UTF-8 name") from exc
 
 
 # The session config entry that makes onnxruntime (1.24+) keep each node's provider.
@@ -3430,14 +3469,44 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
     import numpy as np
 
     options = options or InputOptions()
+    _require_named_inputs(specs, options, path)
+    stored = (options.arrays if options.arrays is not None else
+              _load_inputs_file(options.file, specs, path, iteration=options.iteration)
+              if options.file else {})
+    batch_symbols = _require_known_dims(specs, options, path)
+    rows = _feed_rows(specs, options, stored, path)
+
+    rng = np.random.default_rng(seed)
+    arrays, fed, defaulted = {}, [], []
+    for spec in specs:
+        if spec.name in stored:
+            array = stored[spec.name]
+            if options.file and options.arrays is None:
+                _require_fitting(array, spec, options.file, path)
+            arrays[spec.name] = array
+            fed.append({"name": spec.name, "dtype": array.dtype.name, "shape": list(array.shape),
+                        "source": "file"})
+            continue
+        shape = _input_shape(spec, options.dims, rows, batch_symbols, defaulted)
+        array, source = _draw(rng, spec, tuple(shape), options.ranges.get(spec.name), path)
+        arrays[spec.name] = np.asarray(array)  # a scalar input stays an array
+        fed.append({"name": spec.name, "dtype": spec.dtype, "shape": shape, "source": source})
+    # the contract's one float32 [batch, F] input: its answers say nothing of the inputs
+    return Feed(arrays, rows, fed, is_contract_input(specs) and not options.shaped, defaulted)
+
+
+def _require_named_inputs(specs: list[InputSpec], options: InputOptions, path: str) -> None:
+    """Every ``--input-range`` names an input of the model."""
     names = [spec.name for spec in specs]
     for name in options.ranges:
         if name not in names:
             raise EprunError(f"--input-range names {name!r}, which is not an input of {path!r} "
                              f"(inputs: {', '.join(names) or 'none'})", EXIT_USAGE)
-    stored = (options.arrays if options.arrays is not None else
-              _load_inputs_file(options.file, specs, path, iteration=options.iteration)
-              if options.file else {})
+
+
+def _require_known_dims(specs: list[InputSpec], options: InputOptions, path: str) -> set:
+    """Every ``--dim`` names a symbolic (or unset) dimension of the model that is not the
+    batch's (``--rows`` sets that); returns the batch's symbols."""
     batch_symbols = {spec.dims[0] for spec in specs
                      if spec.dims and isinstance(spec.dims[0], str)}
     for key in options.dims:
@@ -3453,36 +3522,26 @@ def make_feeds(specs: list[InputSpec], seed: int, options: InputOptions | None =
             raise EprunError(f"--dim names {key!r}, which is not a symbolic dimension of "
                              f"{path!r} (its symbolic dimensions: {', '.join(known) or 'none'})",
                              EXIT_USAGE)
-    rows = _feed_rows(specs, options, stored, path)
+    return batch_symbols
 
-    rng = np.random.default_rng(seed)
-    arrays, fed, defaulted = {}, [], []
-    for spec in specs:
-        if spec.name in stored:
-            array = stored[spec.name]
-            if options.file and options.arrays is None:
-                _require_fitting(array, spec, options.file, path)
-            arrays[spec.name] = array
-            fed.append({"name": spec.name, "dtype": array.dtype.name, "shape": list(array.shape),
-                        "source": "file"})
-            continue
-        shape = []
-        for axis, dim in enumerate(spec.dims):
-            key = dim if isinstance(dim, str) else f"{spec.name}:{axis}"
-            if isinstance(dim, int):
-                shape.append(dim)
-            elif key in options.dims:
-                shape.append(options.dims[key])
-            elif axis == 0 or dim in batch_symbols:
-                shape.append(rows)
-            else:
-                shape.append(DIM_DEFAULT)
-                defaulted.append(f"{spec.name}[{axis}]" + (f" ({dim!r})" if dim else ""))
-        array, source = _draw(rng, spec, tuple(shape), options.ranges.get(spec.name), path)
-        arrays[spec.name] = np.asarray(array)  # a scalar input stays an array
-        fed.append({"name": spec.name, "dtype": spec.dtype, "shape": shape, "source": source})
-    # the contract's one float32 [batch, F] input: its answers say nothing of the inputs
-    return Feed(arrays, rows, fed, is_contract_input(specs) and not options.shaped, defaulted)
+
+def _input_shape(spec: InputSpec, dims: dict, rows: int, batch_symbols: set,
+                 defaulted: list[str]) -> list[int]:
+    """The shape an input is drawn with: fixed dims as they are, ``--dim``'s, the batch's
+    ``rows``, else ``DIM_DEFAULT`` (appended to ``defaulted`` for the note that says so)."""
+    shape = []
+    for axis, dim in enumerate(spec.dims):
+        key = dim if isinstance(dim, str) else f"{spec.name}:{axis}"
+        if isinstance(dim, int):
+            shape.append(dim)
+        elif key in dims:
+            shape.append(dims[key])
+        elif axis == 0 or dim in batch_symbols:
+            shape.append(rows)
+        else:
+            shape.append(DIM_DEFAULT)
+            defaulted.append(f"{spec.name}[{axis}]" + (f" ({dim!r})" if dim else ""))
+    return shape
 
 
 def is_contract_input(specs: list[InputSpec]) -> bool:
@@ -3674,17 +3733,7 @@ def read_npz(file: str, names: list[str], what: str = "inputs", *, per: str = ""
         with zipfile.ZipFile(file) as archive:
             members = {info.filename[:-4] if info.filename.endswith(".npy") else
                        info.filename: info for info in archive.infolist()}
-            missing = [name for name in names if name not in members]
-            extra = [name for name in members if name not in names]
-            if missing or (extra and exact):
-                unknown = "nothing is called" if exact else "no input is called"
-                raise EprunError(f"{file!r} must hold one array {per} ({', '.join(names)}): "
-                                 + "; ".join(part for part in (
-                                     f"missing {', '.join(missing)}" if missing else "",
-                                     f"{unknown} {', '.join(extra)}" if extra else "")
-                                     if part))
-            if extra and not quiet:
-                note(f"{file!r}: {', '.join(map(repr, extra))} is no input's name; left unread")
+            _require_members(file, names, list(members), per=per, exact=exact, quiet=quiet)
             fits = (dims or {}), model, "--calibration" if what == "calibration" else "--inputs"
             return {name: _read_npy_member(archive, members[name], file,
                                            max_bytes if position == 0 else None, fits)
@@ -3694,6 +3743,23 @@ def read_npz(file: str, names: list[str], what: str = "inputs", *, per: str = ""
     except Exception as exc:  # not a zip, a pickled object array, a damaged member
         raise EprunError(f"cannot read the {what} file {file!r} ({type(exc).__name__}: "
                          f"{one_line(exc)}); write it with numpy.savez") from exc
+
+
+def _require_members(file: str, names: list[str], members: list[str], *, per: str,
+                     exact: bool, quiet: bool) -> None:
+    """Every one of ``names`` is a member; an extra member is an error where the file must
+    hold exactly ``names`` (``exact``), else a note unless ``quiet``."""
+    missing = [name for name in names if name not in members]
+    extra = [name for name in members if name not in names]
+    if missing or (extra and exact):
+        unknown = "nothing is called" if exact else "no input is called"
+        raise EprunError(f"{file!r} must hold one array {per} ({', '.join(names)}): "
+                         + "; ".join(part for part in (
+                             f"missing {', '.join(missing)}" if missing else "",
+                             f"{unknown} {', '.join(extra)}" if extra else "")
+                             if part))
+    if extra and not quiet:
+        note(f"{file!r}: {', '.join(map(repr, extra))} is no input's name; left unread")
 
 
 def _read_npy_member(archive, info, file: str, max_bytes: int | None = None,
@@ -3919,9 +3985,36 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed:
     not the one they were drawn with, or ``given_inputs`` (an ``--inputs`` file) that differ.
     The stored inputs are the ones measured on, and fed; they must be ``graph``'s inputs
     (``model`` parsed)."""
-    import json
 
     require_file(path, "golden")
+    meta, inputs, tensors = _read_golden(path)
+    if meta.get("kind") != kind:
+        raise EprunError(f"{path!r} holds {meta.get('kind')}, not {kind}; load it with the "
+                         "command that saved it")
+    if meta["tensors"] != list(tensor_names):
+        differ = next((f"{stored!r} where {model!r} has {here!r}" for stored, here in
+                       zip(meta["tensors"], tensor_names) if stored != here),
+                      f"{len(meta['tensors'])} tensors where {model!r} has "
+                      f"{len(tensor_names)}")
+        raise EprunError(f"{path!r} was saved from another graph than {model!r} "
+                         f"({differ}); refusing to compare")
+    require_golden_inputs(path, inputs, graph, model)
+    _require_same_source(path, meta, model, inputs, seed=seed if seed_given else None,
+                         given_inputs=given_inputs)
+    if os.path.basename(model) != meta.get("model"):
+        note(f"{path!r} was saved from {meta.get('model')!r}, and is compared as "
+             f"{os.path.basename(model)!r}'s: the tensor names and the fingerprint match")
+    record = {"loaded": path, **{key: meta.get(key) for key in (
+        "model", "fingerprint", "providers", "nodes_per_provider", "onnxruntime", "machine",
+        "seed")}}
+    return record, inputs, tensors
+
+
+def _read_golden(path: str) -> tuple[dict, dict, dict]:
+    """``(record, inputs, tensors)`` as a golden file holds them, by the names its record
+    lists; a file that is not one eprun wrote is refused in one line."""
+    import json
+
     try:
         record = read_npz(path, [_GOLDEN_META], "golden", per="", quiet=True,
                           max_bytes=_GOLDEN_RECORD_BYTES)[_GOLDEN_META]
@@ -3951,26 +4044,7 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed:
         why = str(exc) if isinstance(exc, EprunError) else f"{type(exc).__name__}: {one_line(exc)}"
         raise EprunError(f"{path!r} is not a golden file eprun wrote ({why}); write one with "
                          "--save-outputs or --save-boundaries") from exc
-    if meta.get("kind") != kind:
-        raise EprunError(f"{path!r} holds {meta.get('kind')}, not {kind}; load it with the "
-                         "command that saved it")
-    if meta["tensors"] != list(tensor_names):
-        differ = next((f"{stored!r} where {model!r} has {here!r}" for stored, here in
-                       zip(meta["tensors"], tensor_names) if stored != here),
-                      f"{len(meta['tensors'])} tensors where {model!r} has "
-                      f"{len(tensor_names)}")
-        raise EprunError(f"{path!r} was saved from another graph than {model!r} "
-                         f"({differ}); refusing to compare")
-    require_golden_inputs(path, inputs, graph, model)
-    _require_same_source(path, meta, model, inputs, seed=seed if seed_given else None,
-                         given_inputs=given_inputs)
-    if os.path.basename(model) != meta.get("model"):
-        note(f"{path!r} was saved from {meta.get('model')!r}, and is compared as "
-             f"{os.path.basename(model)!r}'s: the tensor names and the fingerprint match")
-    record = {"loaded": path, **{key: meta.get(key) for key in (
-        "model", "fingerprint", "providers", "nodes_per_provider", "onnxruntime", "machine",
-        "seed")}}
-    return record, inputs, tensors
+    return meta, inputs, tensors
 
 
 def _require_same_source(path: str, meta: dict, model: str, inputs: dict, *,
@@ -4365,6 +4439,32 @@ _QUANTIZED_OPERANDS = {
 }
 
 
+def _quantized_readers(index: GraphIndex) -> dict[str, tuple[str, str]]:
+    """``{quantized operand: (scale, zero point)}`` as the first quantized op that reads it
+    (QLinearMatMul, QLinearAdd, ... ``_QUANTIZED_OPERANDS``; QLinearConcat's own layout)
+    names them; zero point "" where the op omits it."""
+    readers: dict[str, tuple[str, str]] = {}
+    for node in index.nodes:
+        layout = _QUANTIZED_OPERANDS.get(node.op_type, ())
+        if node.op_type == "QLinearConcat":
+            layout = tuple((k, k + 1, k + 2) for k in range(2, len(node.input) - 2, 3))
+        for operand, scale, zero in layout:
+            if operand < len(node.input) and scale < len(node.input):
+                readers.setdefault(node.input[operand], (
+                    node.input[scale], node.input[zero] if zero < len(node.input) else ""))
+    return readers
+
+
+def _quantization_source(producer, reader: tuple[str, str] | None) -> tuple[str, str] | None:
+    """A quantized tensor's ``(scale, zero point)``: its QuantizeLinear's or
+    DynamicQuantizeLinear's, else a reading op's (``reader``); None where neither says."""
+    if producer is not None and producer.op_type == "QuantizeLinear":
+        return (producer.input[1], producer.input[2] if len(producer.input) > 2 else "")
+    if producer is not None and producer.op_type == "DynamicQuantizeLinear":
+        return (producer.output[1], producer.output[2])
+    return reader
+
+
 class Quantization:
     """How to read a model's quantized (8/16-bit) tensors back as float, and how to quantize
     float values into them.
@@ -4384,26 +4484,11 @@ class Quantization:
         if not quantized:
             return
         index = index or GraphIndex.of(model.graph)
-        readers: dict[str, tuple[str, str]] = {}
-        for node in index.nodes:
-            layout = _QUANTIZED_OPERANDS.get(node.op_type, ())
-            if node.op_type == "QLinearConcat":
-                layout = tuple((k, k + 1, k + 2) for k in range(2, len(node.input) - 2, 3))
-            for operand, scale, zero in layout:
-                if operand < len(node.input) and scale < len(node.input):
-                    readers.setdefault(node.input[operand], (
-                        node.input[scale], node.input[zero] if zero < len(node.input) else ""))
+        readers = _quantized_readers(index)
         initializers = index.initializers
         for name in quantized:
-            producer = index.producer(name)
-            if producer is not None and producer.op_type == "QuantizeLinear":
-                source = (producer.input[1], producer.input[2] if len(producer.input) > 2
-                          else "")
-            elif producer is not None and producer.op_type == "DynamicQuantizeLinear":
-                source = (producer.output[1], producer.output[2])
-            elif name in readers:
-                source = readers[name]
-            else:
+            source = _quantization_source(index.producer(name), readers.get(name))
+            if source is None:
                 continue
             for tensor in source:
                 if tensor in initializers and tensor not in self.constants:
@@ -4727,32 +4812,41 @@ class PairedModel:
                            twin_boundaries(graph, path, named) if twin else
                            named_boundaries(graph, path, named, self.types))
         self.owners = boundary_owners(self.model.graph, self.boundaries, boundary_ops)
-        final = output or final_output(self.model.graph)
-        declared = {value.name: value.type.tensor_type.elem_type
-                    for value in self.model.graph.output}
-        if final is None or (declared.get(final)
-                             or _element_type(self.types, final)) not in FLOAT_TYPES:
-            outputs = ", ".join(value.name for value in self.model.graph.output)
-            raise EprunError(f"{path!r} has no float output (outputs: {outputs}); eprun "
-                             "measures quantization error on the first float output")
+        self._require_float_output(output)
         self.quantization = Quantization(self.model, path, self.types, self.boundaries,
                                          GraphIndex.of(self.model.graph, self.types))
-        unread = [name for name in self.boundaries if _is_integer(self.types, name)
-                  and name not in self.quantization.params]
-        if unread:
-            raise EprunError(f"{path!r}: boundary {unread[0]!r} is quantized, but eprun cannot "
-                             "find its scale and zero point")
-        for name in self.boundaries:
-            elem = _element_type(self.types, name)
-            if elem and elem not in FLOAT_TYPES and not _is_integer(self.types, name):
-                raise EprunError(f"{path!r}: boundary {name!r} holds {_type_name(elem)} values; "
-                                 "eprun compares float, float16 and 8/16-bit quantized tensors")
+        self._require_readable_boundaries()
         self.runtime = [tensor for name in self.boundaries
                         for tensor in self.quantization.runtime(name)]
         self.tensor_names = {name for node in self.model.graph.node for name in node.output}
         # Only the graph is kept: the weights are parsed again when a session needs them, so
         # the int8 model's weights are not in memory while the fp32 session runs.
         self.model = _skeleton(self.model)
+
+    def _require_float_output(self, output: str | None) -> None:
+        """The output measured (``--output``, else the first float one) holds floats."""
+        graph = self.model.graph
+        final = output or final_output(graph)
+        declared = {value.name: value.type.tensor_type.elem_type for value in graph.output}
+        if final is None or (declared.get(final)
+                             or _element_type(self.types, final)) not in FLOAT_TYPES:
+            outputs = ", ".join(value.name for value in graph.output)
+            raise EprunError(f"{self.path!r} has no float output (outputs: {outputs}); eprun "
+                             "measures quantization error on the first float output")
+
+    def _require_readable_boundaries(self) -> None:
+        """Every boundary holds floats, or integers whose scale and zero point eprun found."""
+        path, types = self.path, self.types
+        unread = [name for name in self.boundaries if _is_integer(types, name)
+                  and name not in self.quantization.params]
+        if unread:
+            raise EprunError(f"{path!r}: boundary {unread[0]!r} is quantized, but eprun cannot "
+                             "find its scale and zero point")
+        for name in self.boundaries:
+            elem = _element_type(types, name)
+            if elem and elem not in FLOAT_TYPES and not _is_integer(types, name):
+                raise EprunError(f"{path!r}: boundary {name!r} holds {_type_name(elem)} values; "
+                                 "eprun compares float, float16 and 8/16-bit quantized tensors")
 
     def session(self, names: list[str], exposed: bool = True):
         """A session of the graph exposing its boundaries and ``names`` (or, not ``exposed``,
@@ -4774,20 +4868,9 @@ class PairedModel:
         return _estimated_bytes(self.types.get(name), rows)
 
 
-def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
-                   inputs: InputOptions | None = None,
-                   boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-                   local: bool = False, max_memory: int | None = None, pair: str = "auto",
-                   targets: Targets | None = None, save_boundaries: str | None = None,
-                   load_boundaries: str | None = None, swapped_ok: bool = False,
-                   clipping: bool = False, output: str | None = None,
-                   boundaries: list[str] | None = None):
-    """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
-
-    One model is in memory at a time: the fp32 session runs once for every boundary and is
-    released before the int8 one opens. With ``max_memory`` the boundaries are fetched in
-    batches whose estimated fp32 + int8 tensor bytes fit the budget (a boundary of unknown size
-    goes alone), each batch from sessions opened for it. The numbers are the same either way.
+@dataclasses.dataclass(frozen=True)
+class LayerOptions:
+    """How ``measure_layers`` measures; each field is the ``layers`` flag of its name.
 
     ``targets`` runs each side on other providers (``Targets``); the answer then says which
     (``providers``) and, off the CPU or with ``metrics``, how far exposing the boundaries
@@ -4800,126 +4883,212 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int, *,
     ``boundaries`` (``--boundaries``) are the fp32 tensors to measure instead, each paired
     with the int8 tensor named after it (``twin_boundaries``).
     """
-    require_file(fp32_path)
-    require_file(int8_path)
-    golden_paths(save_boundaries, load_boundaries, [fp32_path, int8_path], "boundaries",
-                 inputs)
-    if load_boundaries and local:
-        raise EprunError("--local feeds each segment tensors of the fp32 run, which "
-                         "--load-boundaries does not make; use one or the other", EXIT_USAGE)
-    if boundaries is not None and not boundaries:
-        raise EprunError("--boundaries names no tensor: give the fp32 tensors to measure, "
-                         "comma-joined", EXIT_USAGE)
-    if boundaries and boundary_ops != BOUNDARY_OPS:
-        raise EprunError("--boundaries names the tensors to measure, --boundary-ops the ops "
-                         "that find them: give one or the other", EXIT_USAGE)
-    targets = targets or Targets()
-    fp32 = PairedModel(fp32_path, boundary_ops, targets.reference, output, named=boundaries)
-    int8 = PairedModel(int8_path, boundary_ops, targets.candidate, output,
-                       named=fp32.boundaries if boundaries else None, twin=True)
-    require_in_order((fp32.model, int8.model), (fp32_path, int8_path), swapped_ok)
-    pairs, pairing = ([(k, k) for k in range(len(fp32.boundaries))], "position") \
-        if boundaries else plan_pairs(fp32, int8, pair)
-    golden, stored = None, {}
-    if load_boundaries:
-        golden, stored, inputs = _stored_boundaries(load_boundaries, fp32, pairs, seed, inputs)
-    feed = make_feeds(specs_from_model(fp32.model), seed, inputs, fp32_path)
-    int8_feed = feed_for(specs_from_model(int8.model), int8_path, feed)
-    rows = feed.rows
-    if not boundaries:
-        _suggest_boundary_ops(fp32, boundary_ops)
-        _note_absent_ops((fp32, int8), boundary_ops)
-    segments = (LocalSegments(int8, [int8.boundaries[j] for _, j in pairs],
-                              fp32_names=fp32.tensor_names, input_names=set(feed.arrays),
-                              rows=rows, metrics=metrics)
-                if local else None)
 
-    fp32_names = [fp32.boundaries[i] for i, _ in pairs]
-    int8_names = [int8.boundaries[j] for _, j in pairs]
-    ranges = quantized_ranges(int8_path, int8_names) if clipping else {}
-    budget = None if max_memory is None else max_memory << 20
-    sizes = [None if a is None or b is None else a + b
-             for a, b in ((fp32.boundary_bytes(f, rows), int8.boundary_bytes(q, rows))
-                          for f, q in zip(fp32_names, int8_names))]
-    batches = plan_batches(sizes, budget)
+    inputs: InputOptions | None = None
+    boundary_ops: tuple[str, ...] = BOUNDARY_OPS
+    metrics: tuple[str, ...] = ()
+    local: bool = False
+    max_memory: int | None = None
+    pair: str = "auto"
+    targets: Targets | None = None
+    save_boundaries: str | None = None
+    load_boundaries: str | None = None
+    swapped_ok: bool = False
+    clipping: bool = False
+    output: str | None = None
+    boundaries: list[str] | None = None
 
-    side_values = segments.fp32_values(fp32, feed.arrays) if segments else {}
-    entries, final, previous = [], None, None
-    ends = {side: output or final_output(paired.model.graph)
-            for side, paired in (("fp32", fp32), ("int8", int8))}
-    ended: dict = {}
-    progress = Progress("comparing boundaries", len(pairs))
-    kept = {}  # the fp32 tensors --save-boundaries stores
-    for batch in batches:  # one session at a time, released before the next opens
-        a_values = ({fp32_names[k]: stored[fp32_names[k]] for k in batch} if load_boundaries
-                    else _boundary_values(fp32, [fp32_names[k] for k in batch], feed.arrays,
-                                          dims_hint(feed)))
-        if save_boundaries:
-            kept.update(a_values)
-        b_values = _boundary_values(int8, [int8_names[k] for k in batch], int8_feed,
-                                    dims_hint(feed))
-        for k in batch:
-            fp32_name, int8_name = fp32_names[k], int8_names[k]
-            a, b = a_values[fp32_name], b_values[int8_name]
-            entry = _boundary_entry(k, (fp32_name, int8_name), (a, b), rows, metrics)
-            if clipping:
-                entry["clipped"] = clipped_fraction(a, ranges.get(int8_name))
-            _note_nonfinite(entry.get("nonfinite"), f"boundary {k}",
-                            {"fp32": fp32_name, "int8": int8_name})
-            if segments is not None:
-                entry["local"] = (segments.measure(k, previous, a, side_values) if k else
-                                  {key: value for key, value in entry.items()
-                                   if key not in ("index", "fp32", "int8")})
-            entries.append(entry)
-            progress.step(k + 1)
-            if k == len(pairs) - 1:
-                final = b
-            if int8_name == ends["int8"]:  # the final outputs, for the exposure records
-                ended["int8"] = b
-            if fp32_name == ends["fp32"]:
-                ended["fp32"] = a
-            previous = a
-        del a_values, b_values
-    progress.close()
-    answer = {"seed": seed, "rows": rows}
-    if not feed.contract_shaped:
-        answer["inputs"] = feed.fed
-    answer.update(layer_count=len(entries), layers=entries)
-    if not (feed.contract_shaped and not (metrics or local or targets.given or output
-                                          or save_boundaries or load_boundaries)
-            and boundary_ops == BOUNDARY_OPS and not boundaries
-            and not (pairing != "position" and pair == "auto")):
-        answer["first_divergence"] = first_divergence(entries)  # (the contract's stays as is)
-    if pairing != "position" and pair == "auto":  # said only where it is not the contract's
-        answer["pairing"] = pairing
-    if segments is not None:
-        answer["local_unavailable"] = segments.unavailable
-    if targets.given:
-        answer["providers"] = targets.field(int8.got, fp32.got)
-    # Exposing the boundaries changes what a session compiles: an EP fuses across what is now
-    # an output, and the CPU no longer fuses a DequantizeLinear whose output is exposed. Each
-    # side says by how much its final output moved (on stderr where it did); the answer
-    # carries it wherever it is not the contract's.
-    contract = "first_divergence" not in answer
-    if entries and not _fell_back(targets.candidate, int8.got):
-        exposure = exposure_of(int8, ends["int8"], ended.get("int8"), int8_feed,
-                               "the int8 (candidate)")
-        if not contract:
-            answer["exposure"] = exposure
-    if entries and not load_boundaries and not _fell_back(targets.reference, fp32.got):
-        exposure = exposure_of(fp32, ends["fp32"], ended.get("fp32"), feed.arrays,
-                               "the fp32 (reference)")
-        if not contract:
-            answer["reference_exposure"] = exposure
-    if save_boundaries:
-        golden = save_golden(save_boundaries, "boundaries", fp32_path,
-                             {name: kept[name] for name in fp32_names}, feed.arrays,
-                             providers=fp32.got.actual, seed=drawn_with(feed, seed),
-                             nodes=fp32.got.nodes,
-                             inputs_file=inputs.file if inputs is not None else None)
-    if golden:
-        answer["golden"] = golden
-    return answer, final
+    def refuse_mistakes(self, fp32_path: str, int8_path: str) -> None:
+        """Before any model is read: the files are there, and no two options contradict."""
+        require_file(fp32_path)
+        require_file(int8_path)
+        golden_paths(self.save_boundaries, self.load_boundaries, [fp32_path, int8_path],
+                     "boundaries", self.inputs)
+        if self.load_boundaries and self.local:
+            raise EprunError("--local feeds each segment tensors of the fp32 run, which "
+                             "--load-boundaries does not make; use one or the other",
+                             EXIT_USAGE)
+        if self.boundaries is not None and not self.boundaries:
+            raise EprunError("--boundaries names no tensor: give the fp32 tensors to measure, "
+                             "comma-joined", EXIT_USAGE)
+        if self.boundaries and self.boundary_ops != BOUNDARY_OPS:
+            raise EprunError("--boundaries names the tensors to measure, --boundary-ops the "
+                             "ops that find them: give one or the other", EXIT_USAGE)
+
+    def says_more(self) -> bool:
+        """Does any option take the answer beyond the contract's fields?"""
+        return bool(self.metrics or self.local or (self.targets or Targets()).given
+                    or self.output or self.save_boundaries or self.load_boundaries
+                    or self.boundary_ops != BOUNDARY_OPS or self.boundaries)
+
+
+def measure_layers(fp32_path: str, int8_path: str, seed: int,
+                   options: LayerOptions = LayerOptions()):
+    """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
+
+    One model is in memory at a time: the fp32 session runs once for every boundary and is
+    released before the int8 one opens. With ``max_memory`` the boundaries are fetched in
+    batches whose estimated fp32 + int8 tensor bytes fit the budget (a boundary of unknown size
+    goes alone), each batch from sessions opened for it. The numbers are the same either way.
+    """
+    options.refuse_mistakes(fp32_path, int8_path)
+    measurement = LayerMeasurement(fp32_path, int8_path, seed, options)
+    measurement.compare()
+    return measurement.answer(), measurement.final
+
+
+class LayerMeasurement:
+    """One ``measure_layers`` run: the two sides paired boundary by boundary (``__init__``),
+    compared batch by batch (``compare``), then said (``answer``)."""
+
+    def __init__(self, fp32_path: str, int8_path: str, seed: int,
+                 options: LayerOptions) -> None:
+        self.seed, self.options = seed, options
+        self.targets = targets = options.targets or Targets()
+        named = options.boundaries
+        self.fp32 = fp32 = PairedModel(fp32_path, options.boundary_ops, targets.reference,
+                                       options.output, named=named)
+        self.int8 = int8 = PairedModel(int8_path, options.boundary_ops, targets.candidate,
+                                       options.output, named=fp32.boundaries if named else None,
+                                       twin=True)
+        require_in_order((fp32.model, int8.model), (fp32_path, int8_path), options.swapped_ok)
+        self.pairs, self.pairing = ([(k, k) for k in range(len(fp32.boundaries))], "position") \
+            if named else plan_pairs(fp32, int8, options.pair)
+        self.golden, self.stored, inputs = None, {}, options.inputs
+        if options.load_boundaries:
+            self.golden, self.stored, inputs = _stored_boundaries(
+                options.load_boundaries, fp32, self.pairs, seed, inputs)
+        self.feed = make_feeds(specs_from_model(fp32.model), seed, inputs, fp32_path)
+        self.int8_feed = feed_for(specs_from_model(int8.model), int8_path, self.feed)
+        if not named:
+            _suggest_boundary_ops(fp32, options.boundary_ops)
+            _note_absent_ops((fp32, int8), options.boundary_ops)
+        self.segments = (LocalSegments(int8, [int8.boundaries[j] for _, j in self.pairs],
+                                       fp32_names=fp32.tensor_names,
+                                       input_names=set(self.feed.arrays), rows=self.feed.rows,
+                                       metrics=options.metrics)
+                         if options.local else None)
+        self.fp32_names = [fp32.boundaries[i] for i, _ in self.pairs]
+        self.int8_names = [int8.boundaries[j] for _, j in self.pairs]
+        self.entries: list[dict] = []
+        self.final = None  # the int8 side's last boundary value, for report
+        self.ends = {side: options.output or final_output(paired.model.graph)
+                     for side, paired in (("fp32", fp32), ("int8", int8))}
+        self.ended: dict = {}  # the final outputs' values, for the exposure records
+        self.kept: dict = {}  # the fp32 tensors --save-boundaries stores
+        self.ranges: dict = {}  # what each int8 boundary's QuantizeLinear can represent
+        self.side_values: dict = {}  # fp32 tensors that feed --local's segments
+
+    def compare(self) -> None:
+        """Every pair's entry, in batches that fit ``--max-memory``: one session at a time,
+        released before the next opens."""
+        rows = self.feed.rows
+        self.ranges = quantized_ranges(self.int8.path, self.int8_names) \
+            if self.options.clipping else {}
+        max_memory = self.options.max_memory
+        budget = None if max_memory is None else max_memory << 20
+        sizes = [None if a is None or b is None else a + b
+                 for a, b in ((self.fp32.boundary_bytes(f, rows),
+                               self.int8.boundary_bytes(q, rows))
+                              for f, q in zip(self.fp32_names, self.int8_names))]
+        batches = plan_batches(sizes, budget)
+        self.side_values = (self.segments.fp32_values(self.fp32, self.feed.arrays)
+                            if self.segments else {})
+        progress = Progress("comparing boundaries", len(self.pairs))
+        previous = None
+        for batch in batches:
+            a_values, b_values = self._fetch(batch)
+            for k in batch:
+                fp32_name, int8_name = self.fp32_names[k], self.int8_names[k]
+                a, b = a_values[fp32_name], b_values[int8_name]
+                self.entries.append(self._entry(k, a, b, previous))
+                progress.step(k + 1)
+                if k == len(self.pairs) - 1:
+                    self.final = b
+                if int8_name == self.ends["int8"]:
+                    self.ended["int8"] = b
+                if fp32_name == self.ends["fp32"]:
+                    self.ended["fp32"] = a
+                previous = a
+            del a_values, b_values
+        progress.close()
+
+    def _fetch(self, batch: list[int]) -> tuple[dict, dict]:
+        """The batch's fp32 values (stored ones with ``--load-boundaries``) and int8 values."""
+        fp32_names = [self.fp32_names[k] for k in batch]
+        hint = dims_hint(self.feed)
+        a_values = ({name: self.stored[name] for name in fp32_names}
+                    if self.options.load_boundaries
+                    else _boundary_values(self.fp32, fp32_names, self.feed.arrays, hint))
+        if self.options.save_boundaries:
+            self.kept.update(a_values)
+        b_values = _boundary_values(self.int8, [self.int8_names[k] for k in batch],
+                                    self.int8_feed, hint)
+        return a_values, b_values
+
+    def _entry(self, k: int, a, b, previous) -> dict:
+        """Boundary ``k``'s entry: the pair compared, clipping and the local error added
+        where asked for; non-finite values named on stderr."""
+        fp32_name, int8_name = self.fp32_names[k], self.int8_names[k]
+        entry = _boundary_entry(k, (fp32_name, int8_name), (a, b), self.feed.rows,
+                                self.options.metrics)
+        if self.options.clipping:
+            entry["clipped"] = clipped_fraction(a, self.ranges.get(int8_name))
+        _note_nonfinite(entry.get("nonfinite"), f"boundary {k}",
+                        {"fp32": fp32_name, "int8": int8_name})
+        if self.segments is not None:
+            entry["local"] = (self.segments.measure(k, previous, a, self.side_values) if k else
+                              {key: value for key, value in entry.items()
+                               if key not in ("index", "fp32", "int8")})
+        return entry
+
+    def answer(self) -> dict:
+        """The ``layers`` answer: the contract's fields, then whatever the options add."""
+        options, feed, entries = self.options, self.feed, self.entries
+        answer = {"seed": self.seed, "rows": feed.rows}
+        if not feed.contract_shaped:
+            answer["inputs"] = feed.fed
+        answer.update(layer_count=len(entries), layers=entries)
+        guessed = self.pairing != "position" and options.pair == "auto"
+        if not (feed.contract_shaped and not options.says_more() and not guessed):
+            answer["first_divergence"] = first_divergence(entries)  # (the contract's stays)
+        if guessed:  # said only where it is not the contract's
+            answer["pairing"] = self.pairing
+        if self.segments is not None:
+            answer["local_unavailable"] = self.segments.unavailable
+        if self.targets.given:
+            answer["providers"] = self.targets.field(self.int8.got, self.fp32.got)
+        self._exposures(answer, contract="first_divergence" not in answer)
+        golden = self.golden
+        if options.save_boundaries:
+            golden = save_golden(
+                options.save_boundaries, "boundaries", self.fp32.path,
+                {name: self.kept[name] for name in self.fp32_names}, feed.arrays,
+                providers=self.fp32.got.actual, seed=drawn_with(feed, self.seed),
+                nodes=self.fp32.got.nodes,
+                inputs_file=options.inputs.file if options.inputs is not None else None)
+        if golden:
+            answer["golden"] = golden
+        return answer
+
+    def _exposures(self, answer: dict, contract: bool) -> None:
+        """Exposing the boundaries changes what a session compiles: an EP fuses across what is
+        now an output, and the CPU no longer fuses a DequantizeLinear whose output is exposed.
+        Each side says by how much its final output moved (on stderr where it did); the answer
+        carries it wherever it is not the contract's."""
+        if not self.entries:
+            return
+        targets = self.targets
+        if not _fell_back(targets.candidate, self.int8.got):
+            exposure = exposure_of(self.int8, self.ends["int8"], self.ended.get("int8"),
+                                   self.int8_feed, "the int8 (candidate)")
+            if not contract:
+                answer["exposure"] = exposure
+        if not self.options.load_boundaries and not _fell_back(targets.reference, self.fp32.got):
+            exposure = exposure_of(self.fp32, self.ends["fp32"], self.ended.get("fp32"),
+                                   self.feed.arrays, "the fp32 (reference)")
+            if not contract:
+                answer["reference_exposure"] = exposure
 
 
 def _fell_back(on: ProviderRequest | None, got: Got) -> bool:
@@ -5085,25 +5254,42 @@ def plan_pairs(fp32: PairedModel, int8: PairedModel, pair: str) -> tuple[list, s
         return sorted(named.items()), "name"
     converted = pair == "auto" and not _computed_anew(fp32.model, int8.model)
     if count_fp32 != count_int8:
-        if converted and len(named) == count_fp32:
-            left = [int8.boundaries[j] for j in range(count_int8) if j not in named.values()]
-            note(f"boundary counts differ ({count_fp32} in {fp32.path!r}, {count_int8} in "
-                 f"{int8.path!r}), but the int8 model computes nothing the fp32 one does not "
-                 f"and the names pair every fp32 boundary: paired by name, leaving "
-                 f"{', '.join(map(repr, left[:3]))}{' and more' if len(left) > 3 else ''} "
-                 "out; --pair position keeps the contract's error")
-            return sorted(named.items()), "name"
-        hint = ("; the names pair every fp32 boundary, so --pair name would compare them"
-                if len(named) == count_fp32 else "")
-        raise EprunError(f"boundary counts differ: {count_fp32} in {fp32.path!r}, "
-                         f"{count_int8} in {int8.path!r}; boundaries are paired by "
-                         f"position, so the models must have the same layer structure{hint}")
+        return _pairs_of_other_counts(fp32, int8, named, converted)
+    return _pairs_against_names(fp32, int8, named, pair == "auto", converted)
+
+
+def _pairs_of_other_counts(fp32: PairedModel, int8: PairedModel, named: dict,
+                           converted: bool) -> tuple[list, str]:
+    """``plan_pairs`` where the counts differ: by name for a conversion whose names pair
+    every fp32 boundary (said on stderr), else the contract's error."""
+    count_fp32, count_int8 = len(fp32.boundaries), len(int8.boundaries)
+    if converted and len(named) == count_fp32:
+        left = [int8.boundaries[j] for j in range(count_int8) if j not in named.values()]
+        note(f"boundary counts differ ({count_fp32} in {fp32.path!r}, {count_int8} in "
+             f"{int8.path!r}), but the int8 model computes nothing the fp32 one does not "
+             f"and the names pair every fp32 boundary: paired by name, leaving "
+             f"{', '.join(map(repr, left[:3]))}{' and more' if len(left) > 3 else ''} "
+             "out; --pair position keeps the contract's error")
+        return sorted(named.items()), "name"
+    hint = ("; the names pair every fp32 boundary, so --pair name would compare them"
+            if len(named) == count_fp32 else "")
+    raise EprunError(f"boundary counts differ: {count_fp32} in {fp32.path!r}, "
+                     f"{count_int8} in {int8.path!r}; boundaries are paired by "
+                     f"position, so the models must have the same layer structure{hint}")
+
+
+def _pairs_against_names(fp32: PairedModel, int8: PairedModel, named: dict, auto: bool,
+                         converted: bool) -> tuple[list, str]:
+    """``plan_pairs`` for equal counts: by position, unless the names contradict it and
+    ``auto`` lets them win (every boundary named, or a conversion: where they tie two); a
+    contradiction that stays is said on stderr."""
+    count_fp32, count_int8 = len(fp32.boundaries), len(int8.boundaries)
     wrong = [(i, j) for i, j in sorted(named.items()) if i != j]
     if wrong:
         shown = "; ".join(f"{fp32.boundaries[i]!r} (position {i}) goes with "
                           f"{int8.boundaries[j]!r} (position {j})" for i, j in wrong[:3])
         more = " and more" if len(wrong) > 3 else ""
-        if pair == "auto" and len(named) == count_fp32:
+        if auto and len(named) == count_fp32:
             note(f"paired by name, as position contradicts the tensor names: {shown}{more}; "
                  "--pair position keeps the k-th with the k-th")
             return sorted(named.items()), "name"
@@ -5309,6 +5495,9 @@ def _descendants(index: GraphIndex, start: str) -> set[str]:
     return found
 
 
+# One piece: a single walk back whose cases (a fed side tensor, its Q/DQ chain, a tensor
+# computed before the previous boundary) share one stack and one seen set, and each decides
+# whether the walk goes on; split, every piece would take and hand back all of that state.
 def _segment_nodes(index: GraphIndex, start: str, outputs: list[str], *, types: dict,
                    fp32_names: set, input_names: set) -> tuple[set[int], dict, str | None]:
     """``(node indices, sides, reason)``: the walk back from ``outputs`` (the segment's end
@@ -5783,14 +5972,24 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
                      f"{'—' if entry['index'] == 0 else _num(ratio)} | "
                      f"{'—' if clipped is None else f'{clipped:.2%}'} |")
     lines += ["", _clipping_prose(measured["layers"])]
+    lines += _growth_prose(measured, growth_answer, facts)
+    if _drawable(rel_error):
+        lines += _growth_chart(measured, growth_answer, facts)
+    lines.append("")
+    return lines
+
+
+def _growth_prose(measured: dict, growth_answer: dict, facts: dict) -> list[str]:
+    """How the error grew, in words: the total, the largest jump, monotone or where not."""
+    rel_error = growth_answer["rel_error"]
     total = growth_answer["total_growth"]
     jump = growth_answer["max_ratio"]
     drops = [k for k in range(1, len(rel_error)) if not rel_error[k] >= rel_error[k - 1]]
-    lines += ["", f"Total growth factor, last relative error over the first: **{_num(total)}** "
-              f"(`total_growth` = {total!r} in `growth.json`): the error "
-              f"{'grew' if total > 1 else 'shrank' if total < 1 else 'stayed the same'}."
-              if total is not None else
-              f"Total growth factor: null ({_no_growth_why(rel_error)}).", ""]
+    lines = ["", f"Total growth factor, last relative error over the first: **{_num(total)}** "
+             f"(`total_growth` = {total!r} in `growth.json`): the error "
+             f"{'grew' if total > 1 else 'shrank' if total < 1 else 'stayed the same'}."
+             if total is not None else
+             f"Total growth factor: null ({_no_growth_why(rel_error)}).", ""]
     if jump:
         lines.append(f"Largest jump: into boundary {jump['index']} "
                      f"(`{measured['layers'][jump['index']]['fp32']}`), ×{_num(jump['ratio'])}.")
@@ -5800,29 +5999,34 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
                  + (" (the int8 model requantizes each of those tensors with its own "
                     "scale)."
                     if set(drops) <= set(facts["requantized"]) else "."))
+    return lines
+
+
+def _growth_chart(measured: dict, growth_answer: dict, facts: dict) -> list[str]:
+    """The relative error per boundary as a mermaid chart (the local one beside it where it
+    was measured at every boundary), and the SVG chart's link."""
+    rel_error = growth_answer["rel_error"]
     local = _drawable(growth_answer.get("local_rel_error"))
-    if _drawable(rel_error):
-        names = [entry["fp32"].replace('"', "'") for entry in measured["layers"]]
-        top = max([*rel_error, *(local or [])]) * 1.1 or 1.0
-        lines += ["", "```mermaid", "xychart-beta",
-                  '    title "Relative error per boundary (int8 vs fp32)"',
-                  "    x-axis \"fp32 tensor at the boundary\" ["
-                  + ", ".join(f'"{name}"' for name in names) + "]",
-                  f'    y-axis "max abs error / scale" 0 --> {_plain(top)}',
-                  "    line [" + ", ".join(map(_plain, rel_error)) + "]",
-                  *(["    line [" + ", ".join(map(_plain, local)) + "]"] if local else []),
-                  "```"]
-        if growth_answer.get("local_rel_error") and not local:
-            lines += ["", ("The local error is not drawn: it was not measured at every "
-                           "boundary (`local_unavailable` in `growth.json`).")]
-        if local:
-            lines += ["", ("The first line is the accumulated relative error; the second is "
-                           "the local one, each segment of the int8 model fed the fp32 values "
-                           "at its input (`report --local`): where the first rises and the "
-                           "second does not, the layer only inherits.")]
-        if facts.get("chart"):
-            lines += ["", f"![Relative error per boundary]({facts['chart']})"]
-    lines.append("")
+    names = [entry["fp32"].replace('"', "'") for entry in measured["layers"]]
+    top = max([*rel_error, *(local or [])]) * 1.1 or 1.0
+    lines = ["", "```mermaid", "xychart-beta",
+             '    title "Relative error per boundary (int8 vs fp32)"',
+             "    x-axis \"fp32 tensor at the boundary\" ["
+             + ", ".join(f'"{name}"' for name in names) + "]",
+             f'    y-axis "max abs error / scale" 0 --> {_plain(top)}',
+             "    line [" + ", ".join(map(_plain, rel_error)) + "]",
+             *(["    line [" + ", ".join(map(_plain, local)) + "]"] if local else []),
+             "```"]
+    if growth_answer.get("local_rel_error") and not local:
+        lines += ["", ("The local error is not drawn: it was not measured at every "
+                       "boundary (`local_unavailable` in `growth.json`).")]
+    if local:
+        lines += ["", ("The first line is the accumulated relative error; the second is "
+                       "the local one, each segment of the int8 model fed the fp32 values "
+                       "at its input (`report --local`): where the first rises and the "
+                       "second does not, the layer only inherits.")]
+    if facts.get("chart"):
+        lines += ["", f"![Relative error per boundary]({facts['chart']})"]
     return lines
 
 
@@ -5833,6 +6037,8 @@ def _drawable(values: list | None) -> list | None:
     return None
 
 
+# One piece: one drawing, top to bottom; every element reads the same layout (``x``, ``y``,
+# the margins), and the file reads in the order the SVG's elements are written.
 def growth_svg(measured: dict, growth_answer: dict) -> str:
     """The growth chart as a standalone SVG (``report --chart svg``), for viewers that do not
     render Mermaid: relative error per boundary from 0, the fp32 tensor names under the x axis
@@ -6108,27 +6314,8 @@ def node_data(graph, quantity: str, values: dict) -> tuple[dict, int]:
     by tensor (placed on the node the adapter draws writing it) or by ``("node", index)`` (the
     main graph's node at that position); ``(data, count of values with no node to sit on)``.
     Numbers get colours from green (good) to red (bad); strings one colour per owner."""
-    producers = explorer_producers(graph)
-    ids = explorer_node_ids(graph)
     better = quantity in HIGHER_IS_BETTER
-    results: dict[str, dict] = {}
-    counts = {"unplaced": 0, "shared": 0, "lost": 0}
-    for key, given in values.items():
-        if isinstance(key, tuple):
-            node_id = ids[key[1]] if 0 <= key[1] < len(ids) else None
-        else:
-            node_id = producers.get(key)
-        if node_id is None:
-            counts["unplaced"] += 1
-            continue
-        value = given
-        if value is None or (isinstance(value, float) and not math.isfinite(value)):
-            value = NON_FINITE  # NaN or infinity got into it: shown, in the worst colour
-            counts["lost"] += 1
-        if node_id in results:  # one node, several values: it shows the worst
-            counts["shared"] += 1
-            value = _worse(results[node_id]["value"], value, better)
-        results[node_id] = {"value": value}
+    results, counts = _placed_values(graph, values, better)
     numbered = [entry for entry in results.values() if not isinstance(entry["value"], str)]
     data: dict = {"name": quantity, "results": results}
     if numbered:
@@ -6147,6 +6334,33 @@ def node_data(graph, quantity: str, values: dict) -> tuple[dict, int]:
         elif isinstance(entry["value"], str):
             entry["bgColor"] = owner_colour(entry["value"])
     return {explorer_graph_id(graph): data}, counts
+
+
+def _placed_values(graph, values: dict, better: bool) -> tuple[dict[str, dict], dict]:
+    """``({node id: {"value"}}, counts)``: each value on the node that writes its tensor (or
+    the node at its index), the worst where several share a node, ``NON_FINITE`` for NaN or
+    infinity; ``counts`` of those unplaced, shared and non-finite (``lost``)."""
+    producers = explorer_producers(graph)
+    ids = explorer_node_ids(graph)
+    results: dict[str, dict] = {}
+    counts = {"unplaced": 0, "shared": 0, "lost": 0}
+    for key, given in values.items():
+        if isinstance(key, tuple):
+            node_id = ids[key[1]] if 0 <= key[1] < len(ids) else None
+        else:
+            node_id = producers.get(key)
+        if node_id is None:
+            counts["unplaced"] += 1
+            continue
+        value = given
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            value = NON_FINITE  # NaN or infinity got into it: shown, in the worst colour
+            counts["lost"] += 1
+        if node_id in results:  # one node, several values: it shows the worst
+            counts["shared"] += 1
+            value = _worse(results[node_id]["value"], value, better)
+        results[node_id] = {"value": value}
+    return results, counts
 
 
 # What a node shows for a value that NaN or infinity got into (null in the answer).
@@ -6365,7 +6579,23 @@ def _draw_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict
                   marker="o", color="#2c7bb6", label=metric)
     if _spans_decades(values) and metric not in ("sqnr_db", "cos_min"):
         axes.set_yscale("log")
-    born = (answer.get("first_divergence") or first_divergence(entries) or {}).get("index")
+    _mark_boundaries(axes, answer, values, growth)
+    picked, labels = _thinned(names)
+    axes.set_xticks(picked)
+    axes.set_xticklabels(labels, rotation=60, ha="right")
+    axes.set_xlabel("boundary (fp32 name)")
+    axes.set_ylabel(metric)
+    axes.set_title(f"{metric} per boundary")
+    axes.legend(loc="best", fontsize=8)
+    axes.grid(True, alpha=0.3)
+    return writer.add(metric, figure)
+
+
+def _mark_boundaries(axes, answer: dict, values: list, growth: dict) -> None:
+    """The boundaries worth a mark: where the error is born, where it jumps most, and a band
+    on each whose value NaN or infinity got into."""
+    born = (answer.get("first_divergence") or first_divergence(answer["layers"])
+            or {}).get("index")
     if born is not None:
         axes.axvline(born, color="#1a9850", linestyle="--", linewidth=1,
                      label=f"born: boundary {born}")
@@ -6377,15 +6607,6 @@ def _draw_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict
     for k in lost:  # NaN or infinity got into it: drawn as a band, never left out unseen
         axes.axvspan(k - 0.4, k + 0.4, color="#7f0000", alpha=0.25,
                      label="non-finite" if k == lost[0] else None)
-    picked, labels = _thinned(names)
-    axes.set_xticks(picked)
-    axes.set_xticklabels(labels, rotation=60, ha="right")
-    axes.set_xlabel("boundary (fp32 name)")
-    axes.set_ylabel(metric)
-    axes.set_title(f"{metric} per boundary")
-    axes.legend(loc="best", fontsize=8)
-    axes.grid(True, alpha=0.3)
-    return writer.add(metric, figure)
 
 
 def plot_settings(writer: PlotWriter, answer: dict) -> str:
@@ -7330,6 +7551,15 @@ def _touched(difference: frozenset) -> set[str]:
         if kind == "weight" and name.endswith("_quantized")}
 
 
+class _Found(NamedTuple):
+    """Where ``Requantizer.settle``'s search stands: how many quantized tensors still differ
+    from the int8 model's, which, and under which op type list."""
+
+    distance: int
+    difference: frozenset
+    types: list[str]
+
+
 class QuantizerFailure(EprunError):
     """quantize_static raised: a model or an exclusion onnxruntime's quantizer cannot do."""
 
@@ -7465,25 +7695,54 @@ class Requantizer:
             self.progress = None
 
     def _settle(self, fp32_model, quantizable: set[str]) -> bool:
+        """``settle``'s search, one phase after another, each from the closest settings the
+        phases before it found: ``(distance, difference, op types)``."""
         distance, difference = self._distance(None, ())
+        if self._settled_by_an_option(distance):
+            return True
+        # the default list, restricted to the op types present: the same decisions
+        every = {node.op_type for node in fp32_model.graph.node} & quantizable
+        found = self._closest_shown(distance, difference, sorted(every))
+        found = self._drop_op_types(*found)
+        distance, difference, types = found
+        if distance == 0:
+            types = self._without_unneeded(types)
+        excluded, distance, difference = self._exclude_nodes(fp32_model, found._replace(
+            types=types))
+        if distance:
+            self.difference = difference
+            return False
+        self.op_types = None if set(types) == every else types  # None: the default list
+        self.excluded = excluded
+        return True
+
+    def _settled_by_an_option(self, distance: int) -> bool:
+        """Does the default list write the int8 model, alone or with one structural option
+        (which then stays set)?"""
         kept = self.extra_options
         for options in _STRUCTURAL_OPTIONS if distance else ():  # one alone may be all it takes
             self.extra_options = {**kept, **options}
             if self._distance(None, ())[0] == 0:
                 return True
         self.extra_options = kept
-        if distance == 0:
-            return True
-        # the default list, restricted to the op types present: the same decisions
-        types = sorted({node.op_type for node in fp32_model.graph.node} & quantizable)
-        # the lists the twin shows (one call each) before a search that drops one op type per
-        # round: a restricted list is mostly what the twin's DequantizeLinears are read by
+        return distance == 0
+
+    def _closest_shown(self, distance: int, difference: frozenset,
+                       types: list[str]) -> _Found:
+        """The lists the twin shows (one call each), before a search that drops one op type
+        per round: a restricted list is mostly what the twin's DequantizeLinears are read
+        by."""
         for shown in _shown_op_types(self.int8_index, set(types)):
             trial, trial_difference = self._distance(shown, ())
             if trial < distance:
                 distance, difference, types = trial, trial_difference, shown
             if distance == 0:
                 break
+        return _Found(distance, difference, types)
+
+    def _drop_op_types(self, distance: int, difference: frozenset, types: list[str]) -> _Found:
+        """One op type dropped per round, the one that brings the tensors closest, while
+        that brings them closer."""
         while distance and self.calls + len(types) <= REQUANTIZE_SEARCH_CALLS:
             trials = [(self._distance([t for t in types if t != op], ()), op) for op in types]
             (best, best_difference), op = min(trials, key=lambda trial: trial[0][0])
@@ -7491,10 +7750,21 @@ class Requantizer:
                 break
             distance, difference = best, best_difference
             types = [t for t in types if t != op]
-        for op in list(types) if distance == 0 else ():
+        return _Found(distance, difference, types)
+
+    def _without_unneeded(self, types: list[str]) -> list[str]:
+        """Every op type the list can do without, still writing the int8 model: a restricted
+        list is a short one."""
+        for op in list(types):
             if len(types) > 1 and self.calls < REQUANTIZE_SEARCH_CALLS and \
                     self._distance([t for t in types if t != op], ())[0] == 0:
                 types = [t for t in types if t != op]
+        return types
+
+    def _exclude_nodes(self, fp32_model, found: _Found) -> tuple[list[str], int, frozenset]:
+        """``(excluded, distance, difference)``: nodes left in float, among those that read or
+        write a tensor that still differs, each kept where it brings the tensors closer."""
+        distance, difference, types = found
         excluded: list[str] = []
         in_int8 = {node.name for node in self.int8_model.graph.node}
         progress = True
@@ -7510,13 +7780,7 @@ class Requantizer:
                         distance, difference, progress = trial, trial_difference, True
                         excluded.append(node.name)
                         touched = _touched(difference)
-        if distance:
-            self.difference = difference
-            return False
-        every = {node.op_type for node in fp32_model.graph.node} & quantizable
-        self.op_types = None if set(types) == every else types  # None: the default list
-        self.excluded = excluded
-        return True
+        return excluded, distance, difference
 
     def model(self, excluded: list[str]) -> tuple[Any, dict, list[str], list[str]]:
         """The graph quantize_static writes with ``excluded`` (and the nodes the int8 model
@@ -8049,18 +8313,10 @@ def calibration_batches(model, file: str, path: str) -> list[dict]:
     dim is free are cut alike (their row counts must agree), the rest (a scalar, a state
     whose first dim is fixed and given whole) go with every batch. Else the file is one
     batch. MinMax calibration takes the smallest and largest values over all batches."""
-    import numpy as np
 
     specs = specs_from_model(model)
-    stored = _load_inputs_file(file, specs, path, "calibration")
-    arrays = {}
-    for spec in specs:
-        array = stored[spec.name]
-        wanted = np.dtype(spec.dtype) if spec.dtype in _SESSION_TYPES.values() else array.dtype
-        if array.dtype.kind != wanted.kind and {array.dtype.kind, wanted.kind} != {"i", "u"}:
-            raise EprunError(f"{file!r}: {spec.name!r} holds {array.dtype} values; {path!r} "
-                             f"takes {spec.dtype}")
-        arrays[spec.name] = array.astype(wanted, copy=False)
+    arrays = _calibration_arrays(specs, _load_inputs_file(file, specs, path, "calibration"),
+                                 file, path)
     free = {spec.name for spec in specs if spec.dims and not isinstance(spec.dims[0], int)
             and arrays[spec.name].ndim}
     fixed = {spec.name: spec.dims[0] for spec in specs if spec.dims
@@ -8071,16 +8327,39 @@ def calibration_batches(model, file: str, path: str) -> list[dict]:
         raise EprunError(f"the arrays in {file!r} disagree on the batch size ("
                          + ", ".join(f"{name} {count}" for name, count in sorted(rows.items()))
                          + "); give every batched input the same rows")
-    batches = [arrays]
+    batches = _cut_batches(arrays, free, fixed, rows)
+    for spec in specs:
+        _require_fitting(batches[0][spec.name], spec, file, path, "--calibration")
+    return batches
+
+
+def _calibration_arrays(specs: list[InputSpec], stored: dict, file: str, path: str) -> dict:
+    """The file's arrays in the types the inputs take (an integer width for another is
+    fine; another kind of number is refused)."""
+    import numpy as np
+
+    arrays = {}
+    for spec in specs:
+        array = stored[spec.name]
+        wanted = np.dtype(spec.dtype) if spec.dtype in _SESSION_TYPES.values() else array.dtype
+        if array.dtype.kind != wanted.kind and {array.dtype.kind, wanted.kind} != {"i", "u"}:
+            raise EprunError(f"{file!r}: {spec.name!r} holds {array.dtype} values; {path!r} "
+                             f"takes {spec.dtype}")
+        arrays[spec.name] = array.astype(wanted, copy=False)
+    return arrays
+
+
+def _cut_batches(arrays: dict, free: set, fixed: dict, rows: dict) -> list[dict]:
+    """The batches: ``fixed``'s one batch size at a time where every batched input's rows
+    are a multiple of it (the inputs of ``free`` and ``fixed`` cut alike, the rest whole in
+    each), else ``arrays`` as one batch."""
     sizes = set(fixed.values())
     if len(sizes) == 1 and next(iter(rows.values())) % next(iter(sizes)) == 0:
         size, count = sizes.pop(), next(iter(rows.values()))
         cut = {*free, *fixed}
-        batches = [{name: array[start:start + size] if name in cut else array
-                    for name, array in arrays.items()} for start in range(0, count, size)]
-    for spec in specs:
-        _require_fitting(batches[0][spec.name], spec, file, path, "--calibration")
-    return batches
+        return [{name: array[start:start + size] if name in cut else array
+                 for name, array in arrays.items()} for start in range(0, count, size)]
+    return [arrays]
 
 
 # Rows of eprun's input the quantizer calibrates on: the numbers it derives are replaced by the
@@ -8306,31 +8585,82 @@ def _meets(target: dict, measured: dict, reference, candidate) -> bool:
     return verdict["violations"] == 0 and verdict["cosine"] >= target["min_cos"]
 
 
-def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
-                target_sqnr: float | None, target_rel_error: float | None, profile: str | None,
-                max_units: int | None, units: list[str] | None,
-                parallel: Parallel | None = None) -> dict:
-    """``sensitivity``'s answer from an open run: each unit restored alone, ranked by gain,
-    then the recommendation, each step measured on the graph quantize_static writes."""
-    chosen = run.units
-    if units is not None:
+@dataclasses.dataclass(frozen=True)
+class Ranking:
+    """What ``sensitivity`` ranks and how far its recommendation goes: ``target`` (the
+    answer's field: ``sqnr_db``, ``rel_error``, or a check profile and its tolerances),
+    ``max_units`` (None: no limit) and ``units`` (the float node names to restore; None:
+    every unit)."""
+
+    target: dict
+    max_units: int | None = None
+    units: list[str] | None = None
+
+    @classmethod
+    def of(cls, target_sqnr: float | None, target_rel_error: float | None,
+           profile: str | None, max_units: int | None, units: list[str] | None) -> Ranking:
+        """The ranking ``sensitivity``'s options ask for (the int8 profile by default)."""
+        if target_sqnr is not None:
+            target = {"sqnr_db": target_sqnr}
+        elif target_rel_error is not None:
+            target = {"rel_error": target_rel_error}
+        else:
+            target = {"profile": profile or "int8", **TOLERANCE_PROFILES[profile or "int8"]}
+        return cls(target, max_units, units)
+
+    def chosen(self, run: SensitivityRun) -> list[Unit]:
+        """The run's units ``units`` names, in the run's order; a name it does not quantize
+        is a usage error."""
+        if self.units is None:
+            return run.units
         known = {unit.name for unit in run.units}
-        unknown = [name for name in units if name not in known]
+        unknown = [name for name in self.units if name not in known]
         if unknown:
             raise EprunError(f"--units names {', '.join(map(repr, unknown))}, which "
                              f"{run.int8!r} does not quantize (its units: "
                              f"{', '.join(sorted(known)) or 'none'})", EXIT_USAGE)
-        chosen = [unit for unit in run.units if unit.name in units]
+        return [unit for unit in run.units if unit.name in self.units]
+
+
+def _rank_units(run: SensitivityRun, seed: int, targets: Targets, ranking: Ranking,
+                parallel: Parallel | None = None) -> dict:
+    """``sensitivity``'s answer from an open run: each unit restored alone, ranked by gain,
+    then the recommendation, each step measured on the graph quantize_static writes."""
+    chosen = ranking.chosen(run)
     quantized = run.measure([])
     base = run.last
-    if target_sqnr is not None:
-        target = {"sqnr_db": target_sqnr}
-    elif target_rel_error is not None:
-        target = {"rel_error": target_rel_error}
-    else:
-        target = {"profile": profile or "int8", **TOLERANCE_PROFILES[profile or "int8"]}
+    ranked = _ranked(chosen, quantized, _each_unit(run, chosen, parallel))
+    met = _meets(ranking.target, quantized, run.reference, base)
+    limit = len(ranked) if ranking.max_units is None else ranking.max_units
+    excluded, steps, met = _recommend(run, ranked, ranking.target, met, limit)
+    answer = {"seed": seed, "rows": run.feed.rows}
+    if not run.feed.contract_shaped:
+        answer["inputs"] = run.feed.fed
+    unnamed = [entry["name"] for entry in ranked if not entry["named"]]
+    if unnamed:
+        note(f"{', '.join(unnamed)}: the float model's node has no name, so eprun names it by op "
+             "type and position; quantize_static can only exclude named nodes")
+    already = run.requantizer.excluded if run.requantizer is not None else []
+    if len(excluded) * 2 > len(ranked):
+        note(_undoes_most(len(excluded), len(ranked)))
+    return {**answer, "output": run.output, "quantized": {
+                key: quantized[key] for key in ("rel_error", "cos_min", "sqnr_db")},
+            "units": ranked, "target": ranking.target,
+            "recommendation": {"nodes_to_exclude": [*already, *excluded], "steps": steps,
+                               "met": met},
+            "predicted_by": run.predicted_by,
+            "quantizer": run.settings() if run.requantizer is not None else None,
+            "sessions": run.sessions,
+            **({"providers": targets.field(run.got, run.reference_got)}
+               if targets.given else {})}
+
+
+def _ranked(chosen: list[Unit], quantized: dict, measured_units: Iterator) -> list[dict]:
+    """Each chosen unit's entry (``measured_units``: its ``(measured, inexact)``), the largest
+    gain first; a unit without a gain sorts after every finite one, and after the units whose
+    restored output has no SQNR at all."""
     ranked = []
-    for unit, (measured, inexact) in zip(chosen, list(_each_unit(run, chosen, parallel))):
+    for unit, (measured, inexact) in zip(chosen, list(measured_units)):
         gain = (None if measured["sqnr_db"] is None or quantized["sqnr_db"] is None
                 else measured["sqnr_db"] - quantized["sqnr_db"])
         entry = {"name": unit.name, "op_type": unit.op_type, "named": unit.named,
@@ -8343,11 +8673,16 @@ def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
                                    entry["sqnr_db"] is not None else
                                    -(entry["gain_db"] if entry["gain_db"] is not None
                                      else math.inf)))
+    return ranked
+
+
+def _recommend(run: SensitivityRun, ranked: list[dict], target: dict, met: bool,
+               limit: int) -> tuple[list[str], list[dict], bool]:
+    """``(nodes to exclude, steps, met)``: the best-ranked units added one at a time, the
+    combined graph measured each time, until ``target`` is met or ``limit`` units are in."""
     by_name = {unit.name: unit for unit in run.units}
-    met = _meets(target, quantized, run.reference, base)
     excluded: list[str] = []
     steps = []
-    limit = len(ranked) if max_units is None else max_units
     # units measured exactly first: a step whose number is calibrated from data eprun does
     # not have is a promise it cannot check
     for entry in sorted(ranked, key=lambda entry: not _for_graph_edits_only(
@@ -8364,26 +8699,7 @@ def _rank_units(run: SensitivityRun, seed: int, targets: Targets, *,
         inexact = run.inexact(restored)
         if inexact:
             steps[-1]["inexact"] = inexact
-    answer = {"seed": seed, "rows": run.feed.rows}
-    if not run.feed.contract_shaped:
-        answer["inputs"] = run.feed.fed
-    unnamed = [entry["name"] for entry in ranked if not entry["named"]]
-    if unnamed:
-        note(f"{', '.join(unnamed)}: the float model's node has no name, so eprun names it by op "
-             "type and position; quantize_static can only exclude named nodes")
-    already = run.requantizer.excluded if run.requantizer is not None else []
-    if len(excluded) * 2 > len(ranked):
-        note(_undoes_most(len(excluded), len(ranked)))
-    return {**answer, "output": run.output, "quantized": {
-                key: quantized[key] for key in ("rel_error", "cos_min", "sqnr_db")},
-            "units": ranked, "target": target,
-            "recommendation": {"nodes_to_exclude": [*already, *excluded], "steps": steps,
-                               "met": met},
-            "predicted_by": run.predicted_by,
-            "quantizer": run.settings() if run.requantizer is not None else None,
-            "sessions": run.sessions,
-            **({"providers": targets.field(run.got, run.reference_got)}
-               if targets.given else {})}
+    return excluded, steps, met
 
 
 
@@ -8417,39 +8733,50 @@ def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
     for message in plugin_notes(lists):
         note(message)
     for requested in lists:
-        on = ProviderRequest(requested, options=ep_options)
-        got, error = Got([], {}), None
-        try:
-            session = open_session(model, on=on)
-            got = Got.of(session)
-            shaped = shaped and _contract_shaped(session)
-            del session
-        except ModelChanged:
-            raise
-        except EprunError as exc:  # the contract's error: onnxruntime's exception class
-            error = type(exc.__cause__).__name__
-            if any(name in ep_options for name in requested):  # its words on what it refused
-                note(f"case {','.join(requested)}: {native_message(exc.__cause__ or exc)}")
-        case = {
-            "requested": requested,
-            "actual": got.actual,
-            "missing": [name for name in requested
-                        if name not in available and not name.startswith(POLICY_PREFIX)],
-            "fell_back": differs_from_request(requested, got.actual),
-            "error": error,
-        }
-        rejected = [name for name in fallback_of(requested, got.actual)
-                    if name in ep_options and name in available]
-        if rejected and not error:  # onnxruntime dropped it and went on: ask it why
-            case["error"] = "RuntimeError"  # what a provider that will not start raises
-            for name in rejected:
-                note(f"case {','.join(requested)}: {why_missing(name, on, model)}")
+        case, got, case_shaped = _provider_case(model, requested, available, ep_options)
+        shaped = shaped and case_shaped
         cases.append(case)
         counts.append(got.nodes)
     if nodes or fail_on_fallback or ep_options or ep_library or not shaped:
         for case, counted in zip(cases, counts):
             case.update(nodes_record(counted))
     return {"model": model, "available": available, "cases": cases}
+
+
+def _provider_case(model: str, requested: list[str], available: list[str],
+                   ep_options: dict) -> tuple[dict, Got, bool]:
+    """``(case, what its session got, whether the session takes the contract's input)``: one
+    requested list opened on ``model``; a session that does not open is the case's
+    ``error`` (onnxruntime's exception class), and so is a provider onnxruntime dropped over
+    its options (asked why, on stderr)."""
+    on = ProviderRequest(requested, options=ep_options)
+    got, error, shaped = Got([], {}), None, True
+    try:
+        session = open_session(model, on=on)
+        got = Got.of(session)
+        shaped = _contract_shaped(session)
+        del session
+    except ModelChanged:
+        raise
+    except EprunError as exc:  # the contract's error: onnxruntime's exception class
+        error = type(exc.__cause__).__name__
+        if any(name in ep_options for name in requested):  # its words on what it refused
+            note(f"case {','.join(requested)}: {native_message(exc.__cause__ or exc)}")
+    case = {
+        "requested": requested,
+        "actual": got.actual,
+        "missing": [name for name in requested
+                    if name not in available and not name.startswith(POLICY_PREFIX)],
+        "fell_back": differs_from_request(requested, got.actual),
+        "error": error,
+    }
+    rejected = [name for name in fallback_of(requested, got.actual)
+                if name in ep_options and name in available]
+    if rejected and not error:  # onnxruntime dropped it and went on: ask it why
+        case["error"] = "RuntimeError"  # what a provider that will not start raises
+        for name in rejected:
+            note(f"case {','.join(requested)}: {why_missing(name, on, model)}")
+    return case, got, shaped
 
 
 def _contract_shaped(session) -> bool:
@@ -8520,17 +8847,7 @@ def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, li
     """
     from collections import deque
 
-    producer_of = GraphIndex(nodes).producer_index  # "" (an omitted input) is nobody's output
-    producers = [sorted({producer_of[name] for name in _node_inputs(node)
-                         if name and name in producer_of}) for node in nodes]
-    for index, sources in enumerate(producers):
-        if index in sources:  # Add(x, a) -> a reads its own output
-            raise _cycle_error(nodes[index])
-    consumers: list[list[int]] = [[] for _ in nodes]
-    for index, sources in enumerate(producers):
-        for source in sources:
-            consumers[source].append(index)
-    in_degree = [len(sources) for sources in producers]
+    consumers, in_degree = _dependencies(nodes)
     supported_set = set(supported)
     ready = deque(index for index, degree in enumerate(in_degree) if degree == 0)
     next_wave: deque = deque()
@@ -8565,6 +8882,22 @@ def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, li
         raise _cycle_error(next(node for index, node in enumerate(nodes)
                                 if in_degree[index] > 0))
     return units
+
+
+def _dependencies(nodes: list) -> tuple[list[list[int]], list[int]]:
+    """``(consumers, in_degree)`` by node index: who reads each node's outputs, and how many
+    distinct nodes each reads from; a node that reads its own output is a cycle."""
+    producer_of = GraphIndex(nodes).producer_index  # "" (an omitted input) is nobody's output
+    producers = [sorted({producer_of[name] for name in _node_inputs(node)
+                         if name and name in producer_of}) for node in nodes]
+    for index, sources in enumerate(producers):
+        if index in sources:  # Add(x, a) -> a reads its own output
+            raise _cycle_error(nodes[index])
+    consumers: list[list[int]] = [[] for _ in nodes]
+    for index, sources in enumerate(producers):
+        for source in sources:
+            consumers[source].append(index)
+    return consumers, [len(sources) for sources in producers]
 
 
 def _cycle_error(stuck) -> EprunError:
@@ -8868,11 +9201,11 @@ def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = Non
     require_views(node_data, save_plots, plot_format)
     targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
                            ep_options)
-    answer = measure_layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
-                            metrics=metrics, local=local, max_memory=max_memory, pair=pair,
-                            targets=targets, save_boundaries=save_boundaries,
-                            load_boundaries=load_boundaries, swapped_ok=swapped_ok,
-                            output=output, boundaries=boundaries)[0]
+    answer = measure_layers(fp32, int8, seed, LayerOptions(
+        inputs=inputs, boundary_ops=boundary_ops, metrics=metrics, local=local,
+        max_memory=max_memory, pair=pair, targets=targets, save_boundaries=save_boundaries,
+        load_boundaries=load_boundaries, swapped_ok=swapped_ok, output=output,
+        boundaries=boundaries))[0]
     if node_data:
         answer.update(_layers_node_data(node_data, fp32, int8, answer))
     if save_plots:
@@ -9083,6 +9416,35 @@ def parse_option_sweep(text: str) -> tuple[str, str, list[str]]:
     return provider, key, items
 
 
+def _settings_cases(runner: SettingsRunner, base) -> list[dict]:
+    """Each of ``SETTINGS_CASES`` (a level and an intra-op thread count) against the
+    baseline's output ``base``."""
+    cases = []
+    for level, intra_op in SETTINGS_CASES:
+        y = runner.output(level, intra_op)
+        same_shape = y.shape == base.shape
+        diff = largest_of(differences(base, y)[2]) if same_shape else float("nan")
+        cases.append({"level": level, "intra_op": intra_op, "max_abs_diff": float(diff),
+                      "bitwise_equal": bitwise_equal(base, y)})
+    return cases
+
+
+def _sweep_cases(runner: SettingsRunner, base, sweep: list) -> list[dict]:
+    """One case per value of each ``--ep-option-sweep`` (provider, key, values), at the
+    baseline's level and threads."""
+    cases = []
+    for provider, key, values in sweep:
+        for value in values:
+            y = runner.output_with(provider, key, value)
+            diff = (largest_of(differences(base, y)[2]) if y.shape == base.shape
+                    else float("nan"))
+            cases.append({"level": SETTINGS_BASELINE[0], "intra_op": SETTINGS_BASELINE[1],
+                          "ep_option": {"provider": provider, "key": key, "value": value},
+                          "max_abs_diff": float(diff), "bitwise_equal": bitwise_equal(base, y),
+                          **nodes_record(runner.got.nodes)})
+    return cases
+
+
 def settings(model: str, seed: int, inputs: InputOptions | None = None,
              explain: bool = False, *, providers: list[str] | None = None,
              allow_fallback: bool = False, ep_library: list[str] = (),
@@ -9117,22 +9479,7 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
         baseline = {"level": SETTINGS_BASELINE[0], "intra_op": SETTINGS_BASELINE[1],
                     "max_abs_output": float(np.max(np.abs(base))) if base.size else 0.0,
                     "mean_output": float(base.mean()) if base.size else float("nan")}
-    cases = []
-    for level, intra_op in SETTINGS_CASES:
-        y = runner.output(level, intra_op)
-        same_shape = y.shape == base.shape
-        diff = largest_of(differences(base, y)[2]) if same_shape else float("nan")
-        cases.append({"level": level, "intra_op": intra_op, "max_abs_diff": float(diff),
-                      "bitwise_equal": bitwise_equal(base, y)})
-    for provider, key, values in ep_option_sweep:
-        for value in values:
-            y = runner.output_with(provider, key, value)
-            diff = (largest_of(differences(base, y)[2]) if y.shape == base.shape
-                    else float("nan"))
-            cases.append({"level": SETTINGS_BASELINE[0], "intra_op": SETTINGS_BASELINE[1],
-                          "ep_option": {"provider": provider, "key": key, "value": value},
-                          "max_abs_diff": float(diff), "bitwise_equal": bitwise_equal(base, y),
-                          **nodes_record(runner.got.nodes)})
+    cases = [*_settings_cases(runner, base), *_sweep_cases(runner, base, ep_option_sweep)]
     answer = {"model": model, "seed": seed}
     if not runner.feed.contract_shaped:
         answer["inputs"] = runner.feed.fed
@@ -9270,6 +9617,9 @@ def ddmin(items: list[str], passes: Callable[[list[str]], bool]) -> list[str]:
     return items
 
 
+# One piece: one search in two stages (at the level that introduces the difference, then at
+# the case's own), sharing one progress line and one count of tries; the complexity is the
+# explanation's outcomes, each of which returns the record it says.
 def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
     """Why one settings case differs from the baseline, and what undoes it.
 
@@ -9475,28 +9825,8 @@ def placement(model: str, providers: list[str], seed: int = 0,
                                on=ProviderRequest(providers, options=ep_options or {},
                                                   strict=True))
         actual = list(session.get_providers())
-        if source == "graph_assignment_info":
-            assigned = session.get_provider_graph_assignment_info()
-            try:
-                nodes = [{"name": node.name, "op_type": node.op_type,
-                          "provider": subgraph.ep_name}
-                         for subgraph in assigned for node in subgraph.get_nodes()]
-            except UnicodeDecodeError as exc:  # onnxruntime decodes node names as UTF-8
-                raise _not_text(model, exc) from exc
-            subgraphs = [subgraph.ep_name for subgraph in assigned]
-        else:
-            shaped = inputs or InputOptions()
-            feed = make_feeds(session_specs(session, model), seed,
-                              dataclasses.replace(shaped, rows=shaped.rows or 1), model)
-            run_session(session, None, feed.arrays, what=repr(model),
-                        hint=dims_hint(feed))
-            try:
-                nodes = _profiled_nodes(session.end_profiling())
-            except UnicodeDecodeError as exc:
-                raise _not_text(model, exc) from exc
-            # runs of consecutive nodes on one provider, in the order they ran
-            subgraphs = [provider for provider, _ in
-                         itertools.groupby(node["provider"] for node in nodes)]
+        nodes, subgraphs = (_recorded_placement(session, model) if recorded else
+                            _profiled_placement(session, model, seed, inputs))
     counts = dict(collections.Counter(node["provider"] for node in nodes))
     request = ProviderRequest(providers, options=ep_options or {})
     rejected = [name for name in fallback_of(providers, actual)
@@ -9514,6 +9844,34 @@ def placement(model: str, providers: list[str], seed: int = 0,
     if node_data:
         answer.update(_placement_node_data(node_data, model, nodes))
     return answer
+
+
+def _recorded_placement(session, model: str) -> tuple[list[dict], list[str]]:
+    """``(nodes, subgraphs)`` as onnxruntime 1.24+ recorded the assignment."""
+    assigned = session.get_provider_graph_assignment_info()
+    try:
+        nodes = [{"name": node.name, "op_type": node.op_type, "provider": subgraph.ep_name}
+                 for subgraph in assigned for node in subgraph.get_nodes()]
+    except UnicodeDecodeError as exc:  # onnxruntime decodes node names as UTF-8
+        raise _not_text(model, exc) from exc
+    return nodes, [subgraph.ep_name for subgraph in assigned]
+
+
+def _profiled_placement(session, model: str, seed: int, inputs: InputOptions | None
+                        ) -> tuple[list[dict], list[str]]:
+    """``(nodes, subgraphs)`` from a profile of one run (one row unless ``--rows``): each
+    node event's provider, and the runs of consecutive nodes on one provider, in the order
+    they ran."""
+    shaped = inputs or InputOptions()
+    feed = make_feeds(session_specs(session, model), seed,
+                      dataclasses.replace(shaped, rows=shaped.rows or 1), model)
+    run_session(session, None, feed.arrays, what=repr(model), hint=dims_hint(feed))
+    try:
+        nodes = _profiled_nodes(session.end_profiling())
+    except UnicodeDecodeError as exc:
+        raise _not_text(model, exc) from exc
+    return nodes, [provider for provider, _ in
+                   itertools.groupby(node["provider"] for node in nodes)]
 
 
 def _placement_node_data(folder: str, model: str, nodes: list[dict]) -> dict:
@@ -9593,43 +9951,25 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
               if not swapped_ok or profile in (None, "auto") else [None, None])
     if None not in graphs:  # a file that is no model gets onnxruntime's own words below
         require_in_order(graphs, (reference, candidate), swapped_ok, ("reference", "candidate"))
-    providers = ["CPUExecutionProvider"] if providers is None else providers
-    reference_providers = (["CPUExecutionProvider"] if reference_providers is None
-                           else reference_providers)
-    prepare_providers([providers, reference_providers], ep_library, ep_options)
-    require_known_providers(providers)
-    require_known_providers(reference_providers)
-    # A provider that fails to start is an error (exit 4, its message), not a quiet CPU run.
-    # The candidate's fallback is a verdict (exit 1), the reference's a refusal (exit 4).
-    on = ProviderRequest(providers, options=ep_options or {}, strict=not allow_fallback)
-    reference_on = ProviderRequest(reference_providers, options=ep_options or {}, strict=True,
-                                   allow_fallback=allow_fallback)
+    on, reference_on = _gate_requests(providers, reference_providers, allow_fallback,
+                                      ep_library, ep_options)
+    providers = on.requested
     if profile in (None, "auto"):
         profile = _auto_profile(graphs, candidate, told=profile == "auto")
     del graphs  # the graphs only; the sessions read the files
     tolerance, per_output = tolerances(profile, rtol, atol, min_cos)
-    retries_used = [0]
     golden, feed, reference_names, reference_outputs, reference_got = _reference_run(
         reference, seed, inputs, reference_on, load_outputs, seed_given=seed_given)
-    unknown = sorted(set(per_output) - set(reference_names))
-    if unknown:
-        raise EprunError(f"--rtol/--atol name {', '.join(map(repr, unknown))}, which is no "
-                         f"output of {reference!r} (its outputs: {', '.join(reference_names)})",
-                         EXIT_USAGE)
-    if per_output:  # each named output's own, the rest from the profile or the options
-        tolerance["per_output"] = {name: {key: per_output[name].get(key, tolerance[key])
-                                          for key in ("rtol", "atol")}
-                                   for name in reference_names if name in per_output}
-    candidate_session = _with_retries(
-        lambda: open_session(candidate, what=repr(candidate), on=on),
-        retries, retry_pause, retries_used, candidate)
+    _name_tolerances(tolerance, per_output, reference_names, reference)
+    attempts = _Attempts(retries, retry_pause, candidate)
+    candidate_session = attempts.run(lambda: open_session(candidate, what=repr(candidate),
+                                                          on=on))
     candidate_feed = feed_for(session_specs(candidate_session, candidate), candidate,
                               feed)
 
     def run_candidate() -> list:
-        return _with_retries(lambda: run_session(candidate_session, None, candidate_feed,
-                                                 what=repr(candidate), hint=dims_hint(feed)),
-                             retries, retry_pause, retries_used, candidate)
+        return attempts.run(lambda: run_session(candidate_session, None, candidate_feed,
+                                                what=repr(candidate), hint=dims_hint(feed)))
 
     for _ in range(warmup):
         run_candidate()
@@ -9638,44 +9978,113 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         raise EprunError(f"{candidate!r} has {len(candidate_outputs)} outputs, the "
                          f"reference {len(reference_outputs)}; outputs are paired by position")
     got = Got.of(candidate_session)
-    actual = got.actual
-    if outputs_into is not None:
-        outputs_into.update(zip((value.name for value in candidate_session.get_outputs()),
-                                candidate_outputs))
     candidate_names = [value.name for value in candidate_session.get_outputs()]
+    if outputs_into is not None:
+        outputs_into.update(zip(candidate_names, candidate_outputs))
     outputs, failures = _gate_outputs(
         zip(reference_names, reference_outputs), zip(candidate_names, candidate_outputs),
         (reference, candidate), tolerance)
-    missing = fallback_of(providers, actual, got.nodes)
-    if (require_providers and actual != providers) or (missing and not allow_fallback):
-        failures.append({"bound": "providers", "requested": providers, "actual": actual,
-                         "missing": missing})
-    if save_outputs and save_outputs.lower().endswith(".json"):  # Polygraphy's RunResults
-        golden = save_polygraphy(save_outputs, reference, dict(zip(reference_names,
+    failures.extend(_provider_failures(providers, got, require_providers, allow_fallback))
+    if save_outputs:  # only once everything ran: a failed check leaves no file
+        golden = _save_reference(save_outputs, reference, dict(zip(reference_names,
                                                                    reference_outputs)),
-                                 feed.arrays, inputs)
-    elif save_outputs:  # only once everything ran: a failed check leaves no file
-        golden = save_golden(save_outputs, "outputs", reference,
-                             dict(zip(reference_names, reference_outputs)), feed.arrays,
-                             providers=reference_got.actual, seed=drawn_with(feed, seed),
-                             nodes=reference_got.nodes,
-                             inputs_file=inputs.file if inputs is not None else None)
+                                 feed, seed=seed, inputs=inputs,
+                                 reference_got=reference_got)
     answer = {"reference": reference, "candidate": candidate, "seed": seed,
               "rows": feed.rows}
     if not feed.contract_shaped:
         answer["inputs"] = feed.fed
     return {**answer, "profile": profile, "tolerance": tolerance,
-            "providers": {"requested": providers, "actual": actual,
-                          "fell_back": differs_from_request(providers, actual),
-                          "reference": reference_got.actual, **nodes_record(got.nodes),
-                          **nodes_record(reference_got.nodes, "reference_", (
-                              "the reference ran in Polygraphy, whose results file does not "
-                              "say where" if "loaded" in (golden or {}) and
-                              golden.get("format") == "polygraphy" else None)),
-                          **({"options": ep_options} if ep_options else {})},
-            "warmup": warmup, "retries_used": retries_used[0], "outputs": outputs,
+            "providers": _gate_providers(providers, got, reference_got, golden, ep_options),
+            "warmup": warmup, "retries_used": attempts.used, "outputs": outputs,
             "failures": failures, "passed": not failures,
             **({"golden": golden} if golden else {})}
+
+
+def _gate_requests(providers: list[str] | None, reference_providers: list[str] | None,
+                   allow_fallback: bool, ep_library: list[str], ep_options: dict | None
+                   ) -> tuple[ProviderRequest, ProviderRequest]:
+    """``check``'s two provider requests (the CPU where none is given), once every name is
+    known. A provider that fails to start is an error (exit 4, its message), not a quiet CPU
+    run; the candidate's fallback is a verdict (exit 1), the reference's a refusal (exit 4)."""
+    providers = ["CPUExecutionProvider"] if providers is None else providers
+    reference_providers = (["CPUExecutionProvider"] if reference_providers is None
+                           else reference_providers)
+    prepare_providers([providers, reference_providers], ep_library, ep_options)
+    require_known_providers(providers)
+    require_known_providers(reference_providers)
+    on = ProviderRequest(providers, options=ep_options or {}, strict=not allow_fallback)
+    reference_on = ProviderRequest(reference_providers, options=ep_options or {}, strict=True,
+                                   allow_fallback=allow_fallback)
+    return on, reference_on
+
+
+def _name_tolerances(tolerance: dict, per_output: dict, reference_names: list[str],
+                     reference: str) -> None:
+    """Each ``--rtol``/``--atol`` NAME:VALUE on its output (``tolerance["per_output"]``, the
+    rest from the profile or the options); a name that is no output is a usage error."""
+    unknown = sorted(set(per_output) - set(reference_names))
+    if unknown:
+        raise EprunError(f"--rtol/--atol name {', '.join(map(repr, unknown))}, which is no "
+                         f"output of {reference!r} (its outputs: {', '.join(reference_names)})",
+                         EXIT_USAGE)
+    if per_output:
+        tolerance["per_output"] = {name: {key: per_output[name].get(key, tolerance[key])
+                                          for key in ("rtol", "atol")}
+                                   for name in reference_names if name in per_output}
+
+
+class _Attempts:
+    """``check``'s retries of transient provider errors: at most ``retries`` for the whole
+    check, ``pause`` seconds apart; ``used`` counts those spent."""
+
+    def __init__(self, retries: int, pause: float, path: str) -> None:
+        self.retries, self.pause, self.path = retries, pause, path
+        self.spent = [0]
+
+    @property
+    def used(self) -> int:
+        return self.spent[0]
+
+    def run(self, action: Callable[[], Any]) -> Any:
+        """``action``'s result, after as many retries as it needs and the budget allows."""
+        return _with_retries(action, self.retries, self.pause, self.spent, self.path)
+
+
+def _provider_failures(providers: list[str], got: Got, require_providers: bool,
+                       allow_fallback: bool) -> list[dict]:
+    """The gate's ``providers`` failure, if any: a fallback not allowed, or (with
+    ``--require-providers``) any list but the one requested."""
+    missing = fallback_of(providers, got.actual, got.nodes)
+    if (require_providers and got.actual != providers) or (missing and not allow_fallback):
+        return [{"bound": "providers", "requested": providers, "actual": got.actual,
+                 "missing": missing}]
+    return []
+
+
+def _save_reference(path: str, reference: str, outputs: dict, feed: Feed, *, seed: int,
+                    inputs: InputOptions | None, reference_got: Got) -> dict:
+    """``--save-outputs``: Polygraphy's RunResults for a ``.json`` path, eprun's golden file
+    otherwise; its record for the answer."""
+    if path.lower().endswith(".json"):
+        return save_polygraphy(path, reference, outputs, feed.arrays, inputs)
+    return save_golden(path, "outputs", reference, outputs, feed.arrays,
+                       providers=reference_got.actual, seed=drawn_with(feed, seed),
+                       nodes=reference_got.nodes,
+                       inputs_file=inputs.file if inputs is not None else None)
+
+
+def _gate_providers(providers: list[str], got: Got, reference_got: Got, golden: dict | None,
+                    ep_options: dict | None) -> dict:
+    """The gate's ``providers`` field: what was asked for, what each side got."""
+    polygraphy = "loaded" in (golden or {}) and golden.get("format") == "polygraphy"
+    return {"requested": providers, "actual": got.actual,
+            "fell_back": differs_from_request(providers, got.actual),
+            "reference": reference_got.actual, **nodes_record(got.nodes),
+            **nodes_record(reference_got.nodes, "reference_", (
+                "the reference ran in Polygraphy, whose results file does not say where"
+                if polygraphy else None)),
+            **({"options": ep_options} if ep_options else {})}
 
 
 def tolerances(profile: str, rtol, atol, min_cos: float | None) -> tuple[dict, dict]:
@@ -10021,15 +10430,8 @@ class ReduceGraph:
         the initializers they read (still referring to their data where the original keeps
         it), the original's opsets, functions and IR version; every input and output typed,
         with the shape of the reference's value where the original declares none."""
-        messages = onnx_messages()
         inputs, outputs = self.interface(kept)
-        original = {value.name: value for value in self.inputs}
-        model = messages.ModelProto()
-        for field in ("ir_version", "producer_name", "producer_version", "domain",
-                      "model_version", "doc_string"):
-            setattr(model, field, getattr(self.model, field))
-        model.opset_import.extend(self.model.opset_import)
-        model.functions.extend(self.model.functions)
+        model = self._empty_like()
         graph = model.graph
         graph.name = self.model.graph.name or "reduced"
         graph.node.extend(self.nodes[i] for i in kept)
@@ -10039,6 +10441,29 @@ class ReduceGraph:
         graph.sparse_initializer.extend(tensor for name, tensor in self.sparse.items()
                                         if name in read)
         _inline_subgraph_weights(model, self.path, attributes=True)
+        self._declare_interface(graph, (inputs, outputs), types, values)
+        inner = {name for i in kept for name in self.writes[i]} - set(outputs)
+        graph.value_info.extend(value for name, value in self.value_info.items()
+                                if name in inner)
+        return model
+
+    def _empty_like(self):
+        """A model with the original's header, opsets and functions, and no graph yet."""
+        model = onnx_messages().ModelProto()
+        for field in ("ir_version", "producer_name", "producer_version", "domain",
+                      "model_version", "doc_string"):
+            setattr(model, field, getattr(self.model, field))
+        model.opset_import.extend(self.model.opset_import)
+        model.functions.extend(self.model.functions)
+        return model
+
+    def _declare_interface(self, graph, interface: tuple[list[str], list[str]], types: dict,
+                           values: ReferenceValues) -> None:
+        """The candidate's inputs and outputs, as the original declares them where it does
+        with a shape, else typed from inference and the reference values; under IR 3 the
+        initializers listed as inputs too."""
+        inputs, outputs = interface
+        original = {value.name: value for value in self.inputs}
         for name in inputs:
             graph.input.append(original[name] if name in original and
                                _declared(original[name]) else
@@ -10051,10 +10476,6 @@ class ReduceGraph:
             declared = self.outputs.get(name)
             graph.output.append(declared if declared is not None and _declared(declared)
                                 else self._typed(name, types, values))
-        inner = {name for i in kept for name in self.writes[i]} - set(outputs)
-        graph.value_info.extend(value for name, value in self.value_info.items()
-                                if name in inner)
-        return model
 
     @staticmethod
     def _typed(name: str, types: dict, values: ReferenceValues):
@@ -10321,22 +10742,29 @@ class Reduction:
         return code != 0, status
 
 
+def _bisected(reduction: Reduction, kept: tuple[int, ...]) -> tuple[int, ...]:
+    """``kept`` cut from the front, then from the back, by bisection: each time the most
+    nodes whose removal still fails."""
+    for from_front in (True, False):
+        known, beyond = 0, len(kept)  # removing `known` still fails; `beyond` is too many
+        while beyond - known > 1:
+            middle = (known + beyond) // 2
+            trial = kept[middle:] if from_front else kept[:len(kept) - middle]
+            if reduction.fails(trial):
+                known = middle
+            else:
+                beyond = middle
+        kept = kept[known:] if from_front else kept[:len(kept) - known]
+    return kept
+
+
 def reduce_nodes(reduction: Reduction, mode: str) -> tuple[tuple[int, ...], bool]:
     """``(kept, minimal)``: bisection from both ends (``mode`` "bisect"), then single nodes
     off either end of the graph (its sinks, then its sources) until none can go. ``minimal``:
     every end node was tried in the end and the candidate without it passed."""
     kept = tuple(range(len(reduction.graph.nodes)))
     if mode == "bisect":
-        for from_front in (True, False):
-            known, beyond = 0, len(kept)  # removing `known` still fails; `beyond` is too many
-            while beyond - known > 1:
-                middle = (known + beyond) // 2
-                trial = kept[middle:] if from_front else kept[:len(kept) - middle]
-                if reduction.fails(trial):
-                    known = middle
-                else:
-                    beyond = middle
-            kept = kept[known:] if from_front else kept[:len(kept) - known]
+        kept = _bisected(reduction, kept)
     needed: set[int] = set()  # ends whose removal passed once: tried again only at the end
     while True:
         sinks, sources = reduction.graph.ends(kept)
@@ -10697,11 +11125,10 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
         "extra_options": extra_options,
         "targets": (providers, reference_providers, allow_fallback, list(ep_library),
                     ep_options)})
+    ranking = Ranking.of(target_sqnr, target_rel_error, profile, max_units, units)
     with SensitivityRun(fp32, int8, seed, inputs, targets, swapped_ok=swapped_ok,
                         calibration=calibration, extra_options=extra_options) as run:
-        answer = _rank_units(run, seed, targets, target_sqnr=target_sqnr,
-                             target_rel_error=target_rel_error, profile=profile,
-                             max_units=max_units, units=units, parallel=parallel)
+        answer = _rank_units(run, seed, targets, ranking, parallel)
         if node_data:  # each unit's gain on its node in both models
             gains = {entry["name"]: entry["gain_db"] for entry in answer["units"]}
             answer.update(_pair_node_data(node_data, fp32, int8, {"gain_db": {
@@ -10850,8 +11277,6 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False,
     """Each quantized weight of ``int8`` (biases too) against the fp32 weight it quantizes,
     named by its float name as qdq_loss_debug names it (the integer initializer's name less
     ``_quantized`` and the other suffixes quantizers add)."""
-    import numpy as np
-
     require_file(fp32)
     require_file(int8)
     require_views(node_data, None)
@@ -10863,56 +11288,9 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False,
                          "reading an integer initializer)"
                          + ("; are the models swapped?" if quantized_weights(fp32_model.graph)
                             else ""))
-    floats = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
-    int8_tensors = {tensor.name: tensor for tensor in int8_model.graph.initializer}
-    entries, unpaired, unread = [], [], []
-    for weight in found:
-        name = float_tensor_name(weight.name)
-        if name not in floats:
-            unpaired.append(weight.name)
-            continue
-        values = _initializer_array(int8_tensors[weight.name], int8)
-        scale = _initializer_array(int8_tensors[weight.scale], int8)
-        zero = (_initializer_array(int8_tensors[weight.zero], int8) if weight.zero else
-                np.zeros(scale.shape, np.int32))
-        reference = _initializer_array(floats[name], fp32)
-        per_channel = scale.size > 1
-        if zero.size not in (1, scale.size) or (per_channel and zero.size != scale.size):
-            raise EprunError(f"{int8!r}: weight {weight.name!r} has {scale.size} scale(s) and "
-                             f"{zero.size} zero point(s); DequantizeLinear needs as many of each")
-        if per_channel and (scale.ndim != 1 or values.ndim == 0
-                            or not -values.ndim <= weight.axis < values.ndim
-                            or values.shape[weight.axis] != scale.size):
-            unread.append(f"{weight.name!r} (shape {list(values.shape)}, {scale.size} scales, "
-                          f"axis {weight.axis})")
-            continue
-        if reference.shape != values.shape:
-            unpaired.append(weight.name)
-            continue
-        dequantized, wrapped = dequantize_weight(values, scale, zero,
-                                                 weight.axis if per_channel else None)
-        entries.append({"name": name, "quantized": weight.name, "op_type": weight.op_type,
-                        "shape": list(values.shape),
-                        "axis": (weight.axis % values.ndim) if per_channel else None,
-                        **weight_error(reference, dequantized)})
-        if wrapped is not None:
-            entries[-1]["qdq_loss_debug_sqnr_db"] = weight_error(reference, wrapped)["sqnr_db"]
-    wrapping = [entry["name"] for entry in entries if "qdq_loss_debug_sqnr_db" in entry]
-    if wrapping:
-        note(f"{len(wrapping)} weight{'s' if len(wrapping) > 1 else ''} ("
-             f"{', '.join(wrapping[:5])}{' and more' if len(wrapping) > 5 else ''}) "
-             f"{'lie' if len(wrapping) > 1 else 'lies'} so far from the zero point that "
-             "qdq_loss_debug's integer subtraction (of a DequantizeLinear weight) wraps around "
-             "in the weight's own type: qdq_loss_debug_sqnr_db is what its "
-             "compute_weight_error reports, eprun's sqnr_db is the spec's arithmetic")
-    if unread:
-        note(f"{int8!r}: {', '.join(unread)}: not one scale per tensor nor one per channel of "
-             "the axis (blocked quantization, or an axis the weight has not): left out")
-    if unpaired:
-        note(f"{len(unpaired)} quantized weight{'s' if len(unpaired) > 1 else ''} of {int8!r} "
-             f"{'have' if len(unpaired) > 1 else 'has'} no fp32 weight of the same name and "
-             f"shape in {fp32!r}, left out: {', '.join(map(repr, unpaired[:5]))}"
-             f"{' and more' if len(unpaired) > 5 else ''}")
+    pairing = _WeightPairing(fp32, int8, fp32_model, int8_model)
+    entries = [entry for entry in map(pairing.entry, found) if entry is not None]
+    pairing.note_left_out(entries)
     worst = min(entries, key=lambda entry: entry["sqnr_db"], default=None)
     answer = {"fp32": fp32, "int8": int8, "weight_count": len(entries), "weights": entries,
               "worst": None if worst is None else {"name": worst["name"],
@@ -10926,6 +11304,75 @@ def weights(fp32: str, int8: str, *, swapped_ok: bool = False,
                                      ("int8", int8_model, "quantized"))}},
             graphs={"fp32": fp32_model.graph, "int8": int8_model.graph}))
     return answer
+
+
+class _WeightPairing:
+    """``weights``' pairing of each quantized weight with the float one it quantizes, and
+    the weights it had to leave out (``unpaired``, ``unread``), said on stderr."""
+
+    def __init__(self, fp32: str, int8: str, fp32_model, int8_model) -> None:
+        self.fp32, self.int8 = fp32, int8
+        self.floats = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
+        self.int8_tensors = {tensor.name: tensor for tensor in int8_model.graph.initializer}
+        self.unpaired: list[str] = []  # no float weight of the same name and shape
+        self.unread: list[str] = []  # neither one scale per tensor nor one per channel
+
+    def entry(self, weight) -> dict | None:
+        """The weight's entry of the answer, or None where it is left out."""
+        import numpy as np
+
+        int8, tensors = self.int8, self.int8_tensors
+        name = float_tensor_name(weight.name)
+        if name not in self.floats:
+            self.unpaired.append(weight.name)
+            return None
+        values = _initializer_array(tensors[weight.name], int8)
+        scale = _initializer_array(tensors[weight.scale], int8)
+        zero = (_initializer_array(tensors[weight.zero], int8) if weight.zero else
+                np.zeros(scale.shape, np.int32))
+        reference = _initializer_array(self.floats[name], self.fp32)
+        per_channel = scale.size > 1
+        if zero.size not in (1, scale.size) or (per_channel and zero.size != scale.size):
+            raise EprunError(f"{int8!r}: weight {weight.name!r} has {scale.size} scale(s) and "
+                             f"{zero.size} zero point(s); DequantizeLinear needs as many of each")
+        if per_channel and (scale.ndim != 1 or values.ndim == 0
+                            or not -values.ndim <= weight.axis < values.ndim
+                            or values.shape[weight.axis] != scale.size):
+            self.unread.append(f"{weight.name!r} (shape {list(values.shape)}, {scale.size} "
+                               f"scales, axis {weight.axis})")
+            return None
+        if reference.shape != values.shape:
+            self.unpaired.append(weight.name)
+            return None
+        dequantized, wrapped = dequantize_weight(values, scale, zero,
+                                                 weight.axis if per_channel else None)
+        entry = {"name": name, "quantized": weight.name, "op_type": weight.op_type,
+                 "shape": list(values.shape),
+                 "axis": (weight.axis % values.ndim) if per_channel else None,
+                 **weight_error(reference, dequantized)}
+        if wrapped is not None:
+            entry["qdq_loss_debug_sqnr_db"] = weight_error(reference, wrapped)["sqnr_db"]
+        return entry
+
+    def note_left_out(self, entries: list[dict]) -> None:
+        """Say on stderr where qdq_loss_debug's own number differs, and what was left out."""
+        fp32, int8, unread, unpaired = self.fp32, self.int8, self.unread, self.unpaired
+        wrapping = [entry["name"] for entry in entries if "qdq_loss_debug_sqnr_db" in entry]
+        if wrapping:
+            note(f"{len(wrapping)} weight{'s' if len(wrapping) > 1 else ''} ("
+                 f"{', '.join(wrapping[:5])}{' and more' if len(wrapping) > 5 else ''}) "
+                 f"{'lie' if len(wrapping) > 1 else 'lies'} so far from the zero point that "
+                 "qdq_loss_debug's integer subtraction (of a DequantizeLinear weight) wraps "
+                 "around in the weight's own type: qdq_loss_debug_sqnr_db is what its "
+                 "compute_weight_error reports, eprun's sqnr_db is the spec's arithmetic")
+        if unread:
+            note(f"{int8!r}: {', '.join(unread)}: not one scale per tensor nor one per channel "
+                 "of the axis (blocked quantization, or an axis the weight has not): left out")
+        if unpaired:
+            note(f"{len(unpaired)} quantized weight{'s' if len(unpaired) > 1 else ''} of "
+                 f"{int8!r} {'have' if len(unpaired) > 1 else 'has'} no fp32 weight of the same "
+                 f"name and shape in {fp32!r}, left out: {', '.join(map(repr, unpaired[:5]))}"
+                 f"{' and more' if len(unpaired) > 5 else ''}")
 
 
 WEIGHTS = declare(Command(
@@ -11100,117 +11547,222 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     segment's local error to growth.json and the chart; ``chart="svg"`` also writes the chart
     as ``growth.svg``, linked from the report.
     """
-    out_dir = out_dir if out_dir is not None else (os.path.dirname(fp32) or ".")
-    require_file(fp32)
-    require_file(int8)
-    for given, option in ((calibration, "--calibration"), (extra_options, "--extra-option")):
-        if given and not sensitivity_section:
-            raise EprunError(f"{option} is the sensitivity section's: give --sensitivity too",
-                             EXIT_USAGE)
-    require_out_dir(out_dir)
-    require_plots(save_plots, plot_format)
-    names = (*REPORT_FILES, *((CHART_FILE,) if chart == "svg" else ()))
-    paths = {name: os.path.join(out_dir, name) for name in names}
-    paths_of = {"fp32": fp32, "int8": int8}
-    graphs = {which: load_model(path, text_names=True) for which, path in paths_of.items()}
-    require_in_order((graphs["fp32"], graphs["int8"]), (fp32, int8), swapped_ok)
-    if calibration is not None:  # a file that does not fit fails now, not after the measuring
-        calibration_batches(graphs["fp32"], calibration, fp32)
-    _check_report_targets(paths, graphs, paths_of, force)
-    requests = [list(request) for request in REPORT_REQUESTS]
-    if target_providers is not None and target_providers not in requests:
-        requests.append(list(target_providers))
-    progress = Progress("report", 6)
-    with captured_chatter():  # the made-up provider's banner and note: the table records it
-        provider_answer = {**providers(fp32, requests, ep_library, ep_options),
-                           "note": REPORT_NOTE}
-    progress.step(1)
-    splits = [partition(paths_of[which], ops, parsed=graphs[which])
-              for which, ops in report_splits(graphs["fp32"], graphs["int8"])]
-    named = _name_pairs(graphs["fp32"].graph, graphs["int8"].graph, boundary_ops)
-    pairing = "name" if named is not None else "position"
-    progress.step(2)
-    targets = (targets_from(target_providers, None, allow_fallback, ep_library, ep_options)
-               if target_providers is not None else Targets())
-    measured, int8_final = measure_layers(fp32, int8, seed, inputs=inputs,
-                                          boundary_ops=boundary_ops, pair=pairing,
-                                          swapped_ok=swapped_ok, clipping=True, local=local,
-                                          targets=targets)
-    growth_answer = growth_of(measured)
-    progress.step(3)
-    settings_answer = settings(int8, seed, inputs, providers=target_providers,
-                               allow_fallback=allow_fallback, ep_library=ep_library,
-                               ep_options=ep_options)
-    progress.step(4)
-    candidate: dict = {}
-    gate = check(fp32, int8, providers=target_providers, profile="int8", inputs=inputs,
-                 seed=seed, outputs_into=candidate, ep_options=ep_options,
-                 allow_fallback=allow_fallback,
-                 swapped_ok=True)  # the order is checked above, on the graphs read there
-    progress.step(5)
-    final = measured["layers"][-1]["int8"]
-    if targets.given:  # the exposure measured where the table was, or none after a fallback
-        exposure = measured.get("exposure")
-        if exposure is not None and exposure["max_abs_diff"] is not None:
-            exposure = {**exposure, "bitwise_equal": exposure["max_abs_diff"] == 0}
-    else:
-        plain = (candidate.get(final) if gate["providers"]["actual"] == [CPU_EP]
-                 else None)  # the check's run is the plain model as deployed on the CPU
-        exposure = _exposure_effect(int8, seed, final, int8_final, inputs=inputs, plain=plain)
-    progress.step(6)
-    progress.close()
-    ranked = (_optional_sensitivity(fp32, int8, seed, inputs, swapped_ok,
-                                    calibration=calibration, extra_options=extra_options)
-              if sensitivity_section else None)
-    facts = {**_report_facts(graphs["int8"], measured),
-             "in_order": named is None or all(i == j for i, j in named.items()),
-             "chart": CHART_FILE if chart == "svg" else None}
-    markdown = report_markdown(provider_answer=provider_answer, splits=splits,
-                               measured=measured, growth_answer=growth_answer,
-                               settings_answer=settings_answer, exposure=exposure, gate=gate,
-                               facts=facts)
-    if ranked is not None:
-        markdown += (_sensitivity_section(ranked) if "error" not in ranked else
-                     _sensitivity_missing(ranked["error"]))
-    plots = []
-    if save_plots:  # drawn and written first; linked from the section each belongs to
-        writer = PlotWriter(save_plots, int8, "report", plot_format)
-        figures = {REPORT_GROWTH_HEADING: plot_boundaries(writer, measured, "rel_error",
-                                                          growth_answer),
-                   REPORT_MACHINE_HEADING: plot_settings(writer, settings_answer)}
+    options = ReportOptions(
+        inputs=inputs, boundary_ops=boundary_ops, target_providers=target_providers,
+        force=force, sensitivity_section=sensitivity_section, ep_library=ep_library,
+        ep_options=ep_options, swapped_ok=swapped_ok, local=local, chart=chart,
+        calibration=calibration, extra_options=extra_options, allow_fallback=allow_fallback,
+        save_plots=save_plots, plot_format=plot_format)
+    made = _Report(fp32, int8, seed, out_dir if out_dir is not None
+                   else (os.path.dirname(fp32) or "."), options)
+    made.measure()
+    return made.write()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportOptions:
+    """``report``'s options; each field is the flag of its name (``sensitivity_section``:
+    ``--sensitivity``, ``target_providers``: ``--providers``)."""
+
+    inputs: InputOptions | None = None
+    boundary_ops: tuple[str, ...] = BOUNDARY_OPS
+    target_providers: list[str] | None = None
+    force: bool = False
+    sensitivity_section: bool = False
+    ep_library: list[str] = ()
+    ep_options: dict | None = None
+    swapped_ok: bool = False
+    local: bool = False
+    chart: str | None = None
+    calibration: str | None = None
+    extra_options: dict | None = None
+    allow_fallback: bool = False
+    save_plots: str | None = None
+    plot_format: str | None = None
+
+
+class _Report:
+    """One ``report``: its outputs checked (``__init__``), every section measured
+    (``measure``), then the deliverables and plots written as one set (``write``)."""
+
+    def __init__(self, fp32: str, int8: str, seed: int, out_dir: str,
+                 options: ReportOptions) -> None:
+        self.fp32, self.int8, self.seed, self.out_dir, self.options = \
+            fp32, int8, seed, out_dir, options
+        require_file(fp32)
+        require_file(int8)
+        for given, option in ((options.calibration, "--calibration"),
+                              (options.extra_options, "--extra-option")):
+            if given and not options.sensitivity_section:
+                raise EprunError(f"{option} is the sensitivity section's: give --sensitivity "
+                                 "too", EXIT_USAGE)
+        require_out_dir(out_dir)
+        require_plots(options.save_plots, options.plot_format)
+        self.names = (*REPORT_FILES, *((CHART_FILE,) if options.chart == "svg" else ()))
+        self.paths = {name: os.path.join(out_dir, name) for name in self.names}
+        self.paths_of = {"fp32": fp32, "int8": int8}
+        self.graphs = {which: load_model(path, text_names=True)
+                       for which, path in self.paths_of.items()}
+        require_in_order((self.graphs["fp32"], self.graphs["int8"]), (fp32, int8),
+                         options.swapped_ok)
+        if options.calibration is not None:  # a file that does not fit fails now, not later
+            calibration_batches(self.graphs["fp32"], options.calibration, fp32)
+        _check_report_targets(self.paths, self.graphs, self.paths_of, options.force)
+        self.sections: dict = {}  # each measured answer, by what it is
+        self.named: dict | None = None  # the boundaries paired by name, if the names do
+
+    def measure(self) -> None:
+        """Every section's answer, in the report's order, six steps of progress."""
+        options, fp32, int8, seed = self.options, self.fp32, self.int8, self.seed
+        requests = [list(request) for request in REPORT_REQUESTS]
+        if options.target_providers is not None and options.target_providers not in requests:
+            requests.append(list(options.target_providers))
+        progress = Progress("report", 6)
+        with captured_chatter():  # the made-up provider's banner and note: the table says so
+            self.sections["providers"] = {
+                **providers(fp32, requests, options.ep_library, options.ep_options),
+                "note": REPORT_NOTE}
+        progress.step(1)
+        graphs = self.graphs
+        self.sections["splits"] = [
+            partition(self.paths_of[which], ops, parsed=graphs[which])
+            for which, ops in report_splits(graphs["fp32"], graphs["int8"])]
+        self.named = _name_pairs(graphs["fp32"].graph, graphs["int8"].graph,
+                                 options.boundary_ops)
+        progress.step(2)
+        targets = (targets_from(options.target_providers, None, options.allow_fallback,
+                                options.ep_library, options.ep_options)
+                   if options.target_providers is not None else Targets())
+        measured, int8_final = measure_layers(fp32, int8, seed, LayerOptions(
+            inputs=options.inputs, boundary_ops=options.boundary_ops, pair=self.pairing,
+            swapped_ok=options.swapped_ok, clipping=True, local=options.local,
+            targets=targets))
+        self.sections.update(measured=measured, growth=growth_of(measured))
+        progress.step(3)
+        self.sections["settings"] = settings(
+            int8, seed, options.inputs, providers=options.target_providers,
+            allow_fallback=options.allow_fallback, ep_library=options.ep_library,
+            ep_options=options.ep_options)
+        progress.step(4)
+        candidate: dict = {}
+        self.sections["gate"] = check(
+            fp32, int8, providers=options.target_providers, profile="int8",
+            inputs=options.inputs, seed=seed, outputs_into=candidate,
+            ep_options=options.ep_options, allow_fallback=options.allow_fallback,
+            swapped_ok=True)  # the order is checked above, on the graphs read there
+        progress.step(5)
+        self.sections["exposure"] = self._exposure(targets, candidate, int8_final)
+        progress.step(6)
+        progress.close()
+        self.sections["ranked"] = (
+            _optional_sensitivity(fp32, int8, seed, options.inputs, options.swapped_ok,
+                                  calibration=options.calibration,
+                                  extra_options=options.extra_options)
+            if options.sensitivity_section else None)
+
+    @property
+    def pairing(self) -> str:
+        """How the boundaries are paired: by name wherever the names pair them all."""
+        return "name" if self.named is not None else "position"
+
+    def _exposure(self, targets: Targets, candidate: dict, int8_final) -> dict | None:
+        """How far exposing the boundaries moved the int8 model's final output: measured
+        where the table was (none after a fallback), or on the CPU against the check's run of
+        the plain model as deployed."""
+        measured = self.sections["measured"]
+        final = measured["layers"][-1]["int8"]
+        if targets.given:
+            exposure = measured.get("exposure")
+            if exposure is not None and exposure["max_abs_diff"] is not None:
+                exposure = {**exposure, "bitwise_equal": exposure["max_abs_diff"] == 0}
+            return exposure
+        plain = (candidate.get(final) if self.sections["gate"]["providers"]["actual"] == [CPU_EP]
+                 else None)
+        return _exposure_effect(self.int8, self.seed, final, int8_final,
+                                inputs=self.options.inputs, plain=plain)
+
+    def markdown(self) -> str:
+        """ep_report.md's text, the sensitivity section (or why there is none) at its end."""
+        sections, ranked = self.sections, self.sections["ranked"]
+        facts = {**_report_facts(self.graphs["int8"], sections["measured"]),
+                 "in_order": self.named is None or all(i == j for i, j in self.named.items()),
+                 "chart": CHART_FILE if self.options.chart == "svg" else None}
+        markdown = report_markdown(
+            provider_answer=sections["providers"], splits=sections["splits"],
+            measured=sections["measured"], growth_answer=sections["growth"],
+            settings_answer=sections["settings"], exposure=sections["exposure"],
+            gate=sections["gate"], facts=facts)
+        if ranked is not None:
+            markdown += (_sensitivity_section(ranked) if "error" not in ranked else
+                         _sensitivity_missing(ranked["error"]))
+        return markdown
+
+    def write(self) -> dict:
+        """Write the deliverables (and plots, staged first and linked from their sections)
+        as one set; the answer."""
+        options, sections = self.options, self.sections
+        markdown, plots = self.markdown(), None
+        if options.save_plots:
+            markdown, plots = self._stage_plots(markdown)
+        try:
+            external = _write_deliverables(
+                self.out_dir, self.paths, self.paths_of, options.boundary_ops,
+                {"providers.json": sections["providers"], "growth.json": sections["growth"],
+                 "settings.json": sections["settings"], "ep_report.md": markdown,
+                 **({CHART_FILE: growth_svg(sections["measured"], sections["growth"])}
+                    if options.chart == "svg" else {})},
+                force=options.force)
+        except BaseException:  # the report they belong to was not written: nor are they
+            if plots and plots.paths:
+                discard(plots.files)
+                remove_folders(plots.folders)
+            raise
+        if plots and plots.paths:
+            commit(plots.files)
+        return self.answer(external, plots.paths if plots else [])
+
+    def _stage_plots(self, markdown: str) -> tuple[str, _StagedPlots]:
+        """The figures drawn and staged, and ``markdown`` with each linked under its
+        section."""
+        sections, ranked = self.sections, self.sections["ranked"]
+        writer = PlotWriter(self.options.save_plots, self.int8, "report",
+                            self.options.plot_format)
+        figures = {REPORT_GROWTH_HEADING: plot_boundaries(writer, sections["measured"],
+                                                          "rel_error", sections["growth"]),
+                   REPORT_MACHINE_HEADING: plot_settings(writer, sections["settings"])}
         if ranked is not None and "error" not in ranked:
             figures[REPORT_SENSITIVITY_HEADING] = plot_sensitivity(writer, ranked)
-        plot_files, plot_folders = writer.stage((fp32, int8))
-        plots = [path for path, _ in writer.files]
-        markdown = with_figures(markdown, {heading: os.path.relpath(path, out_dir)
-                                           for heading, path in figures.items()})
-    try:
-        external = _write_deliverables(
-        out_dir, paths, paths_of, boundary_ops,
-        {"providers.json": provider_answer, "growth.json": growth_answer,
-         "settings.json": settings_answer, "ep_report.md": markdown,
-         **({CHART_FILE: growth_svg(measured, growth_answer)} if chart == "svg" else {})},
-            force=force)
-    except BaseException:  # the report they belong to was not written: nor are they
+        files, folders = writer.stage((self.fp32, self.int8))
+        staged = _StagedPlots(files, folders, [path for path, _ in writer.files])
+        return with_figures(markdown, {heading: os.path.relpath(path, self.out_dir)
+                                       for heading, path in figures.items()}), staged
+
+    def answer(self, external: list[dict], plots: list[str]) -> dict:
+        """``report``'s answer: the files, the pairing, the check's verdict, and whatever the
+        options added."""
+        gate, ranked = self.sections["gate"], self.sections["ranked"]
+        answer = {"out_dir": self.out_dir, "files": [self.paths[name] for name in self.names],
+                  "pairing": self.pairing,
+                  "check": {key: gate[key] for key in ("profile", "tolerance", "providers",
+                                                       "failures", "passed")}}
+        if ranked is not None:
+            answer["sensitivity"] = ranked.get("recommendation")
+            if "error" in ranked:
+                answer["sensitivity_error"] = ranked["error"]
+        if external:
+            answer["external_data"] = external
         if plots:
-            discard(plot_files)
-            remove_folders(plot_folders)
-        raise
-    if plots:
-        commit(plot_files)
-    answer = {"out_dir": out_dir, "files": [paths[name] for name in names],
-              "pairing": pairing,
-              "check": {key: gate[key] for key in ("profile", "tolerance", "providers",
-                                                   "failures", "passed")}}
-    if ranked is not None:
-        answer["sensitivity"] = ranked.get("recommendation")
-        if "error" in ranked:
-            answer["sensitivity_error"] = ranked["error"]
-    if external:
-        answer["external_data"] = external
-    if plots:
-        answer["plots"] = plots
-    return answer
+            answer["plots"] = plots
+        return answer
+
+
+class _StagedPlots(NamedTuple):
+    """A report's figures, staged beside its deliverables: the staged files, the folders
+    made for them, and their final paths."""
+
+    files: list
+    folders: list
+    paths: list[str]
 
 
 def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: tuple,
@@ -11730,6 +12282,8 @@ def _exit(code: int) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """One parsed command run to its exit code: the answer on stdout (and the verdict's line
+    on stderr), or the one failure line; what onnxruntime printed meanwhile is held back."""
     store = None
     try:
         try:
@@ -11746,36 +12300,46 @@ def _run(args: argparse.Namespace) -> int:
             _report_failure(EprunError("interrupted"), store)
             return 130
         except Exception as exc:  # the one place every other failure is reported
-            if current_run().interrupted and current_run().interrupted[-1] == signal.SIGINT:
-                _report_failure(EprunError("interrupted"), store)
-                return 130
-            if isinstance(exc, MemoryError):
-                exc = EprunError(f"out of memory ({one_line(exc) or 'MemoryError'}); lower "
-                                 "--rows, or use --max-memory MB (layers, growth)")
-            if isinstance(exc, ModuleNotFoundError) and exc.name in ("onnx", "onnxruntime",
-                                                                     "numpy"):
-                exc = EprunError(
-                    f"eprun needs the Python package {exc.name!r}, which {sys.executable} does not "
-                    "have: run eprun with the Python that make lab set up (.venv/bin/python "
-                    "eprun.py ...), or install it with: python -m pip install onnx onnxruntime "
-                    "numpy")
-            _report_failure(exc, store)
-            return EXIT_FAILURE
+            return _unexpected_failure(exc, store)
         replay(store)
-        reason = args.declared.verdict(args, answer) if args.declared.verdict else None
-        written = write_fd(1, (text + "\n").encode())
-        current_run().answered = True
-        if not written:
-            say("eprun: error: cannot write the answer to stdout (closed, full or a closed pipe)")
-            _silence_stdout()
-            return EXIT_FAILURE
-        if reason:
-            say(f"eprun: {one_line(reason)}")
-            return 1
-        return 0
+        return _answered(args, answer, text)
     finally:  # an unclosed file is a ResourceWarning (an error under PYTHONWARNINGS=error)
         if store is not None:
             store.close()
+
+
+def _unexpected_failure(exc: Exception, store) -> int:
+    """Any failure that is not an ``EprunError``, in words: an interruption that surfaced as
+    another exception, running out of memory, a missing package; else its own message."""
+    if current_run().interrupted and current_run().interrupted[-1] == signal.SIGINT:
+        _report_failure(EprunError("interrupted"), store)
+        return 130
+    if isinstance(exc, MemoryError):
+        exc = EprunError(f"out of memory ({one_line(exc) or 'MemoryError'}); lower "
+                         "--rows, or use --max-memory MB (layers, growth)")
+    if isinstance(exc, ModuleNotFoundError) and exc.name in ("onnx", "onnxruntime", "numpy"):
+        exc = EprunError(
+            f"eprun needs the Python package {exc.name!r}, which {sys.executable} does not "
+            "have: run eprun with the Python that make lab set up (.venv/bin/python "
+            "eprun.py ...), or install it with: python -m pip install onnx onnxruntime "
+            "numpy")
+    _report_failure(exc, store)
+    return EXIT_FAILURE
+
+
+def _answered(args: argparse.Namespace, answer: dict, text: str) -> int:
+    """Write the answer to stdout in one write; 1 with the verdict's line where it failed."""
+    reason = args.declared.verdict(args, answer) if args.declared.verdict else None
+    written = write_fd(1, (text + "\n").encode())
+    current_run().answered = True
+    if not written:
+        say("eprun: error: cannot write the answer to stdout (closed, full or a closed pipe)")
+        _silence_stdout()
+        return EXIT_FAILURE
+    if reason:
+        say(f"eprun: {one_line(reason)}")
+        return 1
+    return 0
 
 
 def _hold_closed_streams() -> set[int]:

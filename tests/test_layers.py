@@ -107,3 +107,52 @@ def test_the_checker_sees_a_reach(tmp_path, monkeypatch):
     assert banners == [(1, "One"), (2, "Two")]
     with pytest.raises(AssertionError, match=r"low \(layer 1\) uses high \(layer 2\)"):
         test_no_layer_reaches_into_a_later_one()
+
+
+# radon's rank C ends at 20: a function above it is one a reader cannot hold in their head.
+RANK_C = 20
+ONE_PIECE = "# One piece:"
+
+
+def too_complex(source: str) -> list[str]:
+    """The functions and methods of ``source`` whose cyclomatic complexity (radon's measure)
+    is above rank C and that no ``# One piece:`` comment, right above the ``def`` (and its
+    decorators), says must stay whole."""
+    from radon.complexity import cc_visit
+
+    lines = source.splitlines()
+    blocks = cc_visit(source)  # functions and methods, each once, and the classes
+    found = []
+    for function in blocks:
+        if not hasattr(function, "is_method") or function.complexity <= RANK_C:
+            continue  # a class (its methods are counted on their own), or simple enough
+        above = function.lineno - 2  # the line before the def (lineno is 1-based)
+        while above >= 0 and lines[above].lstrip().startswith("@"):
+            above -= 1
+        comment = []
+        while above >= 0 and lines[above].lstrip().startswith("#"):
+            comment.insert(0, lines[above].strip())
+            above -= 1
+        if not comment or not comment[0].startswith(ONE_PIECE):
+            found.append(f"{function.fullname} (line {function.lineno}): {function.complexity}")
+    return found
+
+
+def test_no_function_above_rank_c_without_saying_why():
+    """Each function of eprun.py is at most rank C (complexity 20) in radon's measure, or a
+    ``# One piece:`` comment above it says why it must stay one piece."""
+    offenders = too_complex(EPRUN.read_text(encoding="utf-8"))
+    assert not offenders, "split these, or say why each is one piece:\n" + "\n".join(offenders)
+
+
+def test_the_complexity_check_sees_a_tangle():
+    """The test above can fail: 21 branches fail it, the comment excuses them, 20 pass."""
+    def tangle(branches: int, comment: str = "") -> str:
+        body = "".join(f"    if x == {k}:\n        return {k}\n" for k in range(branches - 1))
+        return f"{comment}def tangled(x):\n{body}    return -1\n"
+
+    assert too_complex(tangle(21)) == ["tangled (line 1): 21"]
+    assert too_complex(tangle(21, "# One piece: a lookup table.\n")) == []
+    assert too_complex(tangle(20)) == []
+    method = "class Holder:\n" + "".join(f"    {line}\n" for line in tangle(21).splitlines())
+    assert too_complex(method) == ["Holder.tangled (line 2): 21"]

@@ -24,20 +24,49 @@ Every command that opens sessions runs them where ``--providers`` says (built-in
 plugin EPs through their devices, ``policy:NAME`` device policies; ``--ep-library``,
 ``--ep-option``), and refuses a measurement whose session did not get what was asked for.
 
-The file reads top-down in layers, each using only the layers above it:
+Map of the file. It reads top-down in nine layers, each under a ``# == N. Title`` banner; a
+layer uses the layers above it, never one below (tests/test_layers.py checks). onnx,
+onnxruntime, numpy and matplotlib are imported inside the functions that need them, never at
+the top, so a command loads only what it uses.
 
-    1. Contract and declarations  exit codes, errors, argument parsers, commands, strict JSON
-    2. I/O safety  a run's state, the stdout guard, progress, temporaries, signals, paths,
-       staging and commit
-    3. Model access  graphs read without their weights, external data, the graph index, types
-    4. Sessions and providers  the one options builder and session opener, EPs, plugin EPs
-    5. Measurement core  feeds, golden files, boundaries, comparison, paired and local error
-    6. Rendering  answers into text: a verdict's line, the report's markdown, tables
+    1. Contract and declarations  exit codes, EprunError, argument parsers, Command and
+       declare, strict JSON; the standard library only
+    2. I/O safety  the Invocation (what one call of main holds, for a signal to release),
+       the stdout guard, progress, temporaries, signals, paths, staging and commit
+    3. Model access  graphs read without their weights, external data, GraphIndex, value
+       types; onnx's generated messages, onnx itself only where they do not do
+    4. Sessions and providers  import_ort and OrtLog, execution providers and plugin EPs,
+       session_options and open_session (the only places options and sessions are made)
+    5. Measurement core  feeds, golden files, boundaries, comparison and METRICS, paired
+       boundaries, local error, growth; numpy
+    6. Rendering  answers into text: a verdict's line, the report's markdown, Model
+       Explorer node data, plots (matplotlib, only when asked for), tables
     7. Sensitivity  sensitivity's machinery: the quantized units, quantize_static run again,
        each unit restored and measured (in worker processes), the ranking and the verified
        recommendation
-    8. Commands  each command's function and its declaration, in the order listed above
-    9. Command line  the parser, main() (which owns each run's state), the one failure report
+    8. Commands  each command's function and then its declaration, in the order listed above
+    9. Command line  the parser, main() (which makes the Invocation and passes the words it
+       parsed down), the one failure report
+
+Where to change what:
+
+    a metric     a function (reference, difference) -> {field: value} in METRICS (layer 5):
+                 --metrics offers it, layers and growth report it per boundary
+    a command    its function and ``declare(Command(...))`` in a section of its own in
+                 layer 8, a table renderer in _TABLES (layer 6); docs/development.md lists
+                 the rest (a default invocation and a test file)
+    an EP rule   layer 4: how an EP is asked for (ProviderRequest: by name, by device, by
+                 policy), what counts as not getting it (fallback_of, require_got), what it
+                 needs (PROVIDER_PACKAGES, PROVIDER_OPTION_KEYS)
+    sensitivity  layer 7 alone (units, requantization, measurement, ranking), and the
+                 command's own section in layer 8
+
+State: what a command computes comes in through its arguments. What lives at module level
+does so on purpose: the process's, not a call's. OrtLog (onnxruntime's log level is
+process-wide, and cannot be read back), PLUGINS (the plugin EP libraries registered:
+onnxruntime keeps a registration for the rest of the process), _ONE_AT_A_TIME (main() holds
+the process's file descriptors 1 and 2, so calls take turns) and, in a sensitivity worker
+process, _WORKER (its open study: a process pool hands its tasks nothing else).
 
 Flow: parse the arguments -> read each model's graph only (weights stay on disk) -> expose the
 boundaries in memory -> one session per model, one model at a time -> compare with numpy ->
@@ -327,20 +356,22 @@ class Command(NamedTuple):
     """Everything about one command, declared next to its function: the parser is built from
     these, the help shows them, and the tests check ``fields`` against real answers.
 
-    ``run`` takes keyword arguments named like the parsed arguments (``inputs`` is built from
+    ``function`` takes keyword arguments named like the parsed arguments (``inputs`` is built from
     the input options); ``fields`` are the top-level keys of its answer for a contract-shaped
     model and default options, in order; ``detail`` says what is inside them and what options
-    add; ``verdict`` turns an answer into a failure reason (exit 1) or None.
+    add; ``verdict`` turns an answer into a failure reason (exit 1) or None; ``onnxruntime``
+    False: the command never opens a session (nor imports onnxruntime).
     """
 
     name: str
     summary: str
-    run: Callable[..., dict]
+    function: Callable[..., dict]
     arguments: tuple
     fields: tuple
     detail: str = ""
     example: str = ""
     verdict: Callable[[argparse.Namespace, dict], str | None] | None = None
+    onnxruntime: bool = True
 
 
 COMMANDS: dict[str, Command] = {}
@@ -414,32 +445,32 @@ def to_json(answer: dict) -> str:
 # == 2. I/O safety =================================================================================
 
 
-# -- the run's state -------------------------------------------------------------------------------
+# -- the invocation: what one call of main holds -------------------------------------------------
 
-@dataclasses.dataclass(eq=False)  # each run is itself: two fresh ones are not one
-class Run:
-    """Everything one call of ``main`` keeps while it works, in one place instead of module
-    globals. ``main`` (and ``cli``) make one and install it for the call (``running``);
+@dataclasses.dataclass(eq=False)  # each invocation is itself: two fresh ones are not one
+class Invocation:
+    """What one call of ``main`` holds while it works, for the I/O layers to release whatever
+    ends it: ``main`` (and ``cli``) make one and install it for the call (``installed``);
     eprun's functions called directly from other Python code share the one made at import.
 
+    Nothing here decides an answer: what a command computes comes in through its arguments
+    (the parsed command line, ``main`` passes it down). This is the registry a signal
+    handler must find whatever is running when the signal comes, and the per-call caches of
+    the model-access layer; only layers 2 and 3 read it (``tests/test_layers.py`` checks).
+
     ``program``: eprun is the process (``cli``), not a library in someone else's Python.
-    ``argv``: the arguments being parsed, for usage hints. ``terminals``: the terminal that
-    stderr was on before each ``captured_chatter`` took it over (None if not a terminal),
-    innermost last: where progress goes. ``stderr``: the real stderr while the outermost
-    capture holds fd 2: where a signal's last word goes. ``temporaries``: named temporary
-    files and folders, removed if a signal ends the process. ``read_stamps``: each model
-    file's stamp when its graph was read (``require_unchanged``). ``held``: the signals
-    waiting for each open ``signals_held`` block. ``interrupted``: the signals received.
-    ``answered``: the answer is out. ``quiet_ort``: onnxruntime's log and warnings are
-    silenced for this run (not with ``EPRUN_DEBUG``); ``quieted``: that was done.
-    ``session_config``: session config entries every session of the run gets (a sensitivity
-    worker's: no spinning threads). ``warned``: the knob warnings given (``knob_warning``).
-    ``locations``: each model file's external-data locations (``external_locations``).
-    ``children``: the process groups of the commands it runs (``reduce --check``), ended
-    with it."""
+    ``terminals``: the terminal that stderr was on before each ``captured_chatter`` took it
+    over (None if not a terminal), innermost last: where progress goes. ``stderr``: the real
+    stderr while the outermost capture holds fd 2: where a signal's last word goes.
+    ``temporaries``: named temporary files and folders, removed if a signal ends the process.
+    ``read_stamps``: each model file's stamp when its graph was read (``require_unchanged``).
+    ``held``: the signals waiting for each open ``signals_held`` block. ``interrupted``: the
+    signals received. ``answered``: the answer is out. ``warned``: the knob warnings given
+    (``knob_warning``). ``locations``: each model file's external-data locations
+    (``external_locations``). ``children``: the process groups of the commands it runs
+    (``reduce --check``, ``own_process_group``), ended with it."""
 
     program: bool = False
-    argv: tuple = ()
     terminals: list = dataclasses.field(default_factory=list)
     stderr: int | None = None
     temporaries: set = dataclasses.field(default_factory=set)
@@ -447,32 +478,31 @@ class Run:
     held: list = dataclasses.field(default_factory=list)
     interrupted: list = dataclasses.field(default_factory=list)
     answered: bool = False
-    quiet_ort: bool = False
-    quieted: bool = False
-    session_config: dict = dataclasses.field(default_factory=dict)
     warned: set = dataclasses.field(default_factory=set)
     locations: dict = dataclasses.field(default_factory=dict)
     children: set = dataclasses.field(default_factory=set)
 
 
-_RUNS = [Run()]  # the run in progress last; the first is that of direct calls
+_INVOCATIONS = [Invocation()]  # the one in progress last; the first is that of direct calls
 
 
-def current_run() -> Run:
-    return _RUNS[-1]
+def current_invocation() -> Invocation:
+    """The invocation in progress: the I/O layers' registry of what it holds (see
+    ``Invocation``)."""
+    return _INVOCATIONS[-1]
 
 
 @contextlib.contextmanager
-def running(run: Run, *, stays: bool = False) -> Iterator[Run]:
-    """``run`` is the current one for the block; after it the previous one is back, unless
-    ``stays`` (``cli``: the process ends with it, and a late signal must still find that the
-    answer is out)."""
-    _RUNS.append(run)
+def installed(invocation: Invocation, *, stays: bool = False) -> Iterator[Invocation]:
+    """``invocation`` is the current one for the block; after it the previous one is back,
+    unless ``stays`` (``cli``: the process ends with it, and a late signal must still find
+    that the answer is out)."""
+    _INVOCATIONS.append(invocation)
     try:
-        yield run
+        yield invocation
     finally:
         if not stays:
-            _RUNS.remove(run)
+            _INVOCATIONS.remove(invocation)
 
 
 # -- the stdout guard ------------------------------------------------------------------------------
@@ -527,17 +557,17 @@ def captured_chatter() -> Iterator[Any]:
         with contextlib.suppress(OSError):
             os.dup2(target if target is not None else 2, fd)
     terminal = saved.get(2)
-    run = current_run()
-    run.terminals.append(terminal if terminal is not None and os.isatty(terminal) else None)
-    if run.stderr is None and terminal is not None:
-        run.stderr = terminal
+    invocation = current_invocation()
+    invocation.terminals.append(terminal if terminal is not None and os.isatty(terminal) else None)
+    if invocation.stderr is None and terminal is not None:
+        invocation.stderr = terminal
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield store
     finally:
-        run.terminals.pop()
-        if run.stderr == terminal and not run.terminals:  # the outermost capture ends
-            run.stderr = None
+        invocation.terminals.pop()
+        if invocation.stderr == terminal and not invocation.terminals:  # the outermost capture ends
+            invocation.stderr = None
         for stream in (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__):
             with contextlib.suppress(Exception):  # what was buffered goes to the store too
                 stream.flush()
@@ -600,7 +630,7 @@ def debugging() -> bool:
 def knob_warning(message: str) -> None:
     """A warning about one of eprun's own environment variables, once per run; the run goes
     on with the default."""
-    warned = current_run().warned
+    warned = current_invocation().warned
     if message not in warned:
         warned.add(message)
         say(f"eprun: warning: {one_line(message)}")
@@ -638,7 +668,7 @@ class Progress:
     def step(self, done: int) -> None:
         import time
 
-        terminal = current_run().terminals[-1] if current_run().terminals else None
+        terminal = current_invocation().terminals[-1] if current_invocation().terminals else None
         elapsed = time.monotonic() - self.start
         if terminal is not None and elapsed >= self.after:
             of = f" of {self.total}" if self.total else ""
@@ -648,7 +678,7 @@ class Progress:
             self.shown = write_fd(terminal, line.encode()) or self.shown
 
     def close(self) -> None:
-        terminal = current_run().terminals[-1] if current_run().terminals else None
+        terminal = current_invocation().terminals[-1] if current_invocation().terminals else None
         if self.shown and terminal is not None:
             write_fd(terminal, b"\r\x1b[K")
 
@@ -676,7 +706,7 @@ def scratch_folder(prefix: str) -> Iterator[str]:
 
     sweep_scratch(tempfile.gettempdir())
     folder = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
-    temporaries = current_run().temporaries
+    temporaries = current_invocation().temporaries
     temporaries.add(folder)
     marker = None
     try:
@@ -743,15 +773,39 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def real_stderr() -> int:
+    """The descriptor of the real stderr, also while ``captured_chatter`` holds fd 2: for a
+    line the user must see as it happens (a signal's last word, reduce's progress)."""
+    where = current_invocation().stderr
+    return where if where is not None else 2
+
+
+@contextlib.contextmanager
+def own_process_group(process) -> Iterator[None]:
+    """For the block, ``process`` (started with ``start_new_session``) leads a process group
+    that a signal ending eprun kills too (``remove_temporaries``); after it, the group is
+    killed, whatever it left running, and reaped."""
+    children = current_invocation().children
+    children.add(process.pid)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)  # what it left running, or all of it
+        with contextlib.suppress(Exception):
+            process.wait()
+        children.discard(process.pid)
+
+
 def remove_temporaries() -> None:
     """What a signal leaves of eprun's temporaries: nothing, and no process group it started
     (``children``: a ``reduce --check`` command) still running."""
     import shutil
 
-    for group in list(current_run().children):
+    for group in list(current_invocation().children):
         with contextlib.suppress(OSError):
             os.killpg(group, signal.SIGKILL)
-    for name in list(current_run().temporaries):
+    for name in list(current_invocation().temporaries):
         if os.path.isdir(name) and not os.path.islink(name):
             shutil.rmtree(name, ignore_errors=True)
         else:
@@ -770,24 +824,24 @@ def _on_signal(signum: int, frame: object) -> None:
     error. Called from other Python code it raises KeyboardInterrupt or SystemExit instead,
     and SIGINT is remembered, so that a library that turns the KeyboardInterrupt into another
     error (numpy's import does) is still reported as an interruption."""
-    run = current_run()
-    run.interrupted.append(signum)
-    if run.held:
-        run.held[-1].append(signum)
+    invocation = current_invocation()
+    invocation.interrupted.append(signum)
+    if invocation.held:
+        invocation.held[-1].append(signum)
         return
-    if run.answered:  # the answer is out: finish as it says, not as an interruption
+    if invocation.answered:  # the answer is out: finish as it says, not as an interruption
         return
     _act_on_signal(signum)
 
 
 def _act_on_signal(signum: int) -> None:
     code = 130 if signum == signal.SIGINT else 128 + signum
-    run = current_run()
-    if run.program:
+    invocation = current_invocation()
+    if invocation.program:
         stop_workers()
         remove_temporaries()
         if signum == signal.SIGINT:
-            write_fd(run.stderr if run.stderr is not None else 2, b"eprun: error: interrupted\n")
+            write_fd(real_stderr(), b"eprun: error: interrupted\n")
         os._exit(code)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
@@ -1002,7 +1056,7 @@ def stage(data: bytes | Callable[[Any], None], path: str, like: tuple[str, ...] 
         handle = _open_unnamed(folder)
         if handle is None:
             temporary, descriptor = _open_hidden(folder, name)
-            current_run().temporaries.add(os.path.join(folder_path, temporary))
+            current_invocation().temporaries.add(os.path.join(folder_path, temporary))
         else:
             descriptor = os.dup(handle)
         os.fchmod(descriptor, output_mode(like))
@@ -1031,7 +1085,7 @@ def discard(staged: list[Staged]) -> None:
         if item.temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(item.temporary, dir_fd=item.folder)
-            current_run().temporaries.discard(_temporary_path(item))
+            current_invocation().temporaries.discard(_temporary_path(item))
         with contextlib.suppress(OSError):
             os.close(item.folder)
 
@@ -1062,7 +1116,7 @@ def signals_held() -> Iterator[None]:
     of them; eprun's handlers (see ``main``) therefore defer on their own while a block is
     open, and the signal takes effect when it closes.
     """
-    held = current_run().held
+    held = current_invocation().held
     held.append([])
     try:
         yield
@@ -1104,7 +1158,7 @@ def commit(staged: list[Staged]) -> None:
             for hidden in {name, item.temporary} - {None}:  # what was not renamed
                 with contextlib.suppress(OSError):
                     os.unlink(hidden, dir_fd=item.folder)
-            current_run().temporaries.discard(_temporary_path(item))
+            current_invocation().temporaries.discard(_temporary_path(item))
         for item in staged:
             if item.handle is not None:
                 with contextlib.suppress(OSError):
@@ -1604,7 +1658,7 @@ def external_locations(path: str) -> list[str]:
     it. Empty where the file is not plain protobuf as the walk expects: onnxruntime decides.
     Walked once per file (and stamp) in a run: a command opens many sessions of one model."""
     key = (os.path.abspath(path), file_stamp(path))
-    known = current_run().locations
+    known = current_invocation().locations
     if key not in known:
         known[key] = _walk_locations(path)
     return known[key]
@@ -1693,7 +1747,7 @@ def remember_stamp(path: str, stamp: tuple | None = None) -> None:
     weights read later must come from that same file (``require_unchanged``)."""
     stamp = stamp or file_stamp(path)
     if stamp is not None:
-        stamps = current_run().read_stamps
+        stamps = current_invocation().read_stamps
         stamps[os.path.abspath(path)] = stamps[os.path.realpath(path)] = stamp
 
 
@@ -1717,7 +1771,7 @@ def model_changed(path: str) -> ModelChanged:
 
 
 def _stamp_of(path: str) -> tuple | None:
-    stamps = current_run().read_stamps
+    stamps = current_invocation().read_stamps
     return stamps.get(os.path.abspath(path), stamps.get(os.path.realpath(path)))
 
 
@@ -2418,21 +2472,31 @@ def _element_type(types: dict, name: str) -> int:
 # -- onnxruntime, imported on first use ------------------------------------------------------------
 
 def import_ort():
-    """onnxruntime, imported on first use; within ``main`` its native log is quietened.
-
-    Its error log would duplicate the one-line error eprun prints; ``EPRUN_DEBUG=1`` keeps it
-    (and its Python warnings, which ``main`` otherwise ignores for the run). The level is
-    onnxruntime's process-wide one: ``main`` puts back onnxruntime's default when it returns
-    (the caller's own level cannot be read back). Direct calls of eprun's functions leave it
-    alone. The fallback banner onnxruntime prints still goes to stderr.
-    """
+    """onnxruntime, imported on first use (and only by the commands that open sessions)."""
     import onnxruntime
 
-    run = current_run()
-    if run.quiet_ort and not run.quieted:
-        onnxruntime.set_default_logger_severity(4)
-        run.quieted = True
     return onnxruntime
+
+
+class OrtLog:
+    """onnxruntime's native log level: the process's default logger severity, which can be
+    set but not read back, so eprun keeps the level it last set (``level``).
+
+    ``main`` quiets it (``QUIET``, fatal errors only) for a command that opens sessions: its
+    error log would repeat the one-line error eprun prints. ``EPRUN_DEBUG=1`` keeps it (and
+    onnxruntime's Python warnings, which ``main`` otherwise ignores for the call). ``main``
+    puts onnxruntime's default back when it returns (the caller's own level cannot be read
+    back); eprun's functions called directly from Python leave it alone. The fallback banner
+    onnxruntime prints still goes to stderr."""
+
+    DEFAULT = 2  # onnxruntime's own: warnings and worse
+    QUIET = 4
+    level = DEFAULT
+
+    @classmethod
+    def set(cls, level: int) -> None:
+        import_ort().set_default_logger_severity(level)
+        cls.level = level
 
 
 def ort_release() -> tuple[int, int]:
@@ -2920,10 +2984,9 @@ def provider_refusal(source, on: ProviderRequest, name: str) -> str:
     fallback), with ``on``'s options: its exception, or else the error it logs (onnxruntime
     drops an EP that fails to start and logs why, even where fallback is off). Empty where
     it says nothing."""
-    ort = import_ort()
     alone = ProviderRequest([name], options=on.options, strict=True)
-    run = current_run()
-    ort.set_default_logger_severity(3)  # errors: what the provider says when it will not start
+    level = OrtLog.level
+    OrtLog.set(3)  # errors: what the provider says when it will not start
     try:
         with captured_chatter() as store:
             try:
@@ -2931,7 +2994,7 @@ def provider_refusal(source, on: ProviderRequest, name: str) -> str:
             except EprunError as exc:
                 return one_line(exc.__cause__ or exc)
     finally:
-        ort.set_default_logger_severity(4 if run.quiet_ort else 2)
+        OrtLog.set(level)
     if store is None:
         return ""
     store.seek(0)
@@ -3075,7 +3138,7 @@ def session_options(*, level: str | None = None, threads: int | None = None,
         options.inter_op_num_threads = 1
     if optimized_path:
         options.optimized_model_filepath = optimized_path
-    for key, value in {**current_run().session_config, **(config or {})}.items():
+    for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
     if profile_prefix:
         options.enable_profiling = True
@@ -4563,7 +4626,7 @@ def expose_in_place(model, boundary_ops: tuple[str, ...] = BOUNDARY_OPS, extra: 
     return boundaries
 
 
-def open_exposed(model, model_path: str, settings: dict | None = None,
+def open_exposed(model, model_path: str, options: dict | None = None,
                  extra_arrays: dict | None = None, on: ProviderRequest | None = None):
     """A session with default options for an in-memory (exposed) copy of ``model_path``, on
     the CPU unless ``on`` says otherwise.
@@ -4578,7 +4641,7 @@ def open_exposed(model, model_path: str, settings: dict | None = None,
     Large inline initializers left in ``model`` are moved out into arrays and handed over
     with ``add_external_initializers``, which puts them back before any graph optimization,
     so the graph onnxruntime optimizes is the one in the file. ``model`` is consumed.
-    ``settings`` are other session options (``session_options``: ``level``, ``threads``);
+    ``options`` are ``session_options``' keywords (``level``, ``threads``, ``config``);
     ``extra_arrays`` adds initializers by name, handed over as arrays (weights taken from
     another model).
     """
@@ -4608,12 +4671,14 @@ def open_exposed(model, model_path: str, settings: dict | None = None,
         external_via_folder = bool(external) and ort_release() >= _FOLDER_OPTION_SINCE
 
     def session_with(extra_names: list[str], extra_values: list, folder_option: bool):
-        folder = {"session.model_external_initializers_file_folder_path":
-                  folder_path} if folder_option else None
-        options = session_options(**(settings or {}), config=folder)
+        keywords = dict(options or {})
+        config = {**(keywords.pop("config", None) or {}),
+                  **({"session.model_external_initializers_file_folder_path": folder_path}
+                     if folder_option else {})}
+        built = session_options(**keywords, config=config)
         if names or extra_names:
-            options.add_external_initializers(names + extra_names, values + extra_values)
-        session = open_session(serialized, options, what=repr(model_path), on=on)
+            built.add_external_initializers(names + extra_names, values + extra_values)
+        session = open_session(serialized, built, what=repr(model_path), on=on)
         require_unchanged(model_path)  # the weights onnxruntime read are the ones checked
         return session
 
@@ -5839,12 +5904,12 @@ def _sensitivity_section(ranked: dict) -> str:
     return "\n".join(lines)
 
 
-def _report_command(provider_answer: dict, settings_answer: dict) -> str:
-    """The command line that wrote the report, every option as typed (from ``main``), or the
-    equivalent one for a report made by calling ``report`` from Python."""
+def _report_command(provider_answer: dict, settings_answer: dict,
+                    argv: list[str] | None = None) -> str:
+    """The command line that wrote the report, every option as typed (``argv``, from
+    ``main``), or the equivalent one for a report made by calling ``report`` from Python."""
     import shlex
 
-    argv = current_run().argv
     if argv and argv[0] == "report":
         program = program_name()
         return shlex.join([*(["python"] if program.endswith(".py") else []), program, *argv])
@@ -5879,7 +5944,8 @@ def report_markdown(*, provider_answer: dict, splits: list[dict], measured: dict
                     growth_answer: dict, settings_answer: dict, exposure: dict, gate: dict,
                     facts: dict) -> str:
     """``ep_report.md``: the four headings of the contract, every number from a measurement."""
-    lines = [(f"eprun report, generated by `{_report_command(provider_answer, settings_answer)}`"
+    made_by = _report_command(provider_answer, settings_answer, facts.get("command_line"))
+    lines = [(f"eprun report, generated by `{made_by}`"
               "; the JSON files beside this report hold every number in full precision. Its "
               "headings are in Korean because that is the lab's own report format."), ""]
     lines += _providers_section(provider_answer)
@@ -8041,7 +8107,7 @@ class _Taking:
             self.values[name] = value
 
 
-# How an estimate by graph edits in the quantizer's place begins (``SensitivityRun.inexact``).
+# How an estimate by graph edits in the quantizer's place begins (``SensitivityStudy.inexact``).
 _GRAPH_EDITS_STAND_IN = "graph edits stand in for quantize_static"
 
 
@@ -8053,7 +8119,31 @@ def _for_graph_edits_only(inexact: str | None) -> bool:
 
 # -- measurement: a sensitivity run, its calibration data, its worker processes --------------------
 
-class SensitivityRun:
+@dataclasses.dataclass(frozen=True)
+class StudyOptions:
+    """How a ``SensitivityStudy`` opens. ``swapped_ok``: the pair's order goes unchecked;
+    ``requantize`` False: graph edits only; ``calibration``: the file of the data the int8
+    model was calibrated on; ``extra_options``: quantize_static options it was made with that
+    it may not show. A worker's own: ``settled`` (op types, nodes left in float, calibrated:
+    what its parent found and checked), ``folder`` (inside the parent's own) and
+    ``session_config`` (config entries for every session it opens)."""
+
+    swapped_ok: bool = False
+    requantize: bool = True
+    calibration: str | None = None
+    extra_options: dict | None = None
+    settled: tuple | None = None
+    folder: str | None = None
+    session_config: dict | None = None
+
+
+# Worker processes side by side: a thread that spins while it waits takes a core from the
+# other. (How many threads a session has, which could change its numbers, stays the default.)
+WORKER_SESSION_CONFIG = {"session.intra_op.allow_spinning": "0",
+                         "session.inter_op.allow_spinning": "0"}
+
+
+class SensitivityStudy:
     """The fp32 model's final output, and the int8 model's with any set of units restored.
 
     Restored units are requantized: the graph is the one the installed onnxruntime's
@@ -8063,25 +8153,23 @@ class SensitivityRun:
     (``predicted_by``). A context manager: its scratch folder goes when the block ends."""
 
     def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
-                 targets: Targets | None = None, *, swapped_ok: bool = False,
-                 requantize: bool = True, calibration: str | None = None,
-                 extra_options: dict | None = None, settled: tuple | None = None,
-                 folder: str | None = None) -> None:
-        """``calibration``: the file of the data the int8 model was calibrated on;
-        ``extra_options``: quantize_static options it was made with that it may not show.
-        ``settled`` (op types, nodes left in float, calibrated) and ``folder`` are a worker's:
-        the settings its parent found and checked, and a folder inside the parent's own."""
+                 *, targets: Targets | None = None, options: StudyOptions | None = None) -> None:
+        options = options or StudyOptions()
         self._stack = contextlib.ExitStack()
-        self._settled, self._folder, self.calibration = settled, folder, calibration
-        self.given_options = dict(extra_options or {})
+        self._settled, self._folder = options.settled, options.folder
+        self.calibration = options.calibration
+        self.given_options = dict(options.extra_options or {})
+        # session_options' keywords for every session the study opens (None: the defaults)
+        self._session_options = ({"config": options.session_config}
+                                 if options.session_config else None)
         try:
-            self._open(fp32, int8, seed, inputs, targets=targets, swapped_ok=swapped_ok,
-                       requantize=requantize)
+            self._open(fp32, int8, seed, inputs, targets=targets,
+                       swapped_ok=options.swapped_ok, requantize=options.requantize)
         except BaseException:
             self._stack.close()
             raise
 
-    def __enter__(self) -> SensitivityRun:
+    def __enter__(self) -> SensitivityStudy:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -8117,7 +8205,7 @@ class SensitivityRun:
         fp32_output = _final(self.fp32_model)
         self.output = _final(self.int8_model)
         model = load_model(fp32)
-        session = open_exposed(model, fp32, on=self.targets.reference)
+        session = open_exposed(model, fp32, self._session_options, on=self.targets.reference)
         self.reference_got = Got.of(session)
         self.reference = run_session(session, [fp32_output], self.feed.arrays,
                                      what=repr(fp32), hint=dims_hint(self.feed))[0]
@@ -8214,7 +8302,8 @@ class SensitivityRun:
         (a weight quantized per channel here and per tensor there)."""
         import numpy as np
 
-        session = open_exposed(load_model(self.int8), self.int8, on=self.targets.candidate)
+        session = open_exposed(load_model(self.int8), self.int8, self._session_options,
+                               on=self.targets.candidate)
         (own,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
                              hint=dims_hint(self.feed))
         del session
@@ -8263,7 +8352,8 @@ class SensitivityRun:
             arrays = {**{name: array for name, array in self.int8_weights.items()
                          if name in used}, **arrays}
             path, self.unknown, self.fresh = self.int8, [], []
-        session = open_exposed(model, path, extra_arrays=arrays, on=self.targets.candidate)
+        session = open_exposed(model, path, self._session_options, extra_arrays=arrays,
+                               on=self.targets.candidate)
         self.got = Got.of(session)
         self.sessions += 1
         (value,) = run_session(session, [self.output], self.int8_feed, what=repr(self.int8),
@@ -8298,8 +8388,8 @@ class SensitivityRun:
                       f"(here the int8 model's number for it stands in; {cure})")
         return reason
 
-    def settings(self) -> dict:
-        """The quantize_static settings that write the int8 model again."""
+    def quantizer_arguments(self) -> dict:
+        """The quantize_static arguments that write the int8 model again."""
         requantizer = self.requantizer
         return {"op_types_to_quantize": requantizer.op_types,
                 "nodes_to_exclude": requantizer.excluded, **requantizer.types,
@@ -8415,7 +8505,7 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _each_unit(run: SensitivityRun, chosen: list[Unit], parallel: Parallel | None
+def _each_unit(study: SensitivityStudy, chosen: list[Unit], parallel: Parallel | None
                ) -> Iterator[tuple[dict, str | None]]:
     """Each unit restored alone, in order: ``(measured, inexact)``. The first runs here; the
     rest in worker processes when ``--jobs`` asks for more than one, or when left to choose
@@ -8430,7 +8520,7 @@ def _each_unit(run: SensitivityRun, chosen: list[Unit], parallel: Parallel | Non
     if rest:
         started = time.monotonic()
         unit = rest.pop(0)
-        yield run.measure([unit]), run.inexact([unit])
+        yield study.measure([unit]), study.inexact([unit])
         done += 1
         progress.step(done)
         took = time.monotonic() - started
@@ -8439,31 +8529,31 @@ def _each_unit(run: SensitivityRun, chosen: list[Unit], parallel: Parallel | Non
             jobs = _usable_cores() if took * len(rest) >= PARALLEL_AFTER_SECONDS else 1
         jobs = min(jobs, len(rest))
         if jobs > 1:
-            for result in _in_workers(run, rest, parallel, jobs):
+            for result in _in_workers(study, rest, parallel, jobs):
                 done += 1
                 progress.step(done)
                 yield result
             rest = []
     for unit in rest:
-        yield run.measure([unit]), run.inexact([unit])
+        yield study.measure([unit]), study.inexact([unit])
         done += 1
         progress.step(done)
     progress.close()
 
 
-def _in_workers(run: SensitivityRun, units: list[Unit], parallel: Parallel, jobs: int
+def _in_workers(study: SensitivityStudy, units: list[Unit], parallel: Parallel, jobs: int
                 ) -> Iterator[tuple[dict, str | None]]:
     """``units`` measured by ``jobs`` spawned worker processes, results in ``units``' order.
-    Each worker's scratch folder is inside this run's, so it goes with it, on a signal too."""
+    Each worker's scratch folder is inside this study's, so it goes with it, on a signal too."""
     import concurrent.futures
     import multiprocessing
 
-    spec = {**parallel.spec, "requantize": run.requantizer is not None,
-            "settled": (None if run.requantizer is None else
-                        (run.requantizer.op_types, run.requantizer.excluded,
-                         run.requantizer.extra_options, run.requantizer.calibrated)),
-            "folder": run.folder if run.requantizer is not None else None,
-            "fallback": run.fallback}
+    spec = {**parallel.spec, "requantize": study.requantizer is not None,
+            "settled": (None if study.requantizer is None else
+                        (study.requantizer.op_types, study.requantizer.excluded,
+                         study.requantizer.extra_options, study.requantizer.calibrated)),
+            "folder": study.folder if study.requantizer is not None else None,
+            "fallback": study.fallback}
     context = multiprocessing.get_context("spawn")
     spec["parent"] = os.getpid()
     with _isolated_spawning(), concurrent.futures.ProcessPoolExecutor(
@@ -8477,9 +8567,9 @@ def _in_workers(run: SensitivityRun, units: list[Unit], parallel: Parallel, jobs
                 except concurrent.futures.process.BrokenProcessPool as exc:
                     raise EprunError(f"a sensitivity worker process ended abruptly "
                                      f"({one_line(exc)}); rerun with --jobs 1") from exc
-                run.sessions += sessions
-                if run.requantizer is not None:
-                    run.requantizer.calls += calls
+                study.sessions += sessions
+                if study.requantizer is not None:
+                    study.requantizer.calls += calls
                 yield measured, inexact
         finally:
             for future in futures:
@@ -8512,11 +8602,13 @@ def _isolated_spawning() -> Iterator[None]:
         spawn.get_command_line, util._args_from_interpreter_flags = commands, flags
 
 
-_WORKER: dict = {}  # a sensitivity worker process's open run
+# A sensitivity worker process's open study (or why it could not open), made by the pool's
+# initializer for the tasks after it: a process pool hands its tasks nothing else.
+_WORKER: dict = {}
 
 
 def _worker_start(spec: dict) -> None:
-    """A worker process opens its own run of the same pair, quietly: its notes would repeat
+    """A worker process opens its own study of the same pair, quietly: its notes would repeat
     the parent's, and anything it has to say comes back as an error."""
     import ctypes
     import tempfile
@@ -8530,26 +8622,24 @@ def _worker_start(spec: dict) -> None:
         sink = os.open(os.devnull, os.O_WRONLY)
         os.dup2(sink, 1)
         os.dup2(sink, 2)
-        import_ort().set_default_logger_severity(4)
-    # Processes side by side: a thread that spins while it waits takes a core from the other.
-    # (How many threads a session has, which could change its numbers, stays the default.)
-    current_run().session_config = {"session.intra_op.allow_spinning": "0",
-                                    "session.inter_op.allow_spinning": "0"}
+        OrtLog.set(OrtLog.QUIET)
     try:
         folder = (tempfile.mkdtemp(prefix="worker-", dir=spec["folder"]) if spec["folder"]
                   else None)
         targets = targets_from(*spec["targets"])
-        run = SensitivityRun(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
-                             targets, swapped_ok=True, requantize=spec["requantize"],
-                             calibration=spec["calibration"],
-                             extra_options=spec["extra_options"], settled=spec["settled"],
-                             folder=folder)
+        study = SensitivityStudy(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
+                                 targets=targets, options=StudyOptions(
+                                     swapped_ok=True, requantize=spec["requantize"],
+                                     calibration=spec["calibration"],
+                                     extra_options=spec["extra_options"],
+                                     settled=spec["settled"], folder=folder,
+                                     session_config=WORKER_SESSION_CONFIG))
     except Exception as exc:  # said by the first measurement asked of this worker
         _WORKER["error"] = exc
         return
-    run.fallback = spec["fallback"]  # graph edits because the parent's quantizer failed
-    _WORKER["run"] = run
-    _WORKER["units"] = {unit.name: unit for unit in run.units}
+    study.fallback = spec["fallback"]  # graph edits because the parent's quantizer failed
+    _WORKER["study"] = study
+    _WORKER["units"] = {unit.name: unit for unit in study.units}
 
 
 def _watch_parent(parent: int) -> None:
@@ -8566,12 +8656,12 @@ def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
     """One unit restored alone: ``(measured, inexact, sessions opened, quantizer calls)``."""
     if "error" in _WORKER:
         raise _WORKER["error"]
-    run = _WORKER["run"]
+    study = _WORKER["study"]
     unit = _WORKER["units"][name]
-    before = run.sessions, run.requantizer.calls if run.requantizer is not None else 0
-    measured = run.measure([unit])
-    calls = run.requantizer.calls if run.requantizer is not None else 0
-    return measured, run.inexact([unit]), run.sessions - before[0], calls - before[1]
+    before = study.sessions, study.requantizer.calls if study.requantizer is not None else 0
+    measured = study.measure([unit])
+    calls = study.requantizer.calls if study.requantizer is not None else 0
+    return measured, study.inexact([unit]), study.sessions - before[0], calls - before[1]
 
 
 # -- ranking and the verified recommendation -------------------------------------------------------
@@ -8608,50 +8698,50 @@ class Ranking:
             target = {"profile": profile or "int8", **TOLERANCE_PROFILES[profile or "int8"]}
         return cls(target, max_units, units)
 
-    def chosen(self, run: SensitivityRun) -> list[Unit]:
-        """The run's units ``units`` names, in the run's order; a name it does not quantize
+    def chosen(self, study: SensitivityStudy) -> list[Unit]:
+        """The study's units ``units`` names, in the study's order; a name it does not quantize
         is a usage error."""
         if self.units is None:
-            return run.units
-        known = {unit.name for unit in run.units}
+            return study.units
+        known = {unit.name for unit in study.units}
         unknown = [name for name in self.units if name not in known]
         if unknown:
             raise EprunError(f"--units names {', '.join(map(repr, unknown))}, which "
-                             f"{run.int8!r} does not quantize (its units: "
+                             f"{study.int8!r} does not quantize (its units: "
                              f"{', '.join(sorted(known)) or 'none'})", EXIT_USAGE)
-        return [unit for unit in run.units if unit.name in self.units]
+        return [unit for unit in study.units if unit.name in self.units]
 
 
-def _rank_units(run: SensitivityRun, seed: int, targets: Targets, ranking: Ranking,
+def _rank_units(study: SensitivityStudy, seed: int, targets: Targets, ranking: Ranking,
                 parallel: Parallel | None = None) -> dict:
-    """``sensitivity``'s answer from an open run: each unit restored alone, ranked by gain,
+    """``sensitivity``'s answer from an open study: each unit restored alone, ranked by gain,
     then the recommendation, each step measured on the graph quantize_static writes."""
-    chosen = ranking.chosen(run)
-    quantized = run.measure([])
-    base = run.last
-    ranked = _ranked(chosen, quantized, _each_unit(run, chosen, parallel))
-    met = _meets(ranking.target, quantized, run.reference, base)
+    chosen = ranking.chosen(study)
+    quantized = study.measure([])
+    base = study.last
+    ranked = _ranked(chosen, quantized, _each_unit(study, chosen, parallel))
+    met = _meets(ranking.target, quantized, study.reference, base)
     limit = len(ranked) if ranking.max_units is None else ranking.max_units
-    excluded, steps, met = _recommend(run, ranked, ranking.target, met, limit)
-    answer = {"seed": seed, "rows": run.feed.rows}
-    if not run.feed.contract_shaped:
-        answer["inputs"] = run.feed.fed
+    excluded, steps, met = _recommend(study, ranked, ranking.target, met, limit)
+    answer = {"seed": seed, "rows": study.feed.rows}
+    if not study.feed.contract_shaped:
+        answer["inputs"] = study.feed.fed
     unnamed = [entry["name"] for entry in ranked if not entry["named"]]
     if unnamed:
         note(f"{', '.join(unnamed)}: the float model's node has no name, so eprun names it by op "
              "type and position; quantize_static can only exclude named nodes")
-    already = run.requantizer.excluded if run.requantizer is not None else []
+    already = study.requantizer.excluded if study.requantizer is not None else []
     if len(excluded) * 2 > len(ranked):
         note(_undoes_most(len(excluded), len(ranked)))
-    return {**answer, "output": run.output, "quantized": {
+    return {**answer, "output": study.output, "quantized": {
                 key: quantized[key] for key in ("rel_error", "cos_min", "sqnr_db")},
             "units": ranked, "target": ranking.target,
             "recommendation": {"nodes_to_exclude": [*already, *excluded], "steps": steps,
                                "met": met},
-            "predicted_by": run.predicted_by,
-            "quantizer": run.settings() if run.requantizer is not None else None,
-            "sessions": run.sessions,
-            **({"providers": targets.field(run.got, run.reference_got)}
+            "predicted_by": study.predicted_by,
+            "quantizer": study.quantizer_arguments() if study.requantizer is not None else None,
+            "sessions": study.sessions,
+            **({"providers": targets.field(study.got, study.reference_got)}
                if targets.given else {})}
 
 
@@ -8676,11 +8766,11 @@ def _ranked(chosen: list[Unit], quantized: dict, measured_units: Iterator) -> li
     return ranked
 
 
-def _recommend(run: SensitivityRun, ranked: list[dict], target: dict, met: bool,
+def _recommend(study: SensitivityStudy, ranked: list[dict], target: dict, met: bool,
                limit: int) -> tuple[list[str], list[dict], bool]:
     """``(nodes to exclude, steps, met)``: the best-ranked units added one at a time, the
     combined graph measured each time, until ``target`` is met or ``limit`` units are in."""
-    by_name = {unit.name: unit for unit in run.units}
+    by_name = {unit.name: unit for unit in study.units}
     excluded: list[str] = []
     steps = []
     # units measured exactly first: a step whose number is calibrated from data eprun does
@@ -8691,12 +8781,12 @@ def _recommend(run: SensitivityRun, ranked: list[dict], target: dict, met: bool,
             break
         excluded.append(entry["name"])
         restored = [by_name[name] for name in excluded]
-        measured = run.measure(restored)
-        met = _meets(target, measured, run.reference, run.last)
+        measured = study.measure(restored)
+        met = _meets(target, measured, study.reference, study.last)
         steps.append({"added": entry["name"], "rel_error": measured["rel_error"],
                       "cos_min": measured["cos_min"], "sqnr_db": measured["sqnr_db"],
                       "met": met})
-        inexact = run.inexact(restored)
+        inexact = study.inexact(restored)
         if inexact:
             steps[-1]["inexact"] = inexact
     return excluded, steps, met
@@ -8808,7 +8898,7 @@ def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
 PROVIDERS = declare(Command(
     name="providers",
     summary="requested vs. actual execution providers, one session per list",
-    run=providers,
+    function=providers,
     arguments=(MODEL,
                arg("lists", nargs="+", type=parse_list, metavar="list",
                    help="comma-joined provider names, e.g. "
@@ -9032,7 +9122,8 @@ PARTITION = declare(Command(
     name="partition",
     summary="file-order simulation of the partitions an EP supporting only the listed ops "
             "would form (no session)",
-    run=partition,
+    function=partition,
+    onnxruntime=False,
     arguments=(MODEL,
                arg("supported", type=parse_list, help="comma-joined op types, e.g. MatMul,Add"),
                arg("--mode", choices=("file", "ort"), default="file",
@@ -9170,7 +9261,8 @@ EXPOSE = declare(Command(
     name="expose",
     summary="save a copy whose graph outputs include every layer boundary (first input of each "
             "MatMul/Gemm, then the first float output)",
-    run=expose,
+    function=expose,
+    onnxruntime=False,
     arguments=(arg("model", help="ONNX model file (never modified)"),
                arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG,
                arg("--force", action="store_true",
@@ -9329,7 +9421,7 @@ PAIR_ARGS = (
 LAYERS = declare(Command(
     name="layers",
     summary="FP32 vs. INT8 error at every boundary",
-    run=layers,
+    function=layers,
     arguments=(*PAIR_ARGS, FORMAT_ARG,
                arg("--metrics", type=parse_metrics, default=(),
                    help=f"comma-joined extra metrics per boundary: {', '.join(METRICS)} "
@@ -9348,7 +9440,7 @@ LAYERS = declare(Command(
 GROWTH = declare(Command(
     name="growth",
     summary="how the relative error grows from boundary to boundary",
-    run=growth,
+    function=growth,
     arguments=(*PAIR_ARGS, FORMAT_ARG),
     fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
             "max_ratio"),
@@ -9775,7 +9867,7 @@ SETTINGS = declare(Command(
     name="settings",
     summary="the first output under other optimization levels and thread counts, compared "
             "with a single-threaded unoptimized baseline",
-    run=settings,
+    function=settings,
     arguments=(MODEL, SEED, SEED_OPTION, *INPUT_ARGS, FORMAT_ARG, *PLOT_ARGS,
                arg("--explain", action="store_true",
                    help="for each case that differs: the optimization level that introduces "
@@ -9914,7 +10006,7 @@ PLACEMENT = declare(Command(
     name="placement",
     summary="which execution provider each node was actually assigned to (onnxruntime's "
             "graph assignment info, or a one-run profile on releases before 1.24)",
-    run=placement,
+    function=placement,
     arguments=(MODEL, arg("providers", type=parse_list, help="comma-joined provider names"),
                *input_args(rows_default="1"), *EP_ARGS, FORMAT_ARG, NODE_DATA_ARG),
     fields=("model", "requested", "actual", "fell_back", "source", "counts",
@@ -9958,18 +10050,18 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         profile = _auto_profile(graphs, candidate, told=profile == "auto")
     del graphs  # the graphs only; the sessions read the files
     tolerance, per_output = tolerances(profile, rtol, atol, min_cos)
-    golden, feed, reference_names, reference_outputs, reference_got = _reference_run(
+    golden, feed, reference_names, reference_outputs, reference_got = _reference_side(
         reference, seed, inputs, reference_on, load_outputs, seed_given=seed_given)
     _name_tolerances(tolerance, per_output, reference_names, reference)
     attempts = _Attempts(retries, retry_pause, candidate)
-    candidate_session = attempts.run(lambda: open_session(candidate, what=repr(candidate),
-                                                          on=on))
+    candidate_session = attempts.make(lambda: open_session(candidate, what=repr(candidate),
+                                                           on=on))
     candidate_feed = feed_for(session_specs(candidate_session, candidate), candidate,
                               feed)
 
     def run_candidate() -> list:
-        return attempts.run(lambda: run_session(candidate_session, None, candidate_feed,
-                                                what=repr(candidate), hint=dims_hint(feed)))
+        return attempts.make(lambda: run_session(candidate_session, None, candidate_feed,
+                                                 what=repr(candidate), hint=dims_hint(feed)))
 
     for _ in range(warmup):
         run_candidate()
@@ -10046,7 +10138,7 @@ class _Attempts:
     def used(self) -> int:
         return self.spent[0]
 
-    def run(self, action: Callable[[], Any]) -> Any:
+    def make(self, action: Callable[[], Any]) -> Any:
         """``action``'s result, after as many retries as it needs and the budget allows."""
         return _with_retries(action, self.retries, self.pause, self.spent, self.path)
 
@@ -10127,9 +10219,9 @@ def _graph_or_none(path: str):
         return None
 
 
-def _reference_run(reference: str, seed: int, inputs: InputOptions | None,
-                   on: ProviderRequest, load_outputs: str | None, *, seed_given: bool = True
-                   ) -> tuple:
+def _reference_side(reference: str, seed: int, inputs: InputOptions | None,
+                    on: ProviderRequest, load_outputs: str | None, *, seed_given: bool = True
+                    ) -> tuple:
     """``(golden, feed, output names, outputs, providers)`` of the reference: run here on
     ``on``, or read from the ``--load-outputs`` file made elsewhere (``golden`` its record,
     else None), whose inputs then feed the candidate."""
@@ -10226,7 +10318,7 @@ CHECK = declare(Command(
     name="check",
     summary="CI gate: candidate model and providers against a reference within "
             "rtol/atol/cosine on the same inputs; exit 0 pass, 1 fail",
-    run=check,
+    function=check,
     arguments=(
         arg("reference", help="reference model (usually the FP32 one), run on "
                               "--reference-providers"),
@@ -10547,11 +10639,11 @@ def _weight_writers(model, model_path: str, data_name: str | None) -> tuple:
     return (lambda stream: stream.write(serialized)), (write_data if outside else None)
 
 
-def _run_check(argv: list[str], errors, timeout: float | None) -> int | None:
+def _call_check(argv: list[str], errors, timeout: float | None) -> int | None:
     """Run a ``--check`` command in a process group of its own (its stdout dropped, its
     stderr into ``errors``); its exit status (negative: the signal that ended it), or None
     when it ran past ``timeout`` and was killed, with every process it started. A signal that
-    ends eprun meanwhile ends the group too (``Run.children``)."""
+    ends eprun meanwhile ends the group too (``Invocation.children``)."""
     import subprocess
 
     try:
@@ -10561,18 +10653,11 @@ def _run_check(argv: list[str], errors, timeout: float | None) -> int | None:
         code = EXIT_MISSING if isinstance(exc, FileNotFoundError) else EXIT_USAGE
         raise EprunError(f"--check cannot run {argv[0]!r}: {exc.strerror or one_line(exc)}",
                          code) from exc
-    children = current_run().children
-    children.add(process.pid)
-    try:
-        return process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            os.killpg(process.pid, signal.SIGKILL)  # what it left running, or all of it
-        with contextlib.suppress(Exception):
-            process.wait()
-        children.discard(process.pid)
+    with own_process_group(process):
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
 
 def _in_data_file(tensor, model_path: str) -> bool:
@@ -10642,11 +10727,10 @@ class Reduction:
         import time
 
         fails = self.verdicts[kept][0]
-        where = current_run().stderr
         line = (f"eprun: reduce: candidate {self.tries}: {len(kept)} of "
                 f"{len(self.graph.nodes)} nodes, {'fails' if fails else 'passes'} "
                 f"({time.monotonic() - self.started:.1f} s)\n")
-        write_fd(where if where is not None else 2, line.encode())
+        write_fd(real_stderr(), line.encode())
 
     def say_what_passed(self, providers: list[str] | None) -> None:
         """Notes on the candidates that passed for want of something to run."""
@@ -10726,7 +10810,7 @@ class Reduction:
                     for word in self.check]
             with open(f"{stem}.stderr", "w+b") as errors:
                 written.append(f"{stem}.stderr")
-                code = _run_check(argv, errors, self.timeout)
+                code = _call_check(argv, errors, self.timeout)
                 if code is None:
                     return self.timeout_fails, {"timeout": self.timeout}
                 errors.seek(0)
@@ -11045,7 +11129,7 @@ REDUCE = declare(Command(
     name="reduce",
     summary="the smallest part of a model that still fails (a --check command, or numbers "
             "on --providers against the reference), saved with its inputs",
-    run=reduce,
+    function=reduce,
     arguments=(
         MODEL,
         arg("-o", "--output", required=True, metavar="OUT.onnx",
@@ -11106,7 +11190,7 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                 node_data: str | None = None, save_plots: str | None = None,
                 plot_format: str | None = None) -> dict:
     """Which quantized units to keep in float: each restored alone (the graph quantize_static
-    writes with it excluded, ``SensitivityRun``) and measured on the final float output
+    writes with it excluded, ``SensitivityStudy``) and measured on the final float output
     against the fp32 model, ranked by the SQNR it gains, then a verified recommendation: the
     best-ranked units added one at a time, the combined graph requantized and re-measured each
     time, until the target is met. With ``providers``
@@ -11126,14 +11210,15 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
         "targets": (providers, reference_providers, allow_fallback, list(ep_library),
                     ep_options)})
     ranking = Ranking.of(target_sqnr, target_rel_error, profile, max_units, units)
-    with SensitivityRun(fp32, int8, seed, inputs, targets, swapped_ok=swapped_ok,
-                        calibration=calibration, extra_options=extra_options) as run:
-        answer = _rank_units(run, seed, targets, ranking, parallel)
+    with SensitivityStudy(fp32, int8, seed, inputs, targets=targets, options=StudyOptions(
+            swapped_ok=swapped_ok, calibration=calibration,
+            extra_options=extra_options)) as study:
+        answer = _rank_units(study, seed, targets, ranking, parallel)
         if node_data:  # each unit's gain on its node in both models
             gains = {entry["name"]: entry["gain_db"] for entry in answer["units"]}
             answer.update(_pair_node_data(node_data, fp32, int8, {"gain_db": {
                 role: {("node", getattr(unit, f"{role}_index")): gains[unit.name]
-                       for unit in run.units if unit.name in gains}
+                       for unit in study.units if unit.name in gains}
                 for role in ("fp32", "int8")}}))
     if save_plots:
         writer = PlotWriter(save_plots, int8, "sensitivity", plot_format)
@@ -11158,7 +11243,7 @@ SENSITIVITY = declare(Command(
     name="sensitivity",
     summary="which quantized units to keep in float: each restored alone and measured on the "
             "final output, ranked, and a verified nodes_to_exclude list",
-    run=sensitivity,
+    function=sensitivity,
     arguments=(
         *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS,
         arg("--target-sqnr", type=parse_tolerance, metavar="DB",
@@ -11379,7 +11464,8 @@ WEIGHTS = declare(Command(
     name="weights",
     summary="how far each quantized weight is from its float original (qdq_loss_debug's "
             "weight SQNR), no session",
-    run=weights,
+    function=weights,
+    onnxruntime=False,
     arguments=(*FP32_INT8, SWAPPED_OK_ARG, FORMAT_ARG, NODE_DATA_ARG),
     fields=("fp32", "int8", "weight_count", "weights", "worst"),
     detail='weights: [{"name", "quantized", "op_type", "shape", "axis", "sqnr_db", '
@@ -11478,7 +11564,8 @@ INSPECT = declare(Command(
     name="inspect",
     summary="what a model is: opsets, inputs and outputs with their shapes, op types, "
             "initializers, external data and its Q/DQ structure (no session, no weights read)",
-    run=inspect,
+    function=inspect,
+    onnxruntime=False,
     arguments=(MODEL, FORMAT_ARG),
     fields=("model", "ir_version", "producer", "opsets", "inputs", "outputs", "nodes",
             "op_types", "initializers", "external_data", "qdq"),
@@ -11531,7 +11618,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
            ep_options: dict | None = None, swapped_ok: bool = False, local: bool = False,
            chart: str | None = None, calibration: str | None = None,
            extra_options: dict | None = None, allow_fallback: bool = False,
-           save_plots: str | None = None, plot_format: str | None = None) -> dict:
+           save_plots: str | None = None, plot_format: str | None = None,
+           command_line: list[str] | None = None) -> dict:
     """Measure everything the lab asks for and write the deliverables into ``out_dir``.
 
     Every output is checked before anything is measured (an input's path, a device, a file
@@ -11545,14 +11633,15 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     CPU), each section saying where it ran, and a target the sessions do not get is refused
     like any fallback unless ``allow_fallback``. ``local`` adds each
     segment's local error to growth.json and the chart; ``chart="svg"`` also writes the chart
-    as ``growth.svg``, linked from the report.
+    as ``growth.svg``, linked from the report. ``command_line``: the words it was called with
+    (``main`` passes them), quoted at the report's top.
     """
     options = ReportOptions(
         inputs=inputs, boundary_ops=boundary_ops, target_providers=target_providers,
         force=force, sensitivity_section=sensitivity_section, ep_library=ep_library,
         ep_options=ep_options, swapped_ok=swapped_ok, local=local, chart=chart,
         calibration=calibration, extra_options=extra_options, allow_fallback=allow_fallback,
-        save_plots=save_plots, plot_format=plot_format)
+        save_plots=save_plots, plot_format=plot_format, command_line=command_line)
     made = _Report(fp32, int8, seed, out_dir if out_dir is not None
                    else (os.path.dirname(fp32) or "."), options)
     made.measure()
@@ -11562,7 +11651,8 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
 @dataclasses.dataclass(frozen=True)
 class ReportOptions:
     """``report``'s options; each field is the flag of its name (``sensitivity_section``:
-    ``--sensitivity``, ``target_providers``: ``--providers``)."""
+    ``--sensitivity``, ``target_providers``: ``--providers``), but ``command_line``: the
+    words ``main`` was called with."""
 
     inputs: InputOptions | None = None
     boundary_ops: tuple[str, ...] = BOUNDARY_OPS
@@ -11579,6 +11669,7 @@ class ReportOptions:
     allow_fallback: bool = False
     save_plots: str | None = None
     plot_format: str | None = None
+    command_line: list[str] | None = None
 
 
 class _Report:
@@ -11686,7 +11777,8 @@ class _Report:
         sections, ranked = self.sections, self.sections["ranked"]
         facts = {**_report_facts(self.graphs["int8"], sections["measured"]),
                  "in_order": self.named is None or all(i == j for i, j in self.named.items()),
-                 "chart": CHART_FILE if self.options.chart == "svg" else None}
+                 "chart": CHART_FILE if self.options.chart == "svg" else None,
+                 "command_line": self.options.command_line}
         markdown = report_markdown(
             provider_answer=sections["providers"], splits=sections["splits"],
             measured=sections["measured"], growth_answer=sections["growth"],
@@ -11848,7 +11940,7 @@ _REPORT_SIGNATURES = {"providers.json": {"model", "available", "cases", "note"},
 REPORT = declare(Command(
     name="report",
     summary="run every lab measurement and write the deliverables: " + ", ".join(REPORT_FILES),
-    run=report,
+    function=report,
     arguments=(
         *FP32_INT8,
         SEED_POSITIONAL,
@@ -11987,25 +12079,30 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with eprun's one-line usage errors (exit 2, nothing on stdout)."""
+    """argparse with eprun's one-line usage errors (exit 2, nothing on stdout); ``argv``: the
+    words being parsed (``build_parser`` gives them), for the hint."""
+
+    argv: tuple[str, ...] = ()
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # an argument the command does not take is reported by the top parser: its help is
         # the command's own
         prog = self.prog
-        command = next((word for word in current_run().argv if word in COMMANDS), None)
+        command = next((word for word in self.argv if word in COMMANDS), None)
         if command is not None and " " not in prog:
             prog = f"{prog} {command}"
-        self.exit(EXIT_USAGE, f"eprun: error: {one_line(message + _usage_hint(message))} "
+        hint = _usage_hint(message, self.argv)
+        self.exit(EXIT_USAGE, f"eprun: error: {one_line(message + hint)} "
                   f"(see '{prog} --help')\n")
 
 
-def _usage_hint(message: str) -> str:
+def _usage_hint(message: str, given: tuple[str, ...]) -> str:
     """What to type instead, where argparse's message alone would leave the user guessing: a
-    command name that is nearly one, a list given as several arguments."""
+    command name that is nearly one, a list given as several arguments (``given``: the words
+    parsed)."""
     import difflib
 
-    argv = list(current_run().argv)
+    argv = list(given)
     wrong = re.search(r"invalid choice: '([^']*)'", message)
     if wrong and message.startswith("argument <command>"):
         close = difflib.get_close_matches(wrong.group(1), list(COMMANDS), n=1, cutoff=0.6)
@@ -12125,10 +12222,12 @@ def _installed_version(module: str) -> str | None:
     return None
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None,
+                 argv: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     """The command line, built from the ``COMMANDS`` declarations; with ``only`` (the command
-    a run names first, see ``_command_named``), that command alone: no other is reachable
-    then, and declaring them all would be most of the start-up of a short command."""
+    the words name first, see ``_command_named``), that command alone: no other is reachable
+    then, and declaring them all would be most of the start-up of a short command. ``argv``:
+    the words it will parse, for its usage hints."""
     import textwrap
 
     codes = ", ".join(f"{code} {name}" for code, name, _ in EXIT_CODES)
@@ -12136,6 +12235,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog=program, description=__doc__.split("\n\n")[0],
                      formatter_class=_Formatter,
                      epilog=textwrap.fill(f"Exit codes: {codes}.", 79))
+    parser.argv = argv
     parser.add_argument("--version", action=_VersionAction, nargs=0,
                         help="print eprun's version and the onnx, onnxruntime and numpy "
                         "versions it runs with, then exit")
@@ -12158,6 +12258,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         for argument in command.arguments:
             sub.add_argument(*argument.names, **argument.options)
         sub.set_defaults(declared=command, command_parser=sub)
+        sub.argv = argv
     return parser
 
 
@@ -12167,8 +12268,9 @@ def _command_named(argv: tuple[str, ...]) -> str | None:
     return argv[0] if argv and argv[0] in COMMANDS else None
 
 
-def invoke(command: Command, args: argparse.Namespace) -> dict:
-    """Call a command's function with the parsed arguments its signature names."""
+def invoke(command: Command, args: argparse.Namespace, argv: tuple[str, ...] = ()) -> dict:
+    """Call a command's function with the parsed arguments its signature names (and, for
+    one that takes ``command_line``, ``argv``: the words as typed)."""
     from inspect import signature  # the module, not the inspect command
 
     values = vars(args)
@@ -12178,39 +12280,42 @@ def invoke(command: Command, args: argparse.Namespace) -> dict:
         values = {**values, "ep_options": ep_options_from(args)}
     if "extra_option" in values:
         values = {**values, "extra_options": dict(args.extra_option)}
-    wanted = signature(command.run).parameters
-    return command.run(**{name: values[name] for name in wanted if name in values})
+    values = {**values, "command_line": list(argv)}
+    wanted = signature(command.function).parameters
+    return command.function(**{name: values[name] for name in wanted if name in values})
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command: parse, compute with every stream held, print one JSON line or one
     error line; return the exit code (see the module docstring). Safe to call from any thread
     and from other Python code: signal handlers are set only in the main thread, and the
-    caller's come back before it returns. Each call has a state of its own (``Run``). Calls
+    caller's come back before it returns. Each call has a state of its own (``Invocation``). Calls
     from several threads at once run one after the other (``_ONE_AT_A_TIME``): eprun holds
     the process's file descriptors 1 and 2 while a command runs, so two at once would take
     each other's answers."""
-    with _ONE_AT_A_TIME, running(Run()):
-        return _main(argv, restore_handlers=True)
+    with _ONE_AT_A_TIME, installed(Invocation()) as invocation:
+        return _main(argv, invocation, restore_handlers=True)
 
 
-# main() is re-entered only by the command it runs: one call at a time, in any thread.
+# The process's file descriptors 1 and 2 are one, whoever calls main(): one call at a time,
+# in any thread (an RLock, as main() is re-entered only by the command it runs).
 _ONE_AT_A_TIME = threading.RLock()
 
 
-def _main(argv: list[str] | None, restore_handlers: bool) -> int:
+def _main(argv: list[str] | None, invocation: Invocation, restore_handlers: bool) -> int:
+    """``main`` for ``invocation``: parse ``argv`` (None: the process's own), refuse what
+    cannot work before anything runs, then ``_execute``."""
     import warnings
 
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)  # seeds of any length, in and out
     closed = _hold_closed_streams()
-    run = current_run()
     replaced: dict = {}
     try:
         replaced = _install_signal_handlers()
-        run.argv = tuple(sys.argv[1:] if argv is None else argv)
-        parser = build_parser(_command_named(run.argv))
-        if not run.argv:  # bare eprun: a short usage, the commands, and where help is
+        words = tuple(sys.argv[1:] if argv is None else argv)
+        parser = build_parser(_command_named(words), words)
+        if not words:  # bare eprun: a short usage, the commands, and where help is
             parser.print_usage(sys.stderr)
             print(f"commands: {', '.join(COMMANDS)}", file=sys.stderr)
             parser.error("no command given")
@@ -12225,18 +12330,17 @@ def _main(argv: list[str] | None, restore_handlers: bool) -> int:
             say("eprun: error: stdout is closed, so there is nowhere to write the answer")
             return EXIT_FAILURE
         with warnings.catch_warnings():
-            run.quiet_ort = not debugging()
-            if run.quiet_ort:  # "Specified provider ... is not in available provider names"
+            quiet = not debugging()
+            if quiet:  # "Specified provider ... is not in available provider names"
                 warnings.filterwarnings("ignore", category=UserWarning, module="onnxruntime")
-            return _run(args)
+            return _execute(args, words, invocation,
+                            quiet_ort=quiet and args.declared.onnxruntime)
     except KeyboardInterrupt:
         say("eprun: error: interrupted")
         return 130
     finally:
         for number, previous in replaced.items() if restore_handlers else ():
             signal.signal(number, previous)
-        if run.quieted and not run.program:  # onnxruntime's default level (warnings) again
-            sys.modules["onnxruntime"].set_default_logger_severity(2)
 
 
 def cli() -> None:
@@ -12247,9 +12351,9 @@ def cli() -> None:
     is off for eprun's own process unless the user set ``ORT_DISABLE_TELEMETRY``: a tool that
     leaves nothing behind."""
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-    with running(Run(program=True), stays=True):
+    with installed(Invocation(program=True), stays=True) as invocation:
         try:
-            code = _main(None, restore_handlers=False)
+            code = _main(None, invocation, restore_handlers=False)
         except SystemExit as exc:  # argparse's: --help, --version and usage errors
             if not (exc.code is None or isinstance(exc.code, int)):
                 raise
@@ -12281,15 +12385,22 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def _run(args: argparse.Namespace) -> int:
-    """One parsed command run to its exit code: the answer on stdout (and the verdict's line
-    on stderr), or the one failure line; what onnxruntime printed meanwhile is held back."""
-    store = None
+def _execute(args: argparse.Namespace, argv: tuple[str, ...], invocation: Invocation, *,
+             quiet_ort: bool) -> int:
+    """One parsed command (``argv``: as typed) carried out to its exit code: the answer on
+    stdout (and the verdict's line on stderr), or the one failure line; what onnxruntime
+    printed meanwhile is held back. ``quiet_ort``: onnxruntime's native log is quieted for
+    the command (``OrtLog``), and its default put back after it unless eprun is the
+    process."""
+    store, quieted = None, False
     try:
         try:
             form = output_format(args.format) if hasattr(args, "format") else "json"
             with captured_chatter() as store:
-                answer = invoke(args.declared, args)
+                if quiet_ort:
+                    OrtLog.set(OrtLog.QUIET)
+                    quieted = True
+                answer = invoke(args.declared, args, argv)
             text = (to_json(answer) if form == "json" else
                     render_table(args.declared.name, answer,
                                  colour=os.isatty(1) and not os.environ.get("NO_COLOR")))
@@ -12300,18 +12411,20 @@ def _run(args: argparse.Namespace) -> int:
             _report_failure(EprunError("interrupted"), store)
             return 130
         except Exception as exc:  # the one place every other failure is reported
-            return _unexpected_failure(exc, store)
+            return _unexpected_failure(exc, store, invocation)
         replay(store)
-        return _answered(args, answer, text)
+        return _answered(args, answer, text, invocation)
     finally:  # an unclosed file is a ResourceWarning (an error under PYTHONWARNINGS=error)
         if store is not None:
             store.close()
+        if quieted and not invocation.program:  # onnxruntime's default level again
+            OrtLog.set(OrtLog.DEFAULT)
 
 
-def _unexpected_failure(exc: Exception, store) -> int:
+def _unexpected_failure(exc: Exception, store, invocation: Invocation) -> int:
     """Any failure that is not an ``EprunError``, in words: an interruption that surfaced as
     another exception, running out of memory, a missing package; else its own message."""
-    if current_run().interrupted and current_run().interrupted[-1] == signal.SIGINT:
+    if invocation.interrupted and invocation.interrupted[-1] == signal.SIGINT:
         _report_failure(EprunError("interrupted"), store)
         return 130
     if isinstance(exc, MemoryError):
@@ -12327,11 +12440,12 @@ def _unexpected_failure(exc: Exception, store) -> int:
     return EXIT_FAILURE
 
 
-def _answered(args: argparse.Namespace, answer: dict, text: str) -> int:
+def _answered(args: argparse.Namespace, answer: dict, text: str,
+              invocation: Invocation) -> int:
     """Write the answer to stdout in one write; 1 with the verdict's line where it failed."""
     reason = args.declared.verdict(args, answer) if args.declared.verdict else None
     written = write_fd(1, (text + "\n").encode())
-    current_run().answered = True
+    invocation.answered = True
     if not written:
         say("eprun: error: cannot write the answer to stdout (closed, full or a closed pipe)")
         _silence_stdout()

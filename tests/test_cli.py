@@ -146,7 +146,7 @@ def test_command_functions_take_keyword_arguments():
     import inspect
 
     for command in tool.COMMANDS.values():
-        parameters = inspect.signature(command.run).parameters
+        parameters = inspect.signature(command.function).parameters
         dests = {argument.options.get("dest") or argument.names[-1].lstrip("-").replace("-", "_")
                  for argument in command.arguments}
         dests |= {"inputs"} if "rows" in dests else set()

@@ -248,15 +248,16 @@ def test_the_real_stderr_is_remembered_only_while_the_outermost_capture_holds_it
     it (an inner capture changes nothing), and nothing once it is given back."""
     import eprun as tool
 
-    run = tool.Run()
-    with tool.running(run):
+    invocation = tool.Invocation()
+    with tool.installed(invocation):
         with tool.captured_chatter():
-            outer = run.stderr
-            assert outer is not None
+            outer = invocation.stderr
+            assert outer is not None and tool.real_stderr() == outer
             with tool.captured_chatter():
-                assert run.stderr == outer
-            assert run.stderr == outer
-        assert run.stderr is None and run.terminals == []
+                assert invocation.stderr == outer
+            assert invocation.stderr == outer
+        assert invocation.stderr is None and invocation.terminals == []
+        assert tool.real_stderr() == 2
 
 
 def test_the_report_names_the_command_that_made_it(lab_pair, tmp_path):
@@ -565,14 +566,14 @@ def test_a_null_total_growth_says_why(tmp_path):
     assert "3 in the int8 one" in text
 
 
-def test_a_run_is_itself_and_main_gives_the_previous_one_back():
+def test_an_invocation_is_itself_and_main_gives_the_previous_one_back():
     import eprun as tool
 
-    before = list(tool._RUNS)
+    before = list(tool._INVOCATIONS)
     with pytest.raises(SystemExit):
         tool.main([])
-    assert len(tool._RUNS) == len(before)
-    assert all(a is b for a, b in zip(tool._RUNS, before))
+    assert len(tool._INVOCATIONS) == len(before)
+    assert all(a is b for a, b in zip(tool._INVOCATIONS, before))
 
 
 def test_report_writes_beside_the_fp32_model_by_default(lab_pair, tmp_path):

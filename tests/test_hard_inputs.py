@@ -200,7 +200,7 @@ def test_the_named_temporary_fallback_writes_and_cleans_up(tmp_path, monkeypatch
 
     with pytest.raises(tool.EprunError, match="No space left"):  # staging fails
         tool.stage(half_written, str(target))
-    assert sorted(os.listdir(tmp_path)) == ["out.bin"] and not tool.current_run().temporaries
+    assert sorted(os.listdir(tmp_path)) == ["out.bin"] and not tool.current_invocation().temporaries
     monkeypatch.setattr(tool.os, "replace", fail)
     with pytest.raises(tool.EprunError, match="No space left"):  # committing fails
         tool.write_atomically(b"new", str(target))

@@ -94,6 +94,16 @@ def test_no_layer_reaches_into_a_later_one():
     assert not reaching, "\n".join(reaching)
 
 
+def test_only_the_io_layers_reach_the_invocation():
+    """A command's inputs are its arguments: ``current_invocation()`` (what the call holds, for
+    a signal to release) is read in layers 2 and 3 only, never by what computes an answer."""
+    _, placed, _ = layered()
+    reaching = [f"{', '.join(sorted(defined_names(statement)))} (layer {layer})"
+                for layer, statement in placed
+                if "current_invocation" in used_names(statement) and layer not in (2, 3)]
+    assert not reaching, reaching
+
+
 def test_the_checker_sees_a_reach(tmp_path, monkeypatch):
     """The two tests above can fail: a function in layer 1 calling one of layer 2 is caught."""
     import test_layers

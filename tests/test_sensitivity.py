@@ -137,10 +137,10 @@ def calibration_file(fp32, path, seed: int = CALIBRATION["seed"]):
 
 def deviations(tmp_path, case, requantize: bool, calibrated: bool = False,
                told: dict | None = None, only: set | None = None
-               ) -> tuple[dict, tool.SensitivityRun]:
+               ) -> tuple[dict, tool.SensitivityStudy]:
     """For every unit: the final output eprun predicts for nodes_to_exclude=[unit] against the
     one quantize_static gives when rerun with that exclusion, the int8 model's settings and
-    calibration data, as a fraction of the output's range; and the run (closed).
+    calibration data, as a fraction of the output's range; and the study (closed).
     ``calibrated``: eprun is given that calibration data; ``told``: these extra options;
     ``only``: these units alone."""
     build, options = {**CASES, **QUANTIZER_CASES, **TOLD_CASES}[case]
@@ -149,29 +149,29 @@ def deviations(tmp_path, case, requantize: bool, calibrated: bool = False,
     models.quantize(fp32, int8, **CALIBRATION, **options)
     calibration = str(calibration_file(fp32, tmp_path / "cal.npz")) if calibrated else None
     found = {}
-    with tool.SensitivityRun(str(fp32), str(int8), 5, None, requantize=requantize,
-                             calibration=calibration, extra_options=told) as run:
-        assert run.units
-        for unit in run.units:
+    with tool.SensitivityStudy(str(fp32), str(int8), 5, None, options=tool.StudyOptions(
+            requantize=requantize, calibration=calibration, extra_options=told)) as study:
+        assert study.units
+        for unit in study.units:
             if only is not None and unit.name not in only:
                 continue
             excluded = tmp_path / "x.onnx"
             models.quantize(fp32, excluded, **CALIBRATION, **{
                 **options, "exclude": [*options.get("exclude", ()), unit.name]})
-            found[unit.name] = deviation_from(run, [unit.name], excluded)
-    return found, run
+            found[unit.name] = deviation_from(study, [unit.name], excluded)
+    return found, study
 
 
-def deviation_from(run: tool.SensitivityRun, names: list[str], requantized) -> tuple:
-    """``run``'s prediction with the units ``names`` restored against the final output of
+def deviation_from(study: tool.SensitivityStudy, names: list[str], requantized) -> tuple:
+    """``study``'s prediction with the units ``names`` restored against the final output of
     ``requantized`` (quantize_static's model with them excluded), as a fraction of its range,
     and the prediction's ``inexact``."""
-    restored = [unit for unit in run.units if unit.name in names]
-    run.measure(restored)
-    real = final_output(requantized, run.int8_feed)
-    deviation = float(np.abs(run.last.astype(np.float64) - real).max()
+    restored = [unit for unit in study.units if unit.name in names]
+    study.measure(restored)
+    real = final_output(requantized, study.int8_feed)
+    deviation = float(np.abs(study.last.astype(np.float64) - real).max()
                       / (np.abs(real).max() or 1.0))
-    return deviation, run.inexact(restored)
+    return deviation, study.inexact(restored)
 
 
 def reduce_range_took_effect(tmp_path, build, options) -> bool:
@@ -208,11 +208,11 @@ def exact_or_said(found: dict, case: str, requantized: bool = True) -> None:
 
 @pytest.mark.parametrize("case", [*CASES, *QUANTIZER_CASES])
 def test_what_quantize_static_writes_for_every_unit_is_predicted(tmp_path, case):
-    found, run = deviations(tmp_path, case, requantize=True)
-    assert run.predicted_by == "quantize_static"
+    found, study = deviations(tmp_path, case, requantize=True)
+    assert study.predicted_by == "quantize_static"
     exact_or_said(found, case)
     build, options = QUANTIZER_CASES.get(case, CASES.get(case))
-    settings = run.settings()
+    settings = study.quantizer_arguments()
     assert settings["op_types_to_quantize"] == options.get("op_types")
     assert settings["nodes_to_exclude"] == list(options.get("exclude", ()))
     assert settings["per_channel"] is options.get("per_channel", False)
@@ -221,7 +221,7 @@ def test_what_quantize_static_writes_for_every_unit_is_predicted(tmp_path, case)
     assert settings["extra_options"] == options.get("extra_options", {})
     assert settings["reduce_range"] is (options.get("reduce_range", False)
                                         and reduce_range_took_effect(tmp_path, build, options))
-    assert not os.path.exists(run.requantizer.folder)  # the scratch folder went with the run
+    assert not os.path.exists(study.requantizer.folder)  # the scratch folder went with the study
 
 
 @pytest.mark.parametrize("case", ["pass_through", "encoder", "recurrent_state",
@@ -232,9 +232,9 @@ def test_with_the_calibration_data_every_unit_is_exact(tmp_path, case):
     exclusion leaves to it (a cut chain's tensor, a Softmax's output, a table's) as it did:
     every unit exact, none said to be otherwise."""
     # (the encoder: the units whose range is otherwise calibrated from data eprun lacks)
-    found, run = deviations(tmp_path, case, requantize=True, calibrated=True,
+    found, study = deviations(tmp_path, case, requantize=True, calibrated=True,
                             only=DATA_DEPENDENT if case == "encoder" else None)
-    assert found and run.predicted_by == "quantize_static" and run.requantizer.calibrated
+    assert found and study.predicted_by == "quantize_static" and study.requantizer.calibrated
     assert all(inexact is None for _, inexact in found.values())
     assert max(deviation for deviation, _ in found.values()) < 1e-5, found
 
@@ -246,8 +246,8 @@ def test_an_option_the_int8_model_does_not_show_is_told_with_extra_option(
     together, and cannot know; told, that and every unit alone are exact but where a range is
     calibrated anew (the ops left in float themselves)."""
     forced = TOLD_CASES["pass_through_forced"][1]["extra_options"]
-    found, run = deviations(tmp_path, "pass_through_forced", requantize=True, told=forced)
-    assert run.settings()["extra_options"] == forced
+    found, study = deviations(tmp_path, "pass_through_forced", requantize=True, told=forced)
+    assert study.quantizer_arguments()["extra_options"] == forced
     exact_or_said(found, "pass_through")
     said = {name for name, (_, inexact) in found.items() if inexact}
     assert "/Split" in said <= {"/Slice", "/Split", "/AveragePool", "/Flatten"}, said
@@ -256,8 +256,9 @@ def test_an_option_the_int8_model_does_not_show_is_told_with_extra_option(
     models.quantize(fp32, tmp_path / "x.onnx", exclude=pair, **CALIBRATION,
                     extra_options=forced)
     for told in (None, forced):
-        with tool.SensitivityRun(str(fp32), str(int8), 5, None, extra_options=told) as run:
-            deviation, inexact = deviation_from(run, pair, tmp_path / "x.onnx")
+        with tool.SensitivityStudy(str(fp32), str(int8), 5, None,
+                                   options=tool.StudyOptions(extra_options=told)) as study:
+            deviation, inexact = deviation_from(study, pair, tmp_path / "x.onnx")
         assert inexact is None
         assert (deviation > 1e-3) if told is None else (deviation < 1e-5), (told, deviation)
     answer = eprun("sensitivity", fp32, int8, "5", "--units", "/Split",
@@ -283,9 +284,10 @@ def test_a_loan_ended_by_node_order_is_said_and_exact_with_the_calibration_data(
     both = ["/a/Conv", "/c/Conv"]
     models.quantize(fp32, tmp_path / "x.onnx", exclude=both, **CALIBRATION)
     for given in (None, str(calibration)):
-        with tool.SensitivityRun(str(fp32), str(int8), 5, None, calibration=given) as run:
-            deviation, inexact = deviation_from(run, both, tmp_path / "x.onnx")
-            assert run.requantizer.calibrated is (given is not None)
+        with tool.SensitivityStudy(str(fp32), str(int8), 5, None,
+                                   options=tool.StudyOptions(calibration=given)) as study:
+            deviation, inexact = deviation_from(study, both, tmp_path / "x.onnx")
+            assert study.requantizer.calibrated is (given is not None)
         if given is None:
             assert inexact and "'/pool/MaxPool_output_0'" in inexact, inexact
         else:
@@ -315,9 +317,9 @@ def test_a_kernel_quantized_otherwise_keeps_the_calibrated_path(tmp_path):
             (numpy_helper.to_array(tensors["b2_quantized_scale"]) / 2).astype(np.float32))
     edited = models.save(model, tmp_path / "edited.onnx")
     calibration = calibration_file(fp32, tmp_path / "cal.npz")
-    with tool.SensitivityRun(str(fp32), str(edited), 5, None,
-                             calibration=str(calibration)) as run:
-        assert run.predicted_by == "quantize_static" and run.requantizer.calibrated
+    with tool.SensitivityStudy(str(fp32), str(edited), 5, None,
+                               options=tool.StudyOptions(calibration=str(calibration))) as study:
+        assert study.predicted_by == "quantize_static" and study.requantizer.calibrated
 
 
 def test_calibration_data_the_int8_model_was_not_calibrated_on_is_said(tmp_path, capsys):
@@ -325,11 +327,12 @@ def test_calibration_data_the_int8_model_was_not_calibrated_on_is_said(tmp_path,
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
     other = calibration_file(fp32, tmp_path / "other.npz", seed=9)
-    with tool.SensitivityRun(str(fp32), str(int8), 5, None, calibration=str(other)) as run:
-        assert run.predicted_by == "quantize_static" and not run.requantizer.calibrated
-        unit = next(unit for unit in run.units if unit.name == "/Split")
-        run.measure([unit])
-        assert "anew" in run.inexact([unit])
+    with tool.SensitivityStudy(str(fp32), str(int8), 5, None,
+                               options=tool.StudyOptions(calibration=str(other))) as study:
+        assert study.predicted_by == "quantize_static" and not study.requantizer.calibrated
+        unit = next(unit for unit in study.units if unit.name == "/Split")
+        study.measure([unit])
+        assert "anew" in study.inexact([unit])
     err = capsys.readouterr().err
     assert f"{str(other)!r} is not the data {str(int8)!r} was calibrated on" in err
     assert "'x' with scale" in err  # the first tensor whose range differs, both scales said
@@ -338,8 +341,8 @@ def test_calibration_data_the_int8_model_was_not_calibrated_on_is_said(tmp_path,
 @pytest.mark.parametrize("case", [case for case in CASES if case != "encoder_shared_bias"])
 def test_graph_edits_equal_quantize_static_where_the_graph_decides(tmp_path, case):
     """The fallback where onnxruntime.quantization cannot be imported: editing the int8 graph."""
-    found, run = deviations(tmp_path, case, requantize=False)
-    assert run.predicted_by == "graph edits"
+    found, study = deviations(tmp_path, case, requantize=False)
+    assert study.predicted_by == "graph edits"
     exact_or_said(found, case, requantized=False)
 
 
@@ -473,8 +476,8 @@ def test_a_recommendation_under_restricted_op_types_is_what_quantize_static_give
     requantized = tmp_path / "requantized.onnx"
     models.quantize(fp32, requantized, op_types=["MatMul"],
                     exclude=recommendation["nodes_to_exclude"], **CALIBRATION)
-    with tool.SensitivityRun(str(fp32), str(int8), 5, None) as run:
-        feeds = run.feed.arrays
+    with tool.SensitivityStudy(str(fp32), str(int8), 5, None) as study:
+        feeds = study.feed.arrays
     reached = sqnr(final_output(fp32, feeds), final_output(requantized, feeds))
     assert reached == pytest.approx(recommendation["steps"][-1]["sqnr_db"], abs=0.01)
     assert os.listdir(own_tmpdir) == []  # the quantizer's temporaries went with eprun's
@@ -565,7 +568,7 @@ def test_graph_edits_in_the_quantizers_place_still_add_the_estimates_last(tmp_pa
     def refused(self):
         self.fallback = "planted for the test"
 
-    monkeypatch.setattr(tool.SensitivityRun, "_requantizer", refused)
+    monkeypatch.setattr(tool.SensitivityStudy, "_requantizer", refused)
     answer = tool.sensitivity(str(fp32), str(int8), 5, target_sqnr=200.0, max_units=12, jobs=1)
     assert answer["predicted_by"] == "graph edits"
     units = {unit["name"]: unit["inexact"] for unit in answer["units"]}
@@ -594,9 +597,9 @@ def test_a_quantizer_that_fails_on_the_model_leaves_graph_edits(tmp_path, monkey
         raise ValueError("no shape for tensor 'h'")
 
     monkeypatch.setattr(quantization, "quantize_static", broken)
-    with tool.SensitivityRun(str(fp32), str(int8), 5, None) as run:
-        assert run.predicted_by == "graph edits"
-        run.measure(run.units[:1])
+    with tool.SensitivityStudy(str(fp32), str(int8), 5, None) as study:
+        assert study.predicted_by == "graph edits"
+        study.measure(study.units[:1])
     err = capsys.readouterr().err
     assert (f"quantize_static fails on {str(fp32)!r} with nodes_to_exclude=[] (ValueError: "
             "no shape for tensor 'h'); sensitivity edits the int8 graph instead") in err
@@ -682,8 +685,8 @@ def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estim
     added = [step["added"] for step in answer["recommendation"]["steps"]]
     first = next(k for k, name in enumerate(added) if name in estimated)
     assert not estimated.intersection(added[:first]) and set(added[first:]) <= estimated
-    with tool.SensitivityRun(str(fp32), str(int8), 5, None) as run:
-        feeds = run.feed.arrays
+    with tool.SensitivityStudy(str(fp32), str(int8), 5, None) as study:
+        feeds = study.feed.arrays
     reference = final_output(fp32, feeds)
     # the Split after fc1's MatMul: its outputs, read by the quantized Mul and fc3, are
     # calibrated anew

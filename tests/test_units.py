@@ -575,7 +575,7 @@ def test_ctrl_c_while_the_command_line_is_parsed_is_an_interruption(monkeypatch,
         def parse_known_args(self, argv):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(tool, "build_parser", lambda only=None: Interrupted())
+    monkeypatch.setattr(tool, "build_parser", lambda only=None, argv=(): Interrupted())
     assert tool.main(["partition", "m.onnx", "MatMul"]) == 130
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err == "eprun: error: interrupted\n"

@@ -158,10 +158,13 @@ class EprunError(Exception):
     """An expected failure: one line for stderr and the exit code it maps to."""
 
     def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
+        """``message`` for the one stderr line; ``code`` the exit code it maps to (4, any other
+        failure, unless given)."""
         super().__init__(message)
         self.code = code
 
     def __reduce__(self):  # from a worker process, with its exit code
+        """Pickled as its type, message and exit code: how a worker's error reaches its parent."""
         return type(self), (str(self), self.code)
 
 
@@ -224,14 +227,19 @@ def parse_seed(text: str) -> int:
 
 
 def parse_rows(text: str) -> int:
+    """``--rows``: a positive decimal integer of any size."""
     return _decimal(text, "rows ", minimum=1)
 
 
 def parse_count(text: str) -> int:
+    """A non-negative decimal integer of any size, for the count options (``--iteration``,
+    ``--retries``, ``--jobs``, ...)."""
     return _decimal(text, "")
 
 
 def parse_tolerance(text: str) -> float:
+    """A finite non-negative number as ``float`` reads it (``1e-3``, ``1_000`` and surrounding
+    spaces pass): tolerances, and the options in seconds or dB too."""
     try:
         value = float(text)
     except ValueError:
@@ -349,6 +357,7 @@ class Arg(NamedTuple):
 
 
 def arg(*names: str, **options: Any) -> Arg:
+    """An ``Arg``: one argument's names and ``add_argument`` options, as a command declares it."""
     return Arg(names, options)
 
 
@@ -378,6 +387,8 @@ COMMANDS: dict[str, Command] = {}
 
 
 def declare(command: Command) -> Command:
+    """Register ``command`` in ``COMMANDS`` under its name (a later one of the same name replaces
+    it) and return it, for the declaration to keep in a name of its own."""
     COMMANDS[command.name] = command
     return command
 
@@ -659,6 +670,7 @@ class Progress:
     stdout, never into a log. ``EPRUN_PROGRESS_AFTER`` sets the seconds (tests use 0)."""
 
     def __init__(self, what: str, total: int | None = None) -> None:
+        """Start the clock for ``what``, of ``total`` steps where known; nothing is shown yet."""
         import time
 
         self.what, self.total, self.shown = what, total, False
@@ -666,6 +678,9 @@ class Progress:
         self.after = _progress_after()
 
     def step(self, done: int) -> None:
+        """Show that ``done`` steps are finished (with a ``total``, and about how long the rest
+        takes at the pace so far) on the terminal stderr was on before ``captured_chatter`` took it,
+        once the wait has passed; else nothing."""
         import time
 
         terminal = current_invocation().terminals[-1] if current_invocation().terminals else None
@@ -678,6 +693,7 @@ class Progress:
             self.shown = write_fd(terminal, line.encode()) or self.shown
 
     def close(self) -> None:
+        """Erase the progress line, if one was shown."""
         terminal = current_invocation().terminals[-1] if current_invocation().terminals else None
         if self.shown and terminal is not None:
             write_fd(terminal, b"\r\x1b[K")
@@ -764,6 +780,8 @@ def sweep_scratch(folder: str) -> None:
 
 
 def _process_alive(pid: int) -> bool:
+    """Is there a process ``pid``? Only the kernel's "no such process" says no: one eprun may not
+    signal, or a number no pid can be, counts as alive (its temporaries are left alone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -835,6 +853,9 @@ def _on_signal(signum: int, frame: object) -> None:
 
 
 def _act_on_signal(signum: int) -> None:
+    """Act on ``signum`` now. As a program: kill the workers and child process groups, remove the
+    temporaries, say "interrupted" for Ctrl-C and exit at once (130, else 128 + the signal); called
+    from Python code: raise KeyboardInterrupt (SIGINT) or SystemExit."""
     code = 130 if signum == signal.SIGINT else 128 + signum
     invocation = current_invocation()
     if invocation.program:
@@ -900,6 +921,8 @@ _SYSTEM_FOLDERS = ("/dev", "/proc", "/sys")
 
 
 def _name_max(folder: str) -> int:
+    """The longest file name, in bytes, that the file system of ``folder`` allows (``PC_NAME_MAX``;
+    the working directory's where ``folder`` is no folder; 255 where it cannot be asked)."""
     try:
         return os.pathconf(folder if os.path.isdir(folder) else ".", "PC_NAME_MAX")
     except (AttributeError, OSError, ValueError):
@@ -927,6 +950,8 @@ def _places_of(path: str) -> list[str]:
 
 
 def _same_file(first: str, second: str) -> bool:
+    """Do the two paths name one file? ``os.path.samefile`` where ``second`` exists (``first`` must
+    then exist too), else their resolved paths compared."""
     if os.path.exists(second):
         return os.path.samefile(first, second)
     return os.path.realpath(first) == os.path.realpath(second)
@@ -1091,6 +1116,8 @@ def discard(staged: list[Staged]) -> None:
 
 
 def _temporary_path(item: Staged) -> str:
+    """The path of ``item``'s hidden temporary file as ``Invocation.temporaries`` records it (the
+    folder's path with a trailing separator where it has none)."""
     return os.path.join(os.path.dirname(os.path.abspath(item.path)), item.temporary or "")
 
 
@@ -1297,6 +1324,8 @@ def _hidden_stem(path: str) -> str:
 
 
 def _umask() -> int:
+    """The process's umask, read the only way ``os`` offers: set to 0 and put straight back (for
+    that instant, a file another thread creates gets no umask)."""
     current = os.umask(0)
     os.umask(current)
     return current
@@ -1665,6 +1694,8 @@ def external_locations(path: str) -> list[str]:
 
 
 def _walk_locations(path: str) -> list[str]:
+    """What ``external_locations`` caches: the external ``location`` of each main-graph initializer,
+    walked off the wire; empty where the file cannot be read or walked."""
     locations = []
     try:
         with open(path, "rb", buffering=0) as stream:
@@ -1703,13 +1734,17 @@ class _FileBytes:
     _BLOCK = 8192
 
     def __init__(self, stream, size: int) -> None:
+        """Over ``stream`` (opened unbuffered) of ``size`` bytes; nothing is read yet."""
         self.stream, self.size = stream, size
         self.block, self.cached = -1, b""
 
     def __len__(self) -> int:
+        """The file's size when it was opened."""
         return self.size
 
     def __getitem__(self, key):
+        """One byte (an int), through the cached block around it, or a slice as bytes read at once
+        (its step ignored); a negative index, or one past the end, is an IndexError."""
         if isinstance(key, slice):
             start, stop, _ = key.indices(self.size)
             return self._read(start, stop - start) if stop > start else b""
@@ -1723,6 +1758,7 @@ class _FileBytes:
         return self.cached[key - block * self._BLOCK]
 
     def _read(self, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset``; ValueError where the file holds fewer now."""
         self.stream.seek(offset)
         data = self.stream.read(length)
         if len(data) != length:
@@ -1731,6 +1767,8 @@ class _FileBytes:
 
 
 def _stamp(status: os.stat_result) -> tuple:
+    """A file's stamp: device, inode, size, and modification and change times in nanoseconds; what
+    tells that the file changed."""
     return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns,
             status.st_ctime_ns)
 
@@ -1767,10 +1805,13 @@ def require_same_stamp(path: str, before: tuple | None, now: tuple | None = None
 
 
 def model_changed(path: str) -> ModelChanged:
+    """The error (exit 4) for a model file that changed while eprun was reading it."""
     return ModelChanged(f"{path!r} changed while eprun was reading it; run the command again")
 
 
 def _stamp_of(path: str) -> tuple | None:
+    """``path``'s stamp as remembered when its graph was read (``remember_stamp``), by its absolute
+    or its real path; None where it was not read in this invocation."""
     stamps = current_invocation().read_stamps
     return stamps.get(os.path.abspath(path), stamps.get(os.path.realpath(path)))
 
@@ -1885,6 +1926,7 @@ def _varint(data, position: int, most: int = 10) -> tuple[int, int]:
 
 
 def _encode_varint(value: int) -> bytes:
+    """A non-negative integer as a protobuf varint."""
     encoded = bytearray()
     while value > 0x7F:
         encoded.append(value & 0x7F | 0x80)
@@ -1894,6 +1936,7 @@ def _encode_varint(value: int) -> bytes:
 
 
 def _length_delimited(number: int, value: bytes) -> bytes:
+    """Protobuf field ``number`` of wire type 2: its tag, ``value``'s length, then ``value``."""
     return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
 
 
@@ -1931,6 +1974,8 @@ class GraphIndex:
     first asked for: an index is for a graph that is read, not rewired."""
 
     def __init__(self, nodes, initializers=(), types: dict | None = None) -> None:
+        """Index ``nodes`` by the tensors they write (the last writer of a name wins) and
+        ``initializers`` by name; ``types``: name -> type, None where the caller has none."""
         self.nodes = list(nodes)
         self.producer_index = {output: index for index, node in enumerate(self.nodes)
                                for output in node.output}
@@ -1939,14 +1984,18 @@ class GraphIndex:
 
     @classmethod
     def of(cls, graph, types: dict | None = None) -> GraphIndex:
+        """The index of ``graph``'s own nodes and initializers."""
         return cls(graph.node, graph.initializer, types)
 
     def producer(self, name: str):
+        """The node that writes ``name``; None for an input, an initializer or an unwritten name."""
         index = self.producer_index.get(name)
         return None if index is None else self.nodes[index]
 
     @functools.cached_property
     def consumers(self) -> dict[str, list[int]]:
+        """Tensor name -> indices of the nodes that read it, their subgraphs' outer-scope reads
+        included; built on first use."""
         found: dict[str, list[int]] = {}
         for index, node in enumerate(self.nodes):
             for name in _node_inputs(node):
@@ -1955,6 +2004,8 @@ class GraphIndex:
 
     @functools.cached_property
     def readers(self) -> dict[str, list[tuple[int, int]]]:
+        """Tensor name -> ``(node index, input position)`` of each direct read (none of a
+        subgraph's); built on first use."""
         found: dict[str, list[tuple[int, int]]] = {}
         for index, node in enumerate(self.nodes):
             for position, name in enumerate(node.input):
@@ -2061,6 +2112,7 @@ def relocate_external_data(model, model_path: str, plan: list[dict]) -> None:
 
 
 def _same_bytes(first: str, second: str) -> bool:
+    """Do the two files hold the same bytes? Compared in full, not by their stat signatures."""
     import filecmp
 
     return filecmp.cmp(first, second, shallow=False)
@@ -2085,6 +2137,8 @@ def _estimated_bytes(value_type, rows: int) -> int | None:
 
 
 def external_tensors(model) -> list:
+    """The main graph's initializers whose data is external, ``load_model``'s references into the
+    model file itself included."""
     return [tensor for tensor in model.graph.initializer if uses_external_data(tensor)]
 
 
@@ -2100,6 +2154,7 @@ class _ExternalLocation:
     (ValueError for one that is not a number or is negative); other keys ignored."""
 
     def __init__(self, tensor) -> None:
+        """Read ``tensor``'s ``external_data`` entries (of a key given twice, the last)."""
         entries = {entry.key: entry.value for entry in tensor.external_data}
         self.location = entries.get("location", "")
         self.offset, self.length = (self._size(tensor, entries, key) for key in ("offset",
@@ -2107,6 +2162,8 @@ class _ExternalLocation:
 
     @staticmethod
     def _size(tensor, entries: dict, key: str) -> int | None:
+        """The ``offset`` or ``length`` entry as an int; None where absent, ValueError where it is
+        not a number or is negative."""
         if key not in entries:
             return None
         size = int(entries[key])
@@ -2117,6 +2174,7 @@ class _ExternalLocation:
 
 
 def _external_location(tensor) -> _ExternalLocation:
+    """Where ``tensor``'s external data is (``_ExternalLocation``)."""
     return _ExternalLocation(tensor)
 
 
@@ -2278,6 +2336,7 @@ def _inlined_tensor(data: bytes, body: int, end: int, payload: tuple[int, int]) 
 
 
 def _pieces_length(pieces: list) -> int:
+    """The bytes ``pieces`` make when written: each piece's length, or each payload's."""
     return sum(len(piece) if isinstance(piece, bytes) else piece[1] for piece in pieces)
 
 
@@ -2341,11 +2400,14 @@ _QUANTIZED_DTYPES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16"}
 
 
 def _is_integer(types: dict | None, name: str) -> bool:
+    """Does ``types`` give ``name`` an 8- or 16-bit integer type, a quantized tensor's? False where
+    it gives no type at all."""
     value = (types or {}).get(name)
     return value is not None and value.tensor_type.elem_type in (2, 3, 4, 5)  # u/int8, u/int16
 
 
 def _initializer_array(tensor, model_path: str):
+    """An initializer's values as a numpy array; external data is read into memory, not mapped."""
     from onnx import TensorProto, numpy_helper
 
     if tensor.data_location == TensorProto.EXTERNAL:
@@ -2455,6 +2517,7 @@ def _quantized_operand_type(node, types: dict) -> dict:
 
 
 def _type_name(elem: int) -> str:
+    """An ONNX element type's name (``FLOAT``, ``INT8``, ...); ``type N`` for one onnx lacks."""
     from onnx import TensorProto
 
     return TensorProto.DataType.Name(elem) if elem in TensorProto.DataType.values() \
@@ -2462,6 +2525,7 @@ def _type_name(elem: int) -> str:
 
 
 def _element_type(types: dict, name: str) -> int:
+    """The ONNX element type ``types`` gives ``name``; 0 where it gives none (or no tensor type)."""
     value = types.get(name)
     return value.tensor_type.elem_type if value is not None else 0
 
@@ -2495,11 +2559,14 @@ class OrtLog:
 
     @classmethod
     def set(cls, level: int) -> None:
+        """Set onnxruntime's default logger severity (importing it) and remember it in ``level``."""
         import_ort().set_default_logger_severity(level)
         cls.level = level
 
 
 def ort_release() -> tuple[int, int]:
+    """``(major, minor)`` of the onnxruntime imported, to compare with a release such as
+    ``PLUGIN_EPS_SINCE``."""
     major, minor = (int(part) for part in re.findall(r"\d+", import_ort().__version__)[:2])
     return major, minor
 
@@ -2546,14 +2613,18 @@ class ProviderRequest:
 
     @property
     def names(self) -> list[str]:
+        """The requested provider names, any ``policy:NAME`` item left out."""
         return [name for name in self.requested if not name.startswith(POLICY_PREFIX)]
 
     @property
     def policy(self) -> str | None:
+        """The NAME of the ``policy:NAME`` item; None where the request names providers."""
         return next((name[len(POLICY_PREFIX):] for name in self.requested
                      if name.startswith(POLICY_PREFIX)), None)
 
     def by_devices(self) -> bool:
+        """Does the request go through devices (``add_to``) rather than by name: a policy, or any
+        name a registered plugin EP brought?"""
         plugins = PLUGINS.names()
         return self.policy is not None or any(name in plugins for name in self.names)
 
@@ -2612,10 +2683,12 @@ class PluginLibraries:
     mirrors its state rather than any one command's."""
 
     def __init__(self) -> None:
+        """None registered yet, and the installed plugin packages not yet looked for."""
         self.libraries: dict[str, list[str]] = {}
         self.discovered = False
 
     def names(self) -> set[str]:
+        """Every EP name the registered libraries brought."""
         return {name for names in self.libraries.values() for name in names}
 
     def register(self, path: str, names: list[str] | None = None, what: str = "--ep-library"
@@ -2673,6 +2746,8 @@ PLUGINS = PluginLibraries()
 
 
 def require_plugin_support(what: str) -> None:
+    """A usage error (exit 2) for ``what`` (the option or package that asks) before onnxruntime
+    1.22, which has no plugin EPs, EP devices or device policies."""
     ort = import_ort()
     if ort_release() < PLUGIN_EPS_SINCE:
         raise EprunError(f"{what} needs onnxruntime 1.22 or newer, which loads plugin EP "
@@ -2767,6 +2842,8 @@ def _looks_like_plugin(file) -> bool:
 
 
 def _plugin_entry(module_name: str) -> tuple[str, list[str]]:
+    """Import the plugin package ``module_name``; its library path and EP names (``get_ep_names()``,
+    else ``[get_ep_name()]``)."""
     import importlib
 
     module = importlib.import_module(module_name)
@@ -2813,6 +2890,8 @@ def prepare_providers(lists: list[list[str]], libraries: list[str] = (),
 
 
 def _closest(name: str, known: list[str] | tuple, what: str) -> str:
+    """``did you mean X?`` for the one of ``known`` closest to ``name`` upper-cased (a policy name),
+    else ``what`` and every known one."""
     import difflib
 
     close = difflib.get_close_matches(name.upper(), list(known), n=1, cutoff=0.6)
@@ -3017,6 +3096,8 @@ def parse_ep_option(text: str) -> tuple[str, str, str]:
 
 
 def _options_text(options: dict, providers: list[str]) -> str:
+    """The ``--ep-option`` values of ``providers`` as ``EP:KEY=VALUE, ...`` for a message; empty
+    where none was given."""
     return ", ".join(f"{provider}:{key}={value}" for provider in providers
                      for key, value in options.get(provider, {}).items())
 
@@ -3031,6 +3112,7 @@ class Targets(NamedTuple):
 
     @property
     def given(self) -> bool:
+        """Was either side given providers?"""
         return self.candidate is not None or self.reference is not None
 
     def field(self, candidate: Got, reference: Got) -> dict:
@@ -3079,6 +3161,8 @@ def targets_from(providers: list[str] | None, reference_providers: list[str] | N
 
 # The options of the commands that measure (layers, growth, settings, sensitivity).
 def measure_ep_args(reference: bool = True) -> tuple:
+    """The provider options of a measuring command; ``reference`` False leaves out
+    ``--reference-providers`` (``settings``, which runs one model)."""
     return (
         arg("--providers", type=parse_list, metavar="LIST",
             help="run the int8 (candidate) model on these providers (comma-joined names, or "
@@ -3107,6 +3191,7 @@ EP_ARGS = (
 
 
 def ep_options_from(args: argparse.Namespace) -> dict:
+    """``{provider: {key: value}}`` of the parsed ``--ep-option`` values (a key's last wins)."""
     options: dict = {}
     for provider, key, value in args.ep_option:
         options.setdefault(provider, {})[key] = value
@@ -3278,6 +3363,7 @@ class Got(NamedTuple):
 
     @classmethod
     def of(cls, session) -> Got:
+        """What ``session`` got: its providers and the nodes each took (None where unknown)."""
         return cls(list(session.get_providers()), nodes_of(session))
 
 
@@ -3337,6 +3423,7 @@ def return_freed_memory() -> None:
 
 @functools.cache
 def _malloc_trim():
+    """glibc's ``malloc_trim``, looked up once; None where the C library has none."""
     import ctypes
 
     try:
@@ -3347,6 +3434,8 @@ def _malloc_trim():
 
 def run_session(session, output_names: list[str] | None, feed: dict, what: str = "model",
                 hint: str = "") -> list:
+    """``session.run(output_names, feed)`` (None: every output), any failure turned into one error
+    (exit 4) that names ``what`` and ends with ``hint``."""
     try:
         return session.run(output_names, feed)
     except Exception as exc:
@@ -3429,6 +3518,8 @@ class InputOptions:
 
     @property
     def shaped(self) -> bool:
+        """Did the user shape the inputs (``--dim``, ``--input-range``, an inputs file or golden
+        arrays)? ``--rows`` alone does not count."""
         return bool(self.dims or self.ranges or self.file or self.arrays is not None)
 
 
@@ -3629,6 +3720,7 @@ def require_room(spec: InputSpec, shape: list[int], path: str) -> None:
 
 
 def _physical_memory() -> int:
+    """The machine's physical memory in bytes; the largest int64 where the system cannot say."""
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):  # not a POSIX system: numpy's own limit
@@ -3636,6 +3728,7 @@ def _physical_memory() -> int:
 
 
 def _size_text(count: float) -> str:
+    """A byte count as a person reads it: ``512 bytes``, ``1.5 MiB``, up to PiB."""
     if count < 1024:
         return f"{count:.0f} bytes"
     for unit in ("KiB", "MiB", "GiB", "TiB"):
@@ -3671,6 +3764,9 @@ def _feed_rows(specs: list[InputSpec], options: InputOptions, stored: dict, path
 
 
 def _draw(rng, spec: InputSpec, shape: tuple, value_range: tuple | None, path: str):
+    """One input's array and its ``source``: uniform in ``value_range``, else standard normal
+    floats, its Gather table's row indices, or ones. A type it cannot generate or a shape memory
+    cannot hold is refused; an empty integer range is a usage error."""
     import numpy as np
 
     kind = spec.dtype
@@ -3908,6 +4004,8 @@ INPUT_ARGS = input_args()
 
 
 def inputs_from(args: argparse.Namespace) -> InputOptions:
+    """The ``InputOptions`` of the parsed input options; ``--iteration`` without a Polygraphy JSON
+    file to pick from is a usage error."""
     if args.iteration and not any(str(getattr(args, name, None) or "").lower().endswith(".json")
                                   for name in ("inputs_file", "load_outputs")):
         raise EprunError(f"--iteration {args.iteration} picks an iteration of a Polygraphy JSON "
@@ -4154,6 +4252,8 @@ _POLYGRAPHY_CLASS = "polygraphy_class"
 
 
 def _read_json_file(path: str, what: str) -> Any:
+    """The JSON value in the file at ``path``; one that is not JSON is an error (exit 4) ending with
+    ``what`` (what the option takes). An OSError is not caught."""
     import json
 
     try:
@@ -4209,6 +4309,8 @@ def _polygraphy_array(value: Any, file: str, name: str, dims: tuple | None = Non
 
 
 def _iteration_of(items: list, iteration: int, file: str, what: str) -> Any:
+    """Item ``iteration`` of ``items`` (an iteration of a Polygraphy file); a usage error that says
+    the range where the file holds fewer."""
     if iteration >= len(items):
         raise EprunError(f"--iteration {iteration}: {file!r} holds {len(items)} "
                          f"{what}{'s' if len(items) != 1 else ''} (0 to {len(items) - 1})",
@@ -4273,6 +4375,7 @@ def read_polygraphy_outputs(file: str, names: list[str], iteration: int = 0
 
 
 def _polygraphy_encoded(array) -> dict:
+    """``array`` as Polygraphy's JSON holds an ndarray: ``np.save`` bytes (no pickle), base64."""
     import base64
     import io
 
@@ -4344,6 +4447,7 @@ BOUNDARY_OPS_ARG = arg(
 
 
 def with_quantized_forms(boundary_ops: tuple[str, ...]) -> tuple[str, ...]:
+    """``boundary_ops`` followed by their quantized forms (``QUANTIZED_FORMS``), each once."""
     extra = [form for op in boundary_ops for form in QUANTIZED_FORMS.get(op, ())]
     return tuple(boundary_ops) + tuple(op for op in extra if op not in boundary_ops)
 
@@ -4463,6 +4567,8 @@ _NODE_SUFFIXES = r"(_quant|_QuantizeLinear|_DequantizeLinear)$"
 
 
 def float_tensor_name(name: str) -> str:
+    """``name`` without a suffix onnxruntime's quantizer appends (``_quantized``,
+    ``_DequantizeLinear_Output``, ...): the float tensor it was made from."""
     return re.sub(_TENSOR_SUFFIXES, "", name)
 
 
@@ -4540,6 +4646,9 @@ class Quantization:
 
     def __init__(self, model, model_path: str, types: dict, tensors: list[str],
                  index: GraphIndex | None = None) -> None:
+        """For each of ``tensors`` of an 8/16-bit integer type, find its scale and zero point
+        (``params``) and read those held in initializers (``constants``); one with no source found
+        stays out of ``params``, for callers to refuse."""
         self.path, self.types = model_path, types
         self.params: dict[str, tuple[str, str]] = {}
         self.constants: dict = {}
@@ -4565,6 +4674,9 @@ class Quantization:
                 if tensor and tensor not in self.constants]
 
     def _scale_zero(self, name: str, fetched: dict):
+        """``(scale, zero point)`` of ``name`` as float64 scalars, from the initializers or
+        ``fetched`` (zero where the op omits it); per-channel ones are refused. One found in neither
+        becomes NaN, not an error."""
         import numpy as np
 
         scale_name, zero_name = self.params[name]
@@ -4796,6 +4908,7 @@ METRICS: dict[str, Callable[[Any, Any], dict]] = {"sqnr": _sqnr, "mse": _mse}
 
 
 def parse_metrics(text: str) -> tuple[str, ...]:
+    """``--metrics``: comma-joined names of ``METRICS``; an unknown name is a usage error."""
     metrics = tuple(parse_list(text))
     unknown = [name for name in metrics if name not in METRICS]
     if unknown:
@@ -4805,6 +4918,7 @@ def parse_metrics(text: str) -> tuple[str, ...]:
 
 
 def bitwise_equal(reference, candidate) -> bool:
+    """Same shape, dtype and bytes (a NaN equals the same NaN; -0.0 differs from 0.0)."""
     return (reference.shape == candidate.shape and reference.dtype == candidate.dtype
             and reference.tobytes() == candidate.tobytes())
 
@@ -4930,6 +5044,7 @@ class PairedModel:
         return session
 
     def boundary_bytes(self, name: str, rows: int) -> int | None:
+        """Boundary ``name``'s estimated bytes at ``rows`` rows; None where that is unknown."""
         return _estimated_bytes(self.types.get(name), rows)
 
 
@@ -5008,6 +5123,9 @@ class LayerMeasurement:
 
     def __init__(self, fp32_path: str, int8_path: str, seed: int,
                  options: LayerOptions) -> None:
+        """Read both sides, pair their boundaries (by position for ``--boundaries``, else
+        ``plan_pairs``), take ``--load-boundaries``' file, draw the feeds and cut ``--local``'s
+        segments; ``compare`` then measures."""
         self.seed, self.options = seed, options
         self.targets = targets = options.targets or Targets()
         named = options.boundaries
@@ -5648,6 +5766,9 @@ class LocalSegments:
 
     def __init__(self, int8: PairedModel, boundaries: list[str], *, fp32_names: set,
                  input_names: set, rows: int, metrics: tuple[str, ...]) -> None:
+        """Cut the int8 nodes between each boundary and the one before it (from k = 1) and find the
+        scales their quantized inputs need; a segment that cannot be cut, or whose quantized input
+        has no scale eprun finds, goes to ``unavailable`` with its reason."""
         self.path, self.rows, self.metrics = int8.path, rows, metrics
         self.types = int8.types
         self.on = int8.on  # segments run where the int8 model runs (--providers)
@@ -5702,6 +5823,9 @@ class LocalSegments:
         return value
 
     def measure(self, k: int, fp32_before, fp32_here, side_values: dict) -> dict | None:
+        """Boundary ``k``'s local error (``compare_boundary``): its segment, in a session of its
+        own, fed ``fp32_before`` (boundary k-1's fp32 tensor) and ``side_values``, against
+        ``fp32_here``; None where it has no segment (k 0, or unavailable)."""
         segment = self.segments.get(k)
         if segment is None:
             return None
@@ -5834,10 +5958,12 @@ def _plain(value: float) -> str:
 
 
 def _num(value: float | None, digits: int = 4) -> str:
+    """``value`` to ``digits`` significant digits; ``null`` for None, NaN and infinity."""
     return "null" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
 
 
 def _ops(names: list[str]) -> str:
+    """Names as a comma-joined list of markdown code spans; ``(none)`` for none."""
     return ", ".join(f"`{name}`" for name in names) if names else "(none)"
 
 
@@ -6449,6 +6575,8 @@ class NodeDataWriter:
     models share it), staged into DIR (created if missing) and committed together."""
 
     def __init__(self, folder: str, models: dict[str, str]) -> None:
+        """Files for ``models`` (role -> path) in ``folder``, named by model stem, or by stem and
+        role where two stems are alike (in any case); nothing written yet."""
         self.folder = folder
         stems = {role: _model_stem(path) for role, path in models.items()}
         self.shared = len({stem.lower() for stem in stems.values()}) < len(stems)
@@ -6459,6 +6587,8 @@ class NodeDataWriter:
         self.models = models
 
     def add(self, role: str, graph, quantity: str, values: dict) -> None:
+        """Keep the file of one model's ``quantity``: ``values`` placed on the nodes of ``graph``
+        (``node_data``), its counts added up for the notes ``write`` gives."""
         import json
 
         data, counts = node_data(graph, quantity, values)
@@ -6564,6 +6694,8 @@ class PlotWriter:
 
     def __init__(self, folder: str, stem_of: str, command: str, form: str | None = None
                  ) -> None:
+        """Figures of ``command``, named after ``stem_of``'s model file, drawn as ``form`` (png
+        unless given) for ``folder``; nothing drawn yet."""
         self.folder, self.form = folder, form or "png"
         self.prefix = f"{_model_stem(stem_of)}.{command}"
         self.files: list[tuple[str, bytes]] = []
@@ -6595,6 +6727,8 @@ class PlotWriter:
         return path
 
     def write(self, like: tuple[str, ...]) -> list[str]:
+        """Write every figure added into the folder (created if missing), all or none, with
+        permissions no wider than ``like``'s; their paths."""
         write_into(self.folder, self.files, like)
         return [path for path, _ in self.files]
 
@@ -6628,6 +6762,7 @@ def plot_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict)
 
 
 def _draw_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict) -> str:
+    """``plot_boundaries``' figure, drawn under the style its caller holds; the path it gets."""
     entries = answer["layers"]
     names = [entry["fp32"] for entry in entries]
     values = [entry.get(metric) for entry in entries]
@@ -6682,6 +6817,7 @@ def plot_settings(writer: PlotWriter, answer: dict) -> str:
 
 
 def _draw_settings(writer: PlotWriter, answer: dict) -> str:
+    """``plot_settings``' figure, drawn under the style its caller holds; the path it gets."""
     cases = answer["cases"]
     labels = [f"{case['ep_option']['key']}={case['ep_option']['value']}" if "ep_option" in case
               else f"{case['level']}\n{case['intra_op']} thread"
@@ -6708,6 +6844,7 @@ def plot_sensitivity(writer: PlotWriter, answer: dict) -> str:
 
 
 def _draw_sensitivity(writer: PlotWriter, answer: dict) -> str:
+    """``plot_sensitivity``' figure, drawn under the style its caller holds; the path it gets."""
     units = answer["units"]
     chosen = set((answer.get("recommendation") or {}).get("nodes_to_exclude") or ())
     gains = [unit["gain_db"] if unit["gain_db"] is not None else math.nan for unit in units]
@@ -6748,6 +6885,8 @@ FORMAT_ARG = arg("--format", choices=FORMATS,
 
 
 def _cell(value) -> str:
+    """One table cell: yes or no for a bool, four significant digits for a float (``null`` if not
+    finite), a dash for None, else the value as text."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -6807,6 +6946,9 @@ def render_table(command: str, answer: dict, colour: bool = False) -> str:
 
 
 def _layers_table(answer: dict, colour: bool) -> list[str]:
+    """``layers`` as table lines: one row per boundary, the worst marked (the first non-finite, else
+    the lowest SQNR or largest MSE where measured, else the largest relative error), then the first
+    divergence and any NaN counts."""
     entries = answer["layers"]
     extra = [key for key in ("sqnr_db", "mse") if any(key in entry for entry in entries)]
     local = any("local" in entry for entry in entries)
@@ -6893,6 +7035,8 @@ def _placement_table(answer: dict, colour: bool) -> list[str]:
 
 
 def _growth_table(answer: dict, colour: bool) -> list[str]:
+    """``growth`` as table lines: each boundary's relative error and ratio to the one before (and
+    local error), the largest jump marked, then the total growth and whether it is monotone."""
     ratios = [None, *answer["ratios"]]
     local = answer.get("local_rel_error")
     rows = [[k, error, ratio, *([local[k]] if local is not None else [])]
@@ -6928,6 +7072,8 @@ def _no_growth_why(rel_errors: list) -> str:
 
 
 def _check_table(answer: dict, colour: bool) -> list[str]:
+    """``check`` as table lines: the tolerances, one row per output (the failing one with the most
+    violations marked), then passed or the reasons it failed."""
     tolerance = answer["tolerance"]
     outputs = answer["outputs"]
     rows = [[entry["reference"], entry["candidate"], "x".join(map(str, entry["shape"])),
@@ -6949,6 +7095,8 @@ def _check_table(answer: dict, colour: bool) -> list[str]:
 
 
 def _settings_table(answer: dict, colour: bool) -> list[str]:
+    """``settings`` as table lines: the baseline first, then each case's largest difference from it,
+    the case that differs most marked, then whether all are equal."""
     base = answer["baseline"]
     cases = answer["cases"]
     swept = any("ep_option" in case for case in cases)
@@ -6970,12 +7118,16 @@ def _settings_table(answer: dict, colour: bool) -> list[str]:
 
 
 def _undoes_most(kept: int, units: int) -> str:
+    """The warning for a recommendation that keeps ``kept`` of ``units`` quantized units in float
+    (its callers give it past half)."""
     return (f"the recommendation keeps {kept} of the {units} quantized units in float: that "
             "undoes most of the quantization (its speed and size gains go with it); a looser "
             "target, --max-units, or calibrating again may serve better")
 
 
 def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
+    """``sensitivity`` as table lines: the units in rank order (no row marked), then the
+    recommendation, whether it meets the target, and what is only an estimate."""
     quantized = answer["quantized"]
     estimates = any("inexact" in unit for unit in answer["units"])
     rows = [[rank, unit["name"], unit["op_type"], unit["sqnr_db"], unit["gain_db"],
@@ -7016,6 +7168,8 @@ def _weights_table(answer: dict, colour: bool) -> list[str]:
 
 
 def _inspect_table(answer: dict, colour: bool) -> list[str]:
+    """``inspect`` as table lines: opsets, inputs and outputs, op type counts, weights and external
+    data, and the QDQ summary (``colour`` is unused: no row is marked)."""
     def values(entries: list) -> list[list]:
         return [[entry["name"], entry["type"],
                  "?" if entry["shape"] is None else
@@ -7051,6 +7205,7 @@ def _runs(names: list[str]) -> str:
 
 
 def _partition_table(answer: dict, colour: bool) -> list[str]:
+    """``partition`` as table lines: the split, then one row per partition, its op types in runs."""
     lines = [(f"partition: {answer['model']}, {answer['nodes']} nodes, {answer['claimed']} "
              f"claimed by an EP supporting {', '.join(answer['supported']) or 'nothing'}: "
              f"{answer['partition_count']} partitions, {answer['handoffs']} hand-offs")]
@@ -7064,6 +7219,8 @@ def _partition_table(answer: dict, colour: bool) -> list[str]:
 
 
 def _providers_table(answer: dict, colour: bool) -> list[str]:
+    """``providers`` as table lines: one row per requested list; the first that failed or fell
+    back is marked as the worst."""
     lines = [(f"providers: {answer['model']}; onnxruntime offers "
              f"{', '.join(answer['available'])}")]
     rows = [[k, ",".join(case["requested"]) or "(none)", ",".join(case["actual"]),
@@ -7076,6 +7233,7 @@ def _providers_table(answer: dict, colour: bool) -> list[str]:
 
 
 def _expose_table(answer: dict, colour: bool) -> list[str]:
+    """``expose`` as table lines: the boundaries in order, then the copy's graph outputs."""
     lines = [(f"expose: {answer['model']} -> {answer['out']}, {len(answer['boundaries'])} "
              "boundaries")]
     rows = [[k, name] for k, name in enumerate(answer["boundaries"])]
@@ -7085,6 +7243,7 @@ def _expose_table(answer: dict, colour: bool) -> list[str]:
 
 
 def _report_table(answer: dict, colour: bool) -> list[str]:
+    """``report`` as table lines: the files written, then the gate's verdict."""
     lines = [(f"report: {len(answer['files'])} files written in {answer['out_dir']} "
              f"(boundaries paired by {answer['pairing']})")]
     lines += [f"  {path}" for path in answer["files"]]
@@ -7236,6 +7395,8 @@ class _Restoring:
 
     def __init__(self, model, fp32_model, units: list[Unit], fp32_path: str,
                  every_unit: list[Unit]) -> None:
+        """Index the copy ``model`` (who reads each tensor, who wrote it) and ``fp32_model``'s nodes
+        and weights; ``units`` are those to restore, ``every_unit`` all the quantizer wrapped."""
         self.model, self.fp32_path = model, fp32_path
         self.nodes = list(model.graph.node)
         self.fp32_nodes = list(fp32_model.graph.node)
@@ -7257,6 +7418,7 @@ class _Restoring:
                 self.fp32_readers.setdefault(name, []).append(candidate)
 
     def consumers(self, name: str) -> set[int]:
+        """The nodes not removed that read ``name`` directly (a subgraph's read is not counted)."""
         return {index for index in self.readers.get(name, ()) if index not in self.removed}
 
     def rename(self, old: str, new: str) -> None:
@@ -7267,6 +7429,8 @@ class _Restoring:
             self.readers.setdefault(new, set()).add(index)
 
     def set_input(self, index: int, position: int, new: str) -> None:
+        """Node ``index`` reads ``new`` at ``position``; it stays a reader of the old name only
+        where another of its inputs still is that name."""
         node = self.nodes[index]
         old = node.input[position]
         node.input[position] = new
@@ -7406,6 +7570,8 @@ def _data_dependent(index: GraphIndex, unit: Unit) -> str | None:
 
 
 def _final(model) -> str:
+    """The name of ``model``'s first float output (else its first output); an error (exit 4) for a
+    model without any output."""
     name = final_output(model.graph)
     if name is None:
         raise EprunError("the model has no output")
@@ -7740,6 +7906,8 @@ class Requantizer:
         return onnx.load(self.output_path)
 
     def _distance(self, op_types, excluded) -> tuple[int, frozenset]:
+        """How far quantize_static with ``op_types`` and ``excluded`` is from the int8 model: how
+        many quantized tensors differ, and which; each call is a step of progress."""
         difference = quantized_signature(self.quantize(op_types, excluded)) ^ self.target
         if self.progress is not None:
             self.progress.step(self.calls)
@@ -8079,6 +8247,8 @@ class _Taking:
     cannot be taken is named in ``unknown``."""
 
     def __init__(self, own: dict, int8_values: Callable) -> None:
+        """Nothing taken yet: ``own`` holds the requantized graph's initializers by name,
+        ``int8_values`` gives an int8 tensor's value by name (None where unknown)."""
         self.own, self.int8_values = own, int8_values
         self.values: dict = {}
         self.assigned: dict[str, str] = {}
@@ -8154,6 +8324,8 @@ class SensitivityStudy:
 
     def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
                  *, targets: Targets | None = None, options: StudyOptions | None = None) -> None:
+        """Open the study (``_open``): both models read, the fp32 reference run, the quantizer set
+        up; if that fails, what it opened is closed again."""
         options = options or StudyOptions()
         self._stack = contextlib.ExitStack()
         self._settled, self._folder = options.settled, options.folder
@@ -8170,16 +8342,22 @@ class SensitivityStudy:
             raise
 
     def __enter__(self) -> SensitivityStudy:
+        """The study itself, closed when the block ends."""
         return self
 
     def __exit__(self, *exc_info) -> None:
+        """Close the study; an exception from the block goes on."""
         self.close()
 
     def close(self) -> None:
+        """Remove the scratch folder the study made, if any (a worker's is its parent's)."""
         self._stack.close()
 
     def _open(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None, *,
               targets: Targets | None, swapped_ok: bool, requantize: bool) -> None:
+        """``__init__``'s work: read and check both models and the calibration file, draw the feeds,
+        find the units, run the fp32 model for the reference output, and set up the requantizer (or
+        graph edits, said in a note), keeping only the units it can restore."""
         require_file(fp32)
         require_file(int8)
         self.fp32, self.int8 = fp32, int8
@@ -8230,9 +8408,13 @@ class SensitivityStudy:
 
     @property
     def predicted_by(self) -> str:
+        """What wrote the restored graphs: ``quantize_static``, or ``graph edits`` where eprun edits
+        the int8 graph instead."""
         return "quantize_static" if self.requantizer is not None else "graph edits"
 
     def _int8_value(self, name: str):
+        """The int8 model's value of initializer ``name`` (a detached array, or read from its
+        tensor); None where it is no initializer."""
         if name in self.int8_weights:
             return self.int8_weights[name]
         tensor = self._int8_tensors.get(name)
@@ -8332,6 +8514,9 @@ class SensitivityStudy:
         return False
 
     def measure(self, restored: list[Unit], metrics=("sqnr",)) -> dict:
+        """The final output with ``restored`` in float, compared with the fp32 reference
+        (``compare_boundary`` with ``metrics``); with nothing restored, the requantized run
+        ``_reproduces`` made is reused, not run again."""
         if not restored and self._unrestored is not None and self.requantizer is not None:
             self.last, self.unknown, self.fresh, self.got = self._unrestored
         else:
@@ -8499,6 +8684,7 @@ PARALLEL_AFTER_SECONDS = 4.0
 
 
 def _usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity), else the machine's count, else 1."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -8667,6 +8853,8 @@ def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
 # -- ranking and the verified recommendation -------------------------------------------------------
 
 def _meets(target: dict, measured: dict, reference, candidate) -> bool:
+    """Does ``measured`` meet ``target``: an SQNR at least (no error at all meets it), a relative
+    error at most, or a check profile's tolerances and cosine on ``reference`` and ``candidate``?"""
     if "sqnr_db" in target:
         return measured["sqnr_db"] is None or measured["sqnr_db"] >= target["sqnr_db"]
     if "rel_error" in target:
@@ -8991,6 +9179,7 @@ def _dependencies(nodes: list) -> tuple[list[list[int]], list[int]]:
 
 
 def _cycle_error(stuck) -> EprunError:
+    """The error (exit 4) for a graph in which node ``stuck`` reads its own output."""
     return EprunError(f"the graph has a cycle (node {stuck.name or stuck.op_type!r} waits on "
                       "its own output): it is not a valid ONNX graph")
 
@@ -9063,6 +9252,8 @@ def _partition_members(nodes, supported: list[str], mode: str) -> list[tuple[str
 
 
 def _partition_graph(graph, supported: list[str], mode: str) -> dict:
+    """One graph's split (``_partition_members``): its node count, the nodes the EP claims, the
+    partitions and the hand-offs between them."""
     nodes = list(graph.node)
     merged = _partition_members(nodes, supported, mode)
     partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
@@ -9222,6 +9413,8 @@ def mark_as_eprun(model, purpose: str = EPRUN_MARK[1]) -> None:
 
 
 def _mark_value(model, purpose: str = EPRUN_MARK[1]) -> str:
+    """``EPRUN_MARK``'s value: ``purpose`` and 16 hex digits of a SHA-256 of the graph's nodes and
+    its input and output names."""
     import hashlib
 
     digest = hashlib.sha256()
@@ -9457,6 +9650,8 @@ class SettingsRunner:
 
     def __init__(self, model: str, seed: int, inputs: InputOptions | None,
                  targets: Targets | None = None) -> None:
+        """Nothing opened yet: the first ``session`` draws the feed and stamps the model file every
+        later case must read."""
         self.model, self.seed, self.inputs = model, seed, inputs
         self.feed: Feed | None = None
         self.on = (targets or Targets()).candidate
@@ -9465,6 +9660,8 @@ class SettingsRunner:
 
     def session(self, level: str, intra_op: int, disabled: list[str] = (),
                 optimized_path: str | None = None):
+        """A session of the model at ``level`` with ``intra_op`` threads (``disabled`` transformers
+        off), refused where the file changed since the first case; the first also draws the feed."""
         options = session_options(level=level, threads=intra_op, optimized_path=optimized_path)
         session = open_session(self.model, options, what=repr(self.model), disabled=disabled,
                                on=self.on)
@@ -9479,6 +9676,7 @@ class SettingsRunner:
         return session
 
     def run(self, session):
+        """``session``'s first output on the runner's feed; a non-numeric one is refused."""
         output = session.get_outputs()[0].name
         value = run_session(session, [output], self.feed.arrays, what=repr(self.model),
                             hint=dims_hint(self.feed))[0]
@@ -9486,6 +9684,8 @@ class SettingsRunner:
         return value
 
     def output(self, level: str, intra_op: int, disabled: list[str] = ()):
+        """The first output at ``level`` with ``intra_op`` threads and ``disabled`` transformers
+        off, from a session of its own."""
         return self.run(self.session(level, intra_op, disabled))
 
     def output_with(self, provider: str, key: str, value: str):
@@ -9985,6 +10185,7 @@ def _short_provider(name: str) -> str:
 
 
 def _not_text(model: str, exc: UnicodeDecodeError) -> EprunError:
+    """The error (exit 4) for a node name not UTF-8: placement reports node names as text."""
     return EprunError(f"{model!r} has a node whose name is not UTF-8 text ({one_line(exc)}); "
                       "placement reports node names as text: give it a UTF-8 name")
 
@@ -10131,11 +10332,13 @@ class _Attempts:
     check, ``pause`` seconds apart; ``used`` counts those spent."""
 
     def __init__(self, retries: int, pause: float, path: str) -> None:
+        """None spent yet; ``path``, the model's, is masked in an error before it is judged."""
         self.retries, self.pause, self.path = retries, pause, path
         self.spent = [0]
 
     @property
     def used(self) -> int:
+        """How many retries were spent."""
         return self.spent[0]
 
     def make(self, action: Callable[[], Any]) -> Any:
@@ -10397,6 +10600,7 @@ class ReferenceValues:
     model are never all in memory at once. A graph input's value is its feed."""
 
     def __init__(self, folder: str, feed: dict) -> None:
+        """Nothing computed yet: ``feed`` holds the graph inputs' values, ``folder`` the files."""
         self.folder, self.feed = folder, feed
         self.files: dict[str, str] = {}
         self.other: set[str] = set()  # values that are no tensor (sequences, maps)
@@ -10468,6 +10672,8 @@ class ReduceGraph:
     Scan moves as a whole) and writes. A candidate is a sorted tuple of node positions."""
 
     def __init__(self, model, model_path: str) -> None:
+        """Read ``model``'s main graph: each node's reads (each once, its subgraphs' included) and
+        writes, the initializers, sparse ones, inputs, outputs and value infos."""
         graph = model.graph
         self.model, self.path = model, model_path
         self.nodes = list(graph.node)
@@ -10497,6 +10703,7 @@ class ReduceGraph:
         return self._interfaces[kept]
 
     def _interface(self, kept: tuple[int, ...]) -> tuple[list[str], list[str]]:
+        """``interface`` without its cache."""
         written = {name for i in kept for name in self.writes[i]}
         read = {name for i in kept for name in self.reads[i]}
         inputs = [value.name for value in self.inputs if value.name in read]
@@ -10686,6 +10893,8 @@ class Reduction:
                  types: dict, folder: str, *, check: list[str] | None, timeout: float | None,
                  timeout_fails: bool, on: ProviderRequest | None,
                  reference_on: ProviderRequest, tolerance: dict) -> None:
+        """No verdict yet; ``strict`` while the full model is judged (a session without its
+        providers is then an error, not a pass), and the clock for progress starts."""
         self.path, self.graph, self.values, self.types = model_path, graph, values, types
         self.folder, self.check, self.timeout = folder, check, timeout
         self.timeout_fails, self.on, self.reference_on = timeout_fails, on, reference_on
@@ -10950,6 +11159,8 @@ class ReducedPaths(NamedTuple):
 
     @classmethod
     def of(cls, output: str) -> ReducedPaths:
+        """The paths ``reduce`` writes for ``output``: it, ``<stem>.inputs.npz`` beside it, and its
+        first data file's name in its folder."""
         stem = output[:-len(".onnx")] if output.lower().endswith(".onnx") else output
         return cls(output, f"{stem}.inputs.npz",
                    os.path.join(os.path.dirname(output), data_file_name(output, 0)))
@@ -11396,6 +11607,7 @@ class _WeightPairing:
     the weights it had to leave out (``unpaired``, ``unread``), said on stderr."""
 
     def __init__(self, fp32: str, int8: str, fp32_model, int8_model) -> None:
+        """Index both models' initializers by name; nothing left out yet."""
         self.fp32, self.int8 = fp32, int8
         self.floats = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
         self.int8_tensors = {tensor.name: tensor for tensor in int8_model.graph.initializer}
@@ -11678,6 +11890,9 @@ class _Report:
 
     def __init__(self, fp32: str, int8: str, seed: int, out_dir: str,
                  options: ReportOptions) -> None:
+        """Before anything is measured, refuse what would fail: a missing model, a sensitivity
+        option without ``--sensitivity``, an out dir or plots eprun cannot write, a swapped pair, a
+        calibration file that does not fit, outputs it may not replace."""
         self.fp32, self.int8, self.seed, self.out_dir, self.options = \
             fp32, int8, seed, out_dir, options
         require_file(fp32)
@@ -12063,11 +12278,14 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                  width: int | None = None, **options: Any) -> None:
+        """argparse's formatter; without a ``width``, the terminal's is asked for only in
+        ``format_help`` (80 meanwhile)."""
         self._asked_position = max_help_position if width is None else None
         super().__init__(prog, indent_increment, max_help_position,
                          80 if width is None else width, **options)
 
     def format_help(self) -> str:
+        """The help text, at the terminal's width (asked here, once) unless a width was given."""
         if self._asked_position is not None:  # what argparse sets when given no width
             import shutil
 
@@ -12085,6 +12303,8 @@ class _Parser(argparse.ArgumentParser):
     argv: tuple[str, ...] = ()
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        """Exit 2 with one line on stderr: argparse's message, a hint where there is one
+        (``_usage_hint``), and the ``--help`` of the command at fault."""
         # an argument the command does not take is reported by the top parser: its help is
         # the command's own
         prog = self.prog
@@ -12164,6 +12384,8 @@ class _VersionAction(argparse.Action):
     """``--version``: eprun's own version and those of the libraries it would run with."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
+        """Print eprun's, onnx's, onnxruntime's, numpy's and Python's versions on one line and exit
+        0; exit 4 where stdout cannot take the line."""
         import importlib
         import platform
 

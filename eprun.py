@@ -950,10 +950,10 @@ def _places_of(path: str) -> list[str]:
 
 
 def _same_file(first: str, second: str) -> bool:
-    """Do the two paths name one file? ``os.path.samefile`` where ``second`` exists (``first`` must
-    then exist too), else their resolved paths compared."""
+    """Do the two paths name one file? ``os.path.samefile`` where both exist (a path that is
+    not there is no existing file), else their resolved paths compared."""
     if os.path.exists(second):
-        return os.path.samefile(first, second)
+        return os.path.exists(first) and os.path.samefile(first, second)
     return os.path.realpath(first) == os.path.realpath(second)
 
 

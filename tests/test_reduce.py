@@ -536,6 +536,18 @@ def test_a_file_of_someone_else_beside_an_earlier_result_is_refused(capfd, tmp_p
     assert notes.read_text() == "my notes"
 
 
+def test_a_missing_inputs_file_beside_an_existing_output_is_a_missing_path(capfd, tmp_path):
+    """The output checks compare it with every source, the --inputs file among them: one that
+    is not there is no file the output could be (it used to escape as an internal error)."""
+    model = models.save(chain_model(), tmp_path / "chain.onnx")
+    (tmp_path / "small.onnx").write_bytes(b"someone's")
+    code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
+                                      "--force", "--check", "true {model}", "--inputs",
+                                      tmp_path / "missing.npz")
+    assert (code, stdout) == (3, "") and "missing.npz' does not exist" in stderr
+    assert (tmp_path / "small.onnx").read_bytes() == b"someone's"
+
+
 def test_a_full_model_past_the_timeout_says_so(capfd, tmp_path):
     """A check that ran past --check-timeout on the full model: the line says it timed out,
     and the check's own child (a shell's sleep) is ended with it."""

@@ -467,7 +467,9 @@ class Invocation:
     Nothing here decides an answer: what a command computes comes in through its arguments
     (the parsed command line, ``main`` passes it down). This is the registry a signal
     handler must find whatever is running when the signal comes, and the per-call caches of
-    the model-access layer; only layers 2 and 3 read it (``tests/test_layers.py`` checks).
+    the model-access layer. Only layers 2 and 3 reach it through ``current_invocation()``
+    (``tests/test_layers.py`` checks); ``main`` hands it to ``_execute`` for what the command
+    line itself must know (eprun is the process, a signal came, the answer is out).
 
     ``program``: eprun is the process (``cli``), not a library in someone else's Python.
     ``terminals``: the terminal that stderr was on before each ``captured_chatter`` took it
@@ -2558,6 +2560,17 @@ class OrtLog:
     level = DEFAULT
 
     @classmethod
+    def quiet(cls) -> bool:
+        """Quiet onnxruntime's log, if onnxruntime imports; False where it does not (missing,
+        or broken): the command then meets that itself, after its own checks, as it would
+        have without eprun quieting anything."""
+        try:
+            cls.set(cls.QUIET)
+        except Exception:
+            return False
+        return True
+
+    @classmethod
     def set(cls, level: int) -> None:
         """Set onnxruntime's default logger severity (importing it) and remember it in ``level``."""
         import_ort().set_default_logger_severity(level)
@@ -4172,8 +4185,9 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed:
 
 
 def _read_golden(path: str) -> tuple[dict, dict, dict]:
-    """``(record, inputs, tensors)`` as a golden file holds them, by the names its record
-    lists; a file that is not one eprun wrote is refused in one line."""
+    """``(meta, inputs, tensors)`` as a golden file holds them: its decoded JSON record, and
+    the arrays by the names that record lists; a file that is not one eprun wrote is refused
+    in one line."""
     import json
 
     try:
@@ -12619,9 +12633,7 @@ def _execute(args: argparse.Namespace, argv: tuple[str, ...], invocation: Invoca
         try:
             form = output_format(args.format) if hasattr(args, "format") else "json"
             with captured_chatter() as store:
-                if quiet_ort:
-                    OrtLog.set(OrtLog.QUIET)
-                    quieted = True
+                quieted = quiet_ort and OrtLog.quiet()
                 answer = invoke(args.declared, args, argv)
             text = (to_json(answer) if form == "json" else
                     render_table(args.declared.name, answer,

@@ -112,3 +112,22 @@ def test_a_usage_hint_reads_the_words_the_parser_was_given(capfd):
     with pytest.raises(SystemExit):
         parser.parse_args(["partition", "m.onnx", "Add", "Mul"])
     assert "Add,Mul" in capfd.readouterr().err
+
+
+def test_without_onnxruntime_a_command_s_own_checks_come_first(lab_pair, capfd, monkeypatch,
+                                                              tmp_path):
+    """Quieting onnxruntime must not import it ahead of the command's own checks: where it is
+    missing, a missing model is still exit 3, and only a command that gets as far as a
+    session says the package is missing (exit 4)."""
+    monkeypatch.delenv("EPRUN_DEBUG", raising=False)
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'onnxruntime'", name="onnxruntime")
+
+    monkeypatch.setattr(tool, "import_ort", missing)
+    fp32, int8 = map(str, lab_pair)
+    code, out, err = in_process(capfd, "layers", str(tmp_path / "none.onnx"), int8, "1")
+    assert (code, out) == (3, "") and "does not exist" in err
+    code, out, err = in_process(capfd, "layers", fp32, int8, "1")
+    assert (code, out) == (4, "") and "needs the Python package 'onnxruntime'" in err
+    assert tool.OrtLog.level == tool.OrtLog.DEFAULT

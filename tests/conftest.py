@@ -215,6 +215,13 @@ def eprun_fails(capfd, monkeypatch):
 
 
 @pytest.fixture
+def run_eprun_here(capfd, monkeypatch):
+    """``run_eprun`` without a process: ``main(argv)`` here, its exit code and streams in the
+    same ``Result`` fields, with ``env`` set and ``cwd`` the working folder for the call."""
+    return lambda *args, **kwargs: run_here(capfd, monkeypatch, *args, **kwargs)
+
+
+@pytest.fixture
 def eprun_process():
     """``eprun``, as ``python eprun.py ARGS`` in a process of its own: for what lives as long
     as a process (a plugin EP library registered, onnxruntime's log level)."""

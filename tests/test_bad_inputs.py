@@ -274,17 +274,17 @@ def test_an_initializer_listed_as_input_is_not_fed(eprun, tmp_path):
     assert eprun("layers", path, path, "1")["layer_count"] == 6
 
 
-def test_debug_mode_shows_the_traceback(files):
-    result = run_eprun("layers", files["empty"], files["int8"], "1", env={"EPRUN_DEBUG": "1"})
+def test_debug_mode_shows_the_traceback(run_eprun_here, files):
+    result = run_eprun_here("layers", files["empty"], files["int8"], "1", env={"EPRUN_DEBUG": "1"})
     assert result.code == 4 and "Traceback" in result.stderr
     assert result.stderr.splitlines()[-1].startswith("eprun: error: ")
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "nan"])
-def test_a_bad_progress_delay_is_a_warning_and_the_default(files, value):
+def test_a_bad_progress_delay_is_a_warning_and_the_default(run_eprun_here, files, value):
     """One of eprun's own knobs set wrong must not fail the run it only tunes."""
-    plain = run_eprun("layers", files["fp32"], files["int8"], "1")
-    result = run_eprun("layers", files["fp32"], files["int8"], "1",
+    plain = run_eprun_here("layers", files["fp32"], files["int8"], "1")
+    result = run_eprun_here("layers", files["fp32"], files["int8"], "1",
                        env={"EPRUN_PROGRESS_AFTER": value})
     assert result.code == 0 and result.stdout == plain.stdout, result.stderr
     assert result.stderr.splitlines() == [
@@ -293,8 +293,8 @@ def test_a_bad_progress_delay_is_a_warning_and_the_default(files, value):
 
 
 @pytest.mark.parametrize("value", ["0", "no", "false", "OFF", ""])
-def test_eprun_debug_off_means_off(files, value):
-    result = run_eprun("layers", files["empty"], files["int8"], "1", env={"EPRUN_DEBUG": value})
+def test_eprun_debug_off_means_off(run_eprun_here, files, value):
+    result = run_eprun_here("layers", files["empty"], files["int8"], "1", env={"EPRUN_DEBUG": value})
     assert result.code == 4 and "Traceback" not in result.stderr
     assert len(result.stderr.splitlines()) == 1
 

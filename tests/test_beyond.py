@@ -187,17 +187,17 @@ def test_ort_mode_partitions_each_subgraph_as_onnxruntime_does(eprun, tmp_path):
     assert "subgraphs" not in eprun("partition", path, "MatMul,Relu")  # the contract's mode
 
 
-def test_op_types_only_inside_subgraphs_are_op_types_of_the_model(tmp_path):
+def test_op_types_only_inside_subgraphs_are_op_types_of_the_model(run_eprun_here, tmp_path):
     """Sigmoid occurs only in an If branch: listing it is no mistake to point out, while a
     miscased Sigmoid is, and the model's op types listed include those of the bodies."""
     path = models.save(control_flow_model(), tmp_path / "control.onnx")
-    listed = run_eprun("partition", path, "Sigmoid", "--mode", "ort")
+    listed = run_eprun_here("partition", path, "Sigmoid", "--mode", "ort")
     assert listed.code == 0 and "occurs" not in listed.stderr, listed.stderr
     # the contract's file mode partitions the main graph alone: there it occurs nowhere
-    main_only = run_eprun("partition", path, "Sigmoid")
+    main_only = run_eprun_here("partition", path, "Sigmoid")
     assert main_only.code == 0 and "no op type in 'Sigmoid' occurs" in main_only.stderr
     assert "Its op types: Relu, ReduceSum, Greater, If, Loop\n" in main_only.stderr
-    miscased = run_eprun("partition", path, "sigmoid", "--mode", "ort")
+    miscased = run_eprun_here("partition", path, "sigmoid", "--mode", "ort")
     assert "did you mean sigmoid -> Sigmoid?" in miscased.stderr
     assert "Its op types: Relu, ReduceSum, Greater, If, Loop, Sigmoid, MatMul, Identity" in \
         miscased.stderr
@@ -444,9 +444,9 @@ def test_conv_model_with_boundary_ops(eprun, tmp_path):
 
 # -- check -------------------------------------------------------------------------------------
 
-def test_check_passes_identical_models(lab_pair):
+def test_check_passes_identical_models(run_eprun_here, lab_pair):
     fp32, _ = lab_pair
-    result = run_eprun("check", fp32, fp32)
+    result = run_eprun_here("check", fp32, fp32)
     assert result.code == 0, result.stderr
     answer = result.answer
     assert answer["passed"] is True and answer["failures"] == []
@@ -455,11 +455,11 @@ def test_check_passes_identical_models(lab_pair):
     assert answer["profile"] == "fp16" and result.stderr == ""  # no twin: fp16, unsaid
 
 
-def test_check_without_a_profile_holds_a_quantized_twin_to_int8(lab_pair):
+def test_check_without_a_profile_holds_a_quantized_twin_to_int8(run_eprun_here, lab_pair):
     """No --profile is auto: the int8 tolerances for the int8 twin, said on stderr, and the
     verdict numpy gives with them; --profile fp16 keeps the float16 tolerances."""
     fp32, int8 = lab_pair
-    result = run_eprun("check", fp32, int8)
+    result = run_eprun_here("check", fp32, int8)
     answer = result.answer
     assert answer["profile"] == "int8"
     assert answer["tolerance"] == {"rtol": 0.1, "atol": 0.05, "min_cos": 0.99}
@@ -470,7 +470,7 @@ def test_check_without_a_profile_holds_a_quantized_twin_to_int8(lab_pair):
     violations = int((np.abs(cand - ref) > 0.05 + 0.1 * np.abs(ref)).sum())
     assert answer["outputs"][0]["violations"] == violations
     assert result.code == (1 if violations else 0)
-    strict = run_eprun("check", fp32, int8, "--profile", "fp16")
+    strict = run_eprun_here("check", fp32, int8, "--profile", "fp16")
     assert strict.answer["profile"] == "fp16" and strict.code == 1
 
 
@@ -481,13 +481,13 @@ def test_check_without_a_profile_holds_a_quantized_twin_to_int8(lab_pair):
     (["--profile", "int8", "--rtol", "10", "--atol", "10", "--min-cos", "0.9999999"],
      {"rtol": 10.0, "atol": 10.0, "min_cos": 0.9999999}),
 ])
-def test_a_failed_check_says_which_bounds_failed_and_where(lab_pair, options, tolerance):
+def test_a_failed_check_says_which_bounds_failed_and_where(run_eprun_here, lab_pair, options, tolerance):
     """Recomputed from sessions opened here with check's own (default) options: the violations
     and the worst element (the largest excess over the bound), the cosine and by how much it
     misses min_cos, each bound failed exactly when the numbers say so, and the one stderr line
     that says why."""
     fp32, int8 = lab_pair
-    result = run_eprun("check", fp32, int8, *options)
+    result = run_eprun_here("check", fp32, int8, *options)
     assert result.code == 1 and result.stdout
     answer = result.answer
     assert answer["tolerance"] == tolerance
@@ -516,21 +516,21 @@ def test_a_failed_check_says_which_bounds_failed_and_where(lab_pair, options, to
     assert result.stderr.splitlines() == ["eprun: check failed: " + "; ".join(why)]
 
 
-def test_check_require_providers_asks_for_exactly_the_list(lab_pair):
+def test_check_require_providers_asks_for_exactly_the_list(run_eprun_here, lab_pair):
     """--allow-fallback passes a fallback; --require-providers fails even CPU appended. The
     CPU build's other provider (Azure) is listed by the session but takes no node: that is a
     fallback too, whatever get_providers() says."""
     fp32, _ = lab_pair
     accelerator = next(p for p in ort.get_available_providers() if p != "CPUExecutionProvider")
     args = ["check", fp32, fp32, "--providers", accelerator]
-    relaxed = run_eprun(*args, "--allow-fallback")
+    relaxed = run_eprun_here(*args, "--allow-fallback")
     assert relaxed.code == 0 and relaxed.answer["providers"]["fell_back"] is True
     nodes = relaxed.answer["providers"]["nodes_per_provider"]
     if nodes is not None:  # onnxruntime 1.24+ says which provider took the nodes
         assert not nodes.get(accelerator) and sum(nodes.values()) > 0
-        idle = run_eprun(*args)
+        idle = run_eprun_here(*args)
         assert idle.code == 1 and idle.answer["failures"][0]["missing"] == [accelerator]
-    strict = run_eprun(*args, "--require-providers", "--allow-fallback")
+    strict = run_eprun_here(*args, "--require-providers", "--allow-fallback")
     assert strict.code == 1
     assert strict.answer["failures"] == [{"bound": "providers", "requested": [accelerator],
                                           "actual": [accelerator, "CPUExecutionProvider"],

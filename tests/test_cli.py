@@ -94,14 +94,14 @@ def test_every_exit_code_is_documented_in_help_docstring_and_readme():
         assert re.search(rf"^\| {code}\b", table, re.MULTILINE), code
 
 
-def test_an_op_list_that_matches_nothing_gets_near_misses(lab_pair):
+def test_an_op_list_that_matches_nothing_gets_near_misses(run_eprun_here, lab_pair):
     fp32, _ = lab_pair
-    result = run_eprun("partition", fp32, "matmul,Addd")
+    result = run_eprun_here("partition", fp32, "matmul,Addd")
     assert result.code == 0 and result.answer["claimed"] == 0
     assert ("eprun: note: no op type in 'matmul,Addd' occurs in" in result.stderr)
     assert "did you mean matmul -> MatMul, Addd -> Add?" in result.stderr
     assert "Its op types: MatMul, Add, Relu" in result.stderr
-    assert "note" not in run_eprun("partition", fp32, "MatMul,Conv").stderr
+    assert "note" not in run_eprun_here("partition", fp32, "MatMul,Conv").stderr
 
 
 BLOCK_ONNX = """

@@ -38,14 +38,14 @@ def test_a_swapped_pair_is_wrong_usage_with_the_fix(eprun_fails, lab_pair, tmp_p
     assert not out.exists()  # report measured nothing, wrote nothing
 
 
-def test_swapped_ok_compares_the_pair_as_given(eprun, lab_pair):
+def test_swapped_ok_compares_the_pair_as_given(run_eprun_here, eprun, lab_pair):
     fp32, int8 = lab_pair
     as_given = eprun("layers", int8, fp32, "1", "--swapped-ok")
     # the same numbers as the right order, with the roles exchanged: max |a - b| is symmetric
     right = eprun("layers", fp32, int8, "1")
     assert [entry["max_abs_error"] for entry in as_given["layers"]] == pytest.approx(
         [entry["max_abs_error"] for entry in right["layers"]], rel=1e-12)
-    checked = run_eprun("check", int8, fp32, "--swapped-ok", "--profile", "int8")
+    checked = run_eprun_here("check", int8, fp32, "--swapped-ok", "--profile", "int8")
     assert checked.code in (0, 1) and checked.answer["outputs"]  # a verdict, not a refusal
 
 
@@ -73,7 +73,7 @@ def direct_output(path, seed: int) -> np.ndarray:
     return models.run(path, models.contract_input(seed, 4))[0]
 
 
-def test_nonfinite_values_are_counted_and_named(tmp_path):
+def test_nonfinite_values_are_counted_and_named(run_eprun_here, tmp_path):
     finite, broken = tmp_path / "abs_log.onnx", tmp_path / "log.onnx"
     log_model(finite, absolute=True)
     log_model(broken, absolute=False)
@@ -81,7 +81,7 @@ def test_nonfinite_values_are_counted_and_named(tmp_path):
     assert want > 0
     assert np.all(np.isfinite(direct_output(finite, 1)))
 
-    result = run_eprun("layers", finite, broken, "1")
+    result = run_eprun_here("layers", finite, broken, "1")
     assert result.code == 0
     last = result.answer["layers"][-1]
     assert last["nonfinite"] == {"fp32": 0, "int8": want}
@@ -89,7 +89,7 @@ def test_nonfinite_values_are_counted_and_named(tmp_path):
     assert f"the int8 tensor 'y' holds {want} NaN or infinite values" in result.stderr
     assert all("nonfinite" not in entry for entry in result.answer["layers"][:-1])
 
-    checked = run_eprun("check", finite, broken, "--min-cos", "-1")  # check's seed: 0
+    checked = run_eprun_here("check", finite, broken, "--min-cos", "-1")  # check's seed: 0
     want = int(np.count_nonzero(~np.isfinite(direct_output(broken, 0))))
     assert checked.code == 1
     assert checked.answer["outputs"][0]["nonfinite"] == {"reference": 0, "candidate": want}
@@ -116,21 +116,21 @@ def test_a_list_given_as_several_arguments_gets_the_joined_form(eprun_fails, lab
     assert "joined with commas" not in eprun_fails(2, "partition", fp32, "MatMul", "--nope")
 
 
-def test_the_seed_is_taken_in_both_forms(eprun, eprun_fails, lab_pair):
+def test_the_seed_is_taken_in_both_forms(run_eprun_here, eprun, eprun_fails, lab_pair):
     fp32, int8 = lab_pair
     assert eprun("layers", fp32, int8, "--seed", "5") == eprun("layers", fp32, int8, "5")
     assert eprun("settings", int8, "--seed=7") == eprun("settings", int8, "7")
-    positional = run_eprun("check", fp32, int8, "3", "--profile", "int8")
-    optional = run_eprun("check", fp32, int8, "--seed", "3", "--profile", "int8")
+    positional = run_eprun_here("check", fp32, int8, "3", "--profile", "int8")
+    optional = run_eprun_here("check", fp32, int8, "--seed", "3", "--profile", "int8")
     assert positional.answer == optional.answer and positional.answer["seed"] == 3
-    assert run_eprun("check", fp32, int8, "--profile", "int8").answer["seed"] == 0
+    assert run_eprun_here("check", fp32, int8, "--profile", "int8").answer["seed"] == 0
     assert "required: seed" in eprun_fails(2, "growth", fp32, int8)
     assert "given twice, as 1 and 2" in eprun_fails(2, "layers", fp32, int8, "1", "--seed", "2")
     assert eprun("layers", fp32, int8, "4", "--seed", "4")["seed"] == 4  # the same twice: fine
 
 
-def test_bare_eprun_shows_a_short_usage_and_where_help_is():
-    result = run_eprun()
+def test_bare_eprun_shows_a_short_usage_and_where_help_is(run_eprun_here):
+    result = run_eprun_here()
     assert result.code == 2 and result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) <= 4 and lines[0].startswith("usage: eprun.py")
@@ -155,36 +155,36 @@ def test_help_and_hints_use_the_name_typed():
     assert "example:\n  eprun.py layers " in run_eprun("layers", "--help").stdout
 
 
-def test_placement_says_when_the_session_fell_back(lab_pair):
+def test_placement_says_when_the_session_fell_back(run_eprun_here, lab_pair):
     _, int8 = lab_pair
-    result = run_eprun("placement", int8, "CUDAExecutionProvider,CPUExecutionProvider")
+    result = run_eprun_here("placement", int8, "CUDAExecutionProvider,CPUExecutionProvider")
     assert result.code == 0 and result.answer["actual"] == ["CPUExecutionProvider"]
     assert ("eprun: note: the session did not get CUDAExecutionProvider, or it took no node: its "
             "nodes ran on CPUExecutionProvider") in result.stderr
-    assert "did not get" not in run_eprun("placement", int8, "CPUExecutionProvider").stderr
+    assert "did not get" not in run_eprun_here("placement", int8, "CPUExecutionProvider").stderr
 
 
-def test_check_states_the_spread_of_the_differences(lab_pair):
+def test_check_states_the_spread_of_the_differences(run_eprun_here, lab_pair):
     """mean, median and 99th percentile of |candidate - reference|, recomputed on sessions
     opened here with the contract input."""
     fp32, int8 = lab_pair
     x = models.contract_input(0, 8)
     outputs = [models.run(path, x)[0].astype(np.float64) for path in (fp32, int8)]
     diff = np.abs(outputs[1] - outputs[0])
-    entry = run_eprun("check", fp32, int8, "--profile", "int8").answer["outputs"][0]
+    entry = run_eprun_here("check", fp32, int8, "--profile", "int8").answer["outputs"][0]
     assert entry["mean_abs_diff"] == pytest.approx(float(np.mean(diff)), rel=1e-9)
     assert entry["median_abs_diff"] == pytest.approx(float(np.median(diff)), rel=1e-9)
     assert entry["p99_abs_diff"] == pytest.approx(float(np.quantile(diff, 0.99)), rel=1e-9)
     assert entry["median_abs_diff"] <= entry["p99_abs_diff"] <= entry["max_abs_diff"]
 
 
-def test_profile_auto_picks_int8_for_a_quantized_candidate(lab_pair):
+def test_profile_auto_picks_int8_for_a_quantized_candidate(run_eprun_here, lab_pair):
     fp32, int8 = lab_pair
-    quantized = run_eprun("check", fp32, int8, "--profile", "auto")
+    quantized = run_eprun_here("check", fp32, int8, "--profile", "auto")
     assert quantized.answer["profile"] == "int8"
     assert quantized.answer["tolerance"] == {"rtol": 0.1, "atol": 0.05, "min_cos": 0.99}
     assert "--profile auto: int8" in quantized.stderr
-    same = run_eprun("check", fp32, fp32, "--profile", "auto")
+    same = run_eprun_here("check", fp32, fp32, "--profile", "auto")
     assert same.code == 0 and same.answer["profile"] == "fp16"
 
 
@@ -204,10 +204,10 @@ def table_rows(text: str) -> list[list[str]]:
     return rows
 
 
-def test_a_table_has_a_row_per_boundary_and_marks_the_worst(lab_pair):
+def test_a_table_has_a_row_per_boundary_and_marks_the_worst(run_eprun_here, lab_pair):
     fp32, int8 = lab_pair
-    answer = run_eprun("layers", fp32, int8, "3").answer
-    table = run_eprun("layers", fp32, int8, "3", "--format", "table")
+    answer = run_eprun_here("layers", fp32, int8, "3").answer
+    table = run_eprun_here("layers", fp32, int8, "3", "--format", "table")
     assert table.code == 0 and "\033" not in table.stdout  # no colour off a terminal
     rows = table_rows(table.stdout)
     assert [row[1] for row in rows] == [entry["fp32"] for entry in answer["layers"]]
@@ -217,15 +217,15 @@ def test_a_table_has_a_row_per_boundary_and_marks_the_worst(lab_pair):
                                                   rel=1e-3)
 
 
-def test_table_formats_for_every_command_that_has_one(lab_pair):
+def test_table_formats_for_every_command_that_has_one(run_eprun_here, lab_pair):
     fp32, int8 = lab_pair
-    growth = run_eprun("growth", fp32, int8, "3").answer
-    table = run_eprun("growth", fp32, int8, "3", "--format", "table").stdout
+    growth = run_eprun_here("growth", fp32, int8, "3").answer
+    table = run_eprun_here("growth", fp32, int8, "3", "--format", "table").stdout
     said = "shrank" if growth["total_growth"] < 1 else "grew"
     assert f"the error {said}" in table
-    settings = run_eprun("settings", int8, "3", "--format", "table").stdout
+    settings = run_eprun_here("settings", int8, "3", "--format", "table").stdout
     assert len(table_rows(settings)) == 4  # the baseline and the three cases
-    checked = run_eprun("check", fp32, int8, "--profile", "int8", "--format", "table")
+    checked = run_eprun_here("check", fp32, int8, "--profile", "int8", "--format", "table")
     assert checked.code == 1 and "failed:" in checked.stdout
 
 
@@ -259,10 +259,10 @@ def test_the_real_stderr_is_remembered_only_while_the_outermost_capture_holds_it
         assert run.stderr is None and run.terminals == []
 
 
-def test_the_report_names_the_command_that_made_it(lab_pair, tmp_path):
+def test_the_report_names_the_command_that_made_it(run_eprun_here, lab_pair, tmp_path):
     fp32, int8 = lab_pair
     out = tmp_path / "rep"
-    assert run_eprun("report", fp32, int8, "--seed", "4", "--out-dir", out,
+    assert run_eprun_here("report", fp32, int8, "--seed", "4", "--out-dir", out,
                      "--rows", "16").code == 0
     text = (out / "ep_report.md").read_text(encoding="utf-8")
     assert (f"generated by `python eprun.py report {fp32} {int8} --seed 4 --out-dir {out} "
@@ -273,23 +273,23 @@ def test_the_report_names_the_command_that_made_it(lab_pair, tmp_path):
     assert f"the error {'shrank' if total < 1 else 'grew'}." in text
 
 
-def test_per_output_tolerances(lab_pair):
+def test_per_output_tolerances(run_eprun_here, lab_pair):
     """``--atol NAME:VALUE`` sets one output's bound; the violations are numpy's count."""
     fp32, int8 = lab_pair
     x = models.contract_input(0, 8)
     reference, candidate = (models.run(path, x)[0] for path in (fp32, int8))
-    result = run_eprun("check", fp32, int8, "--profile", "int8", "--atol", "y:0.3",
+    result = run_eprun_here("check", fp32, int8, "--profile", "int8", "--atol", "y:0.3",
                        "--rtol", "y:0.2")
     tolerance = result.answer["tolerance"]
     assert tolerance["per_output"] == {"y": {"rtol": 0.2, "atol": 0.3}}
     assert (tolerance["rtol"], tolerance["atol"]) == (0.1, 0.05)  # the profile's, for the rest
     want = int(np.count_nonzero(~np.isclose(candidate, reference, rtol=0.2, atol=0.3)))
     assert result.answer["outputs"][0]["violations"] == want
-    assert "no output of" in run_eprun("check", fp32, int8, "--atol", "z:1").stderr
-    assert run_eprun("check", fp32, int8, "--atol", ":1").code == 2
+    assert "no output of" in run_eprun_here("check", fp32, int8, "--atol", "z:1").stderr
+    assert run_eprun_here("check", fp32, int8, "--atol", ":1").code == 2
 
 
-def test_the_report_says_where_the_int8_range_clips(lab_pair, tmp_path):
+def test_the_report_says_where_the_int8_range_clips(run_eprun_here, lab_pair, tmp_path):
     """Boundary 0 is the graph input: the share of the contract input outside the range its
     QuantizeLinear represents, recomputed from the int8 model's own scale and zero point."""
     fp32, int8 = lab_pair
@@ -303,7 +303,7 @@ def test_the_report_says_where_the_int8_range_clips(lab_pair, tmp_path):
     x = models.contract_input(9, 8)
     want = float(np.mean((x < low) | (x > high)))
     out = tmp_path / "rep"
-    assert run_eprun("report", fp32, int8, "--seed", "9", "--out-dir", out).code == 0
+    assert run_eprun_here("report", fp32, int8, "--seed", "9", "--out-dir", out).code == 0
     table = (out / "ep_report.md").read_text(encoding="utf-8")
     row = next(line for line in table.splitlines() if line.startswith("| 0 | `x` |"))
     assert row.split("|")[-2].strip() == f"{want:.2%}"
@@ -322,7 +322,7 @@ def test_a_wrong_shaped_inputs_array_blames_the_file(eprun_fails, eprun, lab_pai
 
 
 @pytest.mark.parametrize("route", ["qoperator", "dynamic"])
-def test_sensitivity_refuses_what_it_cannot_restore(eprun_fails, lab_pair, tmp_path, route):
+def test_sensitivity_refuses_what_it_cannot_restore(run_eprun_here, eprun_fails, lab_pair, tmp_path, route):
     """QOperator and dynamic twins have no float unit between Q/DQ pairs to restore: a clear
     refusal, not a ranking of ops the quantizer never touched. report --sensitivity still
     writes every deliverable and says why the section is missing."""
@@ -335,7 +335,7 @@ def test_sensitivity_refuses_what_it_cannot_restore(eprun_fails, lab_pair, tmp_p
     line = eprun_fails(4, "sensitivity", fp32, twin, "1")
     assert f"is quantized in {form} form" in line and "QuantFormat.QDQ" in line
     out = tmp_path / "rep"
-    result = run_eprun("report", fp32, twin, "--out-dir", out, "--sensitivity")
+    result = run_eprun_here("report", fp32, twin, "--out-dir", out, "--sensitivity")
     assert result.code == 0, result.stderr
     assert result.answer["sensitivity"] is None
     assert f"quantized in {form} form" in result.answer["sensitivity_error"]
@@ -358,14 +358,14 @@ def matmul_model(path, dims: list, features: int) -> None:
 
 
 @pytest.mark.parametrize("command", ["layers", "growth", "check"])
-def test_a_run_that_fails_on_chosen_dims_says_which_and_how_to_set_them(eprun_fails, tmp_path,
+def test_a_run_that_fails_on_chosen_dims_says_which_and_how_to_set_them(run_eprun_here, eprun_fails, tmp_path,
                                                                        command):
     model = tmp_path / "needs_t5.onnx"
     matmul_model(model, ["N", "T"], 5)  # runs only when T is 5
     argv = (command, model, model) + (("1",) if command != "check" else ())
     line = eprun_fails(4, *argv)
     assert "eprun chose" in line and "x[1] ('T')" in line and "--dim NAME=VALUE" in line
-    assert run_eprun("layers", model, model, "1", "--dim", "T=5").code == 0
+    assert run_eprun_here("layers", model, model, "1", "--dim", "T=5").code == 0
 
 
 def test_only_a_batch_by_features_input_goes_without_the_inputs_record(eprun, tmp_path):
@@ -388,7 +388,7 @@ def test_the_lab_pair_keeps_the_contracts_pairing(eprun, lab_pair):
     assert "pairing" not in eprun("growth", fp32, int8, "2")
 
 
-def test_local_error_on_a_float16_twin_casts_what_it_feeds(tmp_path):
+def test_local_error_on_a_float16_twin_casts_what_it_feeds(run_eprun_here, tmp_path):
     """A float16 twin's segments take float16: --local feeds the fp32 tensor cast to it. The
     segment into relu1 is checked against onnx's own extraction of that subgraph, fed the
     same cast tensor (sessions opened here)."""
@@ -396,7 +396,7 @@ def test_local_error_on_a_float16_twin_casts_what_it_feeds(tmp_path):
 
     fp32 = models.save(models.chain(features=8, widths=(16, 16, 8), seed=4), tmp_path / "f.onnx")
     fp16 = models.save(float16_twin(onnx.load(str(fp32))), tmp_path / "h.onnx")
-    answer = run_eprun("layers", fp32, fp16, "2", "--local").answer
+    answer = run_eprun_here("layers", fp32, fp16, "2", "--local").answer
     assert answer["local_unavailable"] == []
     x = models.contract_input(2, 8)
     fp32_values = dict(zip(("relu0", "relu1"), models.run(fp32, x, ["relu0", "relu1"])))
@@ -451,15 +451,15 @@ def test_explain_finds_every_transformer_at_the_cases_own_level(monkeypatch):
         assert ("ORT_ENABLE_ALL", 1, tuple(explained["transformers"])) in runner.runs
 
 
-def test_a_cnn_with_a_gemm_head_is_told_about_conv_boundaries(tmp_path):
+def test_a_cnn_with_a_gemm_head_is_told_about_conv_boundaries(run_eprun_here, tmp_path):
     import real_models
 
     cnn = models.save(real_models.residual_cnn(7), tmp_path / "cnn.onnx")
-    result = run_eprun("layers", cnn, cnn, "1")
+    result = run_eprun_here("layers", cnn, cnn, "1")
     assert result.code == 0 and result.answer["layer_count"] == 2  # the Gemm's input, output
     assert ("has 2 boundaries, but 4 Conv layers no boundary is in front of: --boundary-ops "
             "MatMul,Gemm,Conv compares the input of each") in result.stderr
-    wider = run_eprun("layers", cnn, cnn, "1", "--boundary-ops", "MatMul,Gemm,Conv")
+    wider = run_eprun_here("layers", cnn, cnn, "1", "--boundary-ops", "MatMul,Gemm,Conv")
     assert wider.answer["layer_count"] == 6 and "boundary-ops" not in wider.stderr
 
 
@@ -496,23 +496,23 @@ def test_output_chooses_the_final_boundary(eprun, eprun_fails, tmp_path):
         2, "growth", first, second, "1", "--output", "h")
 
 
-def test_the_sensitivity_table_ranks_from_one_in_the_answers_order(lab_pair):
+def test_the_sensitivity_table_ranks_from_one_in_the_answers_order(run_eprun_here, lab_pair):
     fp32, int8 = lab_pair
-    answer = run_eprun("sensitivity", fp32, int8, "1", "--max-units", "2").answer
-    rows = table_rows(run_eprun("sensitivity", fp32, int8, "1", "--max-units", "2",
+    answer = run_eprun_here("sensitivity", fp32, int8, "1", "--max-units", "2").answer
+    rows = table_rows(run_eprun_here("sensitivity", fp32, int8, "1", "--max-units", "2",
                                 "--format", "table").stdout)
     assert [row[0] for row in rows] == [str(k) for k in range(1, len(answer["units"]) + 1)]
     assert [row[1] for row in rows] == [unit["name"] for unit in answer["units"]]
 
 
-def test_a_seed_after_an_option_is_still_the_seed(eprun, eprun_fails, lab_pair):
+def test_a_seed_after_an_option_is_still_the_seed(run_eprun_here, eprun, eprun_fails, lab_pair):
     """argparse fills an optional positional before the options: a seed typed after one
     (as eprun always took it) must not become an unrecognized argument."""
     fp32, int8 = lab_pair
     assert eprun("layers", fp32, int8, "--rows", "8", "5") == eprun("layers", fp32, int8, "5",
                                                                      "--rows", "8")
     assert eprun("settings", int8, "--rows", "8", "6")["seed"] == 6
-    checked = run_eprun("check", fp32, int8, "--profile", "int8", "3")
+    checked = run_eprun_here("check", fp32, int8, "--profile", "int8", "3")
     assert checked.answer["seed"] == 3
     assert "unrecognized arguments: 2" in eprun_fails(2, "layers", fp32, int8, "--rows", "8",
                                                        "1", "2")
@@ -520,7 +520,7 @@ def test_a_seed_after_an_option_is_still_the_seed(eprun, eprun_fails, lab_pair):
                                                        "abc")
 
 
-def test_the_check_table_marks_a_failing_output_not_a_passing_one(tmp_path):
+def test_the_check_table_marks_a_failing_output_not_a_passing_one(run_eprun_here, tmp_path):
     """Two outputs, the first identical, the second off in cosine only (violations 0 both)."""
     def model(path, sign: float) -> None:
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
@@ -537,7 +537,7 @@ def test_the_check_table_marks_a_failing_output_not_a_passing_one(tmp_path):
     reference, candidate = tmp_path / "r.onnx", tmp_path / "c.onnx"
     model(reference, 1.0)
     model(candidate, -1.0)
-    result = run_eprun("check", reference, candidate, "--rtol", "2", "--atol", "100",
+    result = run_eprun_here("check", reference, candidate, "--rtol", "2", "--atol", "100",
                        "--format", "table")
     assert result.code == 1
     rows = table_rows(result.stdout)
@@ -575,7 +575,7 @@ def test_a_run_is_itself_and_main_gives_the_previous_one_back():
     assert all(a is b for a, b in zip(tool._RUNS, before))
 
 
-def test_report_writes_beside_the_fp32_model_by_default(lab_pair, tmp_path):
+def test_report_writes_beside_the_fp32_model_by_default(run_eprun_here, lab_pair, tmp_path):
     """Without --out-dir the deliverables go to the fp32 model's own folder, not the working
     directory (the README's 'default: the fp32 model's folder')."""
     import shutil
@@ -587,7 +587,7 @@ def test_report_writes_beside_the_fp32_model_by_default(lab_pair, tmp_path):
         shutil.copy(path, models_dir / path.name)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = run_eprun("report", "../models/fp32.onnx", "../models/int8.onnx", cwd=elsewhere)
+    result = run_eprun_here("report", "../models/fp32.onnx", "../models/int8.onnx", cwd=elsewhere)
     assert result.code == 0, result.stderr
     assert result.answer["out_dir"] == "../models"
     assert (models_dir / "ep_report.md").is_file() and list(elsewhere.iterdir()) == []
@@ -601,7 +601,7 @@ def test_a_hint_built_from_what_was_typed_stays_on_one_line(eprun_fails, lab_pai
     assert "joined with commas" in line and "\r" not in line
 
 
-def test_report_chart_svg_and_local_error(lab_pair, tmp_path):
+def test_report_chart_svg_and_local_error(run_eprun_here, lab_pair, tmp_path):
     """``report --local --chart svg``: growth.json gains each segment's local error (as
     ``layers --local`` measures it), the Mermaid chart a second line, and growth.svg draws both
     from 0 with the tensor names; without the options nothing of it appears (the contract)."""
@@ -610,16 +610,16 @@ def test_report_chart_svg_and_local_error(lab_pair, tmp_path):
 
     fp32, int8 = lab_pair
     plain, charted = tmp_path / "plain", tmp_path / "charted"
-    result = run_eprun("report", fp32, int8, "--seed", "3", "--out-dir", plain)
+    result = run_eprun_here("report", fp32, int8, "--seed", "3", "--out-dir", plain)
     assert result.code == 0 and not (plain / "growth.svg").exists()
     assert not any(name.endswith(".svg") for name in result.answer["files"])
     assert "growth.svg" not in (plain / "ep_report.md").read_text(encoding="utf-8")
-    result = run_eprun("report", fp32, int8, "--seed", "3", "--out-dir", charted, "--local",
+    result = run_eprun_here("report", fp32, int8, "--seed", "3", "--out-dir", charted, "--local",
                        "--chart", "svg")
     assert result.code == 0, result.stderr
     assert str(charted / "growth.svg") in result.answer["files"]
     growth = json.loads((charted / "growth.json").read_text())
-    layers = run_eprun("layers", fp32, int8, "3", "--local").answer["layers"]
+    layers = run_eprun_here("layers", fp32, int8, "3", "--local").answer["layers"]
     assert growth["local_rel_error"] == [entry["local"]["rel_error"] for entry in layers]
     assert growth["rel_error"] == json.loads((plain / "growth.json").read_text())["rel_error"]
     text = (charted / "ep_report.md").read_text(encoding="utf-8")
@@ -654,39 +654,39 @@ def test_report_chart_svg_and_local_error(lab_pair, tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "growth.svg").write_text("mine")
-    refused = run_eprun("report", fp32, int8, "--seed", "3", "--out-dir", foreign, "--chart",
+    refused = run_eprun_here("report", fp32, int8, "--seed", "3", "--out-dir", foreign, "--chart",
                         "svg")
     assert refused.code == 4 and "refusing to replace" in refused.stderr
     assert (foreign / "growth.svg").read_text() == "mine"
-    again = run_eprun("report", fp32, int8, "--seed", "3", "--out-dir", charted, "--chart", "svg")
+    again = run_eprun_here("report", fp32, int8, "--seed", "3", "--out-dir", charted, "--chart", "svg")
     assert again.code == 0, again.stderr  # eprun's own growth.svg is replaced, now one line
     assert len(tree.parse(charted / "growth.svg").getroot().findall(f"{ns}polyline")) == 1
 
 
-def test_eprun_format_is_a_persons_own_default(lab_pair):
+def test_eprun_format_is_a_persons_own_default(run_eprun_here, lab_pair):
     """JSON stays the default wherever stdout goes; EPRUN_FORMAT=table makes the table one's
     own default, --format overrides it, and a value eprun does not print is a usage error
     before anything is measured. Commands without a table ignore it."""
     import json
 
     fp32, int8 = lab_pair
-    plain = run_eprun("growth", fp32, int8, "1")
-    table = run_eprun("growth", fp32, int8, "1", env={"EPRUN_FORMAT": "table"})
+    plain = run_eprun_here("growth", fp32, int8, "1")
+    table = run_eprun_here("growth", fp32, int8, "1", env={"EPRUN_FORMAT": "table"})
     layers = json.loads(plain.stdout)["layer_count"]
     assert table.code == 0 and table.stdout.startswith(f"growth: seed 1, {layers} boundaries\n")
-    assert table.stdout == run_eprun("growth", fp32, int8, "1", "--format", "table").stdout
-    forced = run_eprun("growth", fp32, int8, "1", "--format", "json",
+    assert table.stdout == run_eprun_here("growth", fp32, int8, "1", "--format", "table").stdout
+    forced = run_eprun_here("growth", fp32, int8, "1", "--format", "json",
                        env={"EPRUN_FORMAT": "table"})
     assert json.loads(forced.stdout) == json.loads(plain.stdout)
-    wrong = run_eprun("growth", fp32, int8, "1", env={"EPRUN_FORMAT": "yaml"})
+    wrong = run_eprun_here("growth", fp32, int8, "1", env={"EPRUN_FORMAT": "yaml"})
     assert wrong.code == 0 and json.loads(wrong.stdout) == json.loads(plain.stdout)
     assert ("eprun: warning: EPRUN_FORMAT='yaml' is not a format eprun prints (json or table); "
             "printing JSON") in wrong.stderr.splitlines()
-    partition = run_eprun("partition", fp32, "MatMul", env={"EPRUN_FORMAT": "yaml"})
+    partition = run_eprun_here("partition", fp32, "MatMul", env={"EPRUN_FORMAT": "yaml"})
     assert partition.code == 0 and json.loads(partition.stdout)["model"] == str(fp32)
 
 
-def test_placement_and_inputs_read_without_python(lab_pair):
+def test_placement_and_inputs_read_without_python(run_eprun_here, lab_pair):
     """The README reads answers with --format table, never python -c: placement's table has
     the providers asked for and got and the nodes per provider of the JSON answer; layers'
     names what each input was fed."""
@@ -694,8 +694,8 @@ def test_placement_and_inputs_read_without_python(lab_pair):
 
     fp32, int8 = lab_pair
     asked = "CUDAExecutionProvider,CPUExecutionProvider"
-    answer = json.loads(run_eprun("placement", int8, asked).stdout)
-    table = run_eprun("placement", int8, asked, "--format", "table")
+    answer = json.loads(run_eprun_here("placement", int8, asked).stdout)
+    table = run_eprun_here("placement", int8, asked, "--format", "table")
     assert table.code == 0
     lines = table.stdout.splitlines()
     assert lines[0] == (f"placement: {int8}, asked {asked}, got "
@@ -704,7 +704,7 @@ def test_placement_and_inputs_read_without_python(lab_pair):
     rows = {line.split()[0]: int(line.split()[1]) for line in lines[3:] if line.strip()}
     assert rows == answer["counts"]
     argv = ("layers", fp32, int8, "1", "--input-range", "x:-1,1", "--rows", "8")
-    (fed,) = json.loads(run_eprun(*argv).stdout)["inputs"]
-    layers = run_eprun(*argv, "--format", "table")
+    (fed,) = json.loads(run_eprun_here(*argv).stdout)["inputs"]
+    layers = run_eprun_here(*argv, "--format", "table")
     assert fed["shape"][0] == 8 and fed["source"] == "uniform[-1, 1)"
     assert layers.stdout.splitlines()[1] == f"input x: float32 {fed['shape']} from {fed['source']}"

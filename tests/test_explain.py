@@ -174,9 +174,9 @@ def test_the_transformer_list_follows_the_installed_release(monkeypatch):
     assert "ShapeInputMerge" not in names
 
 
-def test_explain_is_a_usage_of_settings_only(lab_pair):
+def test_explain_is_a_usage_of_settings_only(run_eprun_here, lab_pair):
     fp32, int8 = lab_pair
-    assert run_eprun("layers", fp32, int8, "1", "--explain").code == 2
+    assert run_eprun_here("layers", fp32, int8, "1", "--explain").code == 2
 
 
 def test_all_equal_reads_every_case(lab_pair, monkeypatch):

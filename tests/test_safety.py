@@ -38,10 +38,10 @@ def one_error_line(result, code: int) -> str:
 
 # -- the gate ----------------------------------------------------------------------------------
 
-def test_check_fails_a_fallback_by_default(lab_pair):
+def test_check_fails_a_fallback_by_default(run_eprun_here, lab_pair):
     fp32, _ = lab_pair
     wanted = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    result = run_eprun("check", fp32, fp32, "--providers", ",".join(wanted))
+    result = run_eprun_here("check", fp32, fp32, "--providers", ",".join(wanted))
     got = [name for name in wanted if name in AVAILABLE]
     if "CUDAExecutionProvider" in AVAILABLE:  # a GPU build: a real match passes
         assert result.code == 0, result.stderr
@@ -54,12 +54,12 @@ def test_check_fails_a_fallback_by_default(lab_pair):
     assert result.stderr.splitlines()[-1] == (
         "eprun: check failed: providers: asked for CUDAExecutionProvider,CPUExecutionProvider, "
         "got CPUExecutionProvider")
-    allowed = run_eprun("check", fp32, fp32, "--providers", ",".join(wanted), "--allow-fallback")
+    allowed = run_eprun_here("check", fp32, fp32, "--providers", ",".join(wanted), "--allow-fallback")
     assert allowed.code == 0 and allowed.answer["passed"] is True
     assert allowed.answer["providers"]["fell_back"] is True  # still reported
 
 
-def test_onnxruntime_adding_the_cpu_provider_is_not_a_fallback(lab_pair):
+def test_onnxruntime_adding_the_cpu_provider_is_not_a_fallback(run_eprun_here, lab_pair):
     """[X] that got [X, CPU] holds what it asked for, as long as X took nodes. The CPU build's
     other provider (Azure) is listed by every session it is asked for and takes none: where
     onnxruntime says so (1.24+), that is the fallback, not the CPU it appended."""
@@ -70,7 +70,7 @@ def test_onnxruntime_adding_the_cpu_provider_is_not_a_fallback(lab_pair):
                             {"CPUExecutionProvider": 4}) == ["X"]
     fp32, _ = lab_pair
     accelerator = next(name for name in AVAILABLE if name != "CPUExecutionProvider")
-    result = run_eprun("check", fp32, fp32, "--providers", accelerator)
+    result = run_eprun_here("check", fp32, fp32, "--providers", accelerator)
     answer = result.answer
     assert answer["providers"]["actual"] == [accelerator, "CPUExecutionProvider"]
     nodes = answer["providers"]["nodes_per_provider"]
@@ -85,14 +85,14 @@ def test_onnxruntime_adding_the_cpu_provider_is_not_a_fallback(lab_pair):
     ["CPUExecutionProvider", "FooExecutionProvider"],
     ["<accelerator>", "NoSuchExecutionProvider"],
 ])
-def test_fail_on_fallback_uses_the_gates_rule(lab_pair, requests):
+def test_fail_on_fallback_uses_the_gates_rule(run_eprun_here, lab_pair, requests):
     """providers keeps the contract's fell_back (an accelerator with the CPU appended fell
     back), while --fail-on-fallback fails only a case that did not get what it asked for: a
     provider missing, or listed with no node (Azure, where onnxruntime says)."""
     fp32, _ = lab_pair
     accelerator = next(name for name in AVAILABLE if name != "CPUExecutionProvider")
     requests = [accelerator if name == "<accelerator>" else name for name in requests]
-    result = run_eprun("providers", fp32, *requests, "--fail-on-fallback")
+    result = run_eprun_here("providers", fp32, *requests, "--fail-on-fallback")
     fell_back = [case["fell_back"] for case in result.answer["cases"]]
     assert fell_back == [name != "CPUExecutionProvider" for name in requests]
     reasons = []
@@ -116,14 +116,14 @@ def test_fail_on_fallback_uses_the_gates_rule(lab_pair, requests):
     ("tensorrt", "did you mean TensorrtExecutionProvider?"),
     ("a;b", "onnxruntime knows "),
 ])
-def test_unknown_provider_names_are_caught(lab_pair, name, hint):
+def test_unknown_provider_names_are_caught(run_eprun_here, lab_pair, name, hint):
     fp32, _ = lab_pair
     for argv in (["check", fp32, fp32, "--providers", f"{name},CPUExecutionProvider"],
                  ["check", fp32, fp32, "--reference-providers", name],
                  ["placement", fp32, name]):
-        line = one_error_line(run_eprun(*argv), 2)
+        line = one_error_line(run_eprun_here(*argv), 2)
         assert f"{name!r} is not a provider onnxruntime knows; {hint}" in line
-    reported = run_eprun("providers", fp32, name)  # the contract's command reports it
+    reported = run_eprun_here("providers", fp32, name)  # the contract's command reports it
     assert reported.code == 0 and reported.answer["cases"][0]["missing"] == [name]
     assert f"eprun: note: {name!r} is not a provider onnxruntime knows; {hint}" in \
         reported.stderr
@@ -136,16 +136,16 @@ def test_unknown_provider_names_are_caught(lab_pair, name, hint):
     (["--rtol", "-1"], "'-1' is not a non-negative number"),
     (["--atol", "inf"], "'inf' is not a non-negative number"),
 ])
-def test_tolerances_are_range_checked(lab_pair, argv, message):
+def test_tolerances_are_range_checked(run_eprun_here, lab_pair, argv, message):
     fp32, _ = lab_pair
-    assert message in one_error_line(run_eprun("check", fp32, fp32, *argv), 2)
+    assert message in one_error_line(run_eprun_here("check", fp32, fp32, *argv), 2)
 
 
-def test_retries_never_match_the_users_own_path(tmp_path):
+def test_retries_never_match_the_users_own_path(run_eprun_here, tmp_path):
     corrupt = tmp_path / "timeout_study.onnx"
     corrupt.write_bytes(b"not a model, timed out")
     fine = models.save(models.chain(features=4, widths=(4, 4)), tmp_path / "fine.onnx")
-    result = run_eprun("check", fine, corrupt, "--retry-pause", "0")
+    result = run_eprun_here("check", fine, corrupt, "--retry-pause", "0")
     one_error_line(result, 4)
 
     import eprun as tool
@@ -178,33 +178,33 @@ def external(tmp_path):
     return folder / "m.onnx", folder / "m.onnx.data"
 
 
-def test_expose_refuses_to_write_onto_its_own_weights(external):
+def test_expose_refuses_to_write_onto_its_own_weights(run_eprun_here, external):
     model, data = external
     before = digest(model, data)
-    line = one_error_line(run_eprun("expose", model, data), 2)
+    line = one_error_line(run_eprun_here("expose", model, data), 2)
     assert f"refusing to overwrite the input file {str(data)!r}" in line
     assert digest(model, data) == before
     assert sorted(os.listdir(model.parent)) == ["m.onnx", "m.onnx.data"]
 
 
-def test_outputs_that_are_not_regular_files_are_refused(lab_pair, external, tmp_path):
+def test_outputs_that_are_not_regular_files_are_refused(run_eprun_here, lab_pair, external, tmp_path):
     fp32, _ = lab_pair
     fifo = tmp_path / "pipe.onnx"
     os.mkfifo(fifo)
-    line = one_error_line(run_eprun("expose", fp32, fifo), 4)
+    line = one_error_line(run_eprun_here("expose", fp32, fifo), 4)
     assert "is not a regular file" in line and Path(fifo).is_fifo()
     # onto a folder: refused before the weights are linked beside it
     model, _ = external
     target = tmp_path / "elsewhere"
     (target / "sub").mkdir(parents=True)
-    one_error_line(run_eprun("expose", model, target / "sub"), 4)
+    one_error_line(run_eprun_here("expose", model, target / "sub"), 4)
     assert sorted(p.name for p in target.rglob("*")) == ["sub"]
     # a folder that does not exist is a path that is not there
-    one_error_line(run_eprun("expose", fp32, tmp_path / "no" / "such" / "out.onnx"), 3)
+    one_error_line(run_eprun_here("expose", fp32, tmp_path / "no" / "such" / "out.onnx"), 3)
     assert not (tmp_path / "no").exists()
 
 
-def test_an_output_link_is_refused_and_what_it_leads_to_untouched(lab_pair, tmp_path):
+def test_an_output_link_is_refused_and_what_it_leads_to_untouched(run_eprun_here, lab_pair, tmp_path):
     """A link at an output path may lead to anyone's file: eprun never writes through one."""
     fp32, _ = lab_pair
     (tmp_path / "real").mkdir()
@@ -212,12 +212,12 @@ def test_an_output_link_is_refused_and_what_it_leads_to_untouched(lab_pair, tmp_
     victim.write_bytes(b"the user's own file")
     link = tmp_path / "out.onnx"
     link.symlink_to(victim)
-    line = one_error_line(run_eprun("expose", fp32, link), 4)
+    line = one_error_line(run_eprun_here("expose", fp32, link), 4)
     assert "symbolic link" in line
     assert link.is_symlink() and victim.read_bytes() == b"the user's own file"
     dangling = tmp_path / "nowhere.onnx"  # dangling until something writes through it
     dangling.symlink_to(tmp_path / "real" / "new.onnx")
-    assert "symbolic link" in one_error_line(run_eprun("expose", fp32, dangling), 4)
+    assert "symbolic link" in one_error_line(run_eprun_here("expose", fp32, dangling), 4)
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["victim.onnx"]
 
 
@@ -240,13 +240,13 @@ def test_nothing_under_dev_or_proc_is_ever_written(lab_pair, tmp_path):
     assert "under /proc" in line  # (where a regression cannot write anything either)
 
 
-def test_a_model_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path):
+def test_a_model_that_is_not_a_regular_file_is_refused_without_reading_it(run_eprun_here, tmp_path):
     fifo = tmp_path / "model.onnx"
     os.mkfifo(fifo)
     started = time.monotonic()
     for argv in (["partition", fifo, "MatMul"], ["layers", fifo, fifo, "1"],
                  ["settings", fifo, "1"], ["providers", fifo, "CPUExecutionProvider"]):
-        line = one_error_line(run_eprun(*argv), 4)
+        line = one_error_line(run_eprun_here(*argv), 4)
         assert "is not a regular file" in line
     assert time.monotonic() - started < 60  # nothing blocked on the FIFO
 
@@ -255,21 +255,21 @@ def report_files(folder) -> dict:
     return {name: (Path(folder) / name).read_bytes() for name in sorted(os.listdir(folder))}
 
 
-def test_report_refuses_files_it_did_not_write(lab_pair, tmp_path):
+def test_report_refuses_files_it_did_not_write(run_eprun_here, lab_pair, tmp_path):
     fp32, int8 = lab_pair
     out = tmp_path / "out"
     out.mkdir()
     (out / "settings.json").write_text('{"my": "project settings"}\n')
-    line = one_error_line(run_eprun("report", fp32, int8, "--out-dir", out), 4)
+    line = one_error_line(run_eprun_here("report", fp32, int8, "--out-dir", out), 4)
     assert f"refusing to replace {str(out / 'settings.json')!r}, which eprun did not write" in line
     assert report_files(out) == {"settings.json": b'{"my": "project settings"}\n'}
-    forced = run_eprun("report", fp32, int8, "--out-dir", out, "--force")
+    forced = run_eprun_here("report", fp32, int8, "--out-dir", out, "--force")
     assert forced.code == 0, forced.stderr
-    again = run_eprun("report", fp32, int8, "--out-dir", out)  # its own files: no --force
+    again = run_eprun_here("report", fp32, int8, "--out-dir", out)  # its own files: no --force
     assert again.code == 0, again.stderr
 
 
-def test_report_of_two_models_with_one_weights_name_gives_each_copy_its_own(tmp_path):
+def test_report_of_two_models_with_one_weights_name_gives_each_copy_its_own(run_eprun_here, tmp_path):
     """Two models that both keep their weights in model.onnx.data, reported elsewhere: each
     exposed copy's weights get a name eprun chooses from that copy's name, so they never
     need one file (an older eprun refused this pair)."""
@@ -279,7 +279,7 @@ def test_report_of_two_models_with_one_weights_name_gives_each_copy_its_own(tmp_
                   str(tmp_path / name / "model.onnx"), save_as_external_data=True,
                   location="model.onnx.data", size_threshold=0)
     out = tmp_path / "report"
-    result = run_eprun("report", tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx",
+    result = run_eprun_here("report", tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx",
                        "--out-dir", out)
     assert result.code == 0, result.stderr
     for which, name in (("fp32", "a"), ("int8", "b")):
@@ -511,14 +511,14 @@ def test_seeds_of_any_length(eprun, lab_pair):
     assert answer["seed"] == seed
 
 
-def test_a_graph_with_a_cycle_is_refused(tmp_path):
+def test_a_graph_with_a_cycle_is_refused(run_eprun_here, tmp_path):
     nodes = [helper.make_node("Relu", ["b"], ["a"], name="first"),
              helper.make_node("Relu", ["a"], ["b"], name="second"),
              helper.make_node("Relu", ["x"], ["y"], name="free")]
     path = models.save(models.finish(nodes, [models.float_input("x", 4)],
                                      [helper.make_tensor_value_info("y", 1, ["N", 4])]),
                        tmp_path / "cycle.onnx")
-    line = one_error_line(run_eprun("partition", path, "Relu", "--mode", "ort"), 4)
+    line = one_error_line(run_eprun_here("partition", path, "Relu", "--mode", "ort"), 4)
     assert "the graph has a cycle" in line
     # a node that reads its own output is the shortest cycle
     nodes = [helper.make_node("Add", ["x", "a"], ["a"], name="self"),
@@ -527,19 +527,19 @@ def test_a_graph_with_a_cycle_is_refused(tmp_path):
                                      [helper.make_tensor_value_info("y", 1, ["N", 4])]),
                        tmp_path / "self_loop.onnx")
     for supported in ("Add", "Relu"):
-        line = one_error_line(run_eprun("partition", path, supported, "--mode", "ort"), 4)
+        line = one_error_line(run_eprun_here("partition", path, supported, "--mode", "ort"), 4)
         assert "the graph has a cycle (node 'self'" in line
 
 
-def test_outputs_that_are_not_tensors_get_a_clear_message(tmp_path):
+def test_outputs_that_are_not_tensors_get_a_clear_message(run_eprun_here, tmp_path):
     nodes = [helper.make_node("Relu", ["x"], ["y"]),
              helper.make_node("SequenceConstruct", ["y", "y"], ["seq"])]
     seq_type = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)
     path = models.save(models.finish(nodes, [models.float_input("x", 4)], [seq_type]),
                        tmp_path / "sequence.onnx")
-    line = one_error_line(run_eprun("check", path, path), 4)
+    line = one_error_line(run_eprun_here("check", path, path), 4)
     assert "output 'seq' is a list (not a tensor); check compares numeric tensors only" in line
-    line = one_error_line(run_eprun("settings", path, "1"), 4)
+    line = one_error_line(run_eprun_here("settings", path, "1"), 4)
     assert "settings compares numeric tensors only" in line
 
 

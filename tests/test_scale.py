@@ -102,7 +102,7 @@ def test_a_linked_model_file_is_read_where_it_resolves(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("stored", ["inline", "external"])
-def test_weights_never_come_from_a_same_named_file_in_the_working_directory(tmp_path, stored):
+def test_weights_never_come_from_a_same_named_file_in_the_working_directory(run_eprun_here, tmp_path, stored):
     """onnxruntime before 1.21 ignores the folder option and resolves the external data of a
     model given as bytes against the working directory: a file there with the same name but
     other weights must not be read."""
@@ -119,8 +119,8 @@ def test_weights_never_come_from_a_same_named_file_in_the_working_directory(tmp_
         return path, folder / "int8.onnx"
 
     wanted, decoy = pair(tmp_path / "models", 1), pair(tmp_path / "here", 2)
-    elsewhere = run_eprun("layers", *wanted, "3", cwd=str(tmp_path))
-    among_decoys = run_eprun("layers", *wanted, "3", cwd=str(decoy[0].parent))
+    elsewhere = run_eprun_here("layers", *wanted, "3", cwd=str(tmp_path))
+    among_decoys = run_eprun_here("layers", *wanted, "3", cwd=str(decoy[0].parent))
     assert elsewhere.code == 0 and among_decoys.code == 0, among_decoys.stderr
     assert among_decoys.answer == elsewhere.answer
     for got, want in zip(elsewhere.answer["layers"], oracle_layers(*wanted, 3)):
@@ -332,7 +332,7 @@ def test_files_the_walk_does_not_take_are_parsed_as_before(eprun, eprun_fails, t
     assert "is not a loadable ONNX model" in eprun_fails(4, "partition", cut, "MatMul")
 
 
-def test_expose_copies_external_data_into_another_folder(eprun, external_pair, tmp_path):
+def test_expose_copies_external_data_into_another_folder(run_eprun_here, eprun, external_pair, tmp_path):
     """Never a second link to the user's weights: onnx 1.23 refuses a data file with more than
     one link ("potential hardlink attack"), and the user's own model would stop loading."""
     fp32 = external_pair[0]
@@ -360,7 +360,7 @@ def test_expose_copies_external_data_into_another_folder(eprun, external_pair, t
     copy.write_bytes(b"somebody else's weights")
     other = out.parent / "other.onnx"
     (out.parent / "other.onnx.data").write_bytes(b"somebody else's weights")
-    result = run_eprun("expose", fp32, other)
+    result = run_eprun_here("expose", fp32, other)
     assert result.code == 4 and "holds other data" in result.stderr
     assert (out.parent / "other.onnx.data").read_bytes() == b"somebody else's weights"
     assert not other.exists()
@@ -537,7 +537,7 @@ def loop_model() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("body_only", [False, True])
-def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(tmp_path,
+def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(run_eprun_here, tmp_path,
                                                                            monkeypatch,
                                                                            body_only):
     """onnxruntime looks for a body's external weights relative to the working directory
@@ -563,7 +563,7 @@ def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(tmp_
     elsewhere.mkdir()
     (elsewhere / "loop.data").write_bytes((folder / "loop.data").read_bytes()[::-1])  # decoy
     monkeypatch.chdir(elsewhere)
-    result = run_eprun("layers", path, path, "2", "--metrics", "sqnr")
+    result = run_eprun_here("layers", path, path, "2", "--metrics", "sqnr")
     assert result.code == 0, result.stderr
     x = models.contract_input(2, 8)
     expected = models.run(path, x)[0]

@@ -405,22 +405,22 @@ def test_the_recommendation_keeps_its_promise(eprun, tmp_path):
     assert reached == pytest.approx(answer["recommendation"]["steps"][-1]["sqnr_db"], rel=1e-6)
 
 
-def test_units_restrict_the_analysis_and_unnamed_nodes_are_named_for_what_they_are(tmp_path):
+def test_units_restrict_the_analysis_and_unnamed_nodes_are_named_for_what_they_are(run_eprun_here, tmp_path):
     fp32 = models.save(models.chain(features=4, widths=(4, 4, 4)), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
-    result = run_eprun("sensitivity", fp32, int8, "1")
+    result = run_eprun_here("sensitivity", fp32, int8, "1")
     assert result.code == 0
     units = result.answer["units"]
     assert all(not unit["named"] and "#" in unit["name"] for unit in units)
     assert "quantize_static can only exclude named nodes" in result.stderr
-    only = run_eprun("sensitivity", fp32, int8, "1", "--units", units[0]["name"])
+    only = run_eprun_here("sensitivity", fp32, int8, "1", "--units", units[0]["name"])
     assert [unit["name"] for unit in only.answer["units"]] == [units[0]["name"]]
-    unknown = run_eprun("sensitivity", fp32, int8, "1", "--units", "nope")
+    unknown = run_eprun_here("sensitivity", fp32, int8, "1", "--units", "nope")
     assert unknown.code == 2 and "--units names 'nope'" in unknown.stderr
 
 
-def test_a_unit_costs_one_quantizer_call_and_one_session(tmp_path):
+def test_a_unit_costs_one_quantizer_call_and_one_session(run_eprun_here, tmp_path):
     """The cost sensitivity promises (timed by make bench, counted here): on an
     EfficientNet-style per-channel twin, the settings search and the check of the
     requantized model, then one quantize_static call and one session per unit, fewer sessions
@@ -430,22 +430,22 @@ def test_a_unit_costs_one_quantizer_call_and_one_session(tmp_path):
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, per_channel=True, **CALIBRATION)
     units = "/stem/Conv,/blocks.0.dw/Conv,/blocks.0.project/Conv,/fc/Gemm"
-    alone = run_eprun("sensitivity", fp32, int8, "5", "--units", units, "--max-units", "0",
+    alone = run_eprun_here("sensitivity", fp32, int8, "5", "--units", units, "--max-units", "0",
                       "--jobs", "1")
     assert alone.code == 0, alone.stderr
     answer = alone.answer
     assert answer["predicted_by"] == "quantize_static" and len(answer["units"]) == 4
     assert answer["quantizer"]["calls"] == 2 + 4  # the default settings fit; the check; units
     assert answer["sessions"] == 1 + 4  # the check's requantized model; units
-    shared = run_eprun("sensitivity", fp32, int8, "5", "--units", units, "--max-units", "0",
+    shared = run_eprun_here("sensitivity", fp32, int8, "5", "--units", units, "--max-units", "0",
                        "--jobs", "2")
     assert shared.answer["units"] == answer["units"]
     assert (shared.answer["quantizer"]["calls"], shared.answer["sessions"]) == (6, 5)
 
 
-def test_a_model_without_qdq_is_refused(lab_pair, tmp_path):
+def test_a_model_without_qdq_is_refused(run_eprun_here, lab_pair, tmp_path):
     fp32, _ = lab_pair
-    result = run_eprun("sensitivity", fp32, fp32, "1")
+    result = run_eprun_here("sensitivity", fp32, fp32, "1")
     assert result.code == 4 and result.stdout == ""
     assert "has no QuantizeLinear/DequantizeLinear nodes" in result.stderr
 
@@ -521,7 +521,7 @@ def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(tmp_path)
         [unit["sqnr_db"] for unit in with_quantizer.answer["units"]], rel=1e-6)
 
 
-def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits(tmp_path):
+def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits(run_eprun_here, tmp_path):
     """A Q/DQ pair taken out by hand: no quantize_static settings write that model, so eprun
     says which tensors differ and edits the graph instead."""
     fp32 = models.save(named_chain(), tmp_path / "f.onnx")
@@ -541,7 +541,7 @@ def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits
     model.graph.node.remove(dequantize)
     edited = models.save(model, tmp_path / "edited.onnx")
     calibration = calibration_file(fp32, tmp_path / "cal.npz")
-    result = run_eprun("sensitivity", fp32, edited, "5", "--calibration", calibration)
+    result = run_eprun_here("sensitivity", fp32, edited, "5", "--calibration", calibration)
     assert result.code == 0, result.stderr
     assert result.answer["predicted_by"] == "graph edits"
     assert "does not quantize the tensors" in result.stderr and repr(tensor) in result.stderr
@@ -602,7 +602,7 @@ def test_a_quantizer_that_fails_on_the_model_leaves_graph_edits(tmp_path, monkey
             "no shape for tensor 'h'); sensitivity edits the int8 graph instead") in err
 
 
-def test_numbers_that_cannot_be_taken_over_leave_graph_edits(tmp_path):
+def test_numbers_that_cannot_be_taken_over_leave_graph_edits(run_eprun_here, tmp_path):
     """The requantized model must give the int8 model's own output before it predicts
     anything: a weight scale stored with another shape (here [1] for a scalar, with a
     deliberately wrong value) cannot be taken over, so eprun says so and edits the graph."""
@@ -615,7 +615,7 @@ def test_numbers_that_cannot_be_taken_over_leave_graph_edits(tmp_path):
             scaled = (numpy_helper.to_array(tensor) * 3).astype(np.float32).reshape(1)
             tensor.CopyFrom(numpy_helper.from_array(scaled, tensor.name))
     edited = models.save(model, tmp_path / "edited.onnx")
-    result = run_eprun("sensitivity", fp32, edited, "5")
+    result = run_eprun_here("sensitivity", fp32, edited, "5")
     assert result.code == 0, result.stderr
     assert result.answer["predicted_by"] == "graph edits"
     assert "gives another final output" in result.stderr
@@ -663,7 +663,7 @@ def test_an_error_from_a_worker_keeps_its_exit_code():
     assert isinstance(failure, tool.QuantizerFailure) and failure.code == tool.EXIT_FAILURE
 
 
-def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estimates(
+def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estimates(run_eprun_here, 
         eprun, eprun_fails, tmp_path):
     """Without the calibration data, a step whose combined graph has a range the quantizer
     calibrates anew is an estimate, said as such, and comes after every exact unit; with it
@@ -675,7 +675,7 @@ def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estim
     answer = eprun("sensitivity", fp32, int8, "5", "--target-sqnr", "1000")
     estimated = {unit["name"] for unit in answer["units"] if "inexact" in unit}
     assert "/Split" in estimated and estimated <= CALIBRATED_ANEW["pass_through"]
-    table = run_eprun("sensitivity", fp32, int8, "5", "--target-sqnr", "1000", "--format",
+    table = run_eprun_here("sensitivity", fp32, int8, "5", "--target-sqnr", "1000", "--format",
                       "table").stdout
     assert {row[1] for row in table_rows(table) if row[-1] == "estimate"} == estimated
     assert "--calibration makes it exact" in table
@@ -729,7 +729,7 @@ def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estim
     assert "'x' has shape [4, 7]" in stderr and "--calibration file" in stderr
 
 
-def test_the_report_section_marks_estimates_and_takes_the_calibration_data(eprun, tmp_path):
+def test_the_report_section_marks_estimates_and_takes_the_calibration_data(run_eprun_here, eprun, tmp_path):
     fp32 = models.save(real_models.pass_through_head(1), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
@@ -748,7 +748,7 @@ def test_the_report_section_marks_estimates_and_takes_the_calibration_data(eprun
     assert "\\* an estimate" not in sections["calibrated"] and " * |" not in sections["calibrated"]
     # a calibration file that does not fit is refused before anything is measured or written
     np.savez(tmp_path / "wrong.npz", x=np.zeros((4, 7), np.float32))
-    refused = run_eprun("report", fp32, int8, "--out-dir", tmp_path / "refused",
+    refused = run_eprun_here("report", fp32, int8, "--out-dir", tmp_path / "refused",
                         "--sensitivity", "--calibration", tmp_path / "wrong.npz")
     assert refused.code == 4 and "'x' has shape [4, 7]" in refused.stderr
     assert not (tmp_path / "refused").exists() or not os.listdir(tmp_path / "refused")

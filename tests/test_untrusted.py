@@ -746,21 +746,21 @@ def padded_x(tmp_path_factory, inputs_x) -> Path:
     return path
 
 
-def test_an_unused_member_of_an_inputs_file_is_never_decompressed(lab_pair, with_junk):
+def test_an_unused_member_of_an_inputs_file_is_never_decompressed(run_eprun_here, lab_pair, with_junk):
     fp32, int8 = lab_pair
     started = time.monotonic()
-    result = run_eprun("layers", fp32, int8, "1", "--inputs", with_junk)
+    result = run_eprun_here("layers", fp32, int8, "1", "--inputs", with_junk)
     took = time.monotonic() - started
     assert result.code == 0, result.stderr
     assert result.answer["rows"] == 64
     assert took < 10, took
 
 
-def test_a_member_larger_than_its_shape_is_refused_fast(lab_pair, padded_x):
+def test_a_member_larger_than_its_shape_is_refused_fast(run_eprun_here, lab_pair, padded_x):
     fp32, int8 = lab_pair
     before = snapshot(padded_x.parent)
     started = time.monotonic()
-    refused(run_eprun("layers", fp32, int8, "1", "--inputs", padded_x))
+    refused(run_eprun_here("layers", fp32, int8, "1", "--inputs", padded_x))
     assert time.monotonic() - started < 10
     assert snapshot(padded_x.parent) == before
 
@@ -894,8 +894,8 @@ def test_a_bad_progress_delay_is_a_warning_not_a_failure(capfd, monkeypatch, lab
     assert warnings and any("EPRUN_PROGRESS_AFTER" in line for line in warnings), result.stderr
 
 
-def test_bare_eprun_is_a_short_usage_error():
-    result = run_eprun()
+def test_bare_eprun_is_a_short_usage_error(run_eprun_here):
+    result = run_eprun_here()
     assert result.code == 2
     assert result.stdout == ""
     assert len(result.stderr.splitlines()) <= 4, result.stderr

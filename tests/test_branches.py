@@ -13,7 +13,7 @@ import pytest
 from conftest import EPRUN
 from cpu import DELIVERABLES_CPU, assert_settings_are_this_cpus
 from onnx import TensorProto, helper, numpy_helper
-from test_commands import oracle_boundaries
+from test_cmd_layers import oracle_boundaries
 
 # -- settings that differ for real -------------------------------------------------------------
 

@@ -88,7 +88,7 @@ def files(tmp_path, lab_pair):
 @pytest.fixture(autouse=True)
 def _here(capfd, monkeypatch):
     """``expect_failure`` runs ``main(argv)`` in this process (the exit code, stdout and
-    stderr it gives are the ones a process gives: tests/test_safety.py checks those)."""
+    stderr it gives are the ones a process gives: tests/test_process.py checks those)."""
     from conftest import run_here
 
     monkeypatch.setitem(_RUNNER, "run", lambda *argv: run_here(capfd, monkeypatch, *argv))

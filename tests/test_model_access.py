@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import EPRUN, imported_by, run_eprun
-from test_commands import oracle_layers
+from test_cmd_layers import oracle_layers
 
 
 def weighty_chain(seed: int = 0, widths=(48, 48, 8)) -> onnx.ModelProto:

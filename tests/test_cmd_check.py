@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from conftest import EPRUN, run_eprun
 from onnx import TensorProto, helper, numpy_helper
-from test_commands import oracle_boundaries, oracle_layers
+from test_cmd_layers import oracle_boundaries, oracle_layers
 
 # -- partition --mode ort ----------------------------------------------------------------------
 

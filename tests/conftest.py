@@ -245,3 +245,43 @@ def lab_pair(tmp_path_factory):
     models.save(models.chain(features=8, widths=[12, 10, 10, 8, 6], seed=3), fp32)
     models.quantize(fp32, int8, seed=4)
     return fp32, int8
+
+
+def one_error_line(result, code: int) -> str:
+    """``result`` (a ``Result``) failed with ``code``: empty stdout and one ``eprun: error:``
+    line on stderr, returned."""
+    assert result.code == code, (result.code, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eprun: error: "), result.stderr
+    return lines[0]
+
+
+def weighty_chain(seed: int = 0, widths=(48, 48, 8)):
+    """A chain whose weights are large enough (over 1 KB) to be left in the file by
+    load_model."""
+    import models
+
+    return models.chain(features=40, widths=list(widths), seed=seed)
+
+
+def save_external(model, folder, name: str, data: str) -> str:
+    """``model`` saved as ``folder/name`` with every weight in the one file ``data`` beside it."""
+    import onnx
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=data, size_threshold=0)
+    return path
+
+
+@pytest.fixture
+def external_pair(tmp_path, lab_pair):
+    """The lab pair re-saved with every weight in an external data file."""
+    import onnx
+
+    fp32, int8 = lab_pair
+    folder = tmp_path / "models"
+    return (save_external(onnx.load(str(fp32)), folder, "fp32.onnx", "fp32.data"),
+            save_external(onnx.load(str(int8)), folder, "int8.onnx", "int8.data"))

@@ -1,15 +1,17 @@
-"""The command line as declared: every command's fields, help, example and exit codes, and the
-messages that say what to do when a user gets something wrong."""
+"""Layer 1, contract and declarations: every command's declared fields are in a real answer,
+its help has them and an example, every exit code is documented, the argument parsers take
+and refuse what they say, error lines escape what a terminal would act on, and non-finite
+numbers are strict JSON's null."""
 from __future__ import annotations
 
-import json
-import os
+import argparse
 import re
 import subprocess
 import sys
 
+import models
 import pytest
-from conftest import EPRUN, ROOT, imported_by, run_eprun
+from conftest import EPRUN, ROOT, one_error_line
 
 import eprun as tool
 
@@ -94,53 +96,6 @@ def test_every_exit_code_is_documented_in_help_docstring_and_readme():
         assert re.search(rf"^\| {code}\b", table, re.MULTILINE), code
 
 
-def test_an_op_list_that_matches_nothing_gets_near_misses(run_eprun_here, lab_pair):
-    fp32, _ = lab_pair
-    result = run_eprun_here("partition", fp32, "matmul,Addd")
-    assert result.code == 0 and result.answer["claimed"] == 0
-    assert ("eprun: note: no op type in 'matmul,Addd' occurs in" in result.stderr)
-    assert "did you mean matmul -> MatMul, Addd -> Add?" in result.stderr
-    assert "Its op types: MatMul, Add, Relu" in result.stderr
-    assert "note" not in run_eprun_here("partition", fp32, "MatMul,Conv").stderr
-
-
-BLOCK_ONNX = """
-import importlib.abc, sys
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "onnx" or name.startswith("onnx."):
-            raise ModuleNotFoundError("No module named 'onnx'", name="onnx")
-sys.meta_path.insert(0, Block())
-sys.argv = sys.argv[1:]
-import runpy
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
-def test_a_missing_package_names_itself_and_the_fix(lab_pair):
-    fp32, int8 = lab_pair
-    result = run_eprun("layers", fp32, int8, "1", prefix=[sys.executable, "-c", BLOCK_ONNX,
-                                                           str(EPRUN)])
-    assert result.code == 4 and result.stdout == ""
-    assert result.stderr.splitlines() == [
-        (f"eprun: error: eprun needs the Python package 'onnx', which {sys.executable} does not "
-        "have: run eprun with the Python that make lab set up (.venv/bin/python eprun.py ...), "
-        "or install it with: python -m pip install onnx onnxruntime numpy")]
-
-
-def test_version_names_the_libraries():
-    result = subprocess.run([sys.executable, str(EPRUN), "--version"], capture_output=True,
-                            text=True, timeout=60)
-    import numpy
-    import onnx
-    import onnxruntime
-
-    assert result.returncode == 0 and result.stderr == ""
-    assert result.stdout == (f"eprun {tool.__version__} (onnx {onnx.__version__}, onnxruntime "
-                             f"{onnxruntime.__version__}, numpy {numpy.__version__}; Python "
-                             f"{sys.version.split()[0]})\n")
-
-
 def test_command_functions_take_keyword_arguments():
     """What the parser passes is what the function names: no positional plumbing."""
     import inspect
@@ -155,179 +110,6 @@ def test_command_functions_take_keyword_arguments():
         assert missing == [], (command.name, missing)
 
 
-def read_all(fd: int) -> bytes:
-    data = b""
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:  # the terminal's other end closed
-            return data
-        if not chunk:
-            return data
-        data += chunk
-
-
-def test_progress_goes_to_a_terminal_only(lab_pair):
-    import pty
-
-    fp32, int8 = lab_pair
-    argv = [sys.executable, str(EPRUN), "layers", str(fp32), str(int8), "1"]
-    env = {**os.environ, "EPRUN_PROGRESS_AFTER": "0"}
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=follower, env=env)
-    os.close(follower)
-    answer = json.loads(proc.stdout.read())
-    proc.wait(timeout=60)
-    shown = read_all(leader).decode()
-    os.close(leader)
-    assert proc.returncode == 0 and answer["layer_count"] == 6
-    # each step overwrites the last, with the time left at the pace so far, then cleared
-    steps = [rf"\reprun: comparing boundaries: step {k} of 6, about \d+ s left\x1b\[K"
-             for k in range(1, 6)]
-    assert re.fullmatch("".join(steps) + r"\reprun: comparing boundaries: step 6 of 6"
-                        r"\x1b\[K\r\x1b\[K", shown), shown
-    piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
-    assert piped.returncode == 0 and piped.stderr == ""
-    assert json.loads(piped.stdout) == answer
-
-
-# -- start-up: each command imports only what it uses -------------------------------------------
-
-def upb_protobuf() -> bool:
-    from google.protobuf.internal import api_implementation
-
-    return api_implementation.Type() == "upb"
-
-
-def test_version_reads_the_versions_without_importing_the_libraries():
-    import numpy
-    import onnx
-    import onnxruntime
-
-    code, out, imported = imported_by("--version")
-    assert code == 0
-    assert (f"(onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}, numpy "
-            f"{numpy.__version__}; Python ") in out
-    assert not imported & {"onnx", "onnxruntime", "numpy", "importlib.metadata"}, imported
-    code, out, imported = imported_by("--help")
-    assert code == 0 and "providers" in out and not imported, imported
-
-
-def test_installed_version_is_the_distribution_that_holds_the_package(tmp_path, monkeypatch):
-    from importlib import metadata
-
-    assert tool._installed_version("numpy") == metadata.version("numpy")
-    assert tool._installed_version("no_such_module_here") is None
-    # a metadata folder whose RECORD does not list the package is not its distribution
-    (tmp_path / "fakepkg").mkdir()
-    (tmp_path / "fakepkg" / "__init__.py").write_text("__version__ = '9'\n")
-    info = tmp_path / "fakepkg-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n\n")
-    (info / "RECORD").write_text("otherpkg/__init__.py,,\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert tool._installed_version("fakepkg") is None
-    (info / "RECORD").write_text("fakepkg/__init__.py,,\nfakepkg-1.0.dist-info/RECORD,,\n")
-    assert tool._installed_version("fakepkg") == "1.0"
-
-
-@pytest.mark.parametrize("mode", ["file", "ort"])
-def test_partition_reads_the_graph_without_importing_onnx(lab_pair, mode):
-    """Where protobuf is its upb build, partition parses the graph with onnx's generated
-    message module alone; elsewhere it imports onnx. The answer is the same either way."""
-    code, out, imported = imported_by("partition", lab_pair[1], "MatMul", "--mode", mode)
-    assert code == 0
-    assert ("onnx" in imported) is not upb_protobuf(), imported
-    if mode == "file":  # numpy comes with onnx, never for the walk itself
-        assert ("numpy" in imported) is ("onnx" in imported), imported
-    assert json.loads(out) == tool.partition(str(lab_pair[1]), ["MatMul"], mode)
-
-
-def test_messages_read_alone_are_the_ones_onnx_hands_out(lab_pair):
-    """The premise of reading a graph without onnx: upb keeps one class per message type, so
-    a model parsed before ``import onnx`` is a model onnx's own functions take."""
-    script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
-              "messages = eprun.onnx_messages()\n"
-              "standalone = 'onnx' not in sys.modules\n"
-              "model = eprun.load_model(sys.argv[1])\n"
-              "import onnx\n"
-              "same = messages.ModelProto is onnx.ModelProto\n"
-              "onnx.checker.check_model(model)\n"
-              "onnx.shape_inference.infer_shapes(model)\n"
-              "print(standalone, same)\n")
-    result = subprocess.run([sys.executable, "-c", script, str(lab_pair[1])],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(upb_protobuf()), "True"]
-
-
-def test_providers_scans_no_metadata_when_no_plugin_is_installed(lab_pair):
-    code, out, imported = imported_by("providers", lab_pair[0], "CPUExecutionProvider",
-                                      "CUDAExecutionProvider,CPUExecutionProvider")
-    assert code == 0 and json.loads(out)["cases"][1]["requested"][0] == "CUDAExecutionProvider"
-    assert "onnx" not in imported
-    assert ("importlib.metadata" in imported) is bool(tool._plugin_candidates()), imported
-
-
-def test_plugin_candidates_hold_every_plugin_metadata_finds(tmp_path, monkeypatch):
-    """The quick scan of metadata folders keeps every distribution installed_plugins would
-    keep (named onnxruntime-ep-*, or requiring onnxruntime) and skips onnxruntime's own."""
-    def distribution(name: str, requires: str = "") -> None:
-        info = tmp_path / f"{name.replace('-', '_')}-1.0.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
-                                       + (f"Requires-Dist: {requires}\n" if requires else "")
-                                       + "\n")
-    distribution("onnxruntime-ep-example")
-    distribution("vendor-npu-ep", "onnxruntime>=1.22")
-    distribution("onnxruntime-gpu", "numpy")
-    distribution("unrelated", "numpy")
-    monkeypatch.setattr(sys, "path", [str(tmp_path), str(tmp_path / "missing")])
-    found = {os.path.basename(path) for path in tool._plugin_candidates()}
-    assert found == {"onnxruntime_ep_example-1.0.dist-info", "vendor_npu_ep-1.0.dist-info"}
-    zipped = tmp_path / "packages.zip"
-    zipped.write_bytes(b"PK\x05\x06" + bytes(18))
-    monkeypatch.setattr(sys, "path", [str(tmp_path), str(zipped)])
-    assert tool._plugin_candidates() is None  # a zip on the path: importlib.metadata decides
-
-
-def test_one_command_parser_parses_as_the_whole_one(lab_pair, tmp_path):
-    """A run builds only the command it names; what it parses is what the whole parser
-    parses (the help and usage texts are checked above against the whole one's)."""
-    whole = tool.build_parser()
-    for name in tool.COMMANDS:
-        argv = [str(word) for word in default_argv(name, *lab_pair, tmp_path)]
-        assert tool._command_named(tuple(argv)) == name
-        alone = vars(tool.build_parser(name).parse_args(argv))
-        full = vars(whole.parse_args(argv))
-        assert alone.pop("command_parser").format_help() == \
-            full.pop("command_parser").format_help()
-        assert alone == full
-    assert tool._command_named(("--help", "layers")) is None
-    assert tool._command_named(("layer",)) is None
-
-
-def test_only_partition_and_expose_read_messages_apart_from_onnx(lab_pair, tmp_path):
-    """A command that imports onnx anyway parses with onnx's own classes: loading the
-    generated module apart too would cost it a few hundredths of a second for nothing."""
-    fp32, int8 = lab_pair
-    script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
-              "code = eprun.main(sys.argv[1:])\n"
-              "apart = bool(eprun.onnx_messages.cache_info().currsize) and \\\n"
-              "    eprun.onnx_messages() is not sys.modules.get('onnx')\n"
-              "print(int(apart), file=sys.stderr)\n"
-              "sys.exit(code)\n")
-    upb = upb_protobuf()  # elsewhere onnx's own classes are the only ones that work
-    for argv, apart in ((["partition", int8, "MatMul"], upb),
-                        (["expose", int8, tmp_path / "e.onnx"], upb),
-                        (["layers", fp32, int8, "1"], False),
-                        (["settings", int8, "1"], False)):
-        result = subprocess.run([sys.executable, "-c", script, *map(str, argv)],
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        assert result.stderr.splitlines()[-1] == str(int(apart)), (argv, result.stderr)
-
-
 def test_the_module_offers_every_command_and_lists_them_as_help_does():
     assert set(tool.COMMANDS) <= set(tool.__all__)
     assert all(callable(getattr(tool, name)) for name in tool.__all__ if name != "COMMANDS")
@@ -335,226 +117,133 @@ def test_the_module_offers_every_command_and_lists_them_as_help_does():
     assert listed == list(tool.COMMANDS)
 
 
-@pytest.mark.parametrize("columns", ["30", "64", "150"])
-def test_help_wraps_as_argparse_would_though_the_width_is_read_late(monkeypatch, capsys,
-                                                                     columns):
-    """eprun's formatter asks for the terminal's width when it formats, not when each
-    argument is declared: the texts are the ones argparse's own formatter makes."""
-    import argparse
-
-    monkeypatch.setenv("COLUMNS", columns)
-    ours = tool.build_parser()
-    monkeypatch.setattr(tool, "_Formatter", argparse.RawDescriptionHelpFormatter)
-    stock = tool.build_parser()
-    assert ours.format_help() == stock.format_help()
-    for name in ("layers", "sensitivity"):
-        mine = ours._subparsers._group_actions[0].choices[name]
-        theirs = stock._subparsers._group_actions[0].choices[name]
-        assert mine.prog == theirs.prog
-        assert mine.format_help() == theirs.format_help()
-        assert mine.format_usage() == theirs.format_usage()
+@pytest.mark.parametrize(("text", "items"), [
+    ("a,b,c", ["a", "b", "c"]),
+    (" a , b ,,c, ", ["a", "b", "c"]),
+    ("c,a,b", ["c", "a", "b"]),
+    ("a,a", ["a", "a"]),
+    ("\tMatMul\t", ["MatMul"]),
+    ("", []),
+    (",,", []),
+    (" , ", []),
+])
+def test_parse_list(text, items):
+    assert tool.parse_list(text) == items
 
 
-def test_a_run_imports_no_shutil_or_tempfile_unless_it_copies(lab_pair):
-    """argparse's width and the held chatter cost a short command neither module."""
-    script = ("import sys, runpy\n"
-              f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
-              "import atexit\n"
-              "atexit.register(lambda: print('shutil' in sys.modules, 'tempfile' in "
-              "sys.modules, file=sys.stderr, flush=True))\n"
-              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    result = subprocess.run([sys.executable, "-c", script, "providers", str(lab_pair[0]),
-                             "CPUExecutionProvider"], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    expected = "True True" if not hasattr(os, "memfd_create") else "False False"
-    assert result.stderr.splitlines()[-1] == expected
+@pytest.mark.parametrize(("text", "seed"), [
+    ("0", 0), ("7", 7), ("007", 7), ("0000", 0), ("2026", 2026),
+    ("1" + "0" * 30, 10 ** 30), pytest.param("9" * 4000, 10 ** 4000 - 1, id="4000 nines"),
+])
+def test_parse_seed_accepts(text, seed):
+    assert tool.parse_seed(text) == seed
 
 
-def test_the_held_file_takes_what_native_code_writes():
-    store = tool._unnamed_file()
+def test_parse_seed_past_the_int_conversion_limit():
+    """main() lifts Python's 4,300-digit limit; with it lifted a seed of any length reads."""
+    limit = getattr(sys, "get_int_max_str_digits", None)
+    assert limit is not None, "every supported Python (3.9.14+) has the limit"
+    before = limit()
+    sys.set_int_max_str_digits(0)
     try:
-        os.write(store.fileno(), b"native\n")
-        store.write(b"python\n")
-        store.flush()
-        store.seek(0)
-        assert store.read() == b"native\npython\n"
-        assert not os.get_inheritable(store.fileno())
+        assert tool.parse_seed("9" * 5000) == 10 ** 5000 - 1
+        assert tool.parse_seed("0" * 4999 + "5") == 5
     finally:
-        store.close()
+        sys.set_int_max_str_digits(before)
 
 
-# eprun.py run as typed, from a script that leaves an object for the interpreter to finalize
-# (it says so on fd 2 when it is) and an atexit handler.
-_ENDING = (
-    "import atexit, os, runpy, sys\n"
-    f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
-    "if os.environ.get('WITH_MULTIPROCESSING'):\n    import multiprocessing\n"
-    "class Finalized:\n    def __del__(self, write=os.write):\n"
-    "        write(2, b'finalized\\n')\n"
-    "left = Finalized()\n"
-    "atexit.register(lambda: os.write(2, b'atexit\\n'))\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+@pytest.mark.parametrize("text", [
+    "", " ", "-1", "+1", "1.5", "1e3", "0x10", "1_000", " 7", "7 ", "abc", "-0",
+    "\u0663",            # ARABIC-INDIC DIGIT THREE: int() reads it as 3
+    "\uff11\uff12",      # FULLWIDTH 12
+    "\u00b2",            # SUPERSCRIPT TWO: str.isdigit() says yes
+    "1\u0663",
+])
+def test_parse_seed_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        tool.parse_seed(text)
 
 
-@pytest.mark.parametrize("argv, code", [(["providers", "{fp32}", "CPUExecutionProvider"], 0),
-                                        (["layers", "{fp32}"], 2),
-                                        (["layers", "{fp32}", "{fp32}", "--inputs",
-                                          "missing.npz"], 2)])
-def test_the_process_ends_after_the_atexit_handlers_without_the_teardown(lab_pair, argv,
-                                                                         code):
-    argv = [word.format(fp32=lab_pair[0]) for word in argv]
-    result = subprocess.run([sys.executable, "-c", _ENDING, *argv], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == code, result.stderr
-    assert "atexit" in result.stderr.splitlines()
-    assert "finalized" not in result.stderr.splitlines()
-    assert (result.stdout.count("\n"), bool(result.stdout)) == ((1, True) if code == 0
-                                                                else (0, False))
-    # with multiprocessing loaded (sensitivity's workers) the interpreter ends as usual
-    result = subprocess.run([sys.executable, "-c", _ENDING, *argv], capture_output=True,
-                            text=True, timeout=120, env={**os.environ,
-                                                         "WITH_MULTIPROCESSING": "1"})
-    assert result.returncode == code, result.stderr
-    assert result.stderr.splitlines()[-2:] == ["atexit", "finalized"]
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("seq=16", ("seq", 16)),
+    (" seq = 16 ", ("seq", 16)),
+    ("input_ids:1=8", ("input_ids:1", 8)),
+    ("a=b=3", ("a=b", 3)),
+    ("seq=01", ("seq", 1)),
+])
+def test_parse_dim_accepts(text, parsed):
+    assert tool.parse_dim(text) == parsed
 
 
-def test_expose_infers_the_types_onnx_infers_without_importing_it(lab_pair, tmp_path):
-    """Where protobuf is its upb build, expose runs onnx's shape inference through onnx's
-    extension alone: each added output has the type ``onnx.shape_inference`` gives it."""
-    import onnx
-
-    for model in lab_pair:
-        out = tmp_path / f"{model.stem}_exposed.onnx"
-        code, answer, imported = imported_by("expose", model, out)
-        assert code == 0
-        assert ("onnx" in imported) is not upb_protobuf(), imported
-        assert ("numpy" in imported) is ("onnx" in imported), imported
-        inferred = onnx.shape_inference.infer_shapes(onnx.load(str(model))).graph
-        known = {value.name: value.type
-                 for value in (*inferred.input, *inferred.value_info, *inferred.output)}
-        written = onnx.load(str(out)).graph.output
-        added = [value.name for value in written][len(inferred.output):]
-        assert added and added == [name for name in json.loads(answer)["boundaries"]
-                                   if name not in {v.name for v in inferred.output}]
-        for value in written:
-            assert value.type == known[value.name], value.name
+@pytest.mark.parametrize("text", ["seq=0", "seq=-1", "seq=+1", "seq=1.5", "=5", " =5", "seq",
+                                  "seq=", "seq=\u0663", "seq=1e3"])
+def test_parse_dim_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        tool.parse_dim(text)
 
 
-def test_the_extension_read_alone_is_the_one_a_later_import_of_onnx_takes(lab_pair):
-    script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
-              "model = eprun.load_model(sys.argv[1], graph_only=True)\n"
-              "types = eprun.tensor_types(model)\n"
-              "native = eprun.onnx_native()\n"
-              "standalone = 'onnx' not in sys.modules\n"
-              "import onnx\n"
-              "import onnx.onnx_cpp2py_export as C\n"
-              "onnx.checker.check_model(model)\n"
-              "inferred = onnx.shape_inference.infer_shapes(eprun._skeleton(model)).graph\n"
-              "same = all(types[v.name] == v.type for v in inferred.value_info)\n"
-              "print(standalone, C is native, same, len(inferred.value_info) > 0)\n")
-    result = subprocess.run([sys.executable, "-c", script, str(lab_pair[1])],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(upb_protobuf()), "True", "True", "True"]
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("x:-1,1", ("x", (-1.0, 1.0))),
+    ("x:1,1", ("x", (1.0, 1.0))),
+    ("x:1e-3,2.5", ("x", (0.001, 2.5))),
+    ("a:b:0,2", ("a:b", (0.0, 2.0))),
+    (" x : 0 , 2 ", ("x", (0.0, 2.0))),
+])
+def test_parse_input_range_accepts(text, parsed):
+    assert tool.parse_input_range(text) == parsed
 
 
-@pytest.mark.parametrize("dims", [None, [], [3], [0, 2], ["batch", None, 4]])
-def test_tensor_type_is_the_one_onnx_helper_makes(dims):
-    from onnx import helper
-
-    made = tool.tensor_type(7, dims)
-    assert made.SerializeToString() == helper.make_tensor_type_proto(7, dims).SerializeToString()
-    assert made.tensor_type.HasField("shape") is (dims is not None)
+@pytest.mark.parametrize("text", ["x:2,1", "x:nan,1", "x:0,nan", "x:0,inf", "x:-inf,0", "x:1",
+                                  ":0,1", " :0,1", "0,1", "x:0,1,2", "x:a,1", "x:", "x:,"])
+def test_parse_input_range_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        tool.parse_input_range(text)
 
 
-def test_external_locations_read_as_onnx_reads_them():
-    """As onnx 1.17+ reads them: offset and length are integers where given, a negative or
-    empty one is refused. Older onnx kept an empty offset as text and took -1; eprun refuses
-    both there too (onnxruntime does), so onnx itself is the oracle only where it refuses."""
-    import warnings
-
-    from onnx import TensorProto
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
-    cases = [({"location": "w.bin", "offset": "4096", "length": "64"}, ("w.bin", 4096, 64)),
-             ({"location": "w.bin"}, ("w.bin", None, None)),
-             ({"location": "w.bin", "offset": "0", "checksum": "x"}, ("w.bin", 0, None)),
-             ({"location": "w.bin", "offset": "", "length": "3"}, "invalid literal"),
-             ({"location": "w.bin", "offset": "-1"}, "offset must be non-negative"),
-             ({"location": "w.bin", "length": "x"}, "invalid literal")]
-    for entries, expected in cases:
-        tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[16],
-                             data_location=TensorProto.EXTERNAL)
-        for key, value in entries.items():
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
-        try:
-            theirs = ExternalDataInfo(tensor)
-        except ValueError as exc:
-            theirs = str(exc)
-        if isinstance(expected, str):
-            with pytest.raises(ValueError, match=expected) as ours:
-                tool._external_location(tensor)
-            assert not isinstance(theirs, str) or str(ours.value) == theirs \
-                or "invalid literal" in theirs
-            continue
-        ours = tool._external_location(tensor)
-        assert (ours.location, ours.offset, ours.length) == expected
-        assert (theirs.location, theirs.offset, theirs.length) == expected
-    tensor = TensorProto(name="w", data_location=TensorProto.EXTERNAL)
-    entry = tensor.external_data.add()
-    entry.key, entry.value = "__class__", "w.bin"  # a key is never taken as an attribute
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert tool._external_location(tensor).location == ""
-    for tensor in (TensorProto(name="a"), TensorProto(name="b", data_location=1),
-                   TensorProto(name="c", data_location=TensorProto.EXTERNAL)):
-        assert tool.uses_external_data(tensor) is uses_external_data(tensor)
+@pytest.mark.parametrize(("text", "value"), [("1", 1.0), ("-1", -1.0), ("0.99", 0.99),
+                                         ("1e-1", 0.1), ("0", 0.0), ("-1.0", -1.0)])
+def test_parse_cosine_accepts(text, value):
+    assert tool.parse_cosine(text) == value
 
 
-@pytest.mark.parametrize("name", list(tool.COMMANDS))
-def test_every_command_prints_a_table_when_asked(capfd, lab_pair, tmp_path, name):
-    """--format table on every command: text for a person, its first line naming the command,
-    never a JSON line."""
-    argv = [str(word) for word in default_argv(name, *lab_pair, tmp_path)]
-    assert tool.main([*argv, "--format", "table"]) in (0, 1)  # check's verdict may fail
-    out = capfd.readouterr().out
-    assert out.startswith(f"{name}:") or (name == "inspect" and out.startswith("model ")), out
-    assert not any(line.startswith("{") for line in out.splitlines())
+@pytest.mark.parametrize("text", ["1.0000001", "-1.01", "2", "nan", "inf", "-inf", "abc", ""])
+def test_parse_cosine_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        tool.parse_cosine(text)
 
 
-def table_rows(text: str) -> list[list[str]]:
-    """The rows under a table's dashed rule, split on runs of two or more spaces."""
-    lines = text.splitlines()
-    start = next(k for k, line in enumerate(lines) if set(line) <= {"-", " "} and line) + 1
-    rows = []
-    for line in lines[start:]:
-        if not line[:1].isspace() and not line[:1].isdigit():
-            break
-        rows.append(re.split(r"\s{2,}", line.strip()))
-    return rows
+@pytest.mark.parametrize("argv, message", [
+    (["--min-cos", "2"], "'2' is not a cosine"),
+    (["--min-cos", "-1.5"], "'-1.5' is not a cosine"),
+    (["--min-cos", "nan"], "'nan' is not a cosine"),
+    (["--rtol", "-1"], "'-1' is not a non-negative number"),
+    (["--atol", "inf"], "'inf' is not a non-negative number"),
+])
+def test_tolerances_are_range_checked(run_eprun_here, lab_pair, argv, message):
+    fp32, _ = lab_pair
+    assert message in one_error_line(run_eprun_here("check", fp32, fp32, *argv), 2)
 
 
-@pytest.mark.parametrize("metric, key, sense", [("sqnr", "sqnr_db", min), ("mse", "mse", max),
-                                                (None, "rel_error", max)])
-def test_the_layers_table_marks_the_worst_by_the_metric_asked_for(capfd, lab_pair, metric, key,
-                                                                  sense):
-    argv = ["layers", *map(str, lab_pair), "3", *(["--metrics", metric] if metric else [])]
-    assert tool.main(argv) == 0
-    entries = json.loads(capfd.readouterr().out)["layers"]
-    assert tool.main([*argv, "--format", "table"]) == 0
-    rows = table_rows(capfd.readouterr().out)
-    marked = [int(row[0]) for row in rows if row[-1] == "<- worst"]
-    assert marked == [sense(entries, key=lambda entry: entry[key])["index"]]
+# -- odd inputs --------------------------------------------------------------------------------
+
+def test_seeds_of_any_length(eprun, lab_pair):
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
+    fp32, int8 = lab_pair
+    seed = int("7" * 6000)
+    answer = eprun("growth", fp32, int8, str(seed))
+    assert answer["seed"] == seed
 
 
-def test_the_growth_table_shows_the_local_column(capfd, lab_pair):
-    argv = ["growth", *map(str, lab_pair), "3", "--local"]
-    assert tool.main(argv) == 0
-    local = json.loads(capfd.readouterr().out)["local_rel_error"]
-    assert tool.main([*argv, "--format", "table"]) == 0
-    text = capfd.readouterr().out
-    assert "local rel error" in text.splitlines()[1]
-    shown = [float(row[3]) for row in table_rows(text)]
-    assert shown == pytest.approx(local, rel=1e-3)
+def test_error_lines_escape_control_characters():
+    assert tool.one_line("a\r b\n\n  c\x00d\te") == "a\\r b c\\x00d e"
+
+
+def test_non_finite_values_are_strict_json_null(eprun, tmp_path):
+    """Weights of 1e30 overflow float32 to inf and then nan: strict JSON writes null."""
+    fp32 = models.save(models.chain(widths=(8, 8, 8, 8, 4), scale=1e30), tmp_path / "big.onnx")
+    answer = eprun("settings", fp32, "0")
+    assert answer["baseline"]["max_abs_output"] is None
+    assert answer["baseline"]["mean_output"] is None
+    grown = eprun("growth", fp32, fp32, "0")
+    assert None in grown["rel_error"]

@@ -237,7 +237,8 @@ def test_position_pairing_warns_where_the_names_disagree(tmp_path):
     assert "contradicts" not in layers(fp32, plain, "4")[1]
 
 
-def test_pair_name_compares_models_with_different_boundary_counts(run_eprun_here, lab_pair, tmp_path):
+def test_pair_name_compares_models_with_different_boundary_counts(
+        run_eprun_here, lab_pair, tmp_path):
     """An int8 model with an extra MatMul on the raw input: one boundary more, all named."""
     fp32, int8 = lab_pair
     extra = onnx.load(str(int8))

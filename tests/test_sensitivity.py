@@ -17,7 +17,7 @@ import pytest
 import real_models
 from conftest import run_eprun
 from onnx import helper, numpy_helper
-from test_expectations import table_rows
+from test_rendering import table_rows
 
 import eprun as tool
 
@@ -405,7 +405,8 @@ def test_the_recommendation_keeps_its_promise(eprun, tmp_path):
     assert reached == pytest.approx(answer["recommendation"]["steps"][-1]["sqnr_db"], rel=1e-6)
 
 
-def test_units_restrict_the_analysis_and_unnamed_nodes_are_named_for_what_they_are(run_eprun_here, tmp_path):
+def test_units_restrict_the_analysis_and_unnamed_nodes_are_named_for_what_they_are(
+        run_eprun_here, tmp_path):
     fp32 = models.save(models.chain(features=4, widths=(4, 4, 4)), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
@@ -521,7 +522,8 @@ def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(tmp_path)
         [unit["sqnr_db"] for unit in with_quantizer.answer["units"]], rel=1e-6)
 
 
-def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits(run_eprun_here, tmp_path):
+def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits(
+        run_eprun_here, tmp_path):
     """A Q/DQ pair taken out by hand: no quantize_static settings write that model, so eprun
     says which tensors differ and edits the graph instead."""
     fp32 = models.save(named_chain(), tmp_path / "f.onnx")
@@ -663,8 +665,8 @@ def test_an_error_from_a_worker_keeps_its_exit_code():
     assert isinstance(failure, tool.QuantizerFailure) and failure.code == tool.EXIT_FAILURE
 
 
-def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estimates(run_eprun_here, 
-        eprun, eprun_fails, tmp_path):
+def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estimates(
+        run_eprun_here, eprun, eprun_fails, tmp_path):
     """Without the calibration data, a step whose combined graph has a range the quantizer
     calibrates anew is an estimate, said as such, and comes after every exact unit; with it
     every unit and step is exact, and quantize_static with the recommended list gives the last
@@ -729,7 +731,8 @@ def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estim
     assert "'x' has shape [4, 7]" in stderr and "--calibration file" in stderr
 
 
-def test_the_report_section_marks_estimates_and_takes_the_calibration_data(run_eprun_here, eprun, tmp_path):
+def test_the_report_section_marks_estimates_and_takes_the_calibration_data(
+        run_eprun_here, eprun, tmp_path):
     fp32 = models.save(real_models.pass_through_head(1), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
@@ -845,3 +848,37 @@ def test_a_recommendation_of_most_units_says_it_undoes_the_quantization(tmp_path
     few = ["sensitivity", str(fp32), str(int8), "5", "--max-units", "1", "--jobs", "1"]
     assert tool.main(few) == 0
     assert "undoes most" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("route", ["qoperator", "dynamic"])
+def test_sensitivity_refuses_what_it_cannot_restore(
+        run_eprun_here, eprun_fails, lab_pair, tmp_path, route):
+    """QOperator and dynamic twins have no float unit between Q/DQ pairs to restore: a clear
+    refusal, not a ranking of ops the quantizer never touched. report --sensitivity still
+    writes every deliverable and says why the section is missing."""
+    import real_models
+
+    fp32, _ = lab_pair
+    twin = tmp_path / f"{route}.onnx"
+    real_models.ROUTES[route](fp32, twin, 3)
+    form = {"qoperator": "QOperator", "dynamic": "dynamic"}[route]
+    line = eprun_fails(4, "sensitivity", fp32, twin, "1")
+    assert f"is quantized in {form} form" in line and "QuantFormat.QDQ" in line
+    out = tmp_path / "rep"
+    result = run_eprun_here("report", fp32, twin, "--out-dir", out, "--sensitivity")
+    assert result.code == 0, result.stderr
+    assert result.answer["sensitivity"] is None
+    assert f"quantized in {form} form" in result.answer["sensitivity_error"]
+    assert "report --sensitivity: the section is left out" in result.stderr
+    text = (out / "ep_report.md").read_text(encoding="utf-8")
+    assert "## Sensitivity (optional: report --sensitivity)\n\nNot measured: " in text
+    assert len(list(out.iterdir())) == 6
+
+
+def test_the_sensitivity_table_ranks_from_one_in_the_answers_order(run_eprun_here, lab_pair):
+    fp32, int8 = lab_pair
+    answer = run_eprun_here("sensitivity", fp32, int8, "1", "--max-units", "2").answer
+    rows = table_rows(run_eprun_here("sensitivity", fp32, int8, "1", "--max-units", "2",
+                                "--format", "table").stdout)
+    assert [row[0] for row in rows] == [str(k) for k in range(1, len(answer["units"]) + 1)]
+    assert [row[1] for row in rows] == [unit["name"] for unit in answer["units"]]

@@ -1034,13 +1034,13 @@ def test_report_refuses_files_it_did_not_write(run_eprun_here, lab_pair, tmp_pat
     assert again.code == 0, again.stderr
 
 
-def test_a_write_error_leaves_the_previous_deliverables(lab_pair, tmp_path):
+def test_a_write_error_leaves_the_previous_deliverables(run_eprun_here, lab_pair, tmp_path):
     """A file-size limit makes staging the second exposed model fail (EFBIG)."""
     import resource
 
     fp32, int8 = lab_pair
     out = tmp_path / "out"
-    assert run_eprun("report", fp32, int8, "--out-dir", out, "--seed", "1").code == 0
+    assert run_eprun_here("report", fp32, int8, "--out-dir", out, "--seed", "1").code == 0
     before = report_files(out)
     limit = os.path.getsize(out / "fp32_exposed.onnx") + 1
 
@@ -1078,15 +1078,15 @@ sys.exit(eprun.main())
 """
 
 
-def test_an_interrupt_lands_before_or_after_the_whole_report(lab_pair, tmp_path):
+def test_an_interrupt_lands_before_or_after_the_whole_report(run_eprun_here, lab_pair, tmp_path):
     fp32, int8 = lab_pair
     out = tmp_path / "out"
-    assert run_eprun("report", fp32, int8, "--out-dir", "out", "--seed", "1",
+    assert run_eprun_here("report", fp32, int8, "--out-dir", "out", "--seed", "1",
                      cwd=tmp_path).code == 0
     old = report_files(out)
     elsewhere = tmp_path / "elsewhere"  # the same command line (the report's first line)
     elsewhere.mkdir()
-    assert run_eprun("report", fp32, int8, "--out-dir", "out", "--seed", "2",
+    assert run_eprun_here("report", fp32, int8, "--out-dir", "out", "--seed", "2",
                      cwd=elsewhere).code == 0
     new = report_files(elsewhere / "out")
     assert old["growth.json"] != new["growth.json"]
@@ -1099,10 +1099,10 @@ def test_an_interrupt_lands_before_or_after_the_whole_report(lab_pair, tmp_path)
     assert got == new  # the signal was held until the set was complete
 
 
-def test_killed_report_leaves_old_or_new_sets_and_no_stray_files(lab_pair, tmp_path):
+def test_killed_report_leaves_old_or_new_sets_and_no_stray_files(run_eprun_here, lab_pair, tmp_path):
     fp32, int8 = lab_pair
     out = tmp_path / "out"
-    assert run_eprun("report", fp32, int8, "--out-dir", out, "--seed", "1").code == 0
+    assert run_eprun_here("report", fp32, int8, "--out-dir", out, "--seed", "1").code == 0
     old = report_files(out)
     for delay in (0.3, 0.6, 0.9, 1.2, 1.5):
         proc = subprocess.Popen([sys.executable, str(EPRUN), "report", str(fp32), str(int8),
@@ -1117,7 +1117,7 @@ def test_killed_report_leaves_old_or_new_sets_and_no_stray_files(lab_pair, tmp_p
         assert set(got) == set(old), "a stray or temporary file"
         assert {name for name in got if got[name] != old[name]} in (
             set(), {"growth.json", "settings.json", "ep_report.md"}), "a mixed set"
-        out_again = run_eprun("report", fp32, int8, "--out-dir", out, "--seed", "1")
+        out_again = run_eprun_here("report", fp32, int8, "--out-dir", out, "--seed", "1")
         assert out_again.code == 0 and report_files(out) == old
 
 

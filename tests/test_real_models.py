@@ -14,7 +14,6 @@ import numpy as np
 import onnx
 import pytest
 import real_models
-from conftest import run_eprun
 from onnx import TensorProto, helper, numpy_helper
 
 ROUTES = {route: lambda f, o, route=route: models.quantize(f, o, 7, route=route, rows=4)
@@ -123,17 +122,21 @@ def assert_layers_match(answer: dict, expected: list[dict], rel: float = 1e-5) -
             assert got[key] == pytest.approx(want[key], rel=rel, abs=1e-9), (key, got, want)
 
 
-def layers(*argv) -> tuple[dict, str]:
-    result = run_eprun("layers", *argv)
-    assert result.code == 0, result.stderr
-    return result.answer, result.stderr
+@pytest.fixture
+def layers(run_eprun_here):
+    """``eprun layers ARGV`` in this process, held to success: (the answer, stderr)."""
+    def run(*argv) -> tuple[dict, str]:
+        result = run_eprun_here("layers", *argv)
+        assert result.code == 0, result.stderr
+        return result.answer, result.stderr
+    return run
 
 
 # -- every route, every input ------------------------------------------------------------------
 
 @pytest.mark.parametrize("route", [*ROUTES, "reordered"])
 @pytest.mark.parametrize("name", MODELS)
-def test_real_pairs_match_the_oracle(real_pairs, name, route):
+def test_real_pairs_match_the_oracle(layers, real_pairs, name, route):
     fp32, quantized = real_pairs[name, route]
     ops = ("MatMul", "Gemm", *MODELS[name][1])
     extra = ["--boundary-ops", ",".join(MODELS[name][1])] if MODELS[name][1] else []
@@ -145,7 +148,7 @@ def test_real_pairs_match_the_oracle(real_pairs, name, route):
         assert any(entry["max_abs_error"] > 0 for entry in answer["layers"])
 
 
-def test_the_answer_records_every_input_fed(real_pairs):
+def test_the_answer_records_every_input_fed(layers, real_pairs):
     fp32, quantized = real_pairs["encoder", "qdq"]
     answer, _ = layers(fp32, quantized, "5")
     assert answer["inputs"] == [
@@ -159,7 +162,7 @@ def test_the_answer_records_every_input_fed(real_pairs):
         ("sr", [], "ones")]
 
 
-def test_dim_rows_range_and_file_shape_the_inputs(real_pairs, tmp_path):
+def test_dim_rows_range_and_file_shape_the_inputs(layers, real_pairs, tmp_path):
     fp32, quantized = real_pairs["encoder", "qdq"]
     answer, _ = layers(fp32, quantized, "5", "--dim", "seq=5", "--rows", "3",
                        "--input-range", "input_ids:0,3")
@@ -187,7 +190,7 @@ def test_the_contract_input_is_unchanged():
     assert not tool.make_feeds([spec], 0, tool.InputOptions(ranges={"x": (0, 1)})).contract_shaped
 
 
-def test_a_fixed_batch_sets_the_rows(tmp_path):
+def test_a_fixed_batch_sets_the_rows(layers, tmp_path):
     fixed = models.save(models.chain(features=4, widths=(4, 4, 4, 4, 4), batch=2),
                         tmp_path / "fixed.onnx")
     answer, _ = layers(fixed, fixed, "1")
@@ -196,7 +199,7 @@ def test_a_fixed_batch_sets_the_rows(tmp_path):
 
 # -- pairing -----------------------------------------------------------------------------------
 
-def test_position_pairing_warns_where_the_names_disagree(tmp_path):
+def test_position_pairing_warns_where_the_names_disagree(layers, tmp_path):
     """Two branches whose MatMuls the quantized file lists in the other order."""
     w = numpy_helper.from_array(np.eye(4, dtype=np.float32) * 0.7, "W")
     v = numpy_helper.from_array(np.eye(4, dtype=np.float32)[::-1] * 1.3, "V")
@@ -237,7 +240,7 @@ def test_position_pairing_warns_where_the_names_disagree(tmp_path):
     assert "contradicts" not in layers(fp32, plain, "4")[1]
 
 
-def test_pair_name_compares_models_with_different_boundary_counts(
+def test_pair_name_compares_models_with_different_boundary_counts(layers,
         run_eprun_here, lab_pair, tmp_path):
     """An int8 model with an extra MatMul on the raw input: one boundary more, all named."""
     fp32, int8 = lab_pair
@@ -289,7 +292,7 @@ def clip_like_pair(tmp_path):
     return fp32, models.save(twin, tmp_path / "clip_fp16.onnx")
 
 
-def test_a_float16_twin_with_a_boundary_more_is_paired_by_name(run_eprun_here, tmp_path):
+def test_a_float16_twin_with_a_boundary_more_is_paired_by_name(layers, run_eprun_here, tmp_path):
     """layers pairs the twin by name on its own (as report does), says so, and compares each
     fp32 boundary with the twin's tensor of the same place; the twin's extra boundary is left
     out. A twin that computes something the fp32 model does not keeps the contract's error."""
@@ -350,7 +353,7 @@ def test_in_a_conversion_the_names_win_where_they_tie_and_the_rest_keep_their_or
 
 # -- outputs that matter -----------------------------------------------------------------------
 
-def test_the_final_boundary_is_the_first_float_output(run_eprun_here, real_pairs):
+def test_the_final_boundary_is_the_first_float_output(layers, run_eprun_here, real_pairs):
     fp32, quantized = real_pairs["classifier", "qdq"]
     answer, _ = layers(fp32, quantized, "5")
     assert answer["layers"][-1]["fp32"] == "probabilities"
@@ -359,7 +362,7 @@ def test_the_final_boundary_is_the_first_float_output(run_eprun_here, real_pairs
     assert growth["rel_error"][-1] == answer["layers"][-1]["rel_error"] > 0
 
 
-def test_a_boundary_op_neither_model_has_is_said(lab_pair):
+def test_a_boundary_op_neither_model_has_is_said(layers, lab_pair):
     """A custom or misspelt op type that no node of either model has adds no boundary: the
     answer is the plain one, and stderr says so with the nearest op type there is."""
     fp32, int8 = lab_pair
@@ -370,7 +373,7 @@ def test_a_boundary_op_neither_model_has_is_said(lab_pair):
             "boundary; did you mean Add?") in stderr
 
 
-def test_a_cnn_without_matmul_boundaries_is_told_about_boundary_ops(real_pairs, tmp_path):
+def test_a_cnn_without_matmul_boundaries_is_told_about_boundary_ops(layers, real_pairs, tmp_path):
     body = real_models.residual_cnn(2)
     body.graph.node.remove(next(n for n in body.graph.node if n.op_type == "Gemm"))
     flat = next(n for n in body.graph.node if n.op_type == "Flatten").output[0]
@@ -469,7 +472,7 @@ def float16_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     return twin
 
 
-def test_a_float16_twin_is_compared_after_casting(tmp_path):
+def test_a_float16_twin_is_compared_after_casting(layers, tmp_path):
     fp32 = models.save(models.chain(features=8, widths=(16, 16, 8), seed=4), tmp_path / "f.onnx")
     fp16 = models.save(float16_twin(onnx.load(str(fp32))), tmp_path / "h.onnx")
     answer, stderr = layers(fp32, fp16, "2")

@@ -494,7 +494,7 @@ sys.meta_path.insert(0, Blocked())
 '''
 
 
-def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(tmp_path):
+def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(run_eprun_here, tmp_path):
     """onnxruntime.quantization needs sympy on some releases; a runtime without it still
     gets a ranking, by graph edits, labelled as such."""
     fp32 = models.save(named_chain(), tmp_path / "f.onnx")
@@ -513,7 +513,7 @@ def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(tmp_path)
     assert f"--calibration {str(calibration)!r} is not used: the quantizer does not run" in \
         result.stderr
     assert all("cannot be imported here" in unit["inexact"] for unit in result.answer["units"])
-    with_quantizer = run_eprun("sensitivity", fp32, int8, "5")
+    with_quantizer = run_eprun_here("sensitivity", fp32, int8, "5")
     assert with_quantizer.answer["predicted_by"] == "quantize_static"
     # where the graph decides, both predictions are the same numbers
     assert [unit["name"] for unit in result.answer["units"]] == \
@@ -637,14 +637,15 @@ def test_a_file_beside_the_fp32_model_is_left_alone(eprun, tmp_path):
     assert mine.read_text() == "precious" and sorted(os.listdir(tmp_path)) == before
 
 
-def test_units_measured_in_worker_processes_give_the_same_answer(tmp_path, own_tmpdir):
+def test_units_measured_in_worker_processes_give_the_same_answer(run_eprun_here, tmp_path,
+                                                                 own_tmpdir):
     """--jobs 2 spreads the units over two spawned processes: the answer is the one of a
     single process, byte for byte (sessions and quantizer calls counted across processes),
     and nothing is left in the temporary folder."""
     fp32 = models.save(real_models.transformer_encoder(1), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
-    alone = run_eprun("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "1")
+    alone = run_eprun_here("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "1")
     together = run_eprun("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "2")
     assert alone.code == together.code == 0, together.stderr
     assert together.stdout == alone.stdout
@@ -652,7 +653,7 @@ def test_units_measured_in_worker_processes_give_the_same_answer(tmp_path, own_t
     # model is the quantized one too)
     assert together.answer["sessions"] == len(together.answer["units"]) + 2 + 1
     assert os.listdir(own_tmpdir) == []
-    refused = run_eprun("sensitivity", fp32, int8, "5", "--jobs", "0")
+    refused = run_eprun_here("sensitivity", fp32, int8, "5", "--jobs", "0")
     assert refused.code == 2 and "--jobs must be at least 1" in refused.stderr
 
 

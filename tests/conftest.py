@@ -55,6 +55,19 @@ def pytest_configure(config):
         "kernel and recomputes what does")
 
 
+# The files whose tests take longest (quantize_static and a session per unit, on transformer
+# models): pytest-xdist hands tests out in collection order, so these go first, and the many
+# short tests fill both workers at the end instead of one worker idling while the other
+# finishes a long one. Only under xdist: a run with -n 0 (tests/mutation.py's) keeps the order
+# it asks for.
+SLOW_FIRST = ("test_sensitivity.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.path.name not in SLOW_FIRST)
+
+
 def approx_tree(value):
     """A JSON value whose floats compare to a relative 1e-5 (for stacks other than the pinned
     one, whose kernels round differently)."""

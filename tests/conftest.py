@@ -55,6 +55,19 @@ def pytest_configure(config):
         "kernel and recomputes what does")
 
 
+# The files whose tests take longest (quantize_static and a session per unit, on transformer
+# models): pytest-xdist hands tests out in collection order, so these go first, and the many
+# short tests fill both workers at the end instead of one worker idling while the other
+# finishes a long one. Only under xdist: a run with -n 0 (tests/mutation.py's) keeps the order
+# it asks for.
+SLOW_FIRST = ("test_sensitivity.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.path.name not in SLOW_FIRST)
+
+
 def approx_tree(value):
     """A JSON value whose floats compare to a relative 1e-5 (for stacks other than the pinned
     one, whose kernels round differently)."""
@@ -215,6 +228,13 @@ def eprun_fails(capfd, monkeypatch):
 
 
 @pytest.fixture
+def run_eprun_here(capfd, monkeypatch):
+    """``run_eprun`` without a process: ``main(argv)`` here, its exit code and streams in the
+    same ``Result`` fields, with ``env`` set and ``cwd`` the working folder for the call."""
+    return lambda *args, **kwargs: run_here(capfd, monkeypatch, *args, **kwargs)
+
+
+@pytest.fixture
 def eprun_process():
     """``eprun``, as ``python eprun.py ARGS`` in a process of its own: for what lives as long
     as a process (a plugin EP library registered, onnxruntime's log level)."""
@@ -238,3 +258,43 @@ def lab_pair(tmp_path_factory):
     models.save(models.chain(features=8, widths=[12, 10, 10, 8, 6], seed=3), fp32)
     models.quantize(fp32, int8, seed=4)
     return fp32, int8
+
+
+def one_error_line(result, code: int) -> str:
+    """``result`` (a ``Result``) failed with ``code``: empty stdout and one ``eprun: error:``
+    line on stderr, returned."""
+    assert result.code == code, (result.code, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eprun: error: "), result.stderr
+    return lines[0]
+
+
+def weighty_chain(seed: int = 0, widths=(48, 48, 8)):
+    """A chain whose weights are large enough (over 1 KB) to be left in the file by
+    load_model."""
+    import models
+
+    return models.chain(features=40, widths=list(widths), seed=seed)
+
+
+def save_external(model, folder, name: str, data: str) -> str:
+    """``model`` saved as ``folder/name`` with every weight in the one file ``data`` beside it."""
+    import onnx
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=data, size_threshold=0)
+    return path
+
+
+@pytest.fixture
+def external_pair(tmp_path, lab_pair):
+    """The lab pair re-saved with every weight in an external data file."""
+    import onnx
+
+    fp32, int8 = lab_pair
+    folder = tmp_path / "models"
+    return (save_external(onnx.load(str(fp32)), folder, "fp32.onnx", "fp32.data"),
+            save_external(onnx.load(str(int8)), folder, "int8.onnx", "int8.data"))

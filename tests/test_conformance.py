@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_commands import oracle_layers
+from test_cmd_layers import oracle_layers
 
 
 def random_pair(tmp_path, seed: int):

@@ -314,7 +314,7 @@ def test_a_signal_removes_every_scratch_folder(lab_pair, tmp_path):
     """SIGTERM while placement and settings --explain have onnxruntime write into scratch
     folders of eprun's (a profile, an optimized model): nothing is left in TMPDIR."""
     import models
-    from test_explain import wide_layers  # a model whose optimized graph rounds differently
+    from test_cmd_settings import wide_layers  # a model whose optimized graph rounds differently
 
     _, int8 = lab_pair
     wide = models.save(wide_layers(), tmp_path / "wide.onnx")

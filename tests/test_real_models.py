@@ -14,7 +14,6 @@ import numpy as np
 import onnx
 import pytest
 import real_models
-from conftest import run_eprun
 from onnx import TensorProto, helper, numpy_helper
 
 ROUTES = {route: lambda f, o, route=route: models.quantize(f, o, 7, route=route, rows=4)
@@ -123,17 +122,21 @@ def assert_layers_match(answer: dict, expected: list[dict], rel: float = 1e-5) -
             assert got[key] == pytest.approx(want[key], rel=rel, abs=1e-9), (key, got, want)
 
 
-def layers(*argv) -> tuple[dict, str]:
-    result = run_eprun("layers", *argv)
-    assert result.code == 0, result.stderr
-    return result.answer, result.stderr
+@pytest.fixture
+def layers(run_eprun_here):
+    """``eprun layers ARGV`` in this process, held to success: (the answer, stderr)."""
+    def run(*argv) -> tuple[dict, str]:
+        result = run_eprun_here("layers", *argv)
+        assert result.code == 0, result.stderr
+        return result.answer, result.stderr
+    return run
 
 
 # -- every route, every input ------------------------------------------------------------------
 
 @pytest.mark.parametrize("route", [*ROUTES, "reordered"])
 @pytest.mark.parametrize("name", MODELS)
-def test_real_pairs_match_the_oracle(real_pairs, name, route):
+def test_real_pairs_match_the_oracle(layers, real_pairs, name, route):
     fp32, quantized = real_pairs[name, route]
     ops = ("MatMul", "Gemm", *MODELS[name][1])
     extra = ["--boundary-ops", ",".join(MODELS[name][1])] if MODELS[name][1] else []
@@ -145,7 +148,7 @@ def test_real_pairs_match_the_oracle(real_pairs, name, route):
         assert any(entry["max_abs_error"] > 0 for entry in answer["layers"])
 
 
-def test_the_answer_records_every_input_fed(real_pairs):
+def test_the_answer_records_every_input_fed(layers, real_pairs):
     fp32, quantized = real_pairs["encoder", "qdq"]
     answer, _ = layers(fp32, quantized, "5")
     assert answer["inputs"] == [
@@ -159,7 +162,7 @@ def test_the_answer_records_every_input_fed(real_pairs):
         ("sr", [], "ones")]
 
 
-def test_dim_rows_range_and_file_shape_the_inputs(real_pairs, tmp_path):
+def test_dim_rows_range_and_file_shape_the_inputs(layers, real_pairs, tmp_path):
     fp32, quantized = real_pairs["encoder", "qdq"]
     answer, _ = layers(fp32, quantized, "5", "--dim", "seq=5", "--rows", "3",
                        "--input-range", "input_ids:0,3")
@@ -187,7 +190,7 @@ def test_the_contract_input_is_unchanged():
     assert not tool.make_feeds([spec], 0, tool.InputOptions(ranges={"x": (0, 1)})).contract_shaped
 
 
-def test_a_fixed_batch_sets_the_rows(tmp_path):
+def test_a_fixed_batch_sets_the_rows(layers, tmp_path):
     fixed = models.save(models.chain(features=4, widths=(4, 4, 4, 4, 4), batch=2),
                         tmp_path / "fixed.onnx")
     answer, _ = layers(fixed, fixed, "1")
@@ -196,7 +199,7 @@ def test_a_fixed_batch_sets_the_rows(tmp_path):
 
 # -- pairing -----------------------------------------------------------------------------------
 
-def test_position_pairing_warns_where_the_names_disagree(tmp_path):
+def test_position_pairing_warns_where_the_names_disagree(layers, tmp_path):
     """Two branches whose MatMuls the quantized file lists in the other order."""
     w = numpy_helper.from_array(np.eye(4, dtype=np.float32) * 0.7, "W")
     v = numpy_helper.from_array(np.eye(4, dtype=np.float32)[::-1] * 1.3, "V")
@@ -237,7 +240,8 @@ def test_position_pairing_warns_where_the_names_disagree(tmp_path):
     assert "contradicts" not in layers(fp32, plain, "4")[1]
 
 
-def test_pair_name_compares_models_with_different_boundary_counts(lab_pair, tmp_path):
+def test_pair_name_compares_models_with_different_boundary_counts(layers,
+        run_eprun_here, lab_pair, tmp_path):
     """An int8 model with an extra MatMul on the raw input: one boundary more, all named."""
     fp32, int8 = lab_pair
     extra = onnx.load(str(int8))
@@ -245,7 +249,7 @@ def test_pair_name_compares_models_with_different_boundary_counts(lab_pair, tmp_
     extra.graph.node.append(helper.make_node("MatMul", ["x", "E"], ["aux"], name="aux"))
     extra.graph.output.append(helper.make_tensor_value_info("aux", 1, ["N", 8]))
     extra = models.save(extra, tmp_path / "extra.onnx")
-    result = run_eprun("layers", fp32, extra, "1")
+    result = run_eprun_here("layers", fp32, extra, "1")
     assert result.code == 4
     assert f"boundary counts differ: 6 in '{fp32}', 7 in '{extra}'" in result.stderr
     assert "the names pair every fp32 boundary, so --pair name would compare them" in \
@@ -288,7 +292,7 @@ def clip_like_pair(tmp_path):
     return fp32, models.save(twin, tmp_path / "clip_fp16.onnx")
 
 
-def test_a_float16_twin_with_a_boundary_more_is_paired_by_name(tmp_path):
+def test_a_float16_twin_with_a_boundary_more_is_paired_by_name(layers, run_eprun_here, tmp_path):
     """layers pairs the twin by name on its own (as report does), says so, and compares each
     fp32 boundary with the twin's tensor of the same place; the twin's extra boundary is left
     out. A twin that computes something the fp32 model does not keeps the contract's error."""
@@ -310,14 +314,14 @@ def test_a_float16_twin_with_a_boundary_more_is_paired_by_name(tmp_path):
         error = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
         assert entry["max_abs_error"] == pytest.approx(error, rel=1e-9, abs=1e-12)
         assert entry["scale"] == pytest.approx(float(np.abs(a).max()), rel=1e-9)
-    refused = run_eprun("layers", fp32, fp16, "3", "--pair", "position")
+    refused = run_eprun_here("layers", fp32, fp16, "3", "--pair", "position")
     assert refused.code == 4 and "boundary counts differ: 3 in" in refused.stderr
     extra = onnx.load(str(fp16))  # one node more, under a name the fp32 model lacks
     extra.graph.node.insert(1, helper.make_node("Identity", ["graph_input_cast_0"], ["xi"],
                                                 name="/extra/Identity"))
     extra.graph.node[2].input[0] = "xi"
     extra = models.save(extra, tmp_path / "extra.onnx")
-    refused = run_eprun("layers", fp32, extra, "3")
+    refused = run_eprun_here("layers", fp32, extra, "3")
     assert refused.code == 4 and "boundary counts differ: 3 in" in refused.stderr
 
 
@@ -349,16 +353,16 @@ def test_in_a_conversion_the_names_win_where_they_tie_and_the_rest_keep_their_or
 
 # -- outputs that matter -----------------------------------------------------------------------
 
-def test_the_final_boundary_is_the_first_float_output(real_pairs):
+def test_the_final_boundary_is_the_first_float_output(layers, run_eprun_here, real_pairs):
     fp32, quantized = real_pairs["classifier", "qdq"]
     answer, _ = layers(fp32, quantized, "5")
     assert answer["layers"][-1]["fp32"] == "probabilities"
-    growth = run_eprun("growth", fp32, quantized, "5").answer
+    growth = run_eprun_here("growth", fp32, quantized, "5").answer
     assert growth["total_growth"] not in (None, 0.0)
     assert growth["rel_error"][-1] == answer["layers"][-1]["rel_error"] > 0
 
 
-def test_a_boundary_op_neither_model_has_is_said(lab_pair):
+def test_a_boundary_op_neither_model_has_is_said(layers, lab_pair):
     """A custom or misspelt op type that no node of either model has adds no boundary: the
     answer is the plain one, and stderr says so with the nearest op type there is."""
     fp32, int8 = lab_pair
@@ -369,7 +373,7 @@ def test_a_boundary_op_neither_model_has_is_said(lab_pair):
             "boundary; did you mean Add?") in stderr
 
 
-def test_a_cnn_without_matmul_boundaries_is_told_about_boundary_ops(real_pairs, tmp_path):
+def test_a_cnn_without_matmul_boundaries_is_told_about_boundary_ops(layers, real_pairs, tmp_path):
     body = real_models.residual_cnn(2)
     body.graph.node.remove(next(n for n in body.graph.node if n.op_type == "Gemm"))
     flat = next(n for n in body.graph.node if n.op_type == "Flatten").output[0]
@@ -416,10 +420,10 @@ def test_local_feeds_skip_connections_their_fp32_values(eprun, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["encoder", "vad", "cnn"])
-def test_local_cuts_every_segment_of_real_models(real_pairs, name):
+def test_local_cuts_every_segment_of_real_models(run_eprun_here, real_pairs, name):
     extra = ["--boundary-ops", "Conv"] if name == "cnn" else []
-    qdq = run_eprun("growth", *real_pairs[name, "qdq"], "5", "--local", *extra).answer
-    qop = run_eprun("growth", *real_pairs[name, "qoperator"], "5", "--local", "--pair", "name",
+    qdq = run_eprun_here("growth", *real_pairs[name, "qdq"], "5", "--local", *extra).answer
+    qop = run_eprun_here("growth", *real_pairs[name, "qoperator"], "5", "--local", "--pair", "name",
                     *extra).answer
     assert qdq["local_unavailable"] == [] and None not in qdq["local_rel_error"]
     assert qop["local_unavailable"] == [] and None not in qop["local_rel_error"]
@@ -428,7 +432,7 @@ def test_local_cuts_every_segment_of_real_models(real_pairs, name):
 
 # -- other commands on real models -------------------------------------------------------------
 
-def test_settings_check_and_placement_feed_every_input(eprun, real_pairs):
+def test_settings_check_and_placement_feed_every_input(run_eprun_here, eprun, real_pairs):
     fp32, quantized = real_pairs["encoder", "qdq"]
     settings = eprun("settings", quantized, "5")
     assert [i["name"] for i in settings["inputs"]] == ["input_ids", "attention_mask"]
@@ -438,7 +442,7 @@ def test_settings_check_and_placement_feed_every_input(eprun, real_pairs):
     baseline = models.run(quantized, feeds, level="ORT_DISABLE_ALL", threads=1)[0]
     assert settings["baseline"]["max_abs_output"] == pytest.approx(
         float(np.abs(baseline).max()), rel=1e-6)
-    result = run_eprun("check", fp32, quantized, "--profile", "int8", "--seed", "5")
+    result = run_eprun_here("check", fp32, quantized, "--profile", "int8", "--seed", "5")
     assert result.code in (0, 1), result.stderr
     assert result.answer["inputs"] == settings["inputs"]
     y = models.run(quantized, feeds)[0]  # check's default options, as its sessions have
@@ -468,7 +472,7 @@ def float16_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     return twin
 
 
-def test_a_float16_twin_is_compared_after_casting(tmp_path):
+def test_a_float16_twin_is_compared_after_casting(layers, tmp_path):
     fp32 = models.save(models.chain(features=8, widths=(16, 16, 8), seed=4), tmp_path / "f.onnx")
     fp16 = models.save(float16_twin(onnx.load(str(fp32))), tmp_path / "h.onnx")
     answer, stderr = layers(fp32, fp16, "2")
@@ -485,7 +489,7 @@ def test_a_float16_twin_is_compared_after_casting(tmp_path):
         assert 0 < entry["rel_error"] < 1e-2
 
 
-def test_boundaries_of_other_types_are_refused(tmp_path):
+def test_boundaries_of_other_types_are_refused(run_eprun_here, tmp_path):
     model = models.finish(
         [helper.make_node("Cast", ["x"], ["xi"], to=TensorProto.INT32),
          helper.make_node("MatMul", ["xi", "W"], ["yi"]),
@@ -493,7 +497,7 @@ def test_boundaries_of_other_types_are_refused(tmp_path):
         [models.float_input("x", 4)], [helper.make_tensor_value_info("y", 1, ["N", 4])],
         [numpy_helper.from_array(np.eye(4, dtype=np.int32), "W")])
     path = models.save(model, tmp_path / "int32.onnx")
-    result = run_eprun("layers", path, path, "1")
+    result = run_eprun_here("layers", path, path, "1")
     assert result.code == 4 and result.stdout == ""
     assert result.stderr.strip().endswith("boundary 'xi' holds INT32 values; eprun compares "
                                           "float, float16 and 8/16-bit quantized tensors")
@@ -506,11 +510,11 @@ def partition_rows(text: str) -> list[list[str]]:
     return [line.split(" | ") for line in text.splitlines()
             if line.startswith("| `") and line.split(" | ")[0].endswith(".onnx`")]
 
-def test_report_on_a_real_cnn_pair(eprun, real_pairs, tmp_path):
+def test_report_on_a_real_cnn_pair(run_eprun_here, eprun, real_pairs, tmp_path):
     fp32, quantized = real_pairs["cnn", "qoperator"]
     out = tmp_path / "report"
     # a target this build lacks is a fallback: refused, or measured anyway when allowed
-    refused = run_eprun("report", fp32, quantized, "--seed", "5", "--out-dir", out,
+    refused = run_eprun_here("report", fp32, quantized, "--seed", "5", "--out-dir", out,
                         "--providers", "DmlExecutionProvider,CPUExecutionProvider",
                         "--boundary-ops", "Conv")
     assert refused.code == 4 and "onnxruntime-directml" in refused.stderr
@@ -526,7 +530,7 @@ def test_report_on_a_real_cnn_pair(eprun, real_pairs, tmp_path):
     # the user's request is a row of the providers table, and the check ran on it
     provided = json.loads((out / "providers.json").read_text())
     assert provided["cases"][-1]["requested"] == ["DmlExecutionProvider", "CPUExecutionProvider"]
-    gate = run_eprun("check", fp32, quantized, "--profile", "int8", "--seed", "5",
+    gate = run_eprun_here("check", fp32, quantized, "--profile", "int8", "--seed", "5",
                      "--providers", "DmlExecutionProvider,CPUExecutionProvider",
                      "--allow-fallback")
     assert answer["check"]["passed"] == gate.answer["passed"]

@@ -17,7 +17,7 @@ import pytest
 import real_models
 from conftest import run_eprun
 from onnx import helper, numpy_helper
-from test_expectations import table_rows
+from test_rendering import table_rows
 
 import eprun as tool
 
@@ -408,22 +408,23 @@ def test_the_recommendation_keeps_its_promise(eprun, tmp_path):
     assert reached == pytest.approx(answer["recommendation"]["steps"][-1]["sqnr_db"], rel=1e-6)
 
 
-def test_units_restrict_the_analysis_and_unnamed_nodes_are_named_for_what_they_are(tmp_path):
+def test_units_restrict_the_analysis_and_unnamed_nodes_are_named_for_what_they_are(
+        run_eprun_here, tmp_path):
     fp32 = models.save(models.chain(features=4, widths=(4, 4, 4)), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
-    result = run_eprun("sensitivity", fp32, int8, "1")
+    result = run_eprun_here("sensitivity", fp32, int8, "1")
     assert result.code == 0
     units = result.answer["units"]
     assert all(not unit["named"] and "#" in unit["name"] for unit in units)
     assert "quantize_static can only exclude named nodes" in result.stderr
-    only = run_eprun("sensitivity", fp32, int8, "1", "--units", units[0]["name"])
+    only = run_eprun_here("sensitivity", fp32, int8, "1", "--units", units[0]["name"])
     assert [unit["name"] for unit in only.answer["units"]] == [units[0]["name"]]
-    unknown = run_eprun("sensitivity", fp32, int8, "1", "--units", "nope")
+    unknown = run_eprun_here("sensitivity", fp32, int8, "1", "--units", "nope")
     assert unknown.code == 2 and "--units names 'nope'" in unknown.stderr
 
 
-def test_a_unit_costs_one_quantizer_call_and_one_session(tmp_path):
+def test_a_unit_costs_one_quantizer_call_and_one_session(run_eprun_here, tmp_path):
     """The cost sensitivity promises (timed by make bench, counted here): on an
     EfficientNet-style per-channel twin, the settings search and the check of the
     requantized model, then one quantize_static call and one session per unit, fewer sessions
@@ -433,22 +434,22 @@ def test_a_unit_costs_one_quantizer_call_and_one_session(tmp_path):
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, per_channel=True, **CALIBRATION)
     units = "/stem/Conv,/blocks.0.dw/Conv,/blocks.0.project/Conv,/fc/Gemm"
-    alone = run_eprun("sensitivity", fp32, int8, "5", "--units", units, "--max-units", "0",
+    alone = run_eprun_here("sensitivity", fp32, int8, "5", "--units", units, "--max-units", "0",
                       "--jobs", "1")
     assert alone.code == 0, alone.stderr
     answer = alone.answer
     assert answer["predicted_by"] == "quantize_static" and len(answer["units"]) == 4
     assert answer["quantizer"]["calls"] == 2 + 4  # the default settings fit; the check; units
     assert answer["sessions"] == 1 + 4  # the check's requantized model; units
-    shared = run_eprun("sensitivity", fp32, int8, "5", "--units", units, "--max-units", "0",
+    shared = run_eprun_here("sensitivity", fp32, int8, "5", "--units", units, "--max-units", "0",
                        "--jobs", "2")
     assert shared.answer["units"] == answer["units"]
     assert (shared.answer["quantizer"]["calls"], shared.answer["sessions"]) == (6, 5)
 
 
-def test_a_model_without_qdq_is_refused(lab_pair, tmp_path):
+def test_a_model_without_qdq_is_refused(run_eprun_here, lab_pair, tmp_path):
     fp32, _ = lab_pair
-    result = run_eprun("sensitivity", fp32, fp32, "1")
+    result = run_eprun_here("sensitivity", fp32, fp32, "1")
     assert result.code == 4 and result.stdout == ""
     assert "has no QuantizeLinear/DequantizeLinear nodes" in result.stderr
 
@@ -496,7 +497,7 @@ sys.meta_path.insert(0, Blocked())
 '''
 
 
-def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(tmp_path):
+def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(run_eprun_here, tmp_path):
     """onnxruntime.quantization needs sympy on some releases; a runtime without it still
     gets a ranking, by graph edits, labelled as such."""
     fp32 = models.save(named_chain(), tmp_path / "f.onnx")
@@ -515,7 +516,7 @@ def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(tmp_path)
     assert f"--calibration {str(calibration)!r} is not used: the quantizer does not run" in \
         result.stderr
     assert all("cannot be imported here" in unit["inexact"] for unit in result.answer["units"])
-    with_quantizer = run_eprun("sensitivity", fp32, int8, "5")
+    with_quantizer = run_eprun_here("sensitivity", fp32, int8, "5")
     assert with_quantizer.answer["predicted_by"] == "quantize_static"
     # where the graph decides, both predictions are the same numbers
     assert [unit["name"] for unit in result.answer["units"]] == \
@@ -524,7 +525,8 @@ def test_without_the_quantizer_sensitivity_edits_the_graph_and_says_so(tmp_path)
         [unit["sqnr_db"] for unit in with_quantizer.answer["units"]], rel=1e-6)
 
 
-def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits(tmp_path):
+def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits(
+        run_eprun_here, tmp_path):
     """A Q/DQ pair taken out by hand: no quantize_static settings write that model, so eprun
     says which tensors differ and edits the graph instead."""
     fp32 = models.save(named_chain(), tmp_path / "f.onnx")
@@ -544,7 +546,7 @@ def test_an_int8_model_the_quantizer_cannot_write_again_is_ranked_by_graph_edits
     model.graph.node.remove(dequantize)
     edited = models.save(model, tmp_path / "edited.onnx")
     calibration = calibration_file(fp32, tmp_path / "cal.npz")
-    result = run_eprun("sensitivity", fp32, edited, "5", "--calibration", calibration)
+    result = run_eprun_here("sensitivity", fp32, edited, "5", "--calibration", calibration)
     assert result.code == 0, result.stderr
     assert result.answer["predicted_by"] == "graph edits"
     assert "does not quantize the tensors" in result.stderr and repr(tensor) in result.stderr
@@ -605,7 +607,7 @@ def test_a_quantizer_that_fails_on_the_model_leaves_graph_edits(tmp_path, monkey
             "no shape for tensor 'h'); sensitivity edits the int8 graph instead") in err
 
 
-def test_numbers_that_cannot_be_taken_over_leave_graph_edits(tmp_path):
+def test_numbers_that_cannot_be_taken_over_leave_graph_edits(run_eprun_here, tmp_path):
     """The requantized model must give the int8 model's own output before it predicts
     anything: a weight scale stored with another shape (here [1] for a scalar, with a
     deliberately wrong value) cannot be taken over, so eprun says so and edits the graph."""
@@ -618,7 +620,7 @@ def test_numbers_that_cannot_be_taken_over_leave_graph_edits(tmp_path):
             scaled = (numpy_helper.to_array(tensor) * 3).astype(np.float32).reshape(1)
             tensor.CopyFrom(numpy_helper.from_array(scaled, tensor.name))
     edited = models.save(model, tmp_path / "edited.onnx")
-    result = run_eprun("sensitivity", fp32, edited, "5")
+    result = run_eprun_here("sensitivity", fp32, edited, "5")
     assert result.code == 0, result.stderr
     assert result.answer["predicted_by"] == "graph edits"
     assert "gives another final output" in result.stderr
@@ -638,14 +640,15 @@ def test_a_file_beside_the_fp32_model_is_left_alone(eprun, tmp_path):
     assert mine.read_text() == "precious" and sorted(os.listdir(tmp_path)) == before
 
 
-def test_units_measured_in_worker_processes_give_the_same_answer(tmp_path, own_tmpdir):
+def test_units_measured_in_worker_processes_give_the_same_answer(run_eprun_here, tmp_path,
+                                                                 own_tmpdir):
     """--jobs 2 spreads the units over two spawned processes: the answer is the one of a
     single process, byte for byte (sessions and quantizer calls counted across processes),
     and nothing is left in the temporary folder."""
     fp32 = models.save(real_models.transformer_encoder(1), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
-    alone = run_eprun("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "1")
+    alone = run_eprun_here("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "1")
     together = run_eprun("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "2")
     assert alone.code == together.code == 0, together.stderr
     assert together.stdout == alone.stdout
@@ -653,7 +656,7 @@ def test_units_measured_in_worker_processes_give_the_same_answer(tmp_path, own_t
     # model is the quantized one too)
     assert together.answer["sessions"] == len(together.answer["units"]) + 2 + 1
     assert os.listdir(own_tmpdir) == []
-    refused = run_eprun("sensitivity", fp32, int8, "5", "--jobs", "0")
+    refused = run_eprun_here("sensitivity", fp32, int8, "5", "--jobs", "0")
     assert refused.code == 2 and "--jobs must be at least 1" in refused.stderr
 
 
@@ -667,7 +670,7 @@ def test_an_error_from_a_worker_keeps_its_exit_code():
 
 
 def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estimates(
-        eprun, eprun_fails, tmp_path):
+        run_eprun_here, eprun, eprun_fails, tmp_path):
     """Without the calibration data, a step whose combined graph has a range the quantizer
     calibrates anew is an estimate, said as such, and comes after every exact unit; with it
     every unit and step is exact, and quantize_static with the recommended list gives the last
@@ -678,7 +681,7 @@ def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estim
     answer = eprun("sensitivity", fp32, int8, "5", "--target-sqnr", "1000")
     estimated = {unit["name"] for unit in answer["units"] if "inexact" in unit}
     assert "/Split" in estimated and estimated <= CALIBRATED_ANEW["pass_through"]
-    table = run_eprun("sensitivity", fp32, int8, "5", "--target-sqnr", "1000", "--format",
+    table = run_eprun_here("sensitivity", fp32, int8, "5", "--target-sqnr", "1000", "--format",
                       "table").stdout
     assert {row[1] for row in table_rows(table) if row[-1] == "estimate"} == estimated
     assert "--calibration makes it exact" in table
@@ -732,7 +735,8 @@ def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estim
     assert "'x' has shape [4, 7]" in stderr and "--calibration file" in stderr
 
 
-def test_the_report_section_marks_estimates_and_takes_the_calibration_data(eprun, tmp_path):
+def test_the_report_section_marks_estimates_and_takes_the_calibration_data(
+        run_eprun_here, eprun, tmp_path):
     fp32 = models.save(real_models.pass_through_head(1), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
@@ -751,7 +755,7 @@ def test_the_report_section_marks_estimates_and_takes_the_calibration_data(eprun
     assert "\\* an estimate" not in sections["calibrated"] and " * |" not in sections["calibrated"]
     # a calibration file that does not fit is refused before anything is measured or written
     np.savez(tmp_path / "wrong.npz", x=np.zeros((4, 7), np.float32))
-    refused = run_eprun("report", fp32, int8, "--out-dir", tmp_path / "refused",
+    refused = run_eprun_here("report", fp32, int8, "--out-dir", tmp_path / "refused",
                         "--sensitivity", "--calibration", tmp_path / "wrong.npz")
     assert refused.code == 4 and "'x' has shape [4, 7]" in refused.stderr
     assert not (tmp_path / "refused").exists() or not os.listdir(tmp_path / "refused")
@@ -848,3 +852,37 @@ def test_a_recommendation_of_most_units_says_it_undoes_the_quantization(tmp_path
     few = ["sensitivity", str(fp32), str(int8), "5", "--max-units", "1", "--jobs", "1"]
     assert tool.main(few) == 0
     assert "undoes most" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("route", ["qoperator", "dynamic"])
+def test_sensitivity_refuses_what_it_cannot_restore(
+        run_eprun_here, eprun_fails, lab_pair, tmp_path, route):
+    """QOperator and dynamic twins have no float unit between Q/DQ pairs to restore: a clear
+    refusal, not a ranking of ops the quantizer never touched. report --sensitivity still
+    writes every deliverable and says why the section is missing."""
+    import real_models
+
+    fp32, _ = lab_pair
+    twin = tmp_path / f"{route}.onnx"
+    real_models.ROUTES[route](fp32, twin, 3)
+    form = {"qoperator": "QOperator", "dynamic": "dynamic"}[route]
+    line = eprun_fails(4, "sensitivity", fp32, twin, "1")
+    assert f"is quantized in {form} form" in line and "QuantFormat.QDQ" in line
+    out = tmp_path / "rep"
+    result = run_eprun_here("report", fp32, twin, "--out-dir", out, "--sensitivity")
+    assert result.code == 0, result.stderr
+    assert result.answer["sensitivity"] is None
+    assert f"quantized in {form} form" in result.answer["sensitivity_error"]
+    assert "report --sensitivity: the section is left out" in result.stderr
+    text = (out / "ep_report.md").read_text(encoding="utf-8")
+    assert "## Sensitivity (optional: report --sensitivity)\n\nNot measured: " in text
+    assert len(list(out.iterdir())) == 6
+
+
+def test_the_sensitivity_table_ranks_from_one_in_the_answers_order(run_eprun_here, lab_pair):
+    fp32, int8 = lab_pair
+    answer = run_eprun_here("sensitivity", fp32, int8, "1", "--max-units", "2").answer
+    rows = table_rows(run_eprun_here("sensitivity", fp32, int8, "1", "--max-units", "2",
+                                "--format", "table").stdout)
+    assert [row[0] for row in rows] == [str(k) for k in range(1, len(answer["units"]) + 1)]
+    assert [row[1] for row in rows] == [unit["name"] for unit in answer["units"]]

@@ -1,14 +1,25 @@
-"""Every bad input gets its exit code, an empty stdout and one ``eprun: error:`` line."""
+"""Layer 8, command line: ``main(argv)`` and the parser. Every bad input gets its exit code, an
+empty stdout and one ``eprun: error:`` line; random argv never tracebacks; near misses get a
+suggestion; the seed is taken in both forms; main runs in any thread and gives the previous
+run back."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 
 import models
 import numpy as np
 import pytest
-from conftest import run_eprun
+from conftest import EPRUN, run_eprun
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from test_contract import default_argv
+
+import eprun as tool
 
 COMMANDS_ON_ONE_MODEL = [
     ("partition", ["MatMul"]),
@@ -86,12 +97,14 @@ def files(tmp_path, lab_pair):
 
 
 @pytest.fixture(autouse=True)
-def _here(capfd, monkeypatch):
+def _here(request, monkeypatch):
     """``expect_failure`` runs ``main(argv)`` in this process (the exit code, stdout and
-    stderr it gives are the ones a process gives: tests/test_safety.py checks those)."""
+    stderr it gives are the ones a process gives: tests/test_process.py checks those). It
+    takes ``capfd`` only when called, so that the tests here that read ``capsys`` can."""
     from conftest import run_here
 
-    monkeypatch.setitem(_RUNNER, "run", lambda *argv: run_here(capfd, monkeypatch, *argv))
+    monkeypatch.setitem(_RUNNER, "run", lambda *argv: run_here(
+        request.getfixturevalue("capfd"), monkeypatch, *argv))
 
 
 _RUNNER: dict = {"run": run_eprun}
@@ -274,17 +287,17 @@ def test_an_initializer_listed_as_input_is_not_fed(eprun, tmp_path):
     assert eprun("layers", path, path, "1")["layer_count"] == 6
 
 
-def test_debug_mode_shows_the_traceback(files):
-    result = run_eprun("layers", files["empty"], files["int8"], "1", env={"EPRUN_DEBUG": "1"})
+def test_debug_mode_shows_the_traceback(run_eprun_here, files):
+    result = run_eprun_here("layers", files["empty"], files["int8"], "1", env={"EPRUN_DEBUG": "1"})
     assert result.code == 4 and "Traceback" in result.stderr
     assert result.stderr.splitlines()[-1].startswith("eprun: error: ")
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "nan"])
-def test_a_bad_progress_delay_is_a_warning_and_the_default(files, value):
+def test_a_bad_progress_delay_is_a_warning_and_the_default(run_eprun_here, files, value):
     """One of eprun's own knobs set wrong must not fail the run it only tunes."""
-    plain = run_eprun("layers", files["fp32"], files["int8"], "1")
-    result = run_eprun("layers", files["fp32"], files["int8"], "1",
+    plain = run_eprun_here("layers", files["fp32"], files["int8"], "1")
+    result = run_eprun_here("layers", files["fp32"], files["int8"], "1",
                        env={"EPRUN_PROGRESS_AFTER": value})
     assert result.code == 0 and result.stdout == plain.stdout, result.stderr
     assert result.stderr.splitlines() == [
@@ -293,8 +306,8 @@ def test_a_bad_progress_delay_is_a_warning_and_the_default(files, value):
 
 
 @pytest.mark.parametrize("value", ["0", "no", "false", "OFF", ""])
-def test_eprun_debug_off_means_off(files, value):
-    result = run_eprun("layers", files["empty"], files["int8"], "1", env={"EPRUN_DEBUG": value})
+def test_eprun_debug_off_means_off(run_eprun_here, files, value):
+    result = run_eprun_here("layers", files["empty"], files["int8"], "1", env={"EPRUN_DEBUG": value})
     assert result.code == 4 and "Traceback" not in result.stderr
     assert len(result.stderr.splitlines()) == 1
 
@@ -322,3 +335,263 @@ def test_an_initializer_nothing_reads_is_no_failure(eprun, tmp_path):
     answer = eprun("layers", path, path, "1")
     assert answer["layer_count"] == 3 and all(entry["max_abs_error"] == 0.0
                                               for entry in answer["layers"])
+
+
+def test_ctrl_c_while_the_command_line_is_parsed_is_an_interruption(monkeypatch, capfd):
+    class Interrupted:
+        def parse_known_args(self, argv):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tool, "build_parser", lambda only=None, argv=(): Interrupted())
+    assert tool.main(["partition", "m.onnx", "MatMul"]) == 130
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == "eprun: error: interrupted\n"
+
+
+def test_an_op_list_that_matches_nothing_gets_near_misses(run_eprun_here, lab_pair):
+    fp32, _ = lab_pair
+    result = run_eprun_here("partition", fp32, "matmul,Addd")
+    assert result.code == 0 and result.answer["claimed"] == 0
+    assert ("eprun: note: no op type in 'matmul,Addd' occurs in" in result.stderr)
+    assert "did you mean matmul -> MatMul, Addd -> Add?" in result.stderr
+    assert "Its op types: MatMul, Add, Relu" in result.stderr
+    assert "note" not in run_eprun_here("partition", fp32, "MatMul,Conv").stderr
+
+
+def test_version_names_the_libraries():
+    result = subprocess.run([sys.executable, str(EPRUN), "--version"], capture_output=True,
+                            text=True, timeout=60)
+    import numpy
+    import onnx
+    import onnxruntime
+
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout == (f"eprun {tool.__version__} (onnx {onnx.__version__}, onnxruntime "
+                             f"{onnxruntime.__version__}, numpy {numpy.__version__}; Python "
+                             f"{sys.version.split()[0]})\n")
+
+
+def test_installed_version_is_the_distribution_that_holds_the_package(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    assert tool._installed_version("numpy") == metadata.version("numpy")
+    assert tool._installed_version("no_such_module_here") is None
+    # a metadata folder whose RECORD does not list the package is not its distribution
+    (tmp_path / "fakepkg").mkdir()
+    (tmp_path / "fakepkg" / "__init__.py").write_text("__version__ = '9'\n")
+    info = tmp_path / "fakepkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n\n")
+    (info / "RECORD").write_text("otherpkg/__init__.py,,\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert tool._installed_version("fakepkg") is None
+    (info / "RECORD").write_text("fakepkg/__init__.py,,\nfakepkg-1.0.dist-info/RECORD,,\n")
+    assert tool._installed_version("fakepkg") == "1.0"
+
+
+def test_one_command_parser_parses_as_the_whole_one(lab_pair, tmp_path):
+    """A run builds only the command it names; what it parses is what the whole parser
+    parses (the help and usage texts are checked above against the whole one's)."""
+    whole = tool.build_parser()
+    for name in tool.COMMANDS:
+        argv = [str(word) for word in default_argv(name, *lab_pair, tmp_path)]
+        assert tool._command_named(tuple(argv)) == name
+        alone = vars(tool.build_parser(name).parse_args(argv))
+        full = vars(whole.parse_args(argv))
+        assert alone.pop("command_parser").format_help() == \
+            full.pop("command_parser").format_help()
+        assert alone == full
+    assert tool._command_named(("--help", "layers")) is None
+    assert tool._command_named(("layer",)) is None
+
+
+@pytest.mark.parametrize("columns", ["30", "64", "150"])
+def test_help_wraps_as_argparse_would_though_the_width_is_read_late(monkeypatch, capsys,
+                                                                     columns):
+    """eprun's formatter asks for the terminal's width when it formats, not when each
+    argument is declared: the texts are the ones argparse's own formatter makes."""
+    import argparse
+
+    monkeypatch.setenv("COLUMNS", columns)
+    ours = tool.build_parser()
+    monkeypatch.setattr(tool, "_Formatter", argparse.RawDescriptionHelpFormatter)
+    stock = tool.build_parser()
+    assert ours.format_help() == stock.format_help()
+    for name in ("layers", "sensitivity"):
+        mine = ours._subparsers._group_actions[0].choices[name]
+        theirs = stock._subparsers._group_actions[0].choices[name]
+        assert mine.prog == theirs.prog
+        assert mine.format_help() == theirs.format_help()
+        assert mine.format_usage() == theirs.format_usage()
+
+
+def test_an_unexpected_exception_is_an_internal_error(monkeypatch, capfd, lab_pair):
+    import eprun as tool
+
+    fp32, int8 = lab_pair
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("planted")
+
+    monkeypatch.setattr(tool, "compare_boundary", broken)
+    assert tool.main(["layers", str(fp32), str(int8), "1"]) == 4
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert err == ("eprun: error: internal error: ZeroDivisionError: planted (rerun with "
+                   "EPRUN_DEBUG=1 and report it)\n")
+
+
+def test_main_runs_in_any_thread(lab_pair, capfd):
+    import threading
+
+    import eprun as tool
+
+    fp32, int8 = lab_pair
+    codes = []
+    worker = threading.Thread(target=lambda: codes.append(
+        tool.main(["growth", str(fp32), str(int8), "1"])))
+    worker.start()
+    worker.join(120)
+    assert codes == [0]
+    assert json.loads(capfd.readouterr().out)["layer_count"] == 6
+
+
+def test_concurrent_calls_of_main_lose_no_answer(lab_pair, capfd):
+    """eprun holds fds 1 and 2 while a command runs; calls from several threads at once run
+    one after the other, each answer whole on its own line."""
+    import threading
+
+    import eprun as tool
+
+    fp32, int8 = lab_pair
+    codes = []
+    workers = [threading.Thread(target=lambda seed=seed: codes.append(
+        tool.main(["growth", str(fp32), str(int8), str(seed)]))) for seed in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert codes == [0, 0, 0, 0]
+    answers = [json.loads(line) for line in capfd.readouterr().out.splitlines()]
+    assert sorted(answer["seed"] for answer in answers) == [0, 1, 2, 3]
+
+
+def test_a_near_miss_command_gets_a_suggestion(eprun_fails, lab_pair):
+    fp32, int8 = lab_pair
+    assert "did you mean 'layers'?" in eprun_fails(2, "layer", fp32, int8, "1")
+    assert "did you mean" not in eprun_fails(2, "frobnicate", fp32)
+
+
+def test_a_list_given_as_several_arguments_gets_the_joined_form(eprun_fails, lab_pair):
+    fp32, _ = lab_pair
+    line = eprun_fails(2, "partition", fp32, "MatMul", "Add", "Relu")
+    assert "joined with commas: MatMul,Add,Relu" in line
+    assert "joined with commas" not in eprun_fails(2, "partition", fp32, "MatMul", "--nope")
+
+
+def test_the_seed_is_taken_in_both_forms(run_eprun_here, eprun, eprun_fails, lab_pair):
+    fp32, int8 = lab_pair
+    assert eprun("layers", fp32, int8, "--seed", "5") == eprun("layers", fp32, int8, "5")
+    assert eprun("settings", int8, "--seed=7") == eprun("settings", int8, "7")
+    positional = run_eprun_here("check", fp32, int8, "3", "--profile", "int8")
+    optional = run_eprun_here("check", fp32, int8, "--seed", "3", "--profile", "int8")
+    assert positional.answer == optional.answer and positional.answer["seed"] == 3
+    assert run_eprun_here("check", fp32, int8, "--profile", "int8").answer["seed"] == 0
+    assert "required: seed" in eprun_fails(2, "growth", fp32, int8)
+    assert "given twice, as 1 and 2" in eprun_fails(2, "layers", fp32, int8, "1", "--seed", "2")
+    assert eprun("layers", fp32, int8, "4", "--seed", "4")["seed"] == 4  # the same twice: fine
+
+
+def test_bare_eprun_shows_a_short_usage_and_where_help_is(run_eprun_here):
+    result = run_eprun_here()
+    assert result.code == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) <= 4 and lines[0].startswith("usage: eprun.py")
+    assert "layers" in result.stderr and "--help" in lines[-1]
+    assert lines[-1].startswith("eprun: error: no command given")
+
+
+def test_a_seed_after_an_option_is_still_the_seed(run_eprun_here, eprun, eprun_fails, lab_pair):
+    """argparse fills an optional positional before the options: a seed typed after one
+    (as eprun always took it) must not become an unrecognized argument."""
+    fp32, int8 = lab_pair
+    assert eprun("layers", fp32, int8, "--rows", "8", "5") == eprun("layers", fp32, int8, "5",
+                                                                     "--rows", "8")
+    assert eprun("settings", int8, "--rows", "8", "6")["seed"] == 6
+    checked = run_eprun_here("check", fp32, int8, "--profile", "int8", "3")
+    assert checked.answer["seed"] == 3
+    assert "unrecognized arguments: 2" in eprun_fails(2, "layers", fp32, int8, "--rows", "8",
+                                                       "1", "2")
+    assert "argument seed: seed 'abc'" in eprun_fails(2, "layers", fp32, int8, "--rows", "8",
+                                                       "abc")
+
+
+def test_an_invocation_is_itself_and_main_gives_the_previous_one_back():
+    import eprun as tool
+
+    before = list(tool._INVOCATIONS)
+    with pytest.raises(SystemExit):
+        tool.main([])
+    assert len(tool._INVOCATIONS) == len(before)
+    assert all(a is b for a, b in zip(tool._INVOCATIONS, before))
+
+
+def test_a_hint_built_from_what_was_typed_stays_on_one_line(eprun_fails, lab_pair):
+    """The joined-list hint repeats the user's words: a carriage return among them (found by
+    test_random_argv_never_tracebacks) must not split the one stderr line."""
+    fp32, _ = lab_pair
+    line = eprun_fails(2, "partition", fp32, "\r", fp32)
+    assert "joined with commas" in line and "\r" not in line
+
+
+def test_bare_eprun_is_a_short_usage_error(run_eprun_here):
+    result = run_eprun_here()
+    assert result.code == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) <= 4, result.stderr
+    assert "--help" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# -- properties --------------------------------------------------------------------------------
+
+EXIT_CODES = {0, 1, 2, 3, 4}
+
+
+@pytest.fixture(scope="module")
+def argv_pool(tmp_path_factory):
+    import models as builders
+
+    folder = tmp_path_factory.mktemp("argv")
+    fp32 = builders.save(builders.chain(features=4, widths=(5, 5, 4, 4, 3)), folder / "f.onnx")
+    junk = folder / "junk.onnx"
+    junk.write_bytes(b"\x08\x07junk")
+    return folder, [str(fp32), str(junk), str(folder / "missing.onnx"), str(folder), "0", "7",
+                    "-1", "1e3", "", ",", "MatMul,Add", "CPUExecutionProvider",
+                    "FooExecutionProvider,", "--seed", "--out-dir", "--help", "-x",
+                    "\u00e9\u00e8", str(folder / "out.onnx")]
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_argv_never_tracebacks(argv_pool, capfd, monkeypatch, data):
+    folder, pool = argv_pool
+    monkeypatch.chdir(folder)  # relative output paths ("-1", "0") land here, not in the repo
+    command = data.draw(st.sampled_from([*tool.COMMANDS, "bogus", "-h"]))
+    rest = data.draw(st.lists(st.one_of(st.sampled_from(pool), st.text(max_size=6)),
+                              max_size=5))
+    argv = [command] + [arg for arg in rest if "\x00" not in arg]
+    try:
+        code = tool.main(argv)
+    except SystemExit as exc:  # argparse: usage errors and --help
+        code = exc.code
+    out, err = capfd.readouterr()
+    assert code in EXIT_CODES, (argv, code, err)
+    assert "Traceback" not in err, (argv, err)
+    assert "internal error" not in err, (argv, err)  # a crash, not an expected failure
+    assert code != 1 or command in ("check", "providers"), (argv, err)
+    if code == 0 and "-h" not in argv and "--help" not in argv and command != "-h":
+        assert len(out.splitlines()) == 1 and out.startswith("{")
+    elif code != 0:
+        assert out == "" and err.splitlines()[-1].startswith("eprun: error: ")

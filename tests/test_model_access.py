@@ -1,42 +1,27 @@
-"""External data, models beyond memory-friendly sizes, and bounded memory."""
+"""Layer 3, model access: loading, the wire walker against protobuf, the graph index, external
+data (where each payload sits, what is read and from where, links and same-named decoys), value
+types, models over 2 GB, and models that change or are cut short while they are read."""
 from __future__ import annotations
 
-import json
 import os
-import re
 import subprocess
 import sys
+from pathlib import Path
 
 import models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import EPRUN, imported_by, run_eprun
-from test_commands import oracle_layers
+from conftest import EPRUN, one_error_line, weighty_chain
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from test_cmd_layers import oracle_layers
+from test_io_safety import in_process, refused, snapshot
+from test_measurement import quantized_graph
 
-
-def weighty_chain(seed: int = 0, widths=(48, 48, 8)) -> onnx.ModelProto:
-    """A chain whose weights are large enough (over 1 KB) to be left in the file by
-    load_model."""
-    return models.chain(features=40, widths=list(widths), seed=seed)
-
-
-def save_external(model: onnx.ModelProto, folder, name: str, data: str) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=data, size_threshold=0)
-    return path
-
-
-@pytest.fixture
-def external_pair(tmp_path, lab_pair):
-    """The lab pair re-saved with every weight in an external data file."""
-    fp32, int8 = lab_pair
-    folder = tmp_path / "models"
-    return (save_external(onnx.load(str(fp32)), folder, "fp32.onnx", "fp32.data"),
-            save_external(onnx.load(str(int8)), folder, "int8.onnx", "int8.data"))
+import eprun as tool
 
 
 def test_layers_on_external_data_equal_inline(eprun, lab_pair, external_pair):
@@ -102,7 +87,8 @@ def test_a_linked_model_file_is_read_where_it_resolves(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("stored", ["inline", "external"])
-def test_weights_never_come_from_a_same_named_file_in_the_working_directory(tmp_path, stored):
+def test_weights_never_come_from_a_same_named_file_in_the_working_directory(
+        run_eprun_here, tmp_path, stored):
     """onnxruntime before 1.21 ignores the folder option and resolves the external data of a
     model given as bytes against the working directory: a file there with the same name but
     other weights must not be read."""
@@ -119,8 +105,8 @@ def test_weights_never_come_from_a_same_named_file_in_the_working_directory(tmp_
         return path, folder / "int8.onnx"
 
     wanted, decoy = pair(tmp_path / "models", 1), pair(tmp_path / "here", 2)
-    elsewhere = run_eprun("layers", *wanted, "3", cwd=str(tmp_path))
-    among_decoys = run_eprun("layers", *wanted, "3", cwd=str(decoy[0].parent))
+    elsewhere = run_eprun_here("layers", *wanted, "3", cwd=str(tmp_path))
+    among_decoys = run_eprun_here("layers", *wanted, "3", cwd=str(decoy[0].parent))
     assert elsewhere.code == 0 and among_decoys.code == 0, among_decoys.stderr
     assert among_decoys.answer == elsewhere.answer
     for got, want in zip(elsewhere.answer["layers"], oracle_layers(*wanted, 3)):
@@ -211,19 +197,6 @@ def test_the_graph_refers_to_each_payload_where_it_sits(tmp_path, which):
     assert resolve_references(tool.load_model(str(tmp_path / "copy.onnx")), tmp_path) == whole
 
 
-def twice_named_model() -> onnx.ModelProto:
-    """An invalid model onnx.load still reads: two initializers named W0 (the first one used
-    by onnxruntime's rules is not the point), a small and a large one named W1."""
-    from onnx import numpy_helper
-
-    model = weighty_chain()
-    rng = np.random.default_rng(9)
-    model.graph.initializer.extend([
-        numpy_helper.from_array(rng.standard_normal((40, 48)).astype(np.float32), "W0"),
-        numpy_helper.from_array(rng.standard_normal(48).astype(np.float32), "W1")])
-    return model
-
-
 def test_dims_written_packed_are_read_too(tmp_path):
     """proto2 writes repeated dims one varint each; other writers may pack them into one
     length-delimited field, which protobuf parsers also read."""
@@ -240,25 +213,6 @@ def test_dims_written_packed_are_read_too(tmp_path):
     w0 = next(tensor for tensor in parsed.graph.initializer if tensor.name == "W0")
     assert list(w0.dims) == [40, 48] and w0.external_data  # referenced, not parsed
     assert resolve_references(parsed, tmp_path) == model
-
-
-@pytest.mark.parametrize("build", [odd_tensors_model, models.residual_chain, twice_named_model])
-def test_expose_writes_the_payloads_back_byte_for_byte(eprun, tmp_path, build):
-    path = models.save(build(), tmp_path / "m.onnx")
-    (tmp_path / "out").mkdir()
-    out = tmp_path / "out" / "exposed.onnx"
-    answer = eprun("expose", path, out, "--boundary-ops", "MatMul,Conv")
-    exposed, whole = onnx.load(str(out)), onnx.load(str(path))
-    assert [value.name for value in exposed.graph.output] == answer["outputs"]
-    assert out.read_bytes() == exposed.SerializeToString()  # protobuf's own field order
-    del exposed.graph.output[len(whole.graph.output):]
-    (mark,) = exposed.metadata_props  # eprun's mark, with a digest of the graph's nodes
-    assert mark.key == "eprun"
-    assert re.fullmatch(r"exposed: every layer boundary is a graph output; graph [0-9a-f]{16}",
-                        mark.value)
-    del exposed.metadata_props[:]
-    assert exposed == whole  # weights, subgraphs and every other field as they were
-    assert list((tmp_path / "out").iterdir()) == [out]  # no data file beside it
 
 
 def test_a_payload_of_the_wrong_length_is_refused_not_misread(eprun_fails, tmp_path):
@@ -332,164 +286,6 @@ def test_files_the_walk_does_not_take_are_parsed_as_before(eprun, eprun_fails, t
     assert "is not a loadable ONNX model" in eprun_fails(4, "partition", cut, "MatMul")
 
 
-def test_expose_copies_external_data_into_another_folder(eprun, external_pair, tmp_path):
-    """Never a second link to the user's weights: onnx 1.23 refuses a data file with more than
-    one link ("potential hardlink attack"), and the user's own model would stop loading."""
-    fp32 = external_pair[0]
-    data = fp32.parent / "fp32.data"
-    data.chmod(0o600)
-    before = (data.stat().st_ino, data.read_bytes())
-    out = tmp_path / "elsewhere" / "exposed.onnx"
-    out.parent.mkdir()
-    answer = eprun("expose", fp32, out)
-    copy = out.parent / "exposed.onnx.data"  # named after the copy, not the model's location
-    assert answer["external_data"] == [{"source": str(data), "file": str(copy),
-                                        "how": answer["external_data"][0]["how"]}]
-    assert answer["external_data"][0]["how"] in ("copy", "reflink")
-    assert copy.stat().st_ino != data.stat().st_ino and data.stat().st_nlink == 1
-    assert copy.read_bytes() == before[1] and copy.stat().st_mode & 0o777 == 0o600
-    assert (data.stat().st_ino, data.read_bytes()) == before
-    onnx.checker.check_model(onnx.load(str(fp32)))  # the user's model still loads
-    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    assert [o.name for o in session.get_outputs()] == answer["outputs"]
-    session.run(None, {"x": models.contract_input(0, 8)})
-    # the same again is fine and says so; different data at the target is overwritten only
-    # along with eprun's own exposed copy, never beside a path that holds none
-    assert eprun("expose", fp32, out)["external_data"][0]["how"] == "present"
-    copy.unlink()
-    copy.write_bytes(b"somebody else's weights")
-    other = out.parent / "other.onnx"
-    (out.parent / "other.onnx.data").write_bytes(b"somebody else's weights")
-    result = run_eprun("expose", fp32, other)
-    assert result.code == 4 and "holds other data" in result.stderr
-    assert (out.parent / "other.onnx.data").read_bytes() == b"somebody else's weights"
-    assert not other.exists()
-    assert eprun("expose", fp32, out)["external_data"][0]["how"] in ("copy", "reflink")
-    assert copy.read_bytes() == before[1]
-    # a hard link an older eprun left there is replaced by a copy: the original's one link back
-    copy.unlink()
-    os.link(data, copy)
-    assert eprun("expose", fp32, out)["external_data"][0]["how"] in ("copy", "reflink")
-    assert data.stat().st_nlink == 1 and copy.read_bytes() == before[1]
-
-
-def test_weights_in_a_subfolder_are_copied_beside_the_copy_and_nothing_left_on_failure(
-        eprun, tmp_path):
-    """Weights at a relative location with a folder ("w/fp32.data"): the copy's weights go
-    beside it under eprun's own name, no folder is made, and a failure leaves nothing."""
-    model = weighty_chain(widths=[48, 8])
-    source = tmp_path / "models"
-    (source / "w").mkdir(parents=True)
-    onnx.save(model, str(source / "m.onnx"), save_as_external_data=True,
-              location="w/fp32.data", size_threshold=0)
-    out = tmp_path / "out"
-    out.mkdir()
-    answer = eprun("expose", source / "m.onnx", out / "m.onnx")
-    assert [entry["file"] for entry in answer["external_data"]] == [str(out / "m.onnx.data")]
-    assert sorted(path.name for path in out.iterdir()) == ["m.onnx", "m.onnx.data"]
-    ort.InferenceSession(str(out / "m.onnx"), providers=["CPUExecutionProvider"]).run(
-        None, {"x": models.contract_input(0, 40)})
-    import eprun as tool
-
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    _, staged = tool.prepare_expose(str(source / "m.onnx"), str(empty / "m.onnx"))
-    assert not list(empty.iterdir())  # staged, unnamed
-    tool.discard(staged)  # what a failure before the commit does
-    assert not list(empty.iterdir())
-
-
-def test_expose_elsewhere_without_the_weights_file_is_a_missing_path(eprun_fails, external_pair,
-                                                                    tmp_path):
-    fp32 = external_pair[0]
-    (fp32.parent / "fp32.data").unlink()
-    (tmp_path / "out").mkdir()
-    line = eprun_fails(3, "expose", fp32, tmp_path / "out" / "e.onnx")
-    assert "fp32.data" in line
-    assert not list((tmp_path / "out").iterdir())
-
-
-def test_expose_next_to_the_model_keeps_the_references(eprun, external_pair):
-    fp32 = external_pair[0]
-    out = fp32.parent / "exposed.onnx"
-    eprun("expose", fp32, out)
-    model = onnx.load(str(out), load_external_data=False)
-    assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
-    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-
-
-@pytest.mark.parametrize("stored", ["inline", "external"])
-@pytest.mark.parametrize("command", [["partition", "MatMul"], ["expose", "{out}"]])
-def test_partition_and_expose_import_neither_onnxruntime_nor_weights(lab_pair, external_pair,
-                                                                     tmp_path, command, stored):
-    model = (lab_pair if stored == "inline" else external_pair)[1]
-    argv = [str(model)] + [a.replace("{out}", str(tmp_path / "o.onnx")) for a in command[1:]]
-    code, out, imported = imported_by(command[0], *argv)
-    assert code == 0
-    assert "onnxruntime" not in imported, "imported onnxruntime"
-    assert len(out.splitlines()) == 1
-
-
-def test_only_sensitivity_imports_the_quantizer(lab_pair, tmp_path):
-    """onnxruntime.quantization is slow to import and needs sympy on some releases: every
-    command but sensitivity (and report --sensitivity) runs without it."""
-    fp32, int8 = lab_pair
-    script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun; "
-              "argv = sys.argv[1:]; code = eprun.main(argv); "
-              "print('onnxruntime.quantization' in sys.modules, file=sys.stderr); sys.exit(code)")
-    for argv, imported in ((["layers", fp32, int8, "1"], False),
-                           (["report", fp32, int8, "--out-dir", tmp_path / "s", "--sensitivity"],
-                            True),
-                           (["report", fp32, int8, "--out-dir", tmp_path / "r"], False),
-                           (["check", fp32, int8, "--atol", "100", "--min-cos", "-1"], False),
-                           (["sensitivity", fp32, int8, "1", "--max-units", "1"], True)):
-        result = subprocess.run([sys.executable, "-c", script, *map(str, argv)],
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, (argv, result.stderr)
-        assert result.stderr.splitlines()[-1] == str(imported), (argv, result.stderr)
-
-
-def test_max_memory_gives_the_same_answer(tmp_path, monkeypatch, capfd):
-    """--max-memory fetches the boundaries in batches, each from sessions opened for it, and
-    the answer is the one fetched at once. At 1000 rows a boundary of this 24-wide chain holds
-    about 190 KB (fp32 and int8 together): 1 MB fits a few in a batch, 0 fits one. The plan
-    and the sessions opened for it show that each run really was split that way.
-    (Every batch's sessions expose every boundary, so each kernel, the int8 ones of --local's
-    segments included, sees the graph it sees unsplit: equal bit for bit on any CPU.)"""
-    import eprun as tool
-
-    fp32 = models.save(models.chain(features=16, widths=[24] * 30 + [8], seed=5),
-                       tmp_path / "deep.onnx")
-    int8 = models.quantize(fp32, tmp_path / "deep_q.onnx", seed=6)
-    plans, opened = [], []
-    plan, session = tool.plan_batches, tool.PairedModel.session
-    monkeypatch.setattr(tool, "plan_batches", lambda *args: plans.append(plan(*args)) or plans[-1])
-    monkeypatch.setattr(tool.PairedModel, "session", lambda self, *args, **kwargs: (
-        opened.append(self.path), session(self, *args, **kwargs))[1])
-
-    def growth(*budget: str) -> tuple[dict, list, int]:
-        plans.clear()
-        opened.clear()
-        argv = ["growth", str(fp32), str(int8), "2", "--local", "--rows", "1000", *budget]
-        assert tool.main(argv) == 0
-        (batches,) = plans
-        return json.loads(capfd.readouterr().out), batches, len(opened)
-
-    whole, batches, sessions = growth()
-    assert whole["layer_count"] == 32  # 31 MatMul inputs and the output
-    assert batches == [list(range(32))]
-    for budget in ("0", "1"):
-        split, batches, split_sessions = growth("--max-memory", budget)
-        assert [k for batch in batches for k in batch] == list(range(32))
-        if budget == "0":  # one boundary at a time
-            assert len(batches) == 32
-        else:  # several batches, of several boundaries
-            assert 1 < len(batches) < 32
-        # each batch more opens its own fp32 and int8 sessions
-        assert split_sessions - sessions == 2 * (len(batches) - 1)
-        assert split == whole
-
-
 def test_a_model_cut_short_while_its_graph_is_read_is_exit_4(tmp_path):
     """The walk reads the file by offsets, not through a memory map: a file truncated under
     it gives a short read and one error line, where a map killed eprun with SIGBUS."""
@@ -537,9 +333,8 @@ def loop_model() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("body_only", [False, True])
-def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(tmp_path,
-                                                                           monkeypatch,
-                                                                           body_only):
+def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(
+        run_eprun_here, tmp_path, monkeypatch, body_only):
     """onnxruntime looks for a body's external weights relative to the working directory
     (before 1.21, and on any release when the main graph has no external data): a same-named
     file there, holding other weights, must not be read."""
@@ -563,7 +358,7 @@ def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(tmp_
     elsewhere.mkdir()
     (elsewhere / "loop.data").write_bytes((folder / "loop.data").read_bytes()[::-1])  # decoy
     monkeypatch.chdir(elsewhere)
-    result = run_eprun("layers", path, path, "2", "--metrics", "sqnr")
+    result = run_eprun_here("layers", path, path, "2", "--metrics", "sqnr")
     assert result.code == 0, result.stderr
     x = models.contract_input(2, 8)
     expected = models.run(path, x)[0]
@@ -571,22 +366,285 @@ def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(tmp_
         float(np.abs(expected).max()), rel=1e-6)
 
 
-def test_a_linked_output_or_a_linked_data_target_is_refused(eprun_fails, external_pair,
-                                                            tmp_path):
-    """An output that is a link, or a link at the name its weights would get, is refused:
-    either may lead to the user's own weights."""
-    fp32 = external_pair[0]
-    data = fp32.parent / "fp32.data"
-    before = (data.stat().st_ino, data.read_bytes())
-    (tmp_path / "real").mkdir()
-    (tmp_path / "links").mkdir()
-    link = tmp_path / "links" / "exposed.onnx"
-    link.symlink_to(tmp_path / "real" / "exposed.onnx")
-    assert "symbolic link" in eprun_fails(4, "expose", fp32, link)
-    assert not list((tmp_path / "real").iterdir())
-    out = tmp_path / "other"
-    out.mkdir()
-    (out / "exposed.onnx.data").symlink_to(data)
-    assert "symbolic link" in eprun_fails(4, "expose", fp32, out / "exposed.onnx")
-    assert (data.stat().st_ino, data.read_bytes()) == before  # the user's file untouched
-    assert sorted(path.name for path in out.iterdir()) == ["exposed.onnx.data"]
+def test_an_undefined_declared_type_is_filled_from_the_graph():
+    """A value_info that names a tensor but not its element type (0) says nothing: the type
+    comes from the node that writes it (QLinearConcat writes its uint8 operands' type)."""
+    model = quantized_graph()
+    model.graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.UNDEFINED, None))
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("c", TensorProto.UNDEFINED, None))
+    assert tool.tensor_types(model)["c"].tensor_type.elem_type == TensorProto.UINT8
+
+
+@pytest.mark.parametrize("dims", [None, [], [3], [0, 2], ["batch", None, 4]])
+def test_tensor_type_is_the_one_onnx_helper_makes(dims):
+    from onnx import helper
+
+    made = tool.tensor_type(7, dims)
+    assert made.SerializeToString() == helper.make_tensor_type_proto(7, dims).SerializeToString()
+    assert made.tensor_type.HasField("shape") is (dims is not None)
+
+
+def test_external_locations_read_as_onnx_reads_them():
+    """As onnx 1.17+ reads them: offset and length are integers where given, a negative or
+    empty one is refused. Older onnx kept an empty offset as text and took -1; eprun refuses
+    both there too (onnxruntime does), so onnx itself is the oracle only where it refuses."""
+    import warnings
+
+    from onnx import TensorProto
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    cases = [({"location": "w.bin", "offset": "4096", "length": "64"}, ("w.bin", 4096, 64)),
+             ({"location": "w.bin"}, ("w.bin", None, None)),
+             ({"location": "w.bin", "offset": "0", "checksum": "x"}, ("w.bin", 0, None)),
+             ({"location": "w.bin", "offset": "", "length": "3"}, "invalid literal"),
+             ({"location": "w.bin", "offset": "-1"}, "offset must be non-negative"),
+             ({"location": "w.bin", "length": "x"}, "invalid literal")]
+    for entries, expected in cases:
+        tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[16],
+                             data_location=TensorProto.EXTERNAL)
+        for key, value in entries.items():
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        try:
+            theirs = ExternalDataInfo(tensor)
+        except ValueError as exc:
+            theirs = str(exc)
+        if isinstance(expected, str):
+            with pytest.raises(ValueError, match=expected) as ours:
+                tool._external_location(tensor)
+            assert not isinstance(theirs, str) or str(ours.value) == theirs \
+                or "invalid literal" in theirs
+            continue
+        ours = tool._external_location(tensor)
+        assert (ours.location, ours.offset, ours.length) == expected
+        assert (theirs.location, theirs.offset, theirs.length) == expected
+    tensor = TensorProto(name="w", data_location=TensorProto.EXTERNAL)
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "__class__", "w.bin"  # a key is never taken as an attribute
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert tool._external_location(tensor).location == ""
+    for tensor in (TensorProto(name="a"), TensorProto(name="b", data_location=1),
+                   TensorProto(name="c", data_location=TensorProto.EXTERNAL)):
+        assert tool.uses_external_data(tensor) is uses_external_data(tensor)
+
+
+def test_a_graph_with_a_cycle_is_refused(run_eprun_here, tmp_path):
+    nodes = [helper.make_node("Relu", ["b"], ["a"], name="first"),
+             helper.make_node("Relu", ["a"], ["b"], name="second"),
+             helper.make_node("Relu", ["x"], ["y"], name="free")]
+    path = models.save(models.finish(nodes, [models.float_input("x", 4)],
+                                     [helper.make_tensor_value_info("y", 1, ["N", 4])]),
+                       tmp_path / "cycle.onnx")
+    line = one_error_line(run_eprun_here("partition", path, "Relu", "--mode", "ort"), 4)
+    assert "the graph has a cycle" in line
+    # a node that reads its own output is the shortest cycle
+    nodes = [helper.make_node("Add", ["x", "a"], ["a"], name="self"),
+             helper.make_node("Relu", ["a"], ["y"], name="after")]
+    path = models.save(models.finish(nodes, [models.float_input("x", 4)],
+                                     [helper.make_tensor_value_info("y", 1, ["N", 4])]),
+                       tmp_path / "self_loop.onnx")
+    for supported in ("Add", "Relu"):
+        line = one_error_line(run_eprun_here("partition", path, supported, "--mode", "ort"), 4)
+        assert "the graph has a cycle (node 'self'" in line
+
+
+# == R7 a model that changes under eprun ========================================================
+
+@pytest.mark.parametrize("changes", [True, False])
+@pytest.mark.parametrize("command", ["layers", "settings"])
+def test_a_model_replaced_while_sessions_open_is_refused(capfd, monkeypatch, tmp_path, command,
+                                                         changes):
+    widths = (64, 64, 64)
+    model = models.save(models.chain(features=64, widths=widths, seed=5), tmp_path / "m.onnx")
+    quantized = models.quantize(model, tmp_path / "q.onnx", seed=1)
+    other = models.save(models.chain(features=64, widths=widths, seed=6), tmp_path / "o.onnx")
+    real = ort.InferenceSession
+
+    class Replacing(real):
+        """The first session opened finds the model file replaced: same graph, other
+        weights."""
+
+        def __init__(self, *args, **kwargs):
+            if changes and other.exists():
+                os.replace(other, model)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", Replacing)
+    argv = (["layers", model, quantized, "1"] if command == "layers"
+            else ["settings", model, "1"])
+    result = in_process(capfd, *argv)
+    if changes:
+        assert not other.exists()  # it did change under eprun
+        assert "changed" in refused(result)
+    else:
+        assert result.code == 0, result.stderr
+
+
+# == C10 clean errors ===========================================================================
+
+@pytest.mark.parametrize("command", ["layers", "settings", "expose"])
+def test_an_initializer_without_data_is_one_clean_line(capfd, tmp_path, command):
+    empty = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[4, 4])
+    model = models.save(models.finish(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [models.float_input("x", 4)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [empty]),
+        tmp_path / "empty.onnx")
+    argv = {"layers": ["layers", model, model, "1"], "settings": ["settings", model, "1"],
+            "expose": ["expose", model, tmp_path / "exposed.onnx"]}[command]
+    before = snapshot(tmp_path)
+    refused(in_process(capfd, *argv))
+    assert snapshot(tmp_path) == before
+
+
+# == a model over 2 GB in one file ==============================================================
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def _length_field(number: int, length: int) -> bytes:
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+@pytest.fixture(scope="module")
+def over_2gb(tmp_path_factory) -> Path:
+    """ReduceSum(big) + x, with ``big`` 2.1 GiB of float zeros inline: protobuf refuses the
+    file (its 2 GiB limit). Written sparse: the payload's bytes are never on disk."""
+    count = (1 << 31) // 4 + 1024  # float elements, just over 2 GiB of them
+    tensor = TensorProto(name="big", data_type=TensorProto.FLOAT, dims=[count // 4, 4])
+    tensor_bytes = tensor.SerializeToString() + _length_field(9, count * 4)  # raw_data
+    tensor_length = len(tensor_bytes) + count * 4
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["big"], ["total"], name="sum", keepdims=1),
+         helper.make_node("Add", ["x", "total"], ["y"], name="add")], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])]).SerializeToString()
+    graph_length = len(graph) + len(_length_field(5, tensor_length)) + tensor_length
+    model = helper.make_model(helper.make_graph([], "empty", [], []),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ClearField("graph")
+    path = tmp_path_factory.mktemp("over_2gb") / "big.onnx"
+    with open(path, "wb") as stream:
+        stream.write(model.SerializeToString() + _length_field(7, graph_length) + graph
+                     + _length_field(5, tensor_length) + tensor_bytes)
+        stream.truncate(stream.tell() + count * 4)
+    assert os.path.getsize(path) > 1 << 31
+    return path
+
+
+def test_partition_walks_a_model_over_2gb(capfd, over_2gb):
+    result = in_process(capfd, "partition", over_2gb, "Add")
+    assert result.code == 0, result.stderr
+    assert result.answer["nodes"] == 2 and result.answer["partitions"] == [
+        {"owner": "cpu", "nodes": ["ReduceSum"], "size": 1},
+        {"owner": "ep", "nodes": ["Add"], "size": 1}]
+
+
+def test_where_onnxruntime_cannot_load_over_2gb_the_error_says_so(capfd, over_2gb):
+    line = refused(in_process(capfd, "settings", over_2gb, "1"))
+    assert "past protobuf's 2 GiB limit" in line and "save_as_external_data=True" in line
+
+
+# -- the wire walker against protobuf ------------------------------------------------------------
+
+def _padded_varint(value: int, extra: int) -> bytes:
+    """``value`` as a varint ``extra`` bytes longer than it needs (protobuf's limit for tags
+    and lengths is 5 bytes in all)."""
+    encoded = bytearray(tool._encode_varint(value))
+    if extra:
+        encoded[-1] |= 0x80
+        encoded += b"\x80" * (extra - 1) + b"\x00"
+    return bytes(encoded)
+
+
+def _fields(data: bytes, start: int, end: int) -> list[tuple[int, int, bytes]]:
+    return [(number, wire, data[value_at:field_end])
+            for number, wire, _, value_at, field_end in tool._wire_fields(data, start, end)]
+
+
+def _encode(fields: list, pad: dict) -> bytes:
+    """Fields back to bytes; ``pad`` (field index -> (tag extra, length extra)) makes a tag
+    or a length overlong."""
+    out = bytearray()
+    for index, (number, wire, value) in enumerate(fields):
+        tag_extra, length_extra = pad.get(index, (0, 0))
+        out += _padded_varint(number << 3 | wire, tag_extra)
+        if wire == 2:
+            out += _padded_varint(len(value), length_extra)
+        out += value
+    return bytes(out)
+
+
+def _inlined(model, path) -> onnx.ModelProto:
+    """The walker's model with each payload it left in the file read back inline."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    data = path.read_bytes()
+    for tensor in copy.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            where = {entry.key: entry.value for entry in tensor.external_data}
+            assert where["location"] == path.name
+            offset, length = int(where["offset"]), int(where["length"])
+            tensor.raw_data = data[offset:offset + length]
+            del tensor.external_data[:]
+            tensor.ClearField("data_location")
+    return copy
+
+
+@pytest.fixture(scope="module")
+def walked_model() -> bytes:
+    """A small model with one payload large enough for the walker to leave in the file."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "W"),
+             numpy_helper.from_array(np.ones(32, np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "b"], ["y"], name="add")]
+    model = models.finish(nodes, [models.float_input("x", 16)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])],
+                          inits)
+    return model.SerializeToString()
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_the_wire_walker_accepts_only_what_protobuf_accepts(walked_model, tmp_path, data):
+    """Differential: whatever the walker reads, protobuf reads the same (and where the walker
+    gives up, protobuf decides). Files with overlong tags and lengths (6-10-byte varints,
+    which protobuf, onnx and onnxruntime refuse), random bytes and truncations."""
+    top = _fields(walked_model, 0, len(walked_model))
+    graph_at = next(index for index, (number, _, _) in enumerate(top) if number == 7)
+    graph = _fields(top[graph_at][2], 0, len(top[graph_at][2]))
+    kind = data.draw(st.sampled_from(["overlong", "bytes", "truncated"]))
+    if kind == "overlong":
+        extra = (data.draw(st.integers(0, 6)), data.draw(st.integers(0, 6)))
+        inner = data.draw(st.integers(0, len(graph) - 1))
+        outer = data.draw(st.integers(0, len(top) - 1))
+        if data.draw(st.booleans()):  # a field of the graph (an initializer, a node)
+            top[graph_at] = (7, 2, _encode(graph, {inner: extra}))
+            blob = _encode(top, {})
+        else:
+            blob = _encode(top, {outer: extra})
+    elif kind == "bytes":
+        blob = bytearray(walked_model)
+        for _ in range(data.draw(st.integers(1, 4))):
+            blob[data.draw(st.integers(0, len(blob) - 1))] = data.draw(st.integers(0, 255))
+        blob = bytes(blob)
+    else:
+        blob = walked_model[:data.draw(st.integers(0, len(walked_model) - 1))]
+    path = tmp_path / "walked.onnx"
+    path.write_bytes(blob)
+    walked = tool._read_graph(str(path))
+    if blob == walked_model:
+        assert walked is not None  # a walker that always gave up would pass the rest
+    if walked is None:
+        return  # the ordinary parse decides, as it would without the walker
+    parsed = onnx.load(str(path), load_external_data=False)  # raises where protobuf refuses
+    assert _inlined(walked, path) == parsed

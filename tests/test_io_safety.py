@@ -1,25 +1,26 @@
-"""The threat model's tests (issue 32): eprun is safe with untrusted models, in shared folders
-and as root.
+"""Layer 2, I/O safety: nothing is destroyed and nothing is left behind. Staging and commit
+under kills and races, temporaries, paths that are links, FIFOs or under /dev and /proc, the
+held chatter, eprun's own environment knobs, and the threat model's tests (issue 32).
 
-Whoever wrote the model, planted a link in the output folder or runs a second eprun beside
-this one: eprun never writes through a symbolic link (W1), chooses the names it writes itself
-(W2), never hands out more permission than the user's umask and the source allow (W3),
-replaces only what it wrote unless told ``--force`` (W4), and two runs into one folder leave one
-run's set (W5). It runs no code from the working directory (R6), refuses a model that changes
-under it (R7), leaves no process or scratch folder behind (R8), reads what it was given only as
-far as it needs (R9), and every refusal is one clean line (C10, C11).
+The threat model: whoever wrote the model, planted a link in the output folder or runs a
+second eprun beside this one, eprun never writes through a symbolic link (W1), chooses the
+names it writes itself (W2), never hands out more permission than the user's umask and the
+source allow (W3), replaces only what it wrote unless told ``--force`` (W4), and two runs into
+one folder leave one run's set (W5). It runs no code from the working directory (R6), refuses a
+model that changes under it (R7), leaves no process or scratch folder behind (R8), reads what
+it was given only as far as it needs (R9), and every refusal is one clean line (C10, C11).
 
 Every refusal here is the exit code, an empty stdout, exactly one ``eprun: error:`` line and no
 traceback, with every file of the test's folder (victims included) left byte for byte, inode
-and mode as it was. Every hostile folder is built inside the test's ``tmp_path``.
-"""
+and mode as it was. Every hostile folder is built inside the test's ``tmp_path``. Runs are
+``main(argv)`` in this process unless what is tested lasts as long as a process (a kill, a
+signal, a spawned worker)."""
 from __future__ import annotations
 
 import contextlib
 import errno
 import fcntl
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -29,7 +30,6 @@ import subprocess
 import sys
 import time
 import uuid
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,13 +38,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import EPRUN, Result, run_eprun
+from conftest import EPRUN, Result, one_error_line, run_eprun
 from onnx import TensorProto, helper, numpy_helper
 
 import eprun as tool
 
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
-GIB = 1 << 30
 
 
 # -- how a run is judged -----------------------------------------------------------------------
@@ -661,146 +660,6 @@ def test_what_a_kill_leaves_is_swept_by_the_next_run(sensitivity_pair, own_tmpdi
     assert (elsewhere / "keep").read_text() == "mine"
 
 
-# == R7 a model that changes under eprun ========================================================
-
-@pytest.mark.parametrize("changes", [True, False])
-@pytest.mark.parametrize("command", ["layers", "settings"])
-def test_a_model_replaced_while_sessions_open_is_refused(capfd, monkeypatch, tmp_path, command,
-                                                         changes):
-    widths = (64, 64, 64)
-    model = models.save(models.chain(features=64, widths=widths, seed=5), tmp_path / "m.onnx")
-    quantized = models.quantize(model, tmp_path / "q.onnx", seed=1)
-    other = models.save(models.chain(features=64, widths=widths, seed=6), tmp_path / "o.onnx")
-    real = ort.InferenceSession
-
-    class Replacing(real):
-        """The first session opened finds the model file replaced: same graph, other
-        weights."""
-
-        def __init__(self, *args, **kwargs):
-            if changes and other.exists():
-                os.replace(other, model)
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(ort, "InferenceSession", Replacing)
-    argv = (["layers", model, quantized, "1"] if command == "layers"
-            else ["settings", model, "1"])
-    result = in_process(capfd, *argv)
-    if changes:
-        assert not other.exists()  # it did change under eprun
-        assert "changed" in refused(result)
-    else:
-        assert result.code == 0, result.stderr
-
-
-# == R9 bounded reads ===========================================================================
-
-def zeros(count: int) -> Iterator[bytes]:
-    """``count`` zero bytes, a MiB at a time."""
-    chunk = bytes(1 << 20)
-    while count > 0:
-        yield chunk[:count]
-        count -= len(chunk)
-
-
-def npy_header(shape: tuple) -> bytes:
-    buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        buffer, {"descr": "<f4", "fortran_order": False, "shape": shape})
-    return buffer.getvalue()
-
-
-def write_member(archive: zipfile.ZipFile, name: str, pieces) -> None:
-    """One member written piece by piece: no 1 GiB in memory or on disk."""
-    with archive.open(name, "w", force_zip64=True) as member:
-        for piece in pieces:
-            member.write(piece)
-
-
-@pytest.fixture(scope="module")
-def inputs_x():
-    return models.contract_input(7, 8)
-
-
-@pytest.fixture(scope="module")
-def with_junk(tmp_path_factory, inputs_x) -> Path:
-    """x, and an unused member that declares 1 GiB (deflated: the file stays small)."""
-    path = tmp_path_factory.mktemp("junk") / "inputs.npz"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
-        write_member(archive, "x.npy", [npy_header(inputs_x.shape), inputs_x.tobytes()])
-        write_member(archive, "junk.npy", [npy_header((GIB // 4,)), *zeros(GIB)])
-    with zipfile.ZipFile(path) as archive:
-        assert archive.getinfo("junk.npy").file_size >= GIB
-    assert path.stat().st_size < 64 << 20
-    return path
-
-
-@pytest.fixture(scope="module")
-def padded_x(tmp_path_factory, inputs_x) -> Path:
-    """x whose member declares 1 GiB where its header's shape needs 2 KiB."""
-    path = tmp_path_factory.mktemp("padded") / "inputs.npz"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
-        write_member(archive, "x.npy",
-                     [npy_header(inputs_x.shape), inputs_x.tobytes(), *zeros(GIB)])
-    assert path.stat().st_size < 64 << 20
-    return path
-
-
-def test_an_unused_member_of_an_inputs_file_is_never_decompressed(lab_pair, with_junk):
-    fp32, int8 = lab_pair
-    started = time.monotonic()
-    result = run_eprun("layers", fp32, int8, "1", "--inputs", with_junk)
-    took = time.monotonic() - started
-    assert result.code == 0, result.stderr
-    assert result.answer["rows"] == 64
-    assert took < 10, took
-
-
-def test_a_member_larger_than_its_shape_is_refused_fast(lab_pair, padded_x):
-    fp32, int8 = lab_pair
-    before = snapshot(padded_x.parent)
-    started = time.monotonic()
-    refused(run_eprun("layers", fp32, int8, "1", "--inputs", padded_x))
-    assert time.monotonic() - started < 10
-    assert snapshot(padded_x.parent) == before
-
-
-def test_a_deeply_nested_golden_record_is_one_clean_line(capfd, lab_pair, tmp_path):
-    fp32, _ = lab_pair
-    golden = tmp_path / "golden.npz"
-    saved = in_process(capfd, "check", fp32, fp32, "--save-outputs", golden)
-    assert saved.code == 0, saved.stderr
-    with np.load(golden, allow_pickle=False) as archive:
-        members = {name: archive[name] for name in archive.files}
-    records = [name for name, value in members.items()
-               if value.dtype.kind == "U" and value.ndim == 0]
-    assert len(records) == 1, list(members)  # the JSON record eprun writes
-    json.loads(str(members[records[0]]))
-    members[records[0]] = np.array("[" * 900 + "]" * 900)
-    np.savez(golden, **members)
-    before = snapshot(tmp_path)
-    result = in_process(capfd, "check", fp32, fp32, "--load-outputs", golden)
-    refused(result)
-    assert "RecursionError" not in result.stderr
-    assert snapshot(tmp_path) == before
-
-
-# == C10 clean errors ===========================================================================
-
-@pytest.mark.parametrize("command", ["layers", "settings", "expose"])
-def test_an_initializer_without_data_is_one_clean_line(capfd, tmp_path, command):
-    empty = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[4, 4])
-    model = models.save(models.finish(
-        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [models.float_input("x", 4)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [empty]),
-        tmp_path / "empty.onnx")
-    argv = {"layers": ["layers", model, model, "1"], "settings": ["settings", model, "1"],
-            "expose": ["expose", model, tmp_path / "exposed.onnx"]}[command]
-    before = snapshot(tmp_path)
-    refused(in_process(capfd, *argv))
-    assert snapshot(tmp_path) == before
-
-
 def test_a_folder_name_that_is_not_utf8_under_the_c_locale(lab_pair, tmp_path):
     fp32, _ = lab_pair
     folder = os.fsencode(tmp_path) + b"/models-\xff"
@@ -894,49 +753,6 @@ def test_a_bad_progress_delay_is_a_warning_not_a_failure(capfd, monkeypatch, lab
     assert warnings and any("EPRUN_PROGRESS_AFTER" in line for line in warnings), result.stderr
 
 
-def test_bare_eprun_is_a_short_usage_error():
-    result = run_eprun()
-    assert result.code == 2
-    assert result.stdout == ""
-    assert len(result.stderr.splitlines()) <= 4, result.stderr
-    assert "--help" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
-def catches(pid: int, signum: int) -> bool:
-    """Has process ``pid`` a handler of its own for ``signum`` (/proc's SigCgt mask)?"""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    return False
-
-
-def test_ctrl_c_while_layers_starts_is_one_line(lab_pair):
-    """Ctrl-C 0.25, 0.4 and 0.6 s after the start, but not before eprun's own code runs (its
-    SIGTERM handler is in place): on a loaded machine the interpreter can still be importing
-    ``signal`` for eprun's first line at 0.25 s, where no handler can exist yet."""
-    fp32, int8 = lab_pair
-    interrupted = 0
-    for delay in (0.25, 0.4, 0.6):
-        started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, str(EPRUN), "layers", str(fp32), str(int8),
-                                 "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        while (not catches(proc.pid, signal.SIGTERM) and proc.poll() is None
-               and time.monotonic() < started + 60):
-            time.sleep(0.001)
-        time.sleep(max(0.0, started + delay - time.monotonic()))
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        if proc.returncode == 0:  # it finished first: then its answer is whole
-            assert json.loads(out)["layer_count"] == 6
-            continue
-        assert (proc.returncode, out, err) == (130, "", "eprun: error: interrupted\n"), delay
-        interrupted += 1
-    assert interrupted >= 1
-
-
 def test_a_hidden_name_a_kill_left_is_removed_by_the_next_replacement(capfd, lab_pair, tmp_path):
     """Only the instant between a hidden name and its rename can leave a `.name.pid.n.tmp`:
     the next eprun that replaces the same file removes those whose process is gone, and
@@ -974,60 +790,6 @@ def test_a_full_disk_is_one_plain_line(capfd, monkeypatch, lab_pair, tmp_path):
                               tmp_path / "golden.npz"))
     assert line == ("eprun: error: No space left on device writing '/somewhere/full'; free "
                     "some space (or set TMPDIR to a folder with room) and run again")
-
-
-# == a model over 2 GB in one file ==============================================================
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
-        value >>= 7
-        if not value:
-            return bytes(out)
-
-
-def _length_field(number: int, length: int) -> bytes:
-    return _varint(number << 3 | 2) + _varint(length)
-
-
-@pytest.fixture(scope="module")
-def over_2gb(tmp_path_factory) -> Path:
-    """ReduceSum(big) + x, with ``big`` 2.1 GiB of float zeros inline: protobuf refuses the
-    file (its 2 GiB limit). Written sparse: the payload's bytes are never on disk."""
-    count = (1 << 31) // 4 + 1024  # float elements, just over 2 GiB of them
-    tensor = TensorProto(name="big", data_type=TensorProto.FLOAT, dims=[count // 4, 4])
-    tensor_bytes = tensor.SerializeToString() + _length_field(9, count * 4)  # raw_data
-    tensor_length = len(tensor_bytes) + count * 4
-    graph = helper.make_graph(
-        [helper.make_node("ReduceSum", ["big"], ["total"], name="sum", keepdims=1),
-         helper.make_node("Add", ["x", "total"], ["y"], name="add")], "big",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])]).SerializeToString()
-    graph_length = len(graph) + len(_length_field(5, tensor_length)) + tensor_length
-    model = helper.make_model(helper.make_graph([], "empty", [], []),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    model.ClearField("graph")
-    path = tmp_path_factory.mktemp("over_2gb") / "big.onnx"
-    with open(path, "wb") as stream:
-        stream.write(model.SerializeToString() + _length_field(7, graph_length) + graph
-                     + _length_field(5, tensor_length) + tensor_bytes)
-        stream.truncate(stream.tell() + count * 4)
-    assert os.path.getsize(path) > 1 << 31
-    return path
-
-
-def test_partition_walks_a_model_over_2gb(capfd, over_2gb):
-    result = in_process(capfd, "partition", over_2gb, "Add")
-    assert result.code == 0, result.stderr
-    assert result.answer["nodes"] == 2 and result.answer["partitions"] == [
-        {"owner": "cpu", "nodes": ["ReduceSum"], "size": 1},
-        {"owner": "ep", "nodes": ["Add"], "size": 1}]
-
-
-def test_where_onnxruntime_cannot_load_over_2gb_the_error_says_so(capfd, over_2gb):
-    line = refused(in_process(capfd, "settings", over_2gb, "1"))
-    assert "past protobuf's 2 GiB limit" in line and "save_as_external_data=True" in line
 
 
 # == what a hostile review found ================================================================
@@ -1142,20 +904,353 @@ def test_exposing_nested_external_weights_elsewhere_is_refused(capfd, tmp_path):
     assert in_process(capfd, "expose", folder / "m.onnx", folder / "e.onnx").code == 0
 
 
-def test_a_member_the_input_cannot_take_is_never_inflated(capfd, monkeypatch, lab_pair,
-                                                          tmp_path):
-    """Its header says (1, 2**28) floats where the model takes [N, 8]: refused from the
-    header, before numpy reads a byte of its data."""
+@pytest.mark.parametrize(("seconds", "said"), [
+    (0.2, "1 s"), (8.4, "8 s"), (89, "89 s"), (95, "2 min"), (3599, "1 h 0 min"),
+    (3900, "1 h 5 min")])
+def test_a_wait_is_said_as_a_person_reads_it(seconds, said):
+    assert tool._duration(seconds) == said
+
+
+def test_the_held_file_takes_what_native_code_writes():
+    store = tool._unnamed_file()
+    try:
+        os.write(store.fileno(), b"native\n")
+        store.write(b"python\n")
+        store.flush()
+        store.seek(0)
+        assert store.read() == b"native\npython\n"
+        assert not os.get_inheritable(store.fileno())
+    finally:
+        store.close()
+
+
+def digest(*paths) -> list[str]:
+    return [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths]
+
+
+# -- nothing is destroyed ----------------------------------------------------------------------
+
+@pytest.fixture
+def external(tmp_path):
+    """A model whose weights live in ext/m.onnx.data."""
+    folder = tmp_path / "ext"
+    folder.mkdir()
+    model = models.chain(features=64, widths=(64, 64, 64), seed=2)
+    onnx.save(model, str(folder / "m.onnx"), save_as_external_data=True,
+              location="m.onnx.data", size_threshold=0)
+    return folder / "m.onnx", folder / "m.onnx.data"
+
+
+def test_expose_refuses_to_write_onto_its_own_weights(run_eprun_here, external):
+    model, data = external
+    before = digest(model, data)
+    line = one_error_line(run_eprun_here("expose", model, data), 2)
+    assert f"refusing to overwrite the input file {str(data)!r}" in line
+    assert digest(model, data) == before
+    assert sorted(os.listdir(model.parent)) == ["m.onnx", "m.onnx.data"]
+
+
+def test_outputs_that_are_not_regular_files_are_refused(
+        run_eprun_here, lab_pair, external, tmp_path):
+    fp32, _ = lab_pair
+    fifo = tmp_path / "pipe.onnx"
+    os.mkfifo(fifo)
+    line = one_error_line(run_eprun_here("expose", fp32, fifo), 4)
+    assert "is not a regular file" in line and Path(fifo).is_fifo()
+    # onto a folder: refused before the weights are linked beside it
+    model, _ = external
+    target = tmp_path / "elsewhere"
+    (target / "sub").mkdir(parents=True)
+    one_error_line(run_eprun_here("expose", model, target / "sub"), 4)
+    assert sorted(p.name for p in target.rglob("*")) == ["sub"]
+    # a folder that does not exist is a path that is not there
+    one_error_line(run_eprun_here("expose", fp32, tmp_path / "no" / "such" / "out.onnx"), 3)
+    assert not (tmp_path / "no").exists()
+
+
+def test_an_output_link_is_refused_and_what_it_leads_to_untouched(
+        run_eprun_here, lab_pair, tmp_path):
+    """A link at an output path may lead to anyone's file: eprun never writes through one."""
+    fp32, _ = lab_pair
+    (tmp_path / "real").mkdir()
+    victim = tmp_path / "real" / "victim.onnx"
+    victim.write_bytes(b"the user's own file")
+    link = tmp_path / "out.onnx"
+    link.symlink_to(victim)
+    line = one_error_line(run_eprun_here("expose", fp32, link), 4)
+    assert "symbolic link" in line
+    assert link.is_symlink() and victim.read_bytes() == b"the user's own file"
+    dangling = tmp_path / "nowhere.onnx"  # dangling until something writes through it
+    dangling.symlink_to(tmp_path / "real" / "new.onnx")
+    assert "symbolic link" in one_error_line(run_eprun_here("expose", fp32, dangling), 4)
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["victim.onnx"]
+
+
+def test_nothing_under_dev_or_proc_is_ever_written(lab_pair, tmp_path):
+    """`expose m.onnx /dev/stdout > answer.txt`, as root, replaced the system's /dev/stdout link
+    with a regular file. A link of one's own into /proc/self/fd is the same way to stdout (and
+    the one tested here, so that a regression cannot damage /dev)."""
+    fp32, _ = lab_pair
+    to_stdout = tmp_path / "stdout.onnx"
+    to_stdout.symlink_to("/proc/self/fd/1")
+    answer = tmp_path / "answer.txt"
+    with open(answer, "wb") as stream:
+        result = subprocess.run([sys.executable, EPRUN, "expose", str(fp32), str(to_stdout)],
+                                stdout=stream, stderr=subprocess.PIPE, text=True)
+    assert result.returncode == 4, result.stderr
+    assert "under /proc, which eprun never writes to" in result.stderr
+    assert to_stdout.is_symlink() and os.readlink(to_stdout) == "/proc/self/fd/1"
+    assert answer.read_bytes() == b""
+    line = one_error_line(run_eprun("expose", fp32, "/proc/eprun.onnx"), 4)
+    assert "under /proc" in line  # (where a regression cannot write anything either)
+
+
+def test_a_model_that_is_not_a_regular_file_is_refused_without_reading_it(run_eprun_here, tmp_path):
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    for argv in (["partition", fifo, "MatMul"], ["layers", fifo, fifo, "1"],
+                 ["settings", fifo, "1"], ["providers", fifo, "CPUExecutionProvider"]):
+        line = one_error_line(run_eprun_here(*argv), 4)
+        assert "is not a regular file" in line
+    assert time.monotonic() - started < 60  # nothing blocked on the FIFO
+
+
+def report_files(folder) -> dict:
+    return {name: (Path(folder) / name).read_bytes() for name in sorted(os.listdir(folder))}
+
+
+def test_report_refuses_files_it_did_not_write(run_eprun_here, lab_pair, tmp_path):
     fp32, int8 = lab_pair
-    path = tmp_path / "wide.npz"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive, \
-            archive.open("x.npy", "w", force_zip64=True) as member:
-        np.lib.format.write_array_header_1_0(
-            member, {"descr": "<f4", "fortran_order": False, "shape": (1, 1 << 28)})
-        member.write(bytes(1 << 20))  # the rest is never reached
-    read = []
-    real = np.lib.format.read_array
-    monkeypatch.setattr(np.lib.format, "read_array",
-                        lambda *args, **kwargs: read.append(1) or real(*args, **kwargs))
-    line = refused(in_process(capfd, "layers", fp32, int8, "1", "--inputs", path))
-    assert "'x' has shape [1, 268435456]" in line and read == []
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "settings.json").write_text('{"my": "project settings"}\n')
+    line = one_error_line(run_eprun_here("report", fp32, int8, "--out-dir", out), 4)
+    assert f"refusing to replace {str(out / 'settings.json')!r}, which eprun did not write" in line
+    assert report_files(out) == {"settings.json": b'{"my": "project settings"}\n'}
+    forced = run_eprun_here("report", fp32, int8, "--out-dir", out, "--force")
+    assert forced.code == 0, forced.stderr
+    again = run_eprun_here("report", fp32, int8, "--out-dir", out)  # its own files: no --force
+    assert again.code == 0, again.stderr
+
+
+def test_a_write_error_leaves_the_previous_deliverables(run_eprun_here, lab_pair, tmp_path):
+    """A file-size limit makes staging the second exposed model fail (EFBIG)."""
+    import resource
+
+    fp32, int8 = lab_pair
+    out = tmp_path / "out"
+    assert run_eprun_here("report", fp32, int8, "--out-dir", out, "--seed", "1").code == 0
+    before = report_files(out)
+    limit = os.path.getsize(out / "fp32_exposed.onnx") + 1
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run([sys.executable, str(EPRUN), "report", str(fp32), str(int8),
+                           "--out-dir", str(out), "--seed", "2"], capture_output=True,
+                          text=True, preexec_fn=small_files, timeout=120)
+    assert proc.returncode == 4 and proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "cannot write" in proc.stderr and "EP Error" not in proc.stderr
+    assert report_files(out) == before  # no new file, no temporary, no half set
+    # into folders it had to create: they go too, and only they
+    fresh = tmp_path / "fresh" / "deeper"
+    proc = subprocess.run([sys.executable, str(EPRUN), "report", str(fp32), str(int8),
+                           "--out-dir", str(fresh)], capture_output=True, text=True,
+                          preexec_fn=small_files, timeout=120)
+    assert proc.returncode == 4 and "cannot write" in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+INTERRUPT_AFTER_FIRST_RENAME = """
+import os, signal, sys
+sys.argv = [sys.argv[1]] + sys.argv[2:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+import eprun
+real = os.replace
+def replace(*args, **kwargs):
+    real(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)  # lands while the set is being committed
+os.replace = replace
+sys.exit(eprun.main())
+"""
+
+
+def test_an_interrupt_lands_before_or_after_the_whole_report(run_eprun_here, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    out = tmp_path / "out"
+    assert run_eprun_here("report", fp32, int8, "--out-dir", "out", "--seed", "1",
+                     cwd=tmp_path).code == 0
+    old = report_files(out)
+    elsewhere = tmp_path / "elsewhere"  # the same command line (the report's first line)
+    elsewhere.mkdir()
+    assert run_eprun_here("report", fp32, int8, "--out-dir", "out", "--seed", "2",
+                     cwd=elsewhere).code == 0
+    new = report_files(elsewhere / "out")
+    assert old["growth.json"] != new["growth.json"]
+    proc = subprocess.run([sys.executable, "-c", INTERRUPT_AFTER_FIRST_RENAME, str(EPRUN),
+                           "report", str(fp32), str(int8), "--out-dir", "out", "--seed",
+                           "2"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 128 + signal.SIGTERM and proc.stdout == ""
+    got = report_files(out)
+    assert got in (new, old), "a mixed set of deliverables"
+    assert got == new  # the signal was held until the set was complete
+
+
+def test_killed_report_leaves_old_or_new_sets_and_no_stray_files(run_eprun_here, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    out = tmp_path / "out"
+    assert run_eprun_here("report", fp32, int8, "--out-dir", out, "--seed", "1").code == 0
+    old = report_files(out)
+    for delay in (0.3, 0.6, 0.9, 1.2, 1.5):
+        proc = subprocess.Popen([sys.executable, str(EPRUN), "report", str(fp32), str(int8),
+                                 "--out-dir", str(out), "--seed", "2"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        # 0: finished first; 143: stopped by eprun; -15: before eprun's first line ran
+        assert proc.returncode in (0, 128 + signal.SIGTERM, -signal.SIGTERM), err
+        got = report_files(out)
+        assert set(got) == set(old), "a stray or temporary file"
+        assert {name for name in got if got[name] != old[name]} in (
+            set(), {"growth.json", "settings.json", "ep_report.md"}), "a mixed set"
+        out_again = run_eprun_here("report", fp32, int8, "--out-dir", out, "--seed", "1")
+        assert out_again.code == 0 and report_files(out) == old
+
+
+def test_the_real_stderr_is_remembered_only_while_the_outermost_capture_holds_it():
+    """Where a signal's last word goes: the stderr captured_chatter took over, while it holds
+    it (an inner capture changes nothing), and nothing once it is given back."""
+    import eprun as tool
+
+    invocation = tool.Invocation()
+    with tool.installed(invocation):
+        with tool.captured_chatter():
+            outer = invocation.stderr
+            assert outer is not None and tool.real_stderr() == outer
+            with tool.captured_chatter():
+                assert invocation.stderr == outer
+            assert invocation.stderr == outer
+        assert invocation.stderr is None and invocation.terminals == []
+        assert tool.real_stderr() == 2
+
+
+@pytest.fixture(scope="module")
+def heavy_model(tmp_path_factory):
+    """~64 MB of weights, so that writing the exposed copy takes a while."""
+    folder = tmp_path_factory.mktemp("heavy")
+    rng = np.random.default_rng(0)
+    nodes, inits, current = [], [], "x"
+    for k in range(4):
+        inits.append(numpy_helper.from_array(rng.standard_normal((2048, 2048)).astype(np.float32),
+                                             f"W{k}"))
+        nodes.append(helper.make_node("MatMul", [current, f"W{k}"], [f"h{k}"]))
+        current = f"h{k}"
+    model = models.finish(nodes, [models.float_input("x", 2048)],
+                          [helper.make_tensor_value_info(current, TensorProto.FLOAT, ["N", 2048])],
+                          inits)
+    return models.save(model, folder / "heavy.onnx")
+
+
+def leftovers(folder, keep: set[str]) -> list[str]:
+    return sorted(name for name in os.listdir(folder) if name not in keep)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_expose_leaves_nothing_or_a_complete_model(heavy_model, tmp_path, signum):
+    out = tmp_path / "out.onnx"
+    delays = np.linspace(0.05, 0.6, 8)
+    for delay in delays:
+        proc = subprocess.Popen([sys.executable, str(EPRUN), "expose", str(heavy_model), str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        proc.send_signal(signum)
+        stdout, _ = proc.communicate(timeout=60)
+        assert leftovers(tmp_path, {"out.onnx"}) == []
+        if out.exists():
+            assert len(onnx.load(str(out), load_external_data=False).graph.output) == 5
+        if stdout:  # the signal came after the answer: it must be whole, and so must the file
+            assert stdout.count(b"\n") == 1 and stdout.startswith(b"{") and out.exists()
+        if signum == signal.SIGTERM and proc.returncode != 0:
+            # 143: eprun unwound through its cleanup; -15: killed during interpreter start-up
+            assert proc.returncode in (128 + signal.SIGTERM, -signal.SIGTERM)
+
+
+def test_two_writers_of_one_path_leave_one_complete_model(heavy_model, tmp_path):
+    out = tmp_path / "out.onnx"
+    procs = [subprocess.Popen([sys.executable, str(EPRUN), "expose", str(heavy_model), str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for proc in procs:
+        proc.communicate(timeout=120)
+        assert proc.returncode == 0
+    assert leftovers(tmp_path, {"out.onnx"}) == []
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert len(session.get_outputs()) == 5
+
+
+def test_no_command_modifies_its_inputs(eprun, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+
+    def digest():
+        return [hashlib.sha256(p.read_bytes()).hexdigest() for p in (fp32, int8)] + [
+            os.stat(p).st_mtime_ns for p in (fp32, int8)]
+
+    before = digest()
+    eprun("providers", fp32, "CPUExecutionProvider", "FooExecutionProvider")
+    eprun("partition", int8, "MatMul")
+    eprun("expose", int8, tmp_path / "e.onnx")
+    eprun("layers", fp32, int8, "1")
+    eprun("growth", fp32, int8, "1")
+    eprun("settings", int8, "1")
+    eprun("report", fp32, int8, "--seed", "1", "--out-dir", tmp_path / "report")
+    assert digest() == before
+
+
+def test_the_named_temporary_fallback_writes_and_cleans_up(tmp_path, monkeypatch):
+    """Where O_TMPFILE is missing (macOS, some filesystems) a hidden named file is used."""
+    monkeypatch.setattr(tool, "_open_unnamed", lambda folder: None)
+    target = tmp_path / "out.bin"
+    tool.write_atomically(b"complete", str(target))
+    assert target.read_bytes() == b"complete"
+    assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~tool._umask())
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    def half_written(stream):
+        stream.write(b"half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(tool.EprunError, match="No space left"):  # staging fails
+        tool.stage(half_written, str(target))
+    assert sorted(os.listdir(tmp_path)) == ["out.bin"] and not tool.current_invocation().temporaries
+    monkeypatch.setattr(tool.os, "replace", fail)
+    with pytest.raises(tool.EprunError, match="No space left"):  # committing fails
+        tool.write_atomically(b"new", str(target))
+    assert target.read_bytes() == b"complete"
+    assert sorted(os.listdir(tmp_path)) == ["out.bin"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="O_TMPFILE is Linux's")
+def test_a_new_file_is_linked_to_its_path_with_no_hidden_name(tmp_path, monkeypatch):
+    """On Linux a new path gets the unnamed file itself: no hidden name, no rename, so a
+    kill -9 at any moment leaves nothing but the complete file. A path that appears between
+    staging and commit is replaced through the hidden name, as any existing file is."""
+    target = tmp_path / "new.bin"
+    staged = tool.stage(b"complete", str(target))
+    assert staged.handle is not None and os.listdir(tmp_path) == []  # nothing named yet
+
+    def no_rename(*args, **kwargs):
+        raise AssertionError("renamed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tool.os, "replace", no_rename)
+        tool.commit([staged])
+    assert target.read_bytes() == b"complete" and os.listdir(tmp_path) == ["new.bin"]
+    staged = tool.stage(b"newer", str(target))
+    target.write_bytes(b"someone else's")  # appears after the check that it was free
+    tool.commit([staged])
+    assert target.read_bytes() == b"newer" and os.listdir(tmp_path) == ["new.bin"]

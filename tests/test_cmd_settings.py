@@ -1,4 +1,5 @@
-"""settings --explain: which optimizer changes the numbers, where, and whether a run repeats.
+"""Layer 7, ``settings`` and ``settings --explain``: which optimizer changes the numbers, where,
+and whether a run repeats.
 
 The cases are real on every supported stack: onnxruntime's MatMulAddFusion turns MatMul + Add
 into one Gemm that adds the bias inside the product's accumulation, so a wide layer with a
@@ -10,8 +11,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import run_eprun
-from onnx import helper, numpy_helper
+from cpu import assert_settings_are_this_cpus
+from onnx import TensorProto, helper, numpy_helper
 
 import eprun as tool
 
@@ -174,9 +175,9 @@ def test_the_transformer_list_follows_the_installed_release(monkeypatch):
     assert "ShapeInputMerge" not in names
 
 
-def test_explain_is_a_usage_of_settings_only(lab_pair):
+def test_explain_is_a_usage_of_settings_only(run_eprun_here, lab_pair):
     fp32, int8 = lab_pair
-    assert run_eprun("layers", fp32, int8, "1", "--explain").code == 2
+    assert run_eprun_here("layers", fp32, int8, "1", "--explain").code == 2
 
 
 def test_all_equal_reads_every_case(lab_pair, monkeypatch):
@@ -199,3 +200,118 @@ def test_all_equal_reads_every_case(lab_pair, monkeypatch):
     assert [case["bitwise_equal"] for case in answer["cases"]] == [True, True, False]
     assert answer["all_equal"] is False
     assert answer["cases"][2]["max_abs_diff"] == pytest.approx(1.0, rel=1e-6)
+
+
+class LayeredOptimizers:
+    """A stand-in for settings' runner whose numbers two transformers change: MatMulAddFusion
+    from ORT_ENABLE_BASIC on, QDQSelectorActionTransformer from ORT_ENABLE_EXTENDED on (as
+    CastElimination and the QDQ selector do on attention models), with no thread effect."""
+    def __init__(self) -> None:
+        self.runs = []
+        self.ranks = {"ORT_DISABLE_ALL": 0, "ORT_ENABLE_BASIC": 1, "ORT_ENABLE_EXTENDED": 2,
+                      "ORT_ENABLE_LAYOUT": 3, "ORT_ENABLE_ALL": 4}
+
+    def output(self, level, threads, disabled=()):
+        self.runs.append((level, threads, tuple(disabled)))
+        rank = self.ranks[level]
+        value = 0.0
+        if rank >= 1 and "MatMulAddFusion" not in disabled:
+            value += 1.0
+        if rank >= 2 and "QDQSelectorActionTransformer" not in disabled:
+            value += 2.0
+        return np.array([value], np.float32)
+
+
+def test_explain_finds_every_transformer_at_the_cases_own_level(monkeypatch):
+    """Disabling the transformer found at the introducing level (BASIC) leaves ENABLE_ALL
+    different: the explanation goes on at ENABLE_ALL, and only a set verified to restore the
+    baseline there lets the rest be blamed on threads (here nothing is left)."""
+    import eprun as tool
+
+    monkeypatch.setattr(tool, "_changes_the_graph", lambda runner, level, name: True)
+    monkeypatch.setattr(tool, "_first_difference", lambda *args: None)
+    runner = LayeredOptimizers()
+    base = runner.output("ORT_DISABLE_ALL", 1)
+    for threads in (1, 2):
+        explained = tool.explain_case(runner, base,
+                                      {"level": "ORT_ENABLE_ALL", "intra_op": threads})
+        assert explained["introduced_by"] == "ORT_ENABLE_BASIC"
+        assert sorted(explained["transformers"]) == ["MatMulAddFusion",
+                                                     "QDQSelectorActionTransformer"]
+        assert explained["restores_baseline"] is True
+        assert "threads_too" not in explained
+        assert ("ORT_ENABLE_ALL", 1, tuple(explained["transformers"])) in runner.runs
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_settings_matches_direct_sessions(eprun, lab_pair, which):
+    path = lab_pair[which]
+    answer = eprun("settings", path, "11")
+    base = models.run(path, models.contract_input(11, 8), level="ORT_DISABLE_ALL", threads=1)[0]
+    assert answer["model"] == str(path) and answer["seed"] == 11
+    assert answer["baseline"] == {"level": "ORT_DISABLE_ALL", "intra_op": 1,
+                                  "max_abs_output": pytest.approx(float(np.abs(base).max())),
+                                  "mean_output": pytest.approx(float(base.mean()))}
+    # bit for bit against sessions opened here: on the int8 model the int8 kernel decides the
+    # ORT_ENABLE_ALL cases, and these sessions get the same kernel as eprun's
+    assert_settings_are_this_cpus(answer, path)
+
+# -- settings that differ for real -------------------------------------------------------------
+
+
+def layer_norm_model(features: int = 256, seed: int = 0) -> onnx.ModelProto:
+    """LayerNormalization written out as ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div,
+    Mul, Add (opset 17 has no fused op in the default domain). ORT_ENABLE_ALL fuses the chain
+    into one LayerNormalization kernel, which sums in another order than the separate
+    kernels; ORT_DISABLE_ALL runs them one by one."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((1 + 0.1 * rng.standard_normal(features)).astype(np.float32),
+                                     "gamma"),
+             numpy_helper.from_array((0.1 * rng.standard_normal(features)).astype(np.float32),
+                                     "beta"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-5, np.float32), "eps")]
+    node = helper.make_node
+    nodes = [node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+             node("Sub", ["x", "mean"], ["centered"]),
+             node("Pow", ["centered", "two"], ["squared"]),
+             node("ReduceMean", ["squared"], ["variance"], axes=[-1]),
+             node("Add", ["variance", "eps"], ["padded"]),
+             node("Sqrt", ["padded"], ["deviation"]),
+             node("Div", ["centered", "deviation"], ["normal"]),
+             node("Mul", ["normal", "gamma"], ["scaled"]),
+             node("Add", ["scaled", "beta"], ["y"])]
+    return models.finish(nodes, [models.float_input("x", features)],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", features])],
+                         inits)
+
+
+def test_settings_reports_a_fusion_that_changes_the_output(eprun, tmp_path):
+    features, seed = 256, 2026
+    model = layer_norm_model(features)
+    onnx.checker.check_model(model)
+    path = models.save(model, tmp_path / "layer_norm.onnx")
+    x = models.contract_input(seed, features)
+
+    base = models.run(path, x, level="ORT_DISABLE_ALL", threads=1)[0]
+    # the model is what it says: a layer norm, to float32 precision
+    x64 = x.astype(np.float64)
+    centered = x64 - x64.mean(axis=-1, keepdims=True)
+    normal = centered / np.sqrt((centered ** 2).mean(axis=-1, keepdims=True) + 1e-5)
+    gamma, beta = (numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer[:2])
+    np.testing.assert_allclose(base, normal * gamma + beta, rtol=1e-5, atol=1e-5)
+
+    answer = eprun("settings", path, str(seed))
+    assert answer["model"] == str(path)
+    assert answer["seed"] == seed
+    assert answer["baseline"] == {"level": "ORT_DISABLE_ALL", "intra_op": 1,
+                                  "max_abs_output": float(np.abs(base).max()),
+                                  "mean_output": pytest.approx(float(base.mean()), rel=1e-9)}
+    assert_settings_are_this_cpus(answer, path)  # every case as sessions opened here give it
+    for case in answer["cases"]:
+        if case["level"] == "ORT_ENABLE_ALL":  # the fused kernel rounds differently, on every stack
+            assert case["bitwise_equal"] is False
+            assert 0 < case["max_abs_diff"] < 1e-4
+    assert answer["all_equal"] is False

@@ -1,19 +1,26 @@
-"""Table-driven tests of eprun's pure functions, imported in-process.
+"""Layer 5, measurement core: inputs and inputs files, golden records, boundaries and their
+pairing, the comparison of outputs, local error, growth and batching within a memory budget.
 
-Every expected value below is worked out by hand (powers of two where a ratio must be exact,
-short arithmetic in the comments elsewhere), never taken from eprun's own output.
-"""
+The table-driven tests call eprun's pure functions in-process; every expected value there is
+worked out by hand (powers of two where a ratio must be exact, short arithmetic in the comments
+elsewhere), never taken from eprun's own output."""
 from __future__ import annotations
 
-import argparse
+import io
+import json
 import math
-import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import models
 import numpy as np
-import onnxruntime as ort
+import onnx
 import pytest
-from onnx import TensorProto, helper
+from conftest import one_error_line
+from onnx import TensorProto, helper, numpy_helper
+from test_io_safety import in_process, refused, snapshot
 
 import eprun as tool
 
@@ -170,20 +177,6 @@ def test_find_boundaries(nodes, outputs, ops, expected):
     assert tool.find_boundaries(graph(nodes, outputs), ops) == expected
 
 
-# -- providers: missing keeps the requested order ----------------------------------------------
-
-def test_providers_missing_keeps_the_requested_order(tmp_path):
-    path = models.save(models.chain(features=4, widths=(4, 4)), tmp_path / "m.onnx")
-    available = ort.get_available_providers()
-    absent = [name for name in ort.get_all_providers() if name not in available][:2]
-    assert len(absent) == 2, "needs two providers onnxruntime knows but this build lacks"
-    first, second = absent
-    requests = [[first, second], [second, "CPUExecutionProvider", first]]
-    answer = tool.providers(str(path), requests)
-    assert [case["missing"] for case in answer["cases"]] == [[first, second], [second, first]]
-    assert [case["requested"] for case in answer["cases"]] == requests
-
-
 # -- compare_outputs ---------------------------------------------------------------------------
 
 def test_compare_outputs_worst_is_the_largest_excess_not_the_largest_difference():
@@ -326,201 +319,6 @@ def test_plan_batches(sizes, budget, batches):
     assert tool.plan_batches(sizes, budget) == batches
 
 
-# -- retries -----------------------------------------------------------------------------------
-
-class Flaky:
-    """Fails ``failures`` times with an EprunError caused by ``message``, then returns 'ok'."""
-
-    def __init__(self, failures: int, message: str = "EP compile timed out") -> None:
-        self.failures, self.message, self.calls = failures, message, 0
-
-    def __call__(self) -> str:
-        self.calls += 1
-        if self.calls <= self.failures:
-            try:
-                raise RuntimeError(self.message)
-            except RuntimeError as cause:
-                raise tool.EprunError("onnxruntime failed") from cause
-        return "ok"
-
-
-@pytest.fixture
-def no_sleep(monkeypatch):
-    import time
-
-    pauses = []
-    monkeypatch.setattr(time, "sleep", pauses.append)
-    return pauses
-
-
-@pytest.mark.parametrize("retries", [0, 1, 2, 3])
-def test_retries_recover_from_exactly_the_budget(retries, no_sleep, capsys):
-    action, used = Flaky(retries), [0]
-    assert tool._with_retries(action, retries, 0.5, used, "m.onnx") == "ok"
-    assert action.calls == retries + 1
-    assert used == [retries]
-    assert no_sleep == [0.5] * retries
-    assert capsys.readouterr().err.splitlines() == [
-        "eprun: transient provider error, retrying in 0.5s: onnxruntime failed"] * retries
-
-
-@pytest.mark.parametrize("retries", [0, 1, 2, 3])
-def test_retries_give_up_after_the_budget(retries, no_sleep):
-    action, used = Flaky(retries + 1), [0]
-    with pytest.raises(tool.EprunError):
-        tool._with_retries(action, retries, 0.0, used, "m.onnx")
-    assert action.calls == retries + 1
-    assert used == [retries]
-
-
-def test_retries_are_one_budget_for_the_whole_check(no_sleep):
-    action, used = Flaky(2), [2]  # two retries already spent elsewhere, of three
-    with pytest.raises(tool.EprunError):
-        tool._with_retries(action, 3, 0.0, used, "m.onnx")
-    assert action.calls == 2
-    assert used == [3]
-
-
-@pytest.mark.parametrize("message", ["invalid model: no such op", "out of memory",
-                                     "Load model from /x/timeout.onnx failed"])
-def test_retries_never_retry_a_non_transient_error(message, no_sleep):
-    action, used = Flaky(1, message), [0]
-    with pytest.raises(tool.EprunError):
-        tool._with_retries(action, 3, 0.0, used, "/x/timeout.onnx")
-    assert action.calls == 1
-    assert used == [0]
-    assert no_sleep == []
-
-
-def test_retries_never_retry_other_exceptions(no_sleep):
-    calls = []
-
-    def broken():
-        calls.append(1)
-        try:
-            raise TimeoutError("EP compile timed out")
-        except TimeoutError as cause:  # not wrapped by eprun: a bug, not a provider error
-            raise RuntimeError("unexpected") from cause
-
-    with pytest.raises(RuntimeError):
-        tool._with_retries(broken, 3, 0.0, [0], "m.onnx")
-    assert calls == [1]
-
-
-# -- small parsers -----------------------------------------------------------------------------
-
-@pytest.mark.parametrize(("requested", "actual", "missing"), [
-    (["CUDAExecutionProvider", "CPUExecutionProvider"], ["CPUExecutionProvider"],
-     ["CUDAExecutionProvider"]),
-    (["AzureExecutionProvider"], ["AzureExecutionProvider", "CPUExecutionProvider"], []),
-    ([], ["CPUExecutionProvider"], []),
-    (["B", "A", "CPUExecutionProvider"], ["CPUExecutionProvider"], ["B", "A"]),
-    (["A", "B"], ["B", "A"], []),
-    (["CPUExecutionProvider"], [], ["CPUExecutionProvider"]),
-    # a device policy is missing when it got nothing but the CPU, unless it asked for the CPU
-    (["policy:PREFER_NPU"], ["CPUExecutionProvider"], ["policy:PREFER_NPU"]),
-    (["policy:PREFER_NPU"], ["OpenVINOExecutionProvider", "CPUExecutionProvider"], []),
-    (["policy:PREFER_CPU"], ["CPUExecutionProvider"], []),
-])
-def test_fallback_of(requested, actual, missing):
-    assert tool.fallback_of(requested, actual) == missing
-
-
-@pytest.mark.parametrize(("text", "items"), [
-    ("a,b,c", ["a", "b", "c"]),
-    (" a , b ,,c, ", ["a", "b", "c"]),
-    ("c,a,b", ["c", "a", "b"]),
-    ("a,a", ["a", "a"]),
-    ("\tMatMul\t", ["MatMul"]),
-    ("", []),
-    (",,", []),
-    (" , ", []),
-])
-def test_parse_list(text, items):
-    assert tool.parse_list(text) == items
-
-
-@pytest.mark.parametrize(("text", "seed"), [
-    ("0", 0), ("7", 7), ("007", 7), ("0000", 0), ("2026", 2026),
-    ("1" + "0" * 30, 10 ** 30), pytest.param("9" * 4000, 10 ** 4000 - 1, id="4000 nines"),
-])
-def test_parse_seed_accepts(text, seed):
-    assert tool.parse_seed(text) == seed
-
-
-def test_parse_seed_past_the_int_conversion_limit():
-    """main() lifts Python's 4,300-digit limit; with it lifted a seed of any length reads."""
-    limit = getattr(sys, "get_int_max_str_digits", None)
-    assert limit is not None, "every supported Python (3.9.14+) has the limit"
-    before = limit()
-    sys.set_int_max_str_digits(0)
-    try:
-        assert tool.parse_seed("9" * 5000) == 10 ** 5000 - 1
-        assert tool.parse_seed("0" * 4999 + "5") == 5
-    finally:
-        sys.set_int_max_str_digits(before)
-
-
-@pytest.mark.parametrize("text", [
-    "", " ", "-1", "+1", "1.5", "1e3", "0x10", "1_000", " 7", "7 ", "abc", "-0",
-    "\u0663",            # ARABIC-INDIC DIGIT THREE: int() reads it as 3
-    "\uff11\uff12",      # FULLWIDTH 12
-    "\u00b2",            # SUPERSCRIPT TWO: str.isdigit() says yes
-    "1\u0663",
-])
-def test_parse_seed_refuses(text):
-    with pytest.raises(argparse.ArgumentTypeError):
-        tool.parse_seed(text)
-
-
-@pytest.mark.parametrize(("text", "parsed"), [
-    ("seq=16", ("seq", 16)),
-    (" seq = 16 ", ("seq", 16)),
-    ("input_ids:1=8", ("input_ids:1", 8)),
-    ("a=b=3", ("a=b", 3)),
-    ("seq=01", ("seq", 1)),
-])
-def test_parse_dim_accepts(text, parsed):
-    assert tool.parse_dim(text) == parsed
-
-
-@pytest.mark.parametrize("text", ["seq=0", "seq=-1", "seq=+1", "seq=1.5", "=5", " =5", "seq",
-                                  "seq=", "seq=\u0663", "seq=1e3"])
-def test_parse_dim_refuses(text):
-    with pytest.raises(argparse.ArgumentTypeError):
-        tool.parse_dim(text)
-
-
-@pytest.mark.parametrize(("text", "parsed"), [
-    ("x:-1,1", ("x", (-1.0, 1.0))),
-    ("x:1,1", ("x", (1.0, 1.0))),
-    ("x:1e-3,2.5", ("x", (0.001, 2.5))),
-    ("a:b:0,2", ("a:b", (0.0, 2.0))),
-    (" x : 0 , 2 ", ("x", (0.0, 2.0))),
-])
-def test_parse_input_range_accepts(text, parsed):
-    assert tool.parse_input_range(text) == parsed
-
-
-@pytest.mark.parametrize("text", ["x:2,1", "x:nan,1", "x:0,nan", "x:0,inf", "x:-inf,0", "x:1",
-                                  ":0,1", " :0,1", "0,1", "x:0,1,2", "x:a,1", "x:", "x:,"])
-def test_parse_input_range_refuses(text):
-    with pytest.raises(argparse.ArgumentTypeError):
-        tool.parse_input_range(text)
-
-
-@pytest.mark.parametrize(("text", "value"), [("1", 1.0), ("-1", -1.0), ("0.99", 0.99),
-                                         ("1e-1", 0.1), ("0", 0.0), ("-1.0", -1.0)])
-def test_parse_cosine_accepts(text, value):
-    assert tool.parse_cosine(text) == value
-
-
-@pytest.mark.parametrize("text", ["1.0000001", "-1.01", "2", "nan", "inf", "-inf", "abc", ""])
-def test_parse_cosine_refuses(text):
-    with pytest.raises(argparse.ArgumentTypeError):
-        tool.parse_cosine(text)
-
-
 # -- quantized tensors read back and fed -------------------------------------------------------
 
 def quantized_graph():
@@ -560,27 +358,6 @@ def test_quantized_tensors_take_the_scale_of_their_maker_or_reader():
     assert fed.tolist() == [12, 4, 255, 0, 10, 12]
 
 
-def test_an_undefined_declared_type_is_filled_from_the_graph():
-    """A value_info that names a tensor but not its element type (0) says nothing: the type
-    comes from the node that writes it (QLinearConcat writes its uint8 operands' type)."""
-    model = quantized_graph()
-    model.graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.UNDEFINED, None))
-    del model.graph.output[:]
-    model.graph.output.append(helper.make_tensor_value_info("c", TensorProto.UNDEFINED, None))
-    assert tool.tensor_types(model)["c"].tensor_type.elem_type == TensorProto.UINT8
-
-
-def test_ctrl_c_while_the_command_line_is_parsed_is_an_interruption(monkeypatch, capfd):
-    class Interrupted:
-        def parse_known_args(self, argv):
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(tool, "build_parser", lambda only=None, argv=(): Interrupted())
-    assert tool.main(["partition", "m.onnx", "MatMul"]) == 130
-    captured = capfd.readouterr()
-    assert captured.out == "" and captured.err == "eprun: error: interrupted\n"
-
-
 # -- token ids: drawn over the table they index ------------------------------------------------
 
 @pytest.mark.parametrize("path", [[], ["Cast"], ["Reshape", "Cast"]])
@@ -606,8 +383,372 @@ def test_ids_index_a_gather_table_directly_or_through_casts_and_reshapes(path):
     assert ids.shape == (64, 5) and ids.min() >= 0 and ids.max() == 6  # 320 draws over 7
 
 
-@pytest.mark.parametrize(("seconds", "said"), [
-    (0.2, "1 s"), (8.4, "8 s"), (89, "89 s"), (95, "2 min"), (3599, "1 h 0 min"),
-    (3900, "1 h 5 min")])
-def test_a_wait_is_said_as_a_person_reads_it(seconds, said):
-    assert tool._duration(seconds) == said
+def test_outputs_that_are_not_tensors_get_a_clear_message(run_eprun_here, tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["y"]),
+             helper.make_node("SequenceConstruct", ["y", "y"], ["seq"])]
+    seq_type = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)
+    path = models.save(models.finish(nodes, [models.float_input("x", 4)], [seq_type]),
+                       tmp_path / "sequence.onnx")
+    line = one_error_line(run_eprun_here("check", path, path), 4)
+    assert "output 'seq' is a list (not a tensor); check compares numeric tensors only" in line
+    line = one_error_line(run_eprun_here("settings", path, "1"), 4)
+    assert "settings compares numeric tensors only" in line
+
+SWAPPED_RUNS = {
+    "layers": ("layers", "{int8}", "{fp32}", "1"),
+    "growth": ("growth", "{int8}", "{fp32}", "1"),
+    "sensitivity": ("sensitivity", "{int8}", "{fp32}", "1"),
+    "check": ("check", "{int8}", "{fp32}"),
+    "report": ("report", "{int8}", "{fp32}", "--out-dir", "{out}"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(SWAPPED_RUNS))
+def test_a_swapped_pair_is_wrong_usage_with_the_fix(eprun_fails, lab_pair, tmp_path, command):
+    fp32, int8 = lab_pair
+    out = tmp_path / "out"
+    argv = [word.format(fp32=fp32, int8=int8, out=out) for word in SWAPPED_RUNS[command]]
+    line = eprun_fails(2, *argv)
+    assert "look swapped" in line and "--swapped-ok" in line
+    assert f"({fp32} {int8})" in line  # the order to give them in, ready to paste
+    assert not out.exists()  # report measured nothing, wrote nothing
+
+
+def test_swapped_ok_compares_the_pair_as_given(run_eprun_here, eprun, lab_pair):
+    fp32, int8 = lab_pair
+    as_given = eprun("layers", int8, fp32, "1", "--swapped-ok")
+    # the same numbers as the right order, with the roles exchanged: max |a - b| is symmetric
+    right = eprun("layers", fp32, int8, "1")
+    assert [entry["max_abs_error"] for entry in as_given["layers"]] == pytest.approx(
+        [entry["max_abs_error"] for entry in right["layers"]], rel=1e-12)
+    checked = run_eprun_here("check", int8, fp32, "--swapped-ok", "--profile", "int8")
+    assert checked.code in (0, 1) and checked.answer["outputs"]  # a verdict, not a refusal
+
+
+def test_the_same_float_model_twice_is_not_a_swap(eprun, lab_pair):
+    fp32, _ = lab_pair
+    assert eprun("layers", fp32, fp32, "1")["layers"][-1]["max_abs_error"] == 0.0
+
+
+def log_model(path, absolute: bool) -> None:
+    """x @ I -> [Abs] -> Log: without Abs, every negative input becomes NaN (and 0 -> -inf)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm")]
+    if absolute:
+        nodes.append(helper.make_node("Abs", ["m"], ["a"], name="abs"))
+    nodes.append(helper.make_node("Log", ["a" if absolute else "m"], ["y"], name="log"))
+    graph = helper.make_graph(nodes, "log", [x], [y],
+                              [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def direct_output(path, seed: int) -> np.ndarray:
+    return models.run(path, models.contract_input(seed, 4))[0]
+
+
+def test_nonfinite_values_are_counted_and_named(run_eprun_here, tmp_path):
+    finite, broken = tmp_path / "abs_log.onnx", tmp_path / "log.onnx"
+    log_model(finite, absolute=True)
+    log_model(broken, absolute=False)
+    want = int(np.count_nonzero(~np.isfinite(direct_output(broken, 1))))
+    assert want > 0
+    assert np.all(np.isfinite(direct_output(finite, 1)))
+
+    result = run_eprun_here("layers", finite, broken, "1")
+    assert result.code == 0
+    last = result.answer["layers"][-1]
+    assert last["nonfinite"] == {"fp32": 0, "int8": want}
+    assert last["max_abs_error"] is None  # strict JSON: null, and now not silently
+    assert f"the int8 tensor 'y' holds {want} NaN or infinite values" in result.stderr
+    assert all("nonfinite" not in entry for entry in result.answer["layers"][:-1])
+
+    checked = run_eprun_here("check", finite, broken, "--min-cos", "-1")  # check's seed: 0
+    want = int(np.count_nonzero(~np.isfinite(direct_output(broken, 0))))
+    assert checked.code == 1
+    assert checked.answer["outputs"][0]["nonfinite"] == {"reference": 0, "candidate": want}
+    verdict = checked.stderr.splitlines()[-1]
+    assert f"no cosine, the outputs hold {want} NaN or infinite values" in verdict
+    assert "nan below" not in verdict
+
+
+def test_finite_answers_have_no_nonfinite_field(eprun, lab_pair):
+    fp32, int8 = lab_pair
+    assert all("nonfinite" not in entry for entry in eprun("layers", fp32, int8, "1")["layers"])
+
+
+def test_a_wrong_shaped_inputs_array_blames_the_file(eprun_fails, eprun, lab_pair, tmp_path):
+    fp32, int8 = lab_pair
+    wrong, right = tmp_path / "wrong.npz", tmp_path / "right.npz"
+    np.savez(wrong, x=np.zeros((4, 3), np.float32))
+    np.savez(right, x=np.zeros((4, 8), np.float32))
+    line = eprun_fails(4, "layers", fp32, int8, "1", "--inputs", wrong)
+    assert f"{str(wrong)!r}: 'x' has shape [4, 3], but {str(fp32)!r} takes 'x' as" in line
+    assert "fix the array in the --inputs file" in line
+    assert eprun("layers", fp32, int8, "1", "--inputs", right)["rows"] == 4
+
+
+def matmul_model(path, dims: list, features: int) -> None:
+    """x (dims) @ w (features x 3) -> y."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.ones((features, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "m",
+                              [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("command", ["layers", "growth", "check"])
+def test_a_run_that_fails_on_chosen_dims_says_which_and_how_to_set_them(
+        run_eprun_here, eprun_fails, tmp_path, command):
+    model = tmp_path / "needs_t5.onnx"
+    matmul_model(model, ["N", "T"], 5)  # runs only when T is 5
+    argv = (command, model, model) + (("1",) if command != "check" else ())
+    line = eprun_fails(4, *argv)
+    assert "eprun chose" in line and "x[1] ('T')" in line and "--dim NAME=VALUE" in line
+    assert run_eprun_here("layers", model, model, "1", "--dim", "T=5").code == 0
+
+
+def test_only_a_batch_by_features_input_goes_without_the_inputs_record(eprun, tmp_path):
+    image = tmp_path / "image.onnx"
+    matmul_model(image, ["N", 2, 4], 4)
+    answer = eprun("layers", image, image, "1")
+    assert answer["inputs"] == [{"name": "x", "dtype": "float32", "shape": [64, 2, 4],
+                                 "source": "standard_normal"}]
+    flat = tmp_path / "flat.onnx"
+    matmul_model(flat, ["N", 4], 4)
+    assert "inputs" not in eprun("layers", flat, flat, "1")
+
+
+def test_the_lab_pair_keeps_the_contracts_pairing(eprun, lab_pair):
+    """auto pairs by position where names and positions agree: no "pairing" in the answer."""
+    fp32, int8 = lab_pair
+    answer = eprun("layers", fp32, int8, "2")
+    assert "pairing" not in answer
+    assert answer == eprun("layers", fp32, int8, "2", "--pair", "position")
+    assert "pairing" not in eprun("growth", fp32, int8, "2")
+
+
+def test_local_error_on_a_float16_twin_casts_what_it_feeds(run_eprun_here, tmp_path):
+    """A float16 twin's segments take float16: --local feeds the fp32 tensor cast to it. The
+    segment into relu1 is checked against onnx's own extraction of that subgraph, fed the
+    same cast tensor (sessions opened here)."""
+    from test_real_models import float16_twin
+
+    fp32 = models.save(models.chain(features=8, widths=(16, 16, 8), seed=4), tmp_path / "f.onnx")
+    fp16 = models.save(float16_twin(onnx.load(str(fp32))), tmp_path / "h.onnx")
+    answer = run_eprun_here("layers", fp32, fp16, "2", "--local").answer
+    assert answer["local_unavailable"] == []
+    x = models.contract_input(2, 8)
+    fp32_values = dict(zip(("relu0", "relu1"), models.run(fp32, x, ["relu0", "relu1"])))
+    segment = tmp_path / "segment.onnx"
+    onnx.utils.extract_model(str(fp16), str(segment), ["relu0"], ["relu1"])
+    got = models.run(segment, {"relu0": fp32_values["relu0"].astype(np.float16)})[0]
+    assert got.dtype == np.float16
+    want = float(np.abs(got.astype(np.float64) - fp32_values["relu1"]).max())
+    local = answer["layers"][2]["local"]
+    assert answer["layers"][2]["fp32"] == "relu1"
+    assert local["max_abs_error"] == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def test_a_cnn_with_a_gemm_head_is_told_about_conv_boundaries(run_eprun_here, tmp_path):
+    import real_models
+
+    cnn = models.save(real_models.residual_cnn(7), tmp_path / "cnn.onnx")
+    result = run_eprun_here("layers", cnn, cnn, "1")
+    assert result.code == 0 and result.answer["layer_count"] == 2  # the Gemm's input, output
+    assert ("has 2 boundaries, but 4 Conv layers no boundary is in front of: --boundary-ops "
+            "MatMul,Gemm,Conv compares the input of each") in result.stderr
+    wider = run_eprun_here("layers", cnn, cnn, "1", "--boundary-ops", "MatMul,Gemm,Conv")
+    assert wider.answer["layer_count"] == 6 and "boundary-ops" not in wider.stderr
+
+
+def two_outputs(path, factor: float) -> None:
+    """x @ (factor * W) -> h; outputs a = Relu(h) (the first float one) and b = Sigmoid(h)."""
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array((factor * rng.standard_normal((4, 3))).astype(np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", 3])
+               for name in ("a", "b")]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                               helper.make_node("Relu", ["h"], ["a"], name="relu"),
+                               helper.make_node("Sigmoid", ["h"], ["b"], name="sig")],
+                              "two", [x], outputs, [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def test_output_chooses_the_final_boundary(eprun, eprun_fails, tmp_path):
+
+    first, second = tmp_path / "one.onnx", tmp_path / "two.onnx"
+    two_outputs(first, 1.0)
+    two_outputs(second, 1.01)
+    default = eprun("layers", first, second, "1")
+    assert [entry["fp32"] for entry in default["layers"]] == ["x", "a"]
+    chosen = eprun("layers", first, second, "1", "--output", "b")
+    assert [entry["fp32"] for entry in chosen["layers"]] == ["x", "b"]
+    x = models.contract_input(1, 4)
+    b1, b2 = (models.run(path, x, ["b"])[0].astype(np.float64) for path in (first, second))
+    assert chosen["layers"][-1]["max_abs_error"] == pytest.approx(
+        float(np.abs(b2 - b1).max()), rel=1e-9)
+    assert "no output of that name (its outputs: a, b)" in eprun_fails(
+        2, "growth", first, second, "1", "--output", "h")
+GIB = 1 << 30
+
+
+# == R9 bounded reads ===========================================================================
+
+def zeros(count: int) -> Iterator[bytes]:
+    """``count`` zero bytes, a MiB at a time."""
+    chunk = bytes(1 << 20)
+    while count > 0:
+        yield chunk[:count]
+        count -= len(chunk)
+
+
+def npy_header(shape: tuple) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return buffer.getvalue()
+
+
+def write_member(archive: zipfile.ZipFile, name: str, pieces) -> None:
+    """One member written piece by piece: no 1 GiB in memory or on disk."""
+    with archive.open(name, "w", force_zip64=True) as member:
+        for piece in pieces:
+            member.write(piece)
+
+
+@pytest.fixture(scope="module")
+def inputs_x():
+    return models.contract_input(7, 8)
+
+
+@pytest.fixture(scope="module")
+def with_junk(tmp_path_factory, inputs_x) -> Path:
+    """x, and an unused member that declares 1 GiB (deflated: the file stays small)."""
+    path = tmp_path_factory.mktemp("junk") / "inputs.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        write_member(archive, "x.npy", [npy_header(inputs_x.shape), inputs_x.tobytes()])
+        write_member(archive, "junk.npy", [npy_header((GIB // 4,)), *zeros(GIB)])
+    with zipfile.ZipFile(path) as archive:
+        assert archive.getinfo("junk.npy").file_size >= GIB
+    assert path.stat().st_size < 64 << 20
+    return path
+
+
+@pytest.fixture(scope="module")
+def padded_x(tmp_path_factory, inputs_x) -> Path:
+    """x whose member declares 1 GiB where its header's shape needs 2 KiB."""
+    path = tmp_path_factory.mktemp("padded") / "inputs.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        write_member(archive, "x.npy",
+                     [npy_header(inputs_x.shape), inputs_x.tobytes(), *zeros(GIB)])
+    assert path.stat().st_size < 64 << 20
+    return path
+
+
+def test_an_unused_member_of_an_inputs_file_is_never_decompressed(
+        run_eprun_here, lab_pair, with_junk):
+    fp32, int8 = lab_pair
+    started = time.monotonic()
+    result = run_eprun_here("layers", fp32, int8, "1", "--inputs", with_junk)
+    took = time.monotonic() - started
+    assert result.code == 0, result.stderr
+    assert result.answer["rows"] == 64
+    assert took < 10, took
+
+
+def test_a_member_larger_than_its_shape_is_refused_fast(run_eprun_here, lab_pair, padded_x):
+    fp32, int8 = lab_pair
+    before = snapshot(padded_x.parent)
+    started = time.monotonic()
+    refused(run_eprun_here("layers", fp32, int8, "1", "--inputs", padded_x))
+    assert time.monotonic() - started < 10
+    assert snapshot(padded_x.parent) == before
+
+
+def test_a_deeply_nested_golden_record_is_one_clean_line(capfd, lab_pair, tmp_path):
+    fp32, _ = lab_pair
+    golden = tmp_path / "golden.npz"
+    saved = in_process(capfd, "check", fp32, fp32, "--save-outputs", golden)
+    assert saved.code == 0, saved.stderr
+    with np.load(golden, allow_pickle=False) as archive:
+        members = {name: archive[name] for name in archive.files}
+    records = [name for name, value in members.items()
+               if value.dtype.kind == "U" and value.ndim == 0]
+    assert len(records) == 1, list(members)  # the JSON record eprun writes
+    json.loads(str(members[records[0]]))
+    members[records[0]] = np.array("[" * 900 + "]" * 900)
+    np.savez(golden, **members)
+    before = snapshot(tmp_path)
+    result = in_process(capfd, "check", fp32, fp32, "--load-outputs", golden)
+    refused(result)
+    assert "RecursionError" not in result.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_a_member_the_input_cannot_take_is_never_inflated(capfd, monkeypatch, lab_pair,
+                                                          tmp_path):
+    """Its header says (1, 2**28) floats where the model takes [N, 8]: refused from the
+    header, before numpy reads a byte of its data."""
+    fp32, int8 = lab_pair
+    path = tmp_path / "wide.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive, \
+            archive.open("x.npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array_header_1_0(
+            member, {"descr": "<f4", "fortran_order": False, "shape": (1, 1 << 28)})
+        member.write(bytes(1 << 20))  # the rest is never reached
+    read = []
+    real = np.lib.format.read_array
+    monkeypatch.setattr(np.lib.format, "read_array",
+                        lambda *args, **kwargs: read.append(1) or real(*args, **kwargs))
+    line = refused(in_process(capfd, "layers", fp32, int8, "1", "--inputs", path))
+    assert "'x' has shape [1, 268435456]" in line and read == []
+
+
+def test_max_memory_gives_the_same_answer(tmp_path, monkeypatch, capfd):
+    """--max-memory fetches the boundaries in batches, each from sessions opened for it, and
+    the answer is the one fetched at once. At 1000 rows a boundary of this 24-wide chain holds
+    about 190 KB (fp32 and int8 together): 1 MB fits a few in a batch, 0 fits one. The plan
+    and the sessions opened for it show that each run really was split that way.
+    (Every batch's sessions expose every boundary, so each kernel, the int8 ones of --local's
+    segments included, sees the graph it sees unsplit: equal bit for bit on any CPU.)"""
+    import eprun as tool
+
+    fp32 = models.save(models.chain(features=16, widths=[24] * 30 + [8], seed=5),
+                       tmp_path / "deep.onnx")
+    int8 = models.quantize(fp32, tmp_path / "deep_q.onnx", seed=6)
+    plans, opened = [], []
+    plan, session = tool.plan_batches, tool.PairedModel.session
+    monkeypatch.setattr(tool, "plan_batches", lambda *args: plans.append(plan(*args)) or plans[-1])
+    monkeypatch.setattr(tool.PairedModel, "session", lambda self, *args, **kwargs: (
+        opened.append(self.path), session(self, *args, **kwargs))[1])
+
+    def growth(*budget: str) -> tuple[dict, list, int]:
+        plans.clear()
+        opened.clear()
+        argv = ["growth", str(fp32), str(int8), "2", "--local", "--rows", "1000", *budget]
+        assert tool.main(argv) == 0
+        (batches,) = plans
+        return json.loads(capfd.readouterr().out), batches, len(opened)
+
+    whole, batches, sessions = growth()
+    assert whole["layer_count"] == 32  # 31 MatMul inputs and the output
+    assert batches == [list(range(32))]
+    for budget in ("0", "1"):
+        split, batches, split_sessions = growth("--max-memory", budget)
+        assert [k for batch in batches for k in batch] == list(range(32))
+        if budget == "0":  # one boundary at a time
+            assert len(batches) == 32
+        else:  # several batches, of several boundaries
+            assert 1 < len(batches) < 32
+        # each batch more opens its own fp32 and int8 sessions
+        assert split_sessions - sessions == 2 * (len(batches) - 1)
+        assert split == whole

@@ -1,0 +1,249 @@
+"""Layer 1, contract and declarations: every command's declared fields are in a real answer,
+its help has them and an example, every exit code is documented, the argument parsers take
+and refuse what they say, error lines escape what a terminal would act on, and non-finite
+numbers are strict JSON's null."""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+
+import models
+import pytest
+from conftest import EPRUN, ROOT, one_error_line
+
+import eprun as tool
+
+
+def default_argv(name: str, fp32, int8, tmp_path) -> list:
+    """A default invocation of each command on the lab pair. A new command must add one."""
+    return {
+        "providers": ["providers", fp32, "CPUExecutionProvider"],
+        "partition": ["partition", int8, "MatMul"],
+        "expose": ["expose", fp32, tmp_path / "exposed.onnx"],
+        "layers": ["layers", fp32, int8, "1"],
+        "growth": ["growth", fp32, int8, "1"],
+        "settings": ["settings", int8, "1"],
+        "placement": ["placement", int8, "CPUExecutionProvider"],
+        "check": ["check", fp32, fp32],
+        "report": ["report", fp32, int8, "--out-dir", tmp_path / "report"],
+        "sensitivity": ["sensitivity", fp32, int8, "1"],
+        "weights": ["weights", fp32, int8],
+        "inspect": ["inspect", int8],
+        "reduce": ["reduce", int8, "--output", tmp_path / "small.onnx", "--check",
+                   f"{sys.executable} -c 'raise SystemExit(1)' {{model}}"],
+    }[name]
+
+
+# The contract's answers, key for key and in this order (README), written out again here: a
+# contract-shaped run (one float32 [batch, F] input, no options) adds nothing to them.
+CONTRACT_FIELDS = {
+    "providers": ["model", "available", "cases"],
+    "partition": ["model", "supported", "nodes", "claimed", "partition_count", "handoffs",
+                  "partitions"],
+    "expose": ["model", "out", "boundaries", "outputs"],
+    "layers": ["seed", "rows", "layer_count", "layers"],
+    "growth": ["seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
+               "max_ratio"],
+    "settings": ["model", "seed", "baseline", "cases", "all_equal"],
+}
+
+
+@pytest.mark.parametrize("name", list(tool.COMMANDS))
+def test_every_declared_field_is_in_a_real_answer(eprun, lab_pair, tmp_path, name):
+    command = tool.COMMANDS[name]
+    answer = eprun(*default_argv(name, *lab_pair, tmp_path))
+    assert tuple(answer) == command.fields
+    if name in CONTRACT_FIELDS:
+        assert list(answer) == CONTRACT_FIELDS[name]
+
+
+@pytest.mark.parametrize("name", list(tool.COMMANDS))
+def test_every_command_has_help_with_its_fields_and_an_example(name):
+    result = subprocess.run([sys.executable, str(EPRUN), name, "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == ""
+    assert f"usage: eprun.py {name}" in result.stdout and "JSON:" in result.stdout
+    flat = " ".join(result.stdout.split())
+    command = tool.COMMANDS[name]
+    for field in command.fields:
+        assert f'"{field}"' in flat
+    assert f"example: eprun.py {name} " in flat
+    assert command.example.startswith(f"eprun.py {name} ")
+
+
+def test_the_parser_offers_exactly_the_declared_commands():
+    parser = tool.build_parser()
+    (subparsers,) = [action for action in parser._actions if action.dest == "command"]
+    assert list(subparsers.choices) == list(tool.COMMANDS)
+    assert {"providers", "partition", "expose", "layers", "growth", "settings"} <= set(
+        tool.COMMANDS)  # the contract's commands
+    top = subprocess.run([sys.executable, str(EPRUN), "--help"], capture_output=True,
+                         text=True, timeout=60).stdout
+    for name in tool.COMMANDS:
+        assert re.search(rf"^\s+{name}\s", top, re.MULTILINE), name
+
+
+def test_every_exit_code_is_documented_in_help_docstring_and_readme():
+    top = " ".join(subprocess.run([sys.executable, str(EPRUN), "--help"], capture_output=True,
+                                  text=True, timeout=60).stdout.split())
+    readme = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Exit codes"):]
+    for code, name, _ in tool.EXIT_CODES:
+        assert f"{code} {name}" in top
+        assert re.search(rf"^\s+{code}\s", tool.__doc__, re.MULTILINE), code
+        assert re.search(rf"^\| {code}\b", table, re.MULTILINE), code
+
+
+def test_command_functions_take_keyword_arguments():
+    """What the parser passes is what the function names: no positional plumbing."""
+    import inspect
+
+    for command in tool.COMMANDS.values():
+        parameters = inspect.signature(command.function).parameters
+        dests = {argument.options.get("dest") or argument.names[-1].lstrip("-").replace("-", "_")
+                 for argument in command.arguments}
+        dests |= {"inputs"} if "rows" in dests else set()
+        missing = [name for name in parameters if name not in dests and
+                   parameters[name].default is inspect.Parameter.empty]
+        assert missing == [], (command.name, missing)
+
+
+def test_the_module_offers_every_command_and_lists_them_as_help_does():
+    assert set(tool.COMMANDS) <= set(tool.__all__)
+    assert all(callable(getattr(tool, name)) for name in tool.__all__ if name != "COMMANDS")
+    listed = re.findall(r"^    ([a-z]+) +<", tool.__doc__, re.MULTILINE)
+    assert listed == list(tool.COMMANDS)
+
+
+@pytest.mark.parametrize(("text", "items"), [
+    ("a,b,c", ["a", "b", "c"]),
+    (" a , b ,,c, ", ["a", "b", "c"]),
+    ("c,a,b", ["c", "a", "b"]),
+    ("a,a", ["a", "a"]),
+    ("\tMatMul\t", ["MatMul"]),
+    ("", []),
+    (",,", []),
+    (" , ", []),
+])
+def test_parse_list(text, items):
+    assert tool.parse_list(text) == items
+
+
+@pytest.mark.parametrize(("text", "seed"), [
+    ("0", 0), ("7", 7), ("007", 7), ("0000", 0), ("2026", 2026),
+    ("1" + "0" * 30, 10 ** 30), pytest.param("9" * 4000, 10 ** 4000 - 1, id="4000 nines"),
+])
+def test_parse_seed_accepts(text, seed):
+    assert tool.parse_seed(text) == seed
+
+
+def test_parse_seed_past_the_int_conversion_limit():
+    """main() lifts Python's 4,300-digit limit; with it lifted a seed of any length reads."""
+    limit = getattr(sys, "get_int_max_str_digits", None)
+    assert limit is not None, "every supported Python (3.9.14+) has the limit"
+    before = limit()
+    sys.set_int_max_str_digits(0)
+    try:
+        assert tool.parse_seed("9" * 5000) == 10 ** 5000 - 1
+        assert tool.parse_seed("0" * 4999 + "5") == 5
+    finally:
+        sys.set_int_max_str_digits(before)
+
+
+@pytest.mark.parametrize("text", [
+    "", " ", "-1", "+1", "1.5", "1e3", "0x10", "1_000", " 7", "7 ", "abc", "-0",
+    "\u0663",            # ARABIC-INDIC DIGIT THREE: int() reads it as 3
+    "\uff11\uff12",      # FULLWIDTH 12
+    "\u00b2",            # SUPERSCRIPT TWO: str.isdigit() says yes
+    "1\u0663",
+])
+def test_parse_seed_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        tool.parse_seed(text)
+
+
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("seq=16", ("seq", 16)),
+    (" seq = 16 ", ("seq", 16)),
+    ("input_ids:1=8", ("input_ids:1", 8)),
+    ("a=b=3", ("a=b", 3)),
+    ("seq=01", ("seq", 1)),
+])
+def test_parse_dim_accepts(text, parsed):
+    assert tool.parse_dim(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["seq=0", "seq=-1", "seq=+1", "seq=1.5", "=5", " =5", "seq",
+                                  "seq=", "seq=\u0663", "seq=1e3"])
+def test_parse_dim_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        tool.parse_dim(text)
+
+
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("x:-1,1", ("x", (-1.0, 1.0))),
+    ("x:1,1", ("x", (1.0, 1.0))),
+    ("x:1e-3,2.5", ("x", (0.001, 2.5))),
+    ("a:b:0,2", ("a:b", (0.0, 2.0))),
+    (" x : 0 , 2 ", ("x", (0.0, 2.0))),
+])
+def test_parse_input_range_accepts(text, parsed):
+    assert tool.parse_input_range(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["x:2,1", "x:nan,1", "x:0,nan", "x:0,inf", "x:-inf,0", "x:1",
+                                  ":0,1", " :0,1", "0,1", "x:0,1,2", "x:a,1", "x:", "x:,"])
+def test_parse_input_range_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        tool.parse_input_range(text)
+
+
+@pytest.mark.parametrize(("text", "value"), [("1", 1.0), ("-1", -1.0), ("0.99", 0.99),
+                                         ("1e-1", 0.1), ("0", 0.0), ("-1.0", -1.0)])
+def test_parse_cosine_accepts(text, value):
+    assert tool.parse_cosine(text) == value
+
+
+@pytest.mark.parametrize("text", ["1.0000001", "-1.01", "2", "nan", "inf", "-inf", "abc", ""])
+def test_parse_cosine_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        tool.parse_cosine(text)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--min-cos", "2"], "'2' is not a cosine"),
+    (["--min-cos", "-1.5"], "'-1.5' is not a cosine"),
+    (["--min-cos", "nan"], "'nan' is not a cosine"),
+    (["--rtol", "-1"], "'-1' is not a non-negative number"),
+    (["--atol", "inf"], "'inf' is not a non-negative number"),
+])
+def test_tolerances_are_range_checked(run_eprun_here, lab_pair, argv, message):
+    fp32, _ = lab_pair
+    assert message in one_error_line(run_eprun_here("check", fp32, fp32, *argv), 2)
+
+
+# -- odd inputs --------------------------------------------------------------------------------
+
+def test_seeds_of_any_length(eprun, lab_pair):
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
+    fp32, int8 = lab_pair
+    seed = int("7" * 6000)
+    answer = eprun("growth", fp32, int8, str(seed))
+    assert answer["seed"] == seed
+
+
+def test_error_lines_escape_control_characters():
+    assert tool.one_line("a\r b\n\n  c\x00d\te") == "a\\r b c\\x00d e"
+
+
+def test_non_finite_values_are_strict_json_null(eprun, tmp_path):
+    """Weights of 1e30 overflow float32 to inf and then nan: strict JSON writes null."""
+    fp32 = models.save(models.chain(widths=(8, 8, 8, 8, 4), scale=1e30), tmp_path / "big.onnx")
+    answer = eprun("settings", fp32, "0")
+    assert answer["baseline"]["max_abs_output"] is None
+    assert answer["baseline"]["mean_output"] is None
+    grown = eprun("growth", fp32, fp32, "0")
+    assert None in grown["rel_error"]

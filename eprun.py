@@ -127,7 +127,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-__version__ = "0.12.0"
+__version__ = "0.12.1"
 __all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",
            "inspect", "layers", "main", "partition", "placement", "providers", "reduce",
            "report", "sensitivity", "settings", "weights"]

@@ -153,6 +153,23 @@ def test_check_retries_transient_errors_only(lab_pair, tmp_path, fails, message,
 
 # -- the gate ----------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_check_runs_the_candidate_warmup_times_before_the_run_it_measures(lab_pair, monkeypatch,
+                                                                         warmup):
+    """--warmup N: N runs of the candidate's session before the one compared, and the
+    reference once."""
+    import eprun as tool
+
+    fp32, int8 = map(str, lab_pair)
+    runs, real = [], tool.run_session
+    monkeypatch.setattr(tool, "run_session",
+                        lambda session, *args, **kwargs: runs.append(kwargs.get("what"))
+                        or real(session, *args, **kwargs))
+    answer = tool.check(fp32, int8, warmup=warmup)
+    assert answer["warmup"] == warmup
+    assert runs.count(repr(int8)) == warmup + 1 and runs.count(repr(fp32)) == 1
+
+
 def test_check_fails_a_fallback_by_default(run_eprun_here, lab_pair):
     fp32, _ = lab_pair
     wanted = ["CUDAExecutionProvider", "CPUExecutionProvider"]

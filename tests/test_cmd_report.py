@@ -138,6 +138,8 @@ def test_report_chart_svg_and_local_error(run_eprun_here, lab_pair, tmp_path):
     assert ceiling >= max(growth["rel_error"] + growth["local_rel_error"])
     labels = "".join(text for t in svg.findall(f"{ns}text") for text in t.itertext())
     assert all(name in labels for name in names)
+    (unit,) = [t for t in svg.findall(f"{ns}text") if t.text == "max abs error / scale"]
+    assert unit.get("transform").startswith("rotate(-90 ")  # the y axis says what it counts
     # a growth.svg eprun did not write is not replaced
     foreign = tmp_path / "foreign"
     foreign.mkdir()

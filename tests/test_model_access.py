@@ -35,6 +35,18 @@ def test_layers_on_external_data_equal_inline(eprun, lab_pair, external_pair):
         **eprun("settings", lab_pair[1], "3"), "model": str(external_pair[1])}
 
 
+@pytest.mark.parametrize("argv", [["layers", "{fp32}", "{int8}", "1"],
+                                  ["weights", "{fp32}", "{int8}"],
+                                  ["sensitivity", "{fp32}", "{int8}", "1"]])
+def test_a_missing_external_data_file_is_a_missing_path(eprun_fails, external_pair, argv):
+    """Weights whose data file is gone: exit 3, the file named, before any is read."""
+    fp32, int8 = external_pair
+    (int8.parent / "int8.data").unlink()
+    line = eprun_fails(3, *[word.format(fp32=fp32, int8=int8) for word in argv])
+    assert line == (f"eprun: error: external data file {str(int8.parent / 'int8.data')!r} "
+                    "does not exist; check the path")
+
+
 def test_layers_does_not_read_weights_into_python(external_pair, monkeypatch):
     """Neither onnx.load nor the tensor converter is ever asked for a weight."""
     from onnx import numpy_helper

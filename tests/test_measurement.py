@@ -360,21 +360,22 @@ def test_quantized_tensors_take_the_scale_of_their_maker_or_reader():
 
 # -- token ids: drawn over the table they index ------------------------------------------------
 
+@pytest.mark.parametrize("axis", [{"axis": 0}, {}])  # Gather's axis is 0 when not given
 @pytest.mark.parametrize("path", [[], ["Cast"], ["Reshape", "Cast"]])
-def test_ids_index_a_gather_table_directly_or_through_casts_and_reshapes(path):
-    """ids -> (Cast to int32 -> Reshape ->) Gather(table of 7 rows): the ids are drawn in
-    [0, 7) however many index-preserving ops stand between."""
+def test_ids_index_a_gather_table_directly_or_through_casts_and_reshapes(path, axis):
+    """ids -> (Cast to int32 -> Reshape ->) Gather(table of 7 rows of 11): the ids are drawn
+    in [0, 7) however many index-preserving ops stand between."""
     nodes, current = [], "ids"
     for k, op in enumerate(path):
         inputs = [current, "shape"] if op == "Reshape" else [current]
         attrs = {"to": TensorProto.INT32} if op == "Cast" else {}
         nodes.append(helper.make_node(op, inputs, [f"p{k}"], **attrs))
         current = f"p{k}"
-    nodes.append(helper.make_node("Gather", ["table", current], ["y"], axis=0))
+    nodes.append(helper.make_node("Gather", ["table", current], ["y"], **axis))
     graph = helper.make_graph(
         nodes, "ids", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 5])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [helper.make_tensor("table", TensorProto.FLOAT, [7, 3], [0.0] * 21),
+        [helper.make_tensor("table", TensorProto.FLOAT, [7, 11], [0.0] * 77),
          helper.make_tensor("shape", TensorProto.INT64, [1], [-1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     specs = tool.specs_from_model(model)

@@ -30,7 +30,8 @@ onnxruntime, numpy and matplotlib are imported inside the functions that need th
 the top, so a command loads only what it uses.
 
     1. Contract and declarations  exit codes, EprunError, argument parsers, Command and
-       declare, strict JSON; the standard library only
+       declare, the records of shared flag groups (ProviderFlags, ...), strict JSON; the
+       standard library only
     2. I/O safety  the Invocation (what one call of main holds, for a signal to release),
        the stdout guard, progress, temporaries, signals, paths, staging and commit
     3. Model access  graphs read without their weights, external data, GraphIndex, value
@@ -52,21 +53,27 @@ Where to change what:
 
     a metric     a function (reference, difference) -> {field: value} in METRICS (layer 5):
                  --metrics offers it, layers and growth report it per boundary
-    a command    its function and ``declare(Command(...))`` in a section of its own in
-                 layer 8, a table renderer in _TABLES (layer 6); docs/development.md lists
-                 the rest (a default invocation and a test file)
+    a command    in a section of its own in layer 8: its options record (a frozen
+                 dataclass of its flags, inheriting the shared groups), its function
+                 (models, seed, ``options``) and ``declare(Command(..., options=...))``;
+                 a table renderer in _TABLES (layer 6); docs/development.md lists the rest
+                 (a default invocation and a test file)
     an EP rule   layer 4: how an EP is asked for (ProviderRequest: by name, by device, by
                  policy), what counts as not getting it (fallback_of, require_got), what it
                  needs (PROVIDER_PACKAGES, PROVIDER_OPTION_KEYS)
     sensitivity  layer 7 alone (units, requantization, measurement, ranking), and the
                  command's own section in layer 8
 
-State: what a command computes comes in through its arguments. What lives at module level
-does so on purpose: the process's, not a call's. OrtLog (onnxruntime's log level is
-process-wide, and cannot be read back), PLUGINS (the plugin EP libraries registered:
-onnxruntime keeps a registration for the rest of the process), _ONE_AT_A_TIME (main() holds
-the process's file descriptors 1 and 2, so calls take turns) and, in a sensitivity worker
-process, _WORKER (its open study: a process pool hands its tasks nothing else).
+State: what a command computes comes in through its arguments: its models, its seed and
+its options record. One call of main() has its Invocation (layer 2), which only the I/O and
+model-access layers reach, for what a signal handler must find and release whatever runs
+(temporaries, the captured streams, child processes) and for the files read (their stamps).
+What lives at module level does so on purpose: the process's, not a call's. OrtLog
+(onnxruntime's log level is process-wide, and cannot be read back), PLUGINS (the plugin EP
+libraries registered: onnxruntime keeps a registration for the rest of the process),
+_ONE_AT_A_TIME (main() holds the process's file descriptors 1 and 2, so calls take turns)
+and, in a sensitivity worker process, _WORKER (its open study: a process pool hands its
+tasks nothing else).
 
 Flow: parse the arguments -> read each model's graph only (weights stay on disk) -> expose the
 boundaries in memory -> one session per model, one model at a time -> compare with numpy ->
@@ -127,10 +134,11 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-__version__ = "0.12.1"
-__all__ = ["COMMANDS", "EprunError", "InputOptions", "check", "cli", "expose", "growth",
-           "inspect", "layers", "main", "partition", "placement", "providers", "reduce",
-           "report", "sensitivity", "settings", "weights"]
+__version__ = "0.13.0"
+__all__ = ["COMMANDS", "CheckOptions", "EprunError", "InputOptions", "LayerOptions",
+           "ReduceOptions", "ReportOptions", "SensitivityOptions", "SettingsOptions", "check",
+           "cli", "expose", "growth", "inspect", "layers", "main", "partition", "placement",
+           "providers", "reduce", "report", "sensitivity", "settings", "weights"]
 
 
 # == 1. Contract and declarations ==================================================================
@@ -365,11 +373,14 @@ class Command(NamedTuple):
     """Everything about one command, declared next to its function: the parser is built from
     these, the help shows them, and the tests check ``fields`` against real answers.
 
-    ``function`` takes keyword arguments named like the parsed arguments (``inputs`` is built from
-    the input options); ``fields`` are the top-level keys of its answer for a contract-shaped
-    model and default options, in order; ``detail`` says what is inside them and what options
-    add; ``verdict`` turns an answer into a failure reason (exit 1) or None; ``onnxruntime``
-    False: the command never opens a session (nor imports onnxruntime).
+    ``function`` takes the parsed arguments its parameters name (``inputs`` is built from the
+    input options); ``options``, where given, is the record of the command's flags (a frozen
+    dataclass, each field the flag of its name) that the function takes as ``options``, built
+    from the parsed arguments of the same names. ``fields`` are the top-level keys of its
+    answer for a contract-shaped model and default options, in order; ``detail`` says what is
+    inside them and what options add; ``verdict`` turns an answer into a failure reason (exit
+    1) or None; ``onnxruntime`` False: the command never opens a session (nor imports
+    onnxruntime).
     """
 
     name: str
@@ -381,6 +392,7 @@ class Command(NamedTuple):
     example: str = ""
     verdict: Callable[[argparse.Namespace, dict], str | None] | None = None
     onnxruntime: bool = True
+    options: type | None = None
 
 
 COMMANDS: dict[str, Command] = {}
@@ -409,6 +421,50 @@ EXIT_CODES = (
     (130, "interrupted", "Ctrl-C"),
     (143, "terminated", "SIGTERM (129: SIGHUP)"),
 )
+
+# -- the flag groups several commands share, as records ----------------------------------------
+
+# A command's options record (``Command.options``) takes these fields by inheriting them; the
+# command checks them, in its own order, before it measures.
+
+@dataclasses.dataclass(frozen=True)
+class ProviderFlags:
+    """Where a command's sessions run: ``--providers`` (None: the CPU, with the contract's
+    default session), ``--allow-fallback``, ``--ep-library`` (paths) and ``--ep-option``
+    (``{provider: {key: value}}``); ``targets_from`` checks and parses them."""
+
+    providers: list[str] | None = None
+    allow_fallback: bool = False
+    ep_library: list[str] = ()
+    ep_options: dict | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceProviderFlags(ProviderFlags):
+    """``ProviderFlags`` and ``--reference-providers``, for a command that runs a reference
+    model beside the candidate (None: the CPU)."""
+
+    reference_providers: list[str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ToleranceFlags:
+    """The bounds an output is held to: ``--profile``, ``--rtol`` and ``--atol`` (a number, or
+    ``[(output, number), ...]`` from NAME:VALUE) and ``--min-cos``; ``tolerances`` reads them."""
+
+    profile: str | None = None
+    rtol: float | list | None = None
+    atol: float | list | None = None
+    min_cos: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotFlags:
+    """``--save-plots DIR`` and ``--plot-format``: where the answer's figures go, if anywhere."""
+
+    save_plots: str | None = None
+    plot_format: str | None = None
+
 
 # Argument groups several commands share.
 MODEL = arg("model", help="ONNX model file")
@@ -2654,15 +2710,16 @@ class ProviderRequest:
         devices = list(ort.get_ep_devices())
         available = set(ort.get_available_providers())
         for name in self.names:
-            settings = {key: str(value) for key, value in self.options.get(name, {}).items()}
+            provider_options = {key: str(value)
+                                for key, value in self.options.get(name, {}).items()}
             own = [device for device in devices if device.ep_name == name]
             if own:
-                if settings and not 0 <= options.log_severity_level <= _WARNING:
+                if provider_options and not 0 <= options.log_severity_level <= _WARNING:
                     # a plugin EP says only in its log that it ignored an option
                     options.log_severity_level = _WARNING
-                options.add_provider_for_devices(own, settings)
+                options.add_provider_for_devices(own, provider_options)
             elif name in available and name not in PLUGINS.names():
-                options.add_provider(name, settings)
+                options.add_provider(name, provider_options)
 
 
 def differs_from_request(requested: list[str], actual: list[str]) -> bool:
@@ -3033,9 +3090,9 @@ def option_warnings(options: dict) -> list[str]:
     import difflib
 
     messages = []
-    for provider, settings in options.items():
+    for provider, keys in options.items():
         known = PROVIDER_OPTION_KEYS.get(provider)
-        for key in settings if known is not None else ():
+        for key in keys if known is not None else ():
             if key not in known:
                 close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
                 hint = f"did you mean {close[0]!r}?" if close else (
@@ -3147,16 +3204,18 @@ class Targets(NamedTuple):
         return self.candidate is not None and self.candidate.requested != [CPU_EP]
 
 
-def targets_from(providers: list[str] | None, reference_providers: list[str] | None,
-                 allow_fallback: bool, ep_library: list[str], ep_options: dict | None
+def targets_from(flags: ProviderFlags, reference_providers: list[str] | None = None
                  ) -> Targets:
-    """Parse and check a measuring command's provider options before anything is measured."""
-    ep_options = ep_options or {}
+    """Parse and check a measuring command's provider flags before anything is measured: the
+    candidate's from ``flags``, the reference's ``reference_providers`` (None: the CPU, with
+    the contract's default session)."""
+    providers, allow_fallback = flags.providers, flags.allow_fallback
+    ep_options = flags.ep_options or {}
     lists = [requested for requested in (providers, reference_providers) if requested is not None]
-    if (ep_library or ep_options) and not lists:
+    if (flags.ep_library or ep_options) and not lists:
         providers = [CPU_EP]
         lists = [providers]
-    prepare_providers(lists, ep_library, ep_options)
+    prepare_providers(lists, flags.ep_library, ep_options)
     for requested in lists:
         require_known_providers(requested)
 
@@ -3420,8 +3479,8 @@ def fetch(session, names: list[str], feed: dict, what: str = "model", hint: str 
     """``names`` by name from one run of ``session``; a name that is a graph input the
     session does not also output (``expose_in_place`` leaves it an input) is its feed."""
     outputs = {value.name for value in session.get_outputs()}
-    run = [name for name in names if name in outputs or name not in feed]
-    values = dict(zip(run, run_session(session, run, feed, what=what, hint=hint)))
+    fetched = [name for name in names if name in outputs or name not in feed]
+    values = dict(zip(fetched, run_session(session, fetched, feed, what=what, hint=hint)))
     return {name: values[name] if name in values else feed[name] for name in names}
 
 
@@ -3887,25 +3946,25 @@ _NPY_HEADER_BYTES = 1 << 16
 
 
 def read_npz(file: str, names: list[str], what: str = "inputs", *, per: str = "",
-             exact: bool = False, quiet: bool = False, max_bytes: int | None = None,
-             dims: dict | None = None, model: str = "the model") -> dict:
+             extra: str = "noted", max_bytes: int | None = None, dims: dict | None = None,
+             model: str = "the model") -> dict:
     """The members ``names`` of an ``.npz`` file as arrays, and nothing else of it read.
 
     A zip member says how large it is before it is inflated: a member that declares more
     bytes than its .npy header's shape and type need (a zip bomb) is refused before it is
     inflated, and members no name asks for are never inflated at all. Object arrays (pickles)
     are refused. A missing name is an error (``per``: what each array is for, for the
-    message); an extra one a note, or an error too where the file must hold exactly ``names``
-    (``exact``), or nothing at all (``quiet``). ``max_bytes`` bounds the first member
-    (a record, not data); ``dims`` (name: the dims an input declares) refuses a member whose
-    header's shape the input cannot take, before a byte of it is inflated."""
+    message); an extra one, by ``extra``, a note ("noted"), an error where the file must hold
+    exactly ``names`` ("refused"), or nothing at all ("ignored"). ``max_bytes`` bounds the
+    first member (a record, not data); ``dims`` (name: the dims an input declares) refuses a
+    member whose header's shape the input cannot take, before a byte of it is inflated."""
     import zipfile
 
     try:
         with zipfile.ZipFile(file) as archive:
             members = {info.filename[:-4] if info.filename.endswith(".npy") else
                        info.filename: info for info in archive.infolist()}
-            _require_members(file, names, list(members), per=per, exact=exact, quiet=quiet)
+            _require_members(file, names, list(members), per=per, extra=extra)
             fits = (dims or {}), model, "--calibration" if what == "calibration" else "--inputs"
             return {name: _read_npy_member(archive, members[name], file,
                                            max_bytes if position == 0 else None, fits)
@@ -3918,20 +3977,21 @@ def read_npz(file: str, names: list[str], what: str = "inputs", *, per: str = ""
 
 
 def _require_members(file: str, names: list[str], members: list[str], *, per: str,
-                     exact: bool, quiet: bool) -> None:
+                     extra: str) -> None:
     """Every one of ``names`` is a member; an extra member is an error where the file must
-    hold exactly ``names`` (``exact``), else a note unless ``quiet``."""
+    hold exactly ``names`` (``extra`` "refused"), a note where it is "noted"."""
     missing = [name for name in names if name not in members]
-    extra = [name for name in members if name not in names]
-    if missing or (extra and exact):
+    unread = [name for name in members if name not in names]
+    exact = extra == "refused"
+    if missing or (unread and exact):
         unknown = "nothing is called" if exact else "no input is called"
         raise EprunError(f"{file!r} must hold one array {per} ({', '.join(names)}): "
                          + "; ".join(part for part in (
                              f"missing {', '.join(missing)}" if missing else "",
-                             f"{unknown} {', '.join(extra)}" if extra else "")
+                             f"{unknown} {', '.join(unread)}" if unread else "")
                              if part))
-    if extra and not quiet:
-        note(f"{file!r}: {', '.join(map(repr, extra))} is no input's name; left unread")
+    if unread and extra == "noted":
+        note(f"{file!r}: {', '.join(map(repr, unread))} is no input's name; left unread")
 
 
 def _read_npy_member(archive, info, file: str, max_bytes: int | None = None,
@@ -4058,15 +4118,14 @@ _GOLDEN_RECORD_BYTES = 16 << 20
 
 
 def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *,
-                providers: list[str], seed: int | None, nodes: dict | None = None,
-                inputs_file: str | None = None) -> dict:
+                got: Got, seed: int | None, inputs_file: str | None = None) -> dict:
     """Store reference tensors measured here (``kind`` "outputs" for check, "boundaries" for
     layers) with the inputs they were measured on, for a run on another machine
     (``load_golden``): the numbers a model gives depend on the machine, and the point is to
     compare across machines. The file knows what it was made from: the model's fingerprint
     (graph and weights), the inputs' digest, the seed that drew them (None when none did),
-    onnxruntime's version, the providers and the nodes each took. Written all or nothing;
-    returns the answer's ``golden`` record."""
+    onnxruntime's version, the providers and the nodes each took (``got``, the session's that
+    measured them). Written all or nothing; returns the answer's ``golden`` record."""
     import json
 
     import numpy as np
@@ -4074,10 +4133,10 @@ def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *
     members = golden_members(list(inputs), list(tensors))
     meta = {"eprun": __version__, "kind": kind, "model": os.path.basename(model),
             "tensors": list(tensors), "inputs": list(inputs), "members": members,
-            "providers": providers,
+            "providers": got.actual,
             "onnxruntime": import_ort().__version__, "machine": machine(), "seed": seed,
             "fingerprint": model_fingerprint(model), "inputs_sha256": arrays_digest(inputs),
-            "nodes_per_provider": nodes}
+            "nodes_per_provider": got.nodes}
     arrays = dict(zip(members["inputs"], map(np.asarray, inputs.values())))
     arrays.update(zip(members["tensors"], map(np.asarray, tensors.values())))
     arrays[_GOLDEN_META] = np.array(json.dumps(meta))
@@ -4191,7 +4250,7 @@ def _read_golden(path: str) -> tuple[dict, dict, dict]:
     import json
 
     try:
-        record = read_npz(path, [_GOLDEN_META], "golden", per="", quiet=True,
+        record = read_npz(path, [_GOLDEN_META], "golden", per="", extra="ignored",
                           max_bytes=_GOLDEN_RECORD_BYTES)[_GOLDEN_META]
         meta = json.loads(str(record[()]))
         if not isinstance(meta, dict) or not all(
@@ -4209,7 +4268,7 @@ def _read_golden(path: str) -> tuple[dict, dict, dict]:
                 for key in ("inputs", "tensors")):
             raise ValueError("its record's members do not match its inputs and tensors")
         arrays = read_npz(path, [_GOLDEN_META, *members["inputs"], *members["tensors"]],
-                          "golden", per="per name its record lists", exact=True,
+                          "golden", per="per name its record lists", extra="refused",
                           max_bytes=_GOLDEN_RECORD_BYTES)
         inputs = {name: arrays[member] for name, member in zip(meta["inputs"],
                                                                members["inputs"])}
@@ -5063,19 +5122,22 @@ class PairedModel:
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerOptions:
-    """How ``measure_layers`` measures; each field is the ``layers`` flag of its name.
+class LayerOptions(ReferenceProviderFlags, PlotFlags):
+    """The options of ``layers`` and ``growth`` (``growth`` has no ``metrics``), and how
+    ``measure_layers`` measures; each field is the flag of its name.
 
-    ``targets`` runs each side on other providers (``Targets``); the answer then says which
-    (``providers``) and, off the CPU or with ``metrics``, how far exposing the boundaries
-    moved the candidate's final output there (``exposure``): an EP compiles the exposed graph
-    differently, and the CPU no longer fuses a DequantizeLinear whose output is exposed.
-    ``save_boundaries`` stores the fp32 side's boundary tensors and inputs; ``load_boundaries``
-    takes them from such a file (made on another machine) instead of running the fp32 model.
-    ``clipping`` (for ``report``) adds each entry's ``clipped``: the fraction of the fp32
-    values outside the range the int8 model's QuantizeLinear there can represent.
-    ``boundaries`` (``--boundaries``) are the fp32 tensors to measure instead, each paired
-    with the int8 tensor named after it (``twin_boundaries``).
+    ``providers`` and ``reference_providers`` run each side elsewhere (``targets_from``); the
+    answer then says which (``providers``) and, off the CPU or with ``metrics``, how far
+    exposing the boundaries moved the candidate's final output there (``exposure``): an EP
+    compiles the exposed graph differently, and the CPU no longer fuses a DequantizeLinear
+    whose output is exposed. ``save_boundaries`` stores the fp32 side's boundary tensors and
+    inputs; ``load_boundaries`` takes them from such a file (made on another machine) instead
+    of running the fp32 model. ``clipping`` (for ``report``, no flag) adds each entry's
+    ``clipped``: the fraction of the fp32 values outside the range the int8 model's
+    QuantizeLinear there can represent. ``boundaries`` (``--boundaries``) are the fp32
+    tensors to measure instead, each paired with the int8 tensor named after it
+    (``twin_boundaries``). ``node_data`` and ``save_plots``: folders for Model Explorer node
+    data and plots of the answer.
     """
 
     inputs: InputOptions | None = None
@@ -5084,13 +5146,13 @@ class LayerOptions:
     local: bool = False
     max_memory: int | None = None
     pair: str = "auto"
-    targets: Targets | None = None
     save_boundaries: str | None = None
     load_boundaries: str | None = None
     swapped_ok: bool = False
     clipping: bool = False
     output: str | None = None
     boundaries: list[str] | None = None
+    node_data: str | None = None
 
     def refuse_mistakes(self, fp32_path: str, int8_path: str) -> None:
         """Before any model is read: the files are there, and no two options contradict."""
@@ -5109,16 +5171,18 @@ class LayerOptions:
             raise EprunError("--boundaries names the tensors to measure, --boundary-ops the "
                              "ops that find them: give one or the other", EXIT_USAGE)
 
-    def says_more(self) -> bool:
-        """Does any option take the answer beyond the contract's fields?"""
-        return bool(self.metrics or self.local or (self.targets or Targets()).given
+    def says_more(self, targets: Targets) -> bool:
+        """Does any option (or ``targets``, where the sides run) take the answer beyond the
+        contract's fields?"""
+        return bool(self.metrics or self.local or targets.given
                     or self.output or self.save_boundaries or self.load_boundaries
                     or self.boundary_ops != BOUNDARY_OPS or self.boundaries)
 
 
 def measure_layers(fp32_path: str, int8_path: str, seed: int,
-                   options: LayerOptions = LayerOptions()):
-    """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``.
+                   options: LayerOptions = LayerOptions(), targets: Targets | None = None):
+    """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``;
+    ``targets``: where each side runs (``targets_from`` of the options; None: the CPU).
 
     One model is in memory at a time: the fp32 session runs once for every boundary and is
     released before the int8 one opens. With ``max_memory`` the boundaries are fetched in
@@ -5126,7 +5190,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int,
     goes alone), each batch from sessions opened for it. The numbers are the same either way.
     """
     options.refuse_mistakes(fp32_path, int8_path)
-    measurement = LayerMeasurement(fp32_path, int8_path, seed, options)
+    measurement = LayerMeasurement(fp32_path, int8_path, seed, options, targets or Targets())
     measurement.compare()
     return measurement.answer(), measurement.final
 
@@ -5136,12 +5200,12 @@ class LayerMeasurement:
     compared batch by batch (``compare``), then said (``answer``)."""
 
     def __init__(self, fp32_path: str, int8_path: str, seed: int,
-                 options: LayerOptions) -> None:
+                 options: LayerOptions, targets: Targets) -> None:
         """Read both sides, pair their boundaries (by position for ``--boundaries``, else
         ``plan_pairs``), take ``--load-boundaries``' file, draw the feeds and cut ``--local``'s
         segments; ``compare`` then measures."""
         self.seed, self.options = seed, options
-        self.targets = targets = options.targets or Targets()
+        self.targets = targets
         named = options.boundaries
         self.fp32 = fp32 = PairedModel(fp32_path, options.boundary_ops, targets.reference,
                                        options.output, named=named)
@@ -5247,7 +5311,7 @@ class LayerMeasurement:
             answer["inputs"] = feed.fed
         answer.update(layer_count=len(entries), layers=entries)
         guessed = self.pairing != "position" and options.pair == "auto"
-        if not (feed.contract_shaped and not options.says_more() and not guessed):
+        if not (feed.contract_shaped and not options.says_more(self.targets) and not guessed):
             answer["first_divergence"] = first_divergence(entries)  # (the contract's stays)
         if guessed:  # said only where it is not the contract's
             answer["pairing"] = self.pairing
@@ -5261,8 +5325,7 @@ class LayerMeasurement:
             golden = save_golden(
                 options.save_boundaries, "boundaries", self.fp32.path,
                 {name: self.kept[name] for name in self.fp32_names}, feed.arrays,
-                providers=self.fp32.got.actual, seed=drawn_with(feed, self.seed),
-                nodes=self.fp32.got.nodes,
+                got=self.fp32.got, seed=drawn_with(feed, self.seed),
                 inputs_file=options.inputs.file if options.inputs is not None else None)
         if golden:
             answer["golden"] = golden
@@ -7211,11 +7274,11 @@ def _inspect_table(answer: dict, colour: bool) -> list[str]:
     return lines
 
 
-def _runs(names: list[str]) -> str:
+def _repeats(names: list[str]) -> str:
     """``A, A, A, B`` as ``A x3, B``."""
-    return ", ".join(name if len(run) == 1 else f"{name} x{len(run)}"
-                     for name, run in ((key, list(group))
-                                       for key, group in itertools.groupby(names)))
+    return ", ".join(name if len(group) == 1 else f"{name} x{len(group)}"
+                     for name, group in ((key, list(same))
+                                         for key, same in itertools.groupby(names)))
 
 
 def _partition_table(answer: dict, colour: bool) -> list[str]:
@@ -7223,7 +7286,7 @@ def _partition_table(answer: dict, colour: bool) -> list[str]:
     lines = [(f"partition: {answer['model']}, {answer['nodes']} nodes, {answer['claimed']} "
              f"claimed by an EP supporting {', '.join(answer['supported']) or 'nothing'}: "
              f"{answer['partition_count']} partitions, {answer['handoffs']} hand-offs")]
-    rows = [[k, part["owner"], part["size"], _runs(part["nodes"])]
+    rows = [[k, part["owner"], part["size"], _repeats(part["nodes"])]
             for k, part in enumerate(answer["partitions"])]
     lines += aligned(["partition", "owner", "nodes", "op types"], rows, None, colour)
     subgraphs = answer.get("subgraphs") or []
@@ -9261,8 +9324,8 @@ def _partition_members(nodes, supported: list[str], mode: str) -> list[tuple[str
     # Runs of units with one owner form one partition. onnxruntime's groups are never
     # adjacent (a new wave starts with the unsupported nodes the last group held back), so
     # in ort mode only unsupported nodes merge.
-    return [(owner, [index for _, members in run for index in members])
-            for owner, run in itertools.groupby(units, key=lambda unit: unit[0])]
+    return [(owner, [index for _, members in group for index in members])
+            for owner, group in itertools.groupby(units, key=lambda unit: unit[0])]
 
 
 def _partition_graph(graph, supported: list[str], mode: str) -> dict:
@@ -9482,34 +9545,21 @@ EXPOSE = declare(Command(
 
 # -- layers and growth -----------------------------------------------------------------------------
 
-def layers(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
-           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, metrics: tuple[str, ...] = (),
-           local: bool = False, max_memory: int | None = None, pair: str = "auto",
-           providers: list[str] | None = None, reference_providers: list[str] | None = None,
-           allow_fallback: bool = False, ep_library: list[str] = (),
-           ep_options: dict | None = None, save_boundaries: str | None = None,
-           load_boundaries: str | None = None, swapped_ok: bool = False,
-           output: str | None = None, boundaries: list[str] | None = None,
-           node_data: str | None = None, save_plots: str | None = None,
-           plot_format: str | None = None) -> dict:
+def layers(fp32: str, int8: str, seed: int, options: LayerOptions | None = None) -> dict:
     """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
-    twice with ``providers`` is the EP-vs-CPU divergence table of that model. ``node_data``
-    and ``save_plots``: folders for Model Explorer node data and plots of the answer."""
+    twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
+    options = options or LayerOptions()
     require_file(fp32)
     require_file(int8)
-    require_views(node_data, save_plots, plot_format)
-    targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
-                           ep_options)
-    answer = measure_layers(fp32, int8, seed, LayerOptions(
-        inputs=inputs, boundary_ops=boundary_ops, metrics=metrics, local=local,
-        max_memory=max_memory, pair=pair, targets=targets, save_boundaries=save_boundaries,
-        load_boundaries=load_boundaries, swapped_ok=swapped_ok, output=output,
-        boundaries=boundaries))[0]
-    if node_data:
-        answer.update(_layers_node_data(node_data, fp32, int8, answer))
-    if save_plots:
-        metric = {"sqnr": "sqnr_db", "mse": "mse"}[metrics[0]] if metrics else "rel_error"
-        writer = PlotWriter(save_plots, int8, "layers", plot_format)
+    require_views(options.node_data, options.save_plots, options.plot_format)
+    targets = targets_from(options, options.reference_providers)
+    answer = measure_layers(fp32, int8, seed, options, targets)[0]
+    if options.node_data:
+        answer.update(_layers_node_data(options.node_data, fp32, int8, answer))
+    if options.save_plots:
+        metric = ({"sqnr": "sqnr_db", "mse": "mse"}[options.metrics[0]] if options.metrics
+                  else "rel_error")
+        writer = PlotWriter(options.save_plots, int8, "layers", options.plot_format)
         plot_boundaries(writer, answer, metric, growth_of(answer))
         answer["plots"] = writer.write((fp32, int8))
     return answer
@@ -9526,29 +9576,17 @@ def require_views(node_data: str | None, save_plots: str | None,
     require_plots(save_plots, plot_format)
 
 
-def growth(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
-           boundary_ops: tuple[str, ...] = BOUNDARY_OPS, local: bool = False,
-           max_memory: int | None = None, pair: str = "auto",
-           providers: list[str] | None = None, reference_providers: list[str] | None = None,
-           allow_fallback: bool = False, ep_library: list[str] = (),
-           ep_options: dict | None = None, save_boundaries: str | None = None,
-           load_boundaries: str | None = None, swapped_ok: bool = False,
-           output: str | None = None, boundaries: list[str] | None = None,
-           node_data: str | None = None, save_plots: str | None = None,
-           plot_format: str | None = None) -> dict:
+def growth(fp32: str, int8: str, seed: int, options: LayerOptions | None = None) -> dict:
     """The ``layers`` measurement reduced to how relative error grows."""
-    require_views(node_data, save_plots, plot_format)
-    measured = layers(fp32, int8, seed, inputs=inputs, boundary_ops=boundary_ops,
-                      local=local, max_memory=max_memory, pair=pair, providers=providers,
-                      reference_providers=reference_providers, allow_fallback=allow_fallback,
-                      ep_library=ep_library, ep_options=ep_options,
-                      save_boundaries=save_boundaries, load_boundaries=load_boundaries,
-                      swapped_ok=swapped_ok, output=output, boundaries=boundaries)
+    options = options or LayerOptions()
+    require_views(options.node_data, options.save_plots, options.plot_format)
+    measured = layers(fp32, int8, seed, dataclasses.replace(
+        options, metrics=(), node_data=None, save_plots=None, plot_format=None))
     answer = growth_of(measured)
-    if node_data:
-        answer.update(_growth_node_data(node_data, fp32, int8, measured, answer))
-    if save_plots:
-        writer = PlotWriter(save_plots, int8, "growth", plot_format)
+    if options.node_data:
+        answer.update(_growth_node_data(options.node_data, fp32, int8, measured, answer))
+    if options.save_plots:
+        writer = PlotWriter(options.save_plots, int8, "growth", options.plot_format)
         plot_boundaries(writer, measured, "rel_error", answer)
         answer["plots"] = writer.write((fp32, int8))
     return answer
@@ -9629,6 +9667,7 @@ LAYERS = declare(Command(
     name="layers",
     summary="FP32 vs. INT8 error at every boundary",
     function=layers,
+    options=LayerOptions,
     arguments=(*PAIR_ARGS, FORMAT_ARG,
                arg("--metrics", type=parse_metrics, default=(),
                    help=f"comma-joined extra metrics per boundary: {', '.join(METRICS)} "
@@ -9648,6 +9687,7 @@ GROWTH = declare(Command(
     name="growth",
     summary="how the relative error grows from boundary to boundary",
     function=growth,
+    options=LayerOptions,
     arguments=(*PAIR_ARGS, FORMAT_ARG),
     fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
             "max_ratio"),
@@ -9751,11 +9791,16 @@ def _sweep_cases(runner: SettingsRunner, base, sweep: list) -> list[dict]:
     return cases
 
 
-def settings(model: str, seed: int, inputs: InputOptions | None = None,
-             explain: bool = False, *, providers: list[str] | None = None,
-             allow_fallback: bool = False, ep_library: list[str] = (),
-             ep_options: dict | None = None, ep_option_sweep: list = (),
-             save_plots: str | None = None, plot_format: str | None = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class SettingsOptions(ProviderFlags, PlotFlags):
+    """``settings``' options; each field is the flag of its name."""
+
+    inputs: InputOptions | None = None
+    explain: bool = False
+    ep_option_sweep: list = ()
+
+
+def settings(model: str, seed: int, options: SettingsOptions | None = None) -> dict:
     """The first output under other optimization levels and intra-op thread counts, compared
     with the single-threaded, unoptimized baseline bit for bit.
 
@@ -9768,14 +9813,15 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
     """
     import numpy as np
 
+    options = options or SettingsOptions()
     require_file(model)
-    require_plots(save_plots, plot_format)
-    for provider, key, _ in ep_option_sweep:
-        if provider not in (providers or ()):
+    require_plots(options.save_plots, options.plot_format)
+    for provider, key, _ in options.ep_option_sweep:
+        if provider not in (options.providers or ()):
             raise EprunError(f"--ep-option-sweep {provider}:{key}: give {provider} in "
                              "--providers, where the sweep runs", EXIT_USAGE)
-    targets = targets_from(providers, None, allow_fallback, ep_library, ep_options)
-    runner = SettingsRunner(model, seed, inputs, targets)
+    targets = targets_from(options)
+    runner = SettingsRunner(model, seed, options.inputs, targets)
     base_session = runner.session(*SETTINGS_BASELINE)
     base_got = runner.got
     base = runner.run(base_session)
@@ -9785,7 +9831,8 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
         baseline = {"level": SETTINGS_BASELINE[0], "intra_op": SETTINGS_BASELINE[1],
                     "max_abs_output": float(np.max(np.abs(base))) if base.size else 0.0,
                     "mean_output": float(base.mean()) if base.size else float("nan")}
-    cases = [*_settings_cases(runner, base), *_sweep_cases(runner, base, ep_option_sweep)]
+    cases = [*_settings_cases(runner, base),
+             *_sweep_cases(runner, base, options.ep_option_sweep)]
     answer = {"model": model, "seed": seed}
     if not runner.feed.contract_shaped:
         answer["inputs"] = runner.feed.fed
@@ -9793,13 +9840,13 @@ def settings(model: str, seed: int, inputs: InputOptions | None = None,
                   all_equal=all(case["bitwise_equal"] for case in cases))
     if targets.given:
         answer["providers"] = targets.field(runner.got, base_got)
-    if explain or not repeatable:
+    if options.explain or not repeatable:
         answer["repeatable"] = repeatable
-    if explain:
+    if options.explain:
         answer["explanations"] = [explain_case(runner, base, case) for case in cases
                                   if not case["bitwise_equal"] and "ep_option" not in case]
-    if save_plots:
-        writer = PlotWriter(save_plots, model, "settings", plot_format)
+    if options.save_plots:
+        writer = PlotWriter(options.save_plots, model, "settings", options.plot_format)
         plot_settings(writer, answer)
         answer["plots"] = writer.write((model,))
     return answer
@@ -10082,6 +10129,7 @@ SETTINGS = declare(Command(
     summary="the first output under other optimization levels and thread counts, compared "
             "with a single-threaded unoptimized baseline",
     function=settings,
+    options=SettingsOptions,
     arguments=(MODEL, SEED, SEED_OPTION, *INPUT_ARGS, FORMAT_ARG, *PLOT_ARGS,
                arg("--explain", action="store_true",
                    help="for each case that differs: the optimization level that introduces "
@@ -10234,16 +10282,25 @@ PLACEMENT = declare(Command(
 
 # -- check -----------------------------------------------------------------------------------------
 
-def check(reference: str, candidate: str, *, providers: list[str] | None = None,
-          reference_providers: list[str] | None = None, profile: str | None = None,
-          rtol: float | list | None = None, atol: float | list | None = None,
-          min_cos: float | None = None,
-          inputs: InputOptions | None = None, seed: int = 0, warmup: int = 1,
-          retries: int = 2, retry_pause: float = 2.0, require_providers: bool = False,
-          allow_fallback: bool = False, outputs_into: dict | None = None,
-          ep_library: list[str] = (), ep_options: dict | None = None,
-          save_outputs: str | None = None, load_outputs: str | None = None,
-          swapped_ok: bool = False, seed_given: bool = False) -> dict:
+@dataclasses.dataclass(frozen=True)
+class CheckOptions(ReferenceProviderFlags, ToleranceFlags):
+    """``check``'s options; each field is the flag of its name (``seed_given``: a seed was
+    given at all, which a golden file's inputs refuse if it did not draw them)."""
+
+    inputs: InputOptions | None = None
+    seed: int = 0
+    seed_given: bool = False
+    warmup: int = 1
+    retries: int = 2
+    retry_pause: float = 2.0
+    require_providers: bool = False
+    save_outputs: str | None = None
+    load_outputs: str | None = None
+    swapped_ok: bool = False
+
+
+def check(reference: str, candidate: str, options: CheckOptions | None = None, *,
+          outputs_into: dict | None = None) -> dict:
     """The CI gate: does the candidate (model and providers) match the reference within
     tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
     provider the candidate's session did not get) unless ``allow_fallback``;
@@ -10251,24 +10308,28 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     ``report``) receives the candidate's outputs by name, so they need not be computed again.
     ``save_outputs`` stores the reference's outputs and inputs; ``load_outputs`` takes them
     from such a file instead of running the reference (made on another machine)."""
+    options = options or CheckOptions()
+    inputs, seed, profile = options.inputs, options.seed, options.profile
     require_file(reference)
     require_file(candidate)
-    golden_paths(save_outputs, load_outputs, [reference, candidate], "outputs", inputs)
+    golden_paths(options.save_outputs, options.load_outputs, [reference, candidate], "outputs",
+                 inputs)
     graphs = ([_graph_or_none(path) for path in (reference, candidate)]
-              if not swapped_ok or profile in (None, "auto") else [None, None])
+              if not options.swapped_ok or profile in (None, "auto") else [None, None])
     if None not in graphs:  # a file that is no model gets onnxruntime's own words below
-        require_in_order(graphs, (reference, candidate), swapped_ok, ("reference", "candidate"))
-    on, reference_on = _gate_requests(providers, reference_providers, allow_fallback,
-                                      ep_library, ep_options)
+        require_in_order(graphs, (reference, candidate), options.swapped_ok,
+                         ("reference", "candidate"))
+    on, reference_on = _gate_requests(options)
     providers = on.requested
     if profile in (None, "auto"):
         profile = _auto_profile(graphs, candidate, told=profile == "auto")
     del graphs  # the graphs only; the sessions read the files
-    tolerance, per_output = tolerances(profile, rtol, atol, min_cos)
+    tolerance, per_output = tolerances(profile, options.rtol, options.atol, options.min_cos)
     golden, feed, reference_names, reference_outputs, reference_got = _reference_side(
-        reference, seed, inputs, reference_on, load_outputs, seed_given=seed_given)
+        reference, seed, inputs, reference_on, options.load_outputs,
+        seed_given=options.seed_given)
     _name_tolerances(tolerance, per_output, reference_names, reference)
-    attempts = _Attempts(retries, retry_pause, candidate)
+    attempts = _Attempts(options.retries, options.retry_pause, candidate)
     candidate_session = attempts.make(lambda: open_session(candidate, what=repr(candidate),
                                                            on=on))
     candidate_feed = feed_for(session_specs(candidate_session, candidate), candidate,
@@ -10278,7 +10339,7 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
         return attempts.make(lambda: run_session(candidate_session, None, candidate_feed,
                                                  what=repr(candidate), hint=dims_hint(feed)))
 
-    for _ in range(warmup):
+    for _ in range(options.warmup):
         run_candidate()
     candidate_outputs = run_candidate()
     if len(candidate_outputs) < len(reference_outputs):
@@ -10291,10 +10352,11 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     outputs, failures = _gate_outputs(
         zip(reference_names, reference_outputs), zip(candidate_names, candidate_outputs),
         (reference, candidate), tolerance)
-    failures.extend(_provider_failures(providers, got, require_providers, allow_fallback))
-    if save_outputs:  # only once everything ran: a failed check leaves no file
-        golden = _save_reference(save_outputs, reference, dict(zip(reference_names,
-                                                                   reference_outputs)),
+    failures.extend(_provider_failures(providers, got, options.require_providers,
+                                       options.allow_fallback))
+    if options.save_outputs:  # only once everything ran: a failed check leaves no file
+        golden = _save_reference(options.save_outputs, reference,
+                                 dict(zip(reference_names, reference_outputs)),
                                  feed, seed=seed, inputs=inputs,
                                  reference_got=reference_got)
     answer = {"reference": reference, "candidate": candidate, "seed": seed,
@@ -10302,27 +10364,27 @@ def check(reference: str, candidate: str, *, providers: list[str] | None = None,
     if not feed.contract_shaped:
         answer["inputs"] = feed.fed
     return {**answer, "profile": profile, "tolerance": tolerance,
-            "providers": _gate_providers(providers, got, reference_got, golden, ep_options),
-            "warmup": warmup, "retries_used": attempts.used, "outputs": outputs,
+            "providers": _gate_providers(providers, got, reference_got, golden,
+                                         options.ep_options),
+            "warmup": options.warmup, "retries_used": attempts.used, "outputs": outputs,
             "failures": failures, "passed": not failures,
             **({"golden": golden} if golden else {})}
 
 
-def _gate_requests(providers: list[str] | None, reference_providers: list[str] | None,
-                   allow_fallback: bool, ep_library: list[str], ep_options: dict | None
-                   ) -> tuple[ProviderRequest, ProviderRequest]:
+def _gate_requests(flags: ReferenceProviderFlags) -> tuple[ProviderRequest, ProviderRequest]:
     """``check``'s two provider requests (the CPU where none is given), once every name is
     known. A provider that fails to start is an error (exit 4, its message), not a quiet CPU
     run; the candidate's fallback is a verdict (exit 1), the reference's a refusal (exit 4)."""
-    providers = ["CPUExecutionProvider"] if providers is None else providers
-    reference_providers = (["CPUExecutionProvider"] if reference_providers is None
-                           else reference_providers)
-    prepare_providers([providers, reference_providers], ep_library, ep_options)
+    providers = [CPU_EP] if flags.providers is None else flags.providers
+    reference_providers = ([CPU_EP] if flags.reference_providers is None
+                           else flags.reference_providers)
+    ep_options = flags.ep_options
+    prepare_providers([providers, reference_providers], flags.ep_library, ep_options)
     require_known_providers(providers)
     require_known_providers(reference_providers)
-    on = ProviderRequest(providers, options=ep_options or {}, strict=not allow_fallback)
+    on = ProviderRequest(providers, options=ep_options or {}, strict=not flags.allow_fallback)
     reference_on = ProviderRequest(reference_providers, options=ep_options or {}, strict=True,
-                                   allow_fallback=allow_fallback)
+                                   allow_fallback=flags.allow_fallback)
     return on, reference_on
 
 
@@ -10378,8 +10440,7 @@ def _save_reference(path: str, reference: str, outputs: dict, feed: Feed, *, see
     if path.lower().endswith(".json"):
         return save_polygraphy(path, reference, outputs, feed.arrays, inputs)
     return save_golden(path, "outputs", reference, outputs, feed.arrays,
-                       providers=reference_got.actual, seed=drawn_with(feed, seed),
-                       nodes=reference_got.nodes,
+                       got=reference_got, seed=drawn_with(feed, seed),
                        inputs_file=inputs.file if inputs is not None else None)
 
 
@@ -10536,6 +10597,7 @@ CHECK = declare(Command(
     summary="CI gate: candidate model and providers against a reference within "
             "rtol/atol/cosine on the same inputs; exit 0 pass, 1 fail",
     function=check,
+    options=CheckOptions,
     arguments=(
         arg("reference", help="reference model (usually the FP32 one), run on "
                               "--reference-providers"),
@@ -10899,20 +10961,31 @@ def _check_status(code: int) -> dict:
     return {"exit": code}
 
 
+class FailureTest(NamedTuple):
+    """What makes a candidate fail: the ``--check`` command's words (None: its numbers),
+    with ``--check-timeout`` and ``--timeout-fails``; or its outputs on ``on`` against the
+    reference's on ``reference_on``, beyond ``tolerance``."""
+
+    check: list[str] | None
+    timeout: float | None
+    timeout_fails: bool
+    on: ProviderRequest | None
+    reference_on: ProviderRequest
+    tolerance: dict
+
+
 class Reduction:
     """One ``reduce``: the graph, the reference values, the test that says whether a candidate
     still fails, and every verdict so far (a candidate tried twice is run once)."""
 
     def __init__(self, model_path: str, graph: ReduceGraph, values: ReferenceValues,
-                 types: dict, folder: str, *, check: list[str] | None, timeout: float | None,
-                 timeout_fails: bool, on: ProviderRequest | None,
-                 reference_on: ProviderRequest, tolerance: dict) -> None:
+                 types: dict, folder: str, test: FailureTest) -> None:
         """No verdict yet; ``strict`` while the full model is judged (a session without its
         providers is then an error, not a pass), and the clock for progress starts."""
         self.path, self.graph, self.values, self.types = model_path, graph, values, types
-        self.folder, self.check, self.timeout = folder, check, timeout
-        self.timeout_fails, self.on, self.reference_on = timeout_fails, on, reference_on
-        self.tolerance = tolerance
+        self.folder = folder
+        (self.check, self.timeout, self.timeout_fails, self.on, self.reference_on,
+         self.tolerance) = test
         self.verdicts: dict[tuple, tuple[bool, dict | None, bool]] = {}  # fails, why, tried
         self.tries, self.idle, self.uncut = 0, 0, 0
         self.strict = True  # the full model: a session without the providers is refused
@@ -11089,35 +11162,44 @@ def reduce_nodes(reduction: Reduction, mode: str) -> tuple[tuple[int, ...], bool
     return kept, all(reduction.passed(tuple(i for i in kept if i != node)) for node in ends)
 
 
-def reduce(model: str, output: str, *, check: str | None = None,
-           check_timeout: float | None = None, timeout_fails: bool = False,
-           providers: list[str] | None = None, reference_providers: list[str] | None = None,
-           profile: str | None = None, rtol: float | list | None = None,
-           atol: float | list | None = None, min_cos: float | None = None,
-           inputs: InputOptions | None = None, seed: int = 0, mode: str = "bisect",
-           allow_fallback: bool = False, ep_library: list[str] = (),
-           ep_options: dict | None = None, force: bool = False) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ReduceOptions(ReferenceProviderFlags, ToleranceFlags):
+    """``reduce``'s options, but ``--output``; each field is the flag of its name (``check``:
+    the ``--check`` command line, ``{model}`` and ``{inputs}`` in it)."""
+
+    check: str | None = None
+    check_timeout: float | None = None
+    timeout_fails: bool = False
+    inputs: InputOptions | None = None
+    seed: int = 0
+    mode: str = "bisect"
+    force: bool = False
+
+
+def reduce(model: str, output: str, options: ReduceOptions | None = None) -> dict:
     """The smallest set of ``model``'s nodes that still fails, written as ``output`` with its
     inputs beside it (``<output stem>.inputs.npz``). Fails: the ``check`` command exits
     non-zero (or dies by a signal) on the candidate, or, without ``check``, the candidate's
     outputs on ``providers`` differ from the reference's beyond the tolerance."""
+    options = options or ReduceOptions()
+    check, inputs = options.check, options.inputs
     require_file(model)
-    argv = _check_words(check, providers, check_timeout, timeout_fails,
-                        (profile, rtol, atol, min_cos))
-    tolerance = _one_tolerance(profile, rtol, atol, min_cos)
+    bounds = (options.profile, options.rtol, options.atol, options.min_cos)
+    argv = _check_words(check, options.providers, options.check_timeout,
+                        options.timeout_fails, bounds)
+    tolerance = _one_tolerance(*bounds)
     paths = ReducedPaths.of(output)
     graph_model = load_model(model, text_names=True)
     sources = (model, *external_data_files(graph_model, model),
                *([inputs.file] if inputs is not None and inputs.file else []))
     for path in paths:
         check_output(path, list(sources))
-    replacing = _replaceable(paths, force)  # an earlier reduce's files
-    targets = targets_from(providers, reference_providers or [CPU_EP], allow_fallback,
-                           ep_library, ep_options)
+    replacing = _replaceable(paths, options.force)  # an earlier reduce's files
+    targets = targets_from(options, options.reference_providers or [CPU_EP])
     graph = ReduceGraph(graph_model, model)
     if not graph.nodes:
         raise EprunError(f"{model!r} has no node to reduce")
-    feed = make_feeds(specs_from_model(graph_model), seed, inputs, model)
+    feed = make_feeds(specs_from_model(graph_model), options.seed, inputs, model)
     inferred = inferred_graph(graph_model)
     types = {**_value_types(inferred), **tensor_types(graph_model, inferred)}
     with scratch_folder("eprun-reduce-") as folder:
@@ -11126,18 +11208,17 @@ def reduce(model: str, output: str, *, check: str | None = None,
         exposed.CopyFrom(graph_model)
         reference_got = values.compute(exposed, model, graph.computed(), targets.reference,
                                        types)
-        reduction = Reduction(model, graph, values, types, folder, check=argv,
-                              timeout=check_timeout, timeout_fails=timeout_fails,
-                              on=targets.candidate, reference_on=targets.reference,
-                              tolerance=tolerance)
+        reduction = Reduction(model, graph, values, types, folder, FailureTest(
+            check=argv, timeout=options.check_timeout, timeout_fails=options.timeout_fails,
+            on=targets.candidate, reference_on=targets.reference, tolerance=tolerance))
         everything = tuple(range(len(graph.nodes)))
         if not reduction.fails(everything, show=False):
             raise EprunError(f"{model!r} does not fail ({_why_it_passes(reduction, check)})"
                              ": there is nothing to reduce; nothing written", 1)
         reduction.strict = False
-        kept, minimal = reduce_nodes(reduction, mode)
+        kept, minimal = reduce_nodes(reduction, options.mode)
         external = _write_reduced(reduction, kept, paths, sources, replacing)
-    reduction.say_what_passed(providers)
+    reduction.say_what_passed(options.providers)
     _note_invalid(output)
     nodes = graph.nodes
     model_inputs, model_outputs = graph.interface(kept)
@@ -11355,6 +11436,7 @@ REDUCE = declare(Command(
     summary="the smallest part of a model that still fails (a --check command, or numbers "
             "on --providers against the reference), saved with its inputs",
     function=reduce,
+    options=ReduceOptions,
     arguments=(
         MODEL,
         arg("-o", "--output", required=True, metavar="OUT.onnx",
@@ -11404,16 +11486,26 @@ REDUCE = declare(Command(
 
 # -- sensitivity -----------------------------------------------------------------------------------
 
-def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None = None,
-                target_sqnr: float | None = None, target_rel_error: float | None = None,
-                profile: str | None = None, max_units: int | None = None,
-                units: list[str] | None = None, providers: list[str] | None = None,
-                reference_providers: list[str] | None = None, allow_fallback: bool = False,
-                ep_library: list[str] = (), ep_options: dict | None = None,
-                swapped_ok: bool = False, jobs: int | None = None,
-                calibration: str | None = None, extra_options: dict | None = None,
-                node_data: str | None = None, save_plots: str | None = None,
-                plot_format: str | None = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class SensitivityOptions(ReferenceProviderFlags, PlotFlags):
+    """``sensitivity``'s options; each field is the flag of its name (``extra_options``:
+    ``--extra-option``'s, ``{key: value}``)."""
+
+    inputs: InputOptions | None = None
+    target_sqnr: float | None = None
+    target_rel_error: float | None = None
+    profile: str | None = None
+    max_units: int | None = None
+    units: list[str] | None = None
+    swapped_ok: bool = False
+    jobs: int | None = None
+    calibration: str | None = None
+    extra_options: dict | None = None
+    node_data: str | None = None
+
+
+def sensitivity(fp32: str, int8: str, seed: int,
+                options: SensitivityOptions | None = None) -> dict:
     """Which quantized units to keep in float: each restored alone (the graph quantize_static
     writes with it excluded, ``SensitivityStudy``) and measured on the final float output
     against the fp32 model, ranked by the SQNR it gains, then a verified recommendation: the
@@ -11422,22 +11514,27 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
     every int8 variant runs there, so the ranking is the one of the EP deployed to.
     ``calibration``: a file of the data the int8 model was calibrated on; ``extra_options``:
     quantize_static extra options the int8 model was made with, over those eprun reads off it."""
+    options = options or SensitivityOptions()
+    inputs, node_data = options.inputs, options.node_data
     require_file(fp32)
     require_file(int8)
-    require_views(node_data, save_plots, plot_format)
-    targets = targets_from(providers, reference_providers, allow_fallback, ep_library,
-                           ep_options)
-    if jobs is not None and jobs < 1:
+    require_views(node_data, options.save_plots, options.plot_format)
+    targets = targets_from(options, options.reference_providers)
+    if options.jobs is not None and options.jobs < 1:
         raise EprunError("--jobs must be at least 1", EXIT_USAGE)
-    parallel = Parallel(jobs=jobs, spec={
-        "fp32": fp32, "int8": int8, "seed": seed, "inputs": inputs, "calibration": calibration,
-        "extra_options": extra_options,
-        "targets": (providers, reference_providers, allow_fallback, list(ep_library),
-                    ep_options)})
-    ranking = Ranking.of(target_sqnr, target_rel_error, profile, max_units, units)
+    parallel = Parallel(jobs=options.jobs, spec={
+        "fp32": fp32, "int8": int8, "seed": seed, "inputs": inputs,
+        "calibration": options.calibration, "extra_options": options.extra_options,
+        "targets": (ProviderFlags(providers=options.providers,
+                                  allow_fallback=options.allow_fallback,
+                                  ep_library=list(options.ep_library),
+                                  ep_options=options.ep_options),
+                    options.reference_providers)})
+    ranking = Ranking.of(options.target_sqnr, options.target_rel_error, options.profile,
+                         options.max_units, options.units)
     with SensitivityStudy(fp32, int8, seed, inputs, targets=targets, options=StudyOptions(
-            swapped_ok=swapped_ok, calibration=calibration,
-            extra_options=extra_options)) as study:
+            swapped_ok=options.swapped_ok, calibration=options.calibration,
+            extra_options=options.extra_options)) as study:
         answer = _rank_units(study, seed, targets, ranking, parallel)
         if node_data:  # each unit's gain on its node in both models
             gains = {entry["name"]: entry["gain_db"] for entry in answer["units"]}
@@ -11445,8 +11542,8 @@ def sensitivity(fp32: str, int8: str, seed: int, *, inputs: InputOptions | None 
                 role: {("node", getattr(unit, f"{role}_index")): gains[unit.name]
                        for unit in study.units if unit.name in gains}
                 for role in ("fp32", "int8")}}))
-    if save_plots:
-        writer = PlotWriter(save_plots, int8, "sensitivity", plot_format)
+    if options.save_plots:
+        writer = PlotWriter(options.save_plots, int8, "sensitivity", options.plot_format)
         plot_sensitivity(writer, answer)
         answer["plots"] = writer.write((fp32, int8))
     return answer
@@ -11469,6 +11566,7 @@ SENSITIVITY = declare(Command(
     summary="which quantized units to keep in float: each restored alone and measured on the "
             "final output, ranked, and a verified nodes_to_exclude list",
     function=sensitivity,
+    options=SensitivityOptions,
     arguments=(
         *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS,
         arg("--target-sqnr", type=parse_tolerance, metavar="DB",
@@ -11837,16 +11935,29 @@ def report_splits(fp32_model, int8_model) -> list[tuple[str, list[str]]]:
             ("int8", fp32_ops), ("int8", fp32_ops + extra)]
 
 
-def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
-           inputs: InputOptions | None = None, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-           target_providers: list[str] | None = None, force: bool = False,
-           sensitivity_section: bool = False, ep_library: list[str] = (),
-           ep_options: dict | None = None, swapped_ok: bool = False, local: bool = False,
-           chart: str | None = None, calibration: str | None = None,
-           extra_options: dict | None = None, allow_fallback: bool = False,
-           save_plots: str | None = None, plot_format: str | None = None,
-           command_line: list[str] | None = None) -> dict:
-    """Measure everything the lab asks for and write the deliverables into ``out_dir``.
+@dataclasses.dataclass(frozen=True)
+class ReportOptions(ProviderFlags, PlotFlags):
+    """``report``'s options; each field is the flag of its name (``sensitivity_section``:
+    ``--sensitivity``; ``providers``: the target's, for a row of the providers table and for
+    the int8 side of every measurement), but ``command_line``: the words ``main`` was called
+    with, quoted at the report's top."""
+
+    out_dir: str | None = None
+    inputs: InputOptions | None = None
+    boundary_ops: tuple[str, ...] = BOUNDARY_OPS
+    force: bool = False
+    sensitivity_section: bool = False
+    swapped_ok: bool = False
+    local: bool = False
+    chart: str | None = None
+    calibration: str | None = None
+    extra_options: dict | None = None
+    command_line: list[str] | None = None
+
+
+def report(fp32: str, int8: str, seed: int, options: ReportOptions | None = None) -> dict:
+    """Measure everything the lab asks for and write the deliverables into ``out_dir`` (the
+    fp32 model's folder when not given).
 
     Every output is checked before anything is measured (an input's path, a device, a file
     eprun did not write unless ``force``), every measurement runs before anything is written,
@@ -11854,48 +11965,18 @@ def report(fp32: str, int8: str, seed: int, out_dir: str | None = None, *,
     deliverables as they were, all of them. Boundaries are paired by
     name wherever the names pair them all (for the lab's models that is the same as by
     position). The answer adds the ``check`` verdict of the int8 model against the fp32 one
-    under the int8 profile, on ``target_providers`` (CPU when not given); with them, the
+    under the int8 profile, on ``providers`` (CPU when not given); with them, the
     error table, growth and settings run the int8 model there too (the fp32 reference on the
     CPU), each section saying where it ran, and a target the sessions do not get is refused
     like any fallback unless ``allow_fallback``. ``local`` adds each
     segment's local error to growth.json and the chart; ``chart="svg"`` also writes the chart
-    as ``growth.svg``, linked from the report. ``command_line``: the words it was called with
-    (``main`` passes them), quoted at the report's top.
+    as ``growth.svg``, linked from the report.
     """
-    options = ReportOptions(
-        inputs=inputs, boundary_ops=boundary_ops, target_providers=target_providers,
-        force=force, sensitivity_section=sensitivity_section, ep_library=ep_library,
-        ep_options=ep_options, swapped_ok=swapped_ok, local=local, chart=chart,
-        calibration=calibration, extra_options=extra_options, allow_fallback=allow_fallback,
-        save_plots=save_plots, plot_format=plot_format, command_line=command_line)
-    made = _Report(fp32, int8, seed, out_dir if out_dir is not None
+    options = options or ReportOptions()
+    made = _Report(fp32, int8, seed, options.out_dir if options.out_dir is not None
                    else (os.path.dirname(fp32) or "."), options)
     made.measure()
     return made.write()
-
-
-@dataclasses.dataclass(frozen=True)
-class ReportOptions:
-    """``report``'s options; each field is the flag of its name (``sensitivity_section``:
-    ``--sensitivity``, ``target_providers``: ``--providers``), but ``command_line``: the
-    words ``main`` was called with."""
-
-    inputs: InputOptions | None = None
-    boundary_ops: tuple[str, ...] = BOUNDARY_OPS
-    target_providers: list[str] | None = None
-    force: bool = False
-    sensitivity_section: bool = False
-    ep_library: list[str] = ()
-    ep_options: dict | None = None
-    swapped_ok: bool = False
-    local: bool = False
-    chart: str | None = None
-    calibration: str | None = None
-    extra_options: dict | None = None
-    allow_fallback: bool = False
-    save_plots: str | None = None
-    plot_format: str | None = None
-    command_line: list[str] | None = None
 
 
 class _Report:
@@ -11935,8 +12016,8 @@ class _Report:
         """Every section's answer, in the report's order, six steps of progress."""
         options, fp32, int8, seed = self.options, self.fp32, self.int8, self.seed
         requests = [list(request) for request in REPORT_REQUESTS]
-        if options.target_providers is not None and options.target_providers not in requests:
-            requests.append(list(options.target_providers))
+        if options.providers is not None and options.providers not in requests:
+            requests.append(list(options.providers))
         progress = Progress("report", 6)
         with captured_chatter():  # the made-up provider's banner and note: the table says so
             self.sections["providers"] = {
@@ -11950,26 +12031,23 @@ class _Report:
         self.named = _name_pairs(graphs["fp32"].graph, graphs["int8"].graph,
                                  options.boundary_ops)
         progress.step(2)
-        targets = (targets_from(options.target_providers, None, options.allow_fallback,
-                                options.ep_library, options.ep_options)
-                   if options.target_providers is not None else Targets())
+        targets = targets_from(options) if options.providers is not None else Targets()
         measured, int8_final = measure_layers(fp32, int8, seed, LayerOptions(
             inputs=options.inputs, boundary_ops=options.boundary_ops, pair=self.pairing,
-            swapped_ok=options.swapped_ok, clipping=True, local=options.local,
-            targets=targets))
+            swapped_ok=options.swapped_ok, clipping=True, local=options.local), targets)
         self.sections.update(measured=measured, growth=growth_of(measured))
         progress.step(3)
-        self.sections["settings"] = settings(
-            int8, seed, options.inputs, providers=options.target_providers,
+        self.sections["settings"] = settings(int8, seed, SettingsOptions(
+            inputs=options.inputs, providers=options.providers,
             allow_fallback=options.allow_fallback, ep_library=options.ep_library,
-            ep_options=options.ep_options)
+            ep_options=options.ep_options))
         progress.step(4)
         candidate: dict = {}
-        self.sections["gate"] = check(
-            fp32, int8, providers=options.target_providers, profile="int8",
-            inputs=options.inputs, seed=seed, outputs_into=candidate,
+        self.sections["gate"] = check(fp32, int8, CheckOptions(
+            providers=options.providers, profile="int8", inputs=options.inputs, seed=seed,
             ep_options=options.ep_options, allow_fallback=options.allow_fallback,
-            swapped_ok=True)  # the order is checked above, on the graphs read there
+            swapped_ok=True),  # the order is checked above, on the graphs read there
+            outputs_into=candidate)
         progress.step(5)
         self.sections["exposure"] = self._exposure(targets, candidate, int8_final)
         progress.step(6)
@@ -12145,8 +12223,9 @@ def _optional_sensitivity(fp32: str, int8: str, seed: int, inputs: InputOptions 
     optional section that fails (a model form it refuses, a graph onnxruntime will not open)
     leaves the rest of the report standing, and says why on stderr and in the report."""
     try:
-        return sensitivity(fp32, int8, seed, inputs=inputs, swapped_ok=swapped_ok,
-                           calibration=calibration, extra_options=extra_options)
+        return sensitivity(fp32, int8, seed, SensitivityOptions(
+            inputs=inputs, swapped_ok=swapped_ok, calibration=calibration,
+            extra_options=extra_options))
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # whatever it was (MemoryError too), the report still goes out
@@ -12170,6 +12249,7 @@ REPORT = declare(Command(
     name="report",
     summary="run every lab measurement and write the deliverables: " + ", ".join(REPORT_FILES),
     function=report,
+    options=ReportOptions,
     arguments=(
         *FP32_INT8,
         SEED_POSITIONAL,
@@ -12180,7 +12260,7 @@ REPORT = declare(Command(
         arg("--sensitivity", action="store_true", dest="sensitivity_section",
             help="add an optional fifth section to ep_report.md: sensitivity's ranking and "
                  "recommendation"),
-        arg("--providers", type=parse_list, dest="target_providers",
+        arg("--providers", type=parse_list,
             help="your target's providers: a row of the providers table, and the ones the "
                  "check verdict runs the int8 model on (default: CPU)"),
         arg("--local", action="store_true",
@@ -12505,8 +12585,9 @@ def _command_named(argv: tuple[str, ...]) -> str | None:
 
 
 def invoke(command: Command, args: argparse.Namespace, argv: tuple[str, ...] = ()) -> dict:
-    """Call a command's function with the parsed arguments its signature names (and, for
-    one that takes ``command_line``, ``argv``: the words as typed)."""
+    """Call a command's function with the parsed arguments its signature names, and its
+    ``options`` record made of those its fields name (``command_line``: ``argv``, the words
+    as typed)."""
     from inspect import signature  # the module, not the inspect command
 
     values = vars(args)
@@ -12517,6 +12598,10 @@ def invoke(command: Command, args: argparse.Namespace, argv: tuple[str, ...] = (
     if "extra_option" in values:
         values = {**values, "extra_options": dict(args.extra_option)}
     values = {**values, "command_line": list(argv)}
+    if command.options is not None:
+        values["options"] = command.options(**{
+            field.name: values[field.name] for field in dataclasses.fields(command.options)
+            if field.name in values})
     wanted = signature(command.function).parameters
     return command.function(**{name: values[name] for name in wanted if name in values})
 

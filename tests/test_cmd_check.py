@@ -165,7 +165,7 @@ def test_check_runs_the_candidate_warmup_times_before_the_run_it_measures(lab_pa
     monkeypatch.setattr(tool, "run_session",
                         lambda session, *args, **kwargs: runs.append(kwargs.get("what"))
                         or real(session, *args, **kwargs))
-    answer = tool.check(fp32, int8, warmup=warmup)
+    answer = tool.check(fp32, int8, tool.CheckOptions(warmup=warmup))
     assert answer["warmup"] == warmup
     assert runs.count(repr(int8)) == warmup + 1 and runs.count(repr(fp32)) == 1
 

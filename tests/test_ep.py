@@ -656,7 +656,7 @@ def test_local_segments_open_where_the_candidate_runs(lab_pair, monkeypatch):
         return real(model, model_path, *args, **kwargs)
 
     monkeypatch.setattr(tool, "open_exposed", recording)
-    answer = tool.layers(str(fp32), str(int8), 1, local=True, providers=[CPU])
+    answer = tool.layers(str(fp32), str(int8), 1, tool.LayerOptions(local=True, providers=[CPU]))
     assert any(entry["local"] for entry in answer["layers"][1:])
     int8_sessions = [on for path, on in opened if path == str(int8)]
     assert len(int8_sessions) >= len(answer["layers"])  # the whole model, then each segment

@@ -97,7 +97,7 @@ def test_the_report_quotes_the_words_main_was_given(lab_pair, tmp_path, capfd):
     assert code == 0, err
     first = (out_dir / "ep_report.md").read_text(encoding="utf-8").splitlines()[0]
     assert f"report {fp32} {int8} --seed 3 --out-dir {out_dir}`" in first
-    tool.report(fp32, int8, 3, str(tmp_path / "called"))
+    tool.report(fp32, int8, 3, tool.ReportOptions(out_dir=str(tmp_path / "called")))
     first = (tmp_path / "called" / "ep_report.md").read_text(encoding="utf-8").splitlines()[0]
     assert f"`python eprun.py report {fp32} {int8} --seed 3`" in first
 

@@ -71,7 +71,7 @@ def test_layers_does_not_read_weights_into_python(external_pair, monkeypatch):
         if pair is not external_pair:  # the same weights, inline in each model file
             for source, target in zip(external_pair, pair):
                 onnx.save(original_load(str(source)), str(target))
-        tool.layers(str(pair[0]), str(pair[1]), 1, local=True)
+        tool.layers(str(pair[0]), str(pair[1]), 1, tool.LayerOptions(local=True))
         weights = {tensor.name for path in pair for tensor in original_load(
             str(path), load_external_data=False).graph.initializer if len(tensor.dims) == 2}
         assert weights and not any(loads) and not weights & set(converted)

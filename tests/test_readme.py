@@ -174,3 +174,35 @@ def test_the_front_page_fits_a_few_screens_and_links_every_document():
     assert {command.split()[2] for command, _ in examples()} >= {
         "providers", "partition", "expose", "layers", "growth", "settings", "placement",
         "check", "weights", "inspect"}
+
+
+def test_the_python_example_runs_and_answers_as_the_command_line_does(tmp_path, monkeypatch,
+                                                                      capfd):
+    """The "From Python" example of docs/commands.md, run as written on copies of the lab
+    models: every call returns the answer its command line prints (the same JSON), and the
+    report writes its files where its options say."""
+    import shutil
+
+    from conftest import in_process
+
+    import eprun
+
+    text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    block = text[text.index("### From Python"):]
+    code = re.search(r"```python\n(.*?)```", block, flags=re.S).group(1)
+    for name in ("fp32.onnx", "int8.onnx"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    namespace = {"eprun": eprun}
+    answers = [eval("eprun." + call.strip(), namespace)  # each call of the example in turn
+               for call in code.split("\neprun.")[1:]]
+    assert len(answers) == 9 and all(isinstance(answer, dict) for answer in answers)
+    assert (tmp_path / "report" / "ep_report.md").is_file()
+    typed = {"layers": ["layers", "fp32.onnx", "int8.onnx", "2026", "--local", "--rows", "8"],
+             "settings": ["settings", "int8.onnx", "2026", "--explain"],
+             "check": ["check", "fp32.onnx", "int8.onnx", "--profile", "int8"]}
+    for position, argv in ((3, typed["layers"]), (5, typed["settings"]),
+                           (7, typed["check"])):
+        status, out, err = in_process(capfd, *argv)
+        assert status in (0, 1), err
+        assert json.loads(out) == json.loads(eprun.to_json(answers[position])), argv

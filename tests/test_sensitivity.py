@@ -571,7 +571,8 @@ def test_graph_edits_in_the_quantizers_place_still_add_the_estimates_last(tmp_pa
         self.fallback = "planted for the test"
 
     monkeypatch.setattr(tool.SensitivityStudy, "_requantizer", refused)
-    answer = tool.sensitivity(str(fp32), str(int8), 5, target_sqnr=200.0, max_units=12, jobs=1)
+    answer = tool.sensitivity(str(fp32), str(int8), 5, tool.SensitivityOptions(
+        target_sqnr=200.0, max_units=12, jobs=1))
     assert answer["predicted_by"] == "graph edits"
     units = {unit["name"]: unit["inexact"] for unit in answer["units"]}
     assert all("graph edits stand in for quantize_static" in reason and

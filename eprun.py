@@ -1399,6 +1399,8 @@ def _copier(source: str, how: list[str], model_path: str | None = None
     opened must lie where that model's data may (``_safe_location``'s folders): a link
     swapped in after the check is caught on the open file itself."""
     def copy(stream) -> None:
+        """Fill ``stream`` with ``source``'s bytes, read through a descriptor checked to be
+        inside the model's folders."""
         with open(source, "rb") as original:
             if model_path is not None:
                 _require_inside(original.fileno(), source, model_path)
@@ -2431,6 +2433,8 @@ def _inline_writer(model, model_path: str, relocate: list[dict] = ()) -> Callabl
                    + _encode_varint(_pieces_length(graph_pieces)), *graph_pieces]
 
     def write(stream) -> None:
+        """Fill ``stream`` with the model: the pieces kept in memory, the rest copied from the
+        file, checked unchanged."""
         with open(model_path, "rb") as source:
             require_unchanged(model_path, os.fstat(source.fileno()))
             for piece in pieces:
@@ -3009,7 +3013,8 @@ def _closest_provider(name: str, known: list[str]) -> str | None:
     ("FooExecutionProvider")."""
     import difflib
 
-    def stem(text: str) -> str:  # the part before "Execution...", however that is spelt
+    def stem(text: str) -> str:
+        """The part of a provider name before "Execution...", however that is spelt."""
         return re.split(r"exec", text.lower(), maxsplit=1)[0] or text.lower()
 
     stems: dict[str, str] = {}
@@ -3220,6 +3225,7 @@ def targets_from(flags: ProviderFlags, reference_providers: list[str] | None = N
         require_known_providers(requested)
 
     def request(requested: list[str] | None) -> ProviderRequest | None:
+        """One side's ``ProviderRequest`` (None: the CPU, the contract's default session)."""
         if requested is None:
             return None
         if not requested:
@@ -4856,6 +4862,9 @@ def open_exposed(model, model_path: str, options: dict | None = None,
         external_via_folder = bool(external) and ort_release() >= _FOLDER_OPTION_SINCE
 
     def session_with(extra_names: list[str], extra_values: list, folder_option: bool):
+        """A session of the model, its external weights handed over as arrays (the mapped
+        ones and ``extra_names``' ``extra_values``), or read through the external-data folder
+        option where ``folder_option``."""
         keywords = dict(options or {})
         config = {**(keywords.pop("config", None) or {}),
                   **({"session.model_external_initializers_file_folder_path": folder_path}
@@ -5809,6 +5818,8 @@ def _segment_model(model, index: GraphIndex, members: list, inputs: list[str],
     from onnx import ValueInfoProto, helper
 
     def value(name: str, fed: bool):
+        """The value info of ``name``: its inferred type, or float of unknown shape where it is
+        fed, else none."""
         if name in types:
             return helper.make_value_info(name, types[name])
         return helper.make_tensor_value_info(name, 1, None) if fed else ValueInfoProto(name=name)
@@ -5926,6 +5937,7 @@ def growth_from(rel_errors: list[float]) -> dict:
     over a zero (or non-finite) predecessor is null and never the maximum.
     """
     def ratio(numerator: float, denominator: float) -> float | None:
+        """``numerator / denominator``, or None over a zero or non-finite one."""
         if denominator == 0 or not math.isfinite(denominator) or not math.isfinite(numerator):
             return None
         return numerator / denominator
@@ -6166,6 +6178,7 @@ def _where_ran(answer: dict) -> str:
         return "on the CPU provider"
 
     def side(actual: list[str], nodes: dict | None) -> str:
+        """The providers a side got, with the nodes each took where known."""
         took = (" (" + ", ".join(f"{count} nodes on {name}" for name, count in nodes.items())
                 + ")") if nodes else ""
         return f"{_ops(actual)}{took}"
@@ -6328,9 +6341,11 @@ def growth_svg(measured: dict, growth_answer: dict) -> str:
     step = plot_w / max(len(names) - 1, 1)
 
     def x(k: int) -> float:
+        """The chart's x coordinate of boundary ``k``."""
         return left + (k * step if len(names) > 1 else plot_w / 2)
 
     def y(value: float) -> float:
+        """The chart's y coordinate of a relative error."""
         return upper + plot_h * (1 - value / top)
 
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" data-generator="eprun" '
@@ -6483,6 +6498,8 @@ def explorer_node_ids(graph) -> list[str]:
     main: list[str] = []
 
     def unique(preferred: str, used: set) -> str:
+        """``preferred``, or the next of its numbered names the scope has not used (one counter
+        for every scope, as the adapter's)."""
         name = preferred
         while name in used:
             counter[preferred] += 1
@@ -6491,6 +6508,8 @@ def explorer_node_ids(graph) -> list[str]:
         return name
 
     def walk(graph, top: bool) -> None:
+        """Name ``graph``'s nodes as the adapter does, depth first; ``top``: the main graph,
+        whose nodes' ids are the answer."""
         used: set = set()
         for node in graph.node:
             name = unique(node.name or "node", used)
@@ -6564,6 +6583,8 @@ def number_colours(values: list[float], higher_is_better: bool = False) -> list[
         low, high = math.log10(low), math.log10(high)
 
     def position(value: float) -> float:
+        """Where ``value`` sits on the colour scale, 0 to 1 (a non-finite value at the worst
+        end)."""
         if not math.isfinite(value):
             return 1.0
         point = math.log10(value) if logarithmic else value
@@ -6983,6 +7004,7 @@ def aligned(headers: list[str], rows: list[list], worst: int | None = None,
               for k, header in enumerate(headers)]
 
     def line(values: list[str]) -> str:
+        """One row, numbers right-aligned and text left-aligned in their columns."""
         return "  ".join(value.rjust(width) if numeric[k] else value.ljust(width)
                          for k, (value, width) in enumerate(zip(values, widths))).rstrip()
 
@@ -7067,6 +7089,7 @@ def _side_names(answer: dict) -> tuple[str, str]:
         return "fp32", "int8"
 
     def short(names: list[str]) -> str:
+        """Provider names without their "ExecutionProvider" suffix, comma-joined."""
         return ",".join(name.replace("ExecutionProvider", "") for name in names) or "none"
 
     return (f"reference ({short(record['reference'])})",
@@ -7179,6 +7202,7 @@ def _settings_table(answer: dict, colour: bool) -> list[str]:
     swept = any("ep_option" in case for case in cases)
 
     def option(case: dict) -> list:
+        """The option column of a case, where the answer sweeps one."""
         given = case.get("ep_option")
         return ([f"{given['key']}={given['value']}" if given else ""] if swept else [])
 
@@ -7248,6 +7272,7 @@ def _inspect_table(answer: dict, colour: bool) -> list[str]:
     """``inspect`` as table lines: opsets, inputs and outputs, op type counts, weights and external
     data, and the QDQ summary (``colour`` is unused: no row is marked)."""
     def values(entries: list) -> list[list]:
+        """Name, type and shape of each input or output, as table cells."""
         return [[entry["name"], entry["type"],
                  "?" if entry["shape"] is None else
                  "[" + ", ".join("?" if dim is None else str(dim) for dim in entry["shape"]) + "]"]
@@ -7954,6 +7979,7 @@ class Requantizer:
 
         class Reader(quantization.CalibrationDataReader):
             def get_next(self):
+                """The next calibration batch, None when they are all given."""
                 return next(feeds, None)
 
         self.calls += 1
@@ -8287,6 +8313,7 @@ def _borrowed_ranges(nodes, index: GraphIndex, quantizers: dict, values: Callabl
     borrowed: dict = {}
 
     def numbers(tensor: str):
+        """The scale and zero point of the QuantizeLinear that quantizes ``tensor``."""
         node = quantizers[tensor]
         return [values(name) for name in node.input[1:3]]
 
@@ -8852,10 +8879,12 @@ def _isolated_spawning() -> Iterator[None]:
     flags = util._args_from_interpreter_flags
 
     def isolated_command(**kwargs) -> list[str]:
+        """The worker's command line, with the interpreter's isolated mode (``-I``)."""
         command = commands(**kwargs)
         return [command[0], "-I", *command[1:]]
 
-    def isolated_flags() -> list[str]:  # the resource tracker's command line
+    def isolated_flags() -> list[str]:
+        """The interpreter flags of the resource tracker's command line, with ``-I``."""
         return ["-I", *[flag for flag in flags() if flag != "-I"]]
 
     spawn.get_command_line, util._args_from_interpreter_flags = isolated_command, isolated_flags
@@ -9149,6 +9178,8 @@ def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
     if not args.fail_on_fallback or not fell:
         return None
     def got(case: dict) -> str:
+        """What a fallen-back case got instead, in words: the providers that took no node, or the
+        list."""
         nodes = case.get("nodes_per_provider") or {}
         idle = [name for name in fallback_of(case["requested"], case["actual"], nodes or None)
                 if name in case["actual"]]
@@ -10003,6 +10034,8 @@ def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
     tries = [0]
 
     def restores(names: list[str]) -> bool:
+        """Does disabling ``names`` at the level that introduces the difference restore the
+        baseline?"""
         tries[0] += 1
         progress.step(tries[0])
         return bitwise_equal(base, runner.output(introducing, 1, names))
@@ -10024,6 +10057,8 @@ def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
         case_rank = dict(levels).get(level, rank)
 
         def restores_here(names: list[str]) -> bool:
+            """Does disabling ``names`` (with those found) at the case's own level restore the
+            baseline?"""
             tries[0] += 1
             progress.step(tries[0])
             return bitwise_equal(base, runner.output(level, 1, found + names))
@@ -10080,6 +10115,7 @@ def _optimized_nodes(runner: SettingsRunner, level: str, disabled: list[str] = (
 def _changes_the_graph(runner: SettingsRunner, level: str, name: str) -> bool:
     """Does disabling ``name`` change the optimized graph (is it a name onnxruntime uses)?"""
     def shape(nodes: list) -> list:
+        """The nodes as op types, inputs and outputs, to compare two graphs by."""
         return [(node.op_type, list(node.input), list(node.output)) for node in nodes]
 
     return shape(_optimized_nodes(runner, level)) != shape(
@@ -10089,11 +10125,13 @@ def _changes_the_graph(runner: SettingsRunner, level: str, name: str) -> bool:
 def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -> dict:
     """The first boundary (as in ``layers``) whose value differs between the baseline and the
     case, both exposed, and the optimized nodes that compute it that the file does not have."""
-    def boundary_values(settings_level: str, threads: int) -> tuple[list[str], list]:
+    def boundary_values(at_level: str, threads: int) -> tuple[list[str], list]:
+        """The boundaries and their values with the model exposed, at ``at_level`` and
+        ``threads``."""
         model = load_model(runner.model)
         boundaries = expose_in_place(model, BOUNDARY_OPS, unknown_as_float=False)
 
-        session = open_exposed(model, runner.model, {"level": settings_level, "threads": threads},
+        session = open_exposed(model, runner.model, {"level": at_level, "threads": threads},
                                on=runner.on)
         fetched = fetch(session, boundaries, runner.feed.arrays, what=repr(runner.model))
         return boundaries, [fetched[name] for name in boundaries]
@@ -10336,6 +10374,7 @@ def check(reference: str, candidate: str, options: CheckOptions | None = None, *
                               feed)
 
     def run_candidate() -> list:
+        """One run of the candidate, with the retries a transient error earns."""
         return attempts.make(lambda: run_session(candidate_session, None, candidate_feed,
                                                  what=repr(candidate), hint=dims_hint(feed)))
 
@@ -10916,6 +10955,7 @@ def _weight_writers(model, model_path: str, data_name: str | None) -> tuple:
     serialized = model.SerializeToString()
 
     def write_data(stream) -> None:
+        """Fill ``stream`` with the external weights, in the order their offsets were given."""
         for payload in sources:
             stream.write(payload.tobytes())
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: run the real CLI in a subprocess, and build small models inline."""
+"""Shared fixtures: run eprun in this process (main(argv)) or, where a test needs one, in a
+process of its own; and build small models inline."""
 from __future__ import annotations
 
 import json
@@ -189,7 +190,7 @@ def run_here(capfd, monkeypatch, *args: str, env: dict | None = None,
         return _Done(*in_process(capfd, *args))
 
 
-def _succeeds(run):
+def succeeds(run):
     """``run`` (one way to run eprun) held to success: the parsed JSON answer."""
     def call(*args: str, **kwargs) -> dict:
         result = run(*args, **kwargs)
@@ -199,7 +200,7 @@ def _succeeds(run):
     return call
 
 
-def _fails(run):
+def fails(run):
     """``run`` held to failure ``code``: empty stdout, one error line (returned)."""
     def call(code: int, *args: str, **kwargs) -> str:
         result = run(*args, **kwargs)
@@ -217,14 +218,14 @@ def _fails(run):
 def eprun(capfd, monkeypatch):
     """Run eprun with ARGS in this process (``main(argv)``); assert success and return the
     parsed JSON answer."""
-    return _succeeds(lambda *args, **kwargs: run_here(capfd, monkeypatch, *args, **kwargs))
+    return succeeds(lambda *args, **kwargs: run_here(capfd, monkeypatch, *args, **kwargs))
 
 
 @pytest.fixture
 def eprun_fails(capfd, monkeypatch):
     """Run eprun with ARGS in this process expecting failure ``code``: empty stdout, one
     error line."""
-    return _fails(lambda *args, **kwargs: run_here(capfd, monkeypatch, *args, **kwargs))
+    return fails(lambda *args, **kwargs: run_here(capfd, monkeypatch, *args, **kwargs))
 
 
 @pytest.fixture
@@ -238,13 +239,13 @@ def run_eprun_here(capfd, monkeypatch):
 def eprun_process():
     """``eprun``, as ``python eprun.py ARGS`` in a process of its own: for what lives as long
     as a process (a plugin EP library registered, onnxruntime's log level)."""
-    return _succeeds(run_eprun)
+    return succeeds(run_eprun)
 
 
 @pytest.fixture
 def eprun_fails_process():
     """``eprun_fails`` in a process of its own."""
-    return _fails(run_eprun)
+    return fails(run_eprun)
 
 
 @pytest.fixture(scope="session")

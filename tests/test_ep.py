@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import run_eprun
+from conftest import fails, run_eprun, run_here, succeeds
 
 import eprun as tool
 
@@ -38,16 +38,40 @@ plugin_openvino = pytest.mark.skipif(
     reason="onnxruntime-ep-openvino is not installed (make test-ep runs these)")
 
 
-# Each run of eprun here is a process of its own: a plugin EP library it registers stays
-# registered as long as its process does, and must not leak into the next run's sessions.
-@pytest.fixture
-def eprun(eprun_process):
-    return eprun_process
+# The EPs of the plugin packages installed here: eprun registers such a package by itself
+# when a provider list names its EP.
+PLUGIN_EPS = tuple(name for _, _, names in tool.installed_plugins() for name in names)
+
+
+def registers_a_plugin(args) -> bool:
+    """Could a run of eprun with ``args`` register a plugin EP library (``--ep-library``, a
+    device policy, or a list naming an installed plugin package's EP)? onnxruntime keeps a
+    registration as long as its process does, so such a run gets a process of its own: it must
+    not leak into the next run's sessions, nor meet the registration ``plugin_packages`` makes
+    for the oracles. Every other run is ``main(argv)`` in this process."""
+    words = [str(word) for word in args]
+    return any(word == "--ep-library" or "policy:" in word
+               or any(name in word for name in PLUGIN_EPS) for word in words)
 
 
 @pytest.fixture
-def eprun_fails(eprun_fails_process):
-    return eprun_fails_process
+def run_ep(capfd, monkeypatch):
+    """``run_eprun``, in a process of its own only where the run may register a plugin EP."""
+    def call(*args, **kwargs):
+        if registers_a_plugin(args):
+            return run_eprun(*args, **kwargs)
+        return run_here(capfd, monkeypatch, *args, **kwargs)
+    return call
+
+
+@pytest.fixture
+def eprun(run_ep):
+    return succeeds(run_ep)
+
+
+@pytest.fixture
+def eprun_fails(run_ep):
+    return fails(run_ep)
 
 
 # -- oracles: onnxruntime sessions made here, numbers with numpy -------------------------------
@@ -169,9 +193,7 @@ def nodes_fields(counts: dict | None, prefix: str = "") -> dict:
 
 def exposed_copy(model, tmp_path, name: str):
     out = tmp_path / f"{name}_exposed.onnx"
-    result = run_eprun("expose", model, out)
-    assert result.code == 0, result.stderr
-    return out, result.answer["boundaries"]
+    return out, tool.expose(str(model), str(out))["boundaries"]
 
 
 def assert_table(answer: dict, reference_outputs: dict, candidate_outputs: dict, rows: int):
@@ -379,8 +401,8 @@ def test_layers_on_a_plugin_ep_recomputed(eprun, lab_pair, tmp_path):
 # -- the OpenVINO plugin package: registered by itself ------------------------------------------
 
 @plugin_openvino
-def test_openvino_plugin_package_is_registered_by_itself(eprun, eprun_fails, lab_pair,
-                                                          plugin_packages):
+def test_openvino_plugin_package_is_registered_by_itself(
+        eprun, eprun_fails, lab_pair, plugin_packages, run_ep):
     """Where the plugin offers a device (an Intel CPU, GPU or NPU) the session gets it; where
     it offers none (the plugin takes Intel devices only), the measurement is refused with the
     reason, and --allow-fallback records the CPU."""
@@ -397,7 +419,7 @@ def test_openvino_plugin_package_is_registered_by_itself(eprun, eprun_fails, lab
         carried = sorted({device.ep_name for device in ort.get_ep_devices()
                           if device.ep_name.startswith(OPENVINO)})
         for name in carried:
-            result = run_eprun("growth", fp32, int8, "1", "--providers", name)
+            result = run_ep("growth", fp32, int8, "1", "--providers", name)
             assert result.code == 0, (name, result.stderr)
             assert result.answer["providers"]["actual"] == [name, CPU]
     else:
@@ -451,9 +473,9 @@ def test_lab_pair_on_openvino_recomputed(eprun, lab_pair, tmp_path, openvino):
     assert answer["providers"]["fell_back"] is False
 
 
-def test_check_on_openvino_counts_what_numpy_counts(lab_pair, openvino):
+def test_check_on_openvino_counts_what_numpy_counts(lab_pair, openvino, run_ep):
     fp32, int8 = lab_pair
-    result = run_eprun("check", fp32, int8, "--providers", OPENVINO, "--seed", "2",
+    result = run_ep("check", fp32, int8, "--providers", OPENVINO, "--seed", "2",
                        "--profile", "fp16")
     assert result.code in (0, 1), result.stderr
     answer = result.answer
@@ -493,7 +515,7 @@ def test_sensitivity_on_openvino_runs_every_variant_there(eprun, lab_pair, openv
 
 
 @built_in_openvino
-def test_ep_options_recorded_and_a_rejected_one_is_an_error(eprun, eprun_fails, lab_pair):
+def test_ep_options_recorded_and_a_rejected_one_is_an_error(eprun, eprun_fails, lab_pair, run_ep):
     fp32, int8 = lab_pair
     answer = eprun("layers", fp32, int8, "1", "--providers", OPENVINO, "--ep-option",
                    f"{OPENVINO}:precision=ACCURACY")
@@ -504,18 +526,18 @@ def test_ep_options_recorded_and_a_rejected_one_is_an_error(eprun, eprun_fails, 
         line = eprun_fails(4, *command, "--ep-option", f"{OPENVINO}:no_such_key=1")
         assert "Invalid OpenVINO EP option: no_such_key" in line, command  # onnxruntime's own
     # providers reports per case (the contract's exit 0), the provider's words on stderr
-    result = run_eprun("providers", fp32, OPENVINO, "--ep-option", f"{OPENVINO}:no_such_key=1")
+    result = run_ep("providers", fp32, OPENVINO, "--ep-option", f"{OPENVINO}:no_such_key=1")
     assert result.code == 0 and result.answer["cases"][0]["error"] == "RuntimeError"
     assert "Invalid OpenVINO EP option: no_such_key" in result.stderr
 
 
 @plugin_openvino
-def test_options_a_plugin_ep_ignores_are_said_to_be_unchecked(lab_pair, openvino):
+def test_options_a_plugin_ep_ignores_are_said_to_be_unchecked(lab_pair, openvino, run_ep):
     """onnxruntime hands a plugin EP its options unchecked, and OpenVINO's plugin ignores an
     unknown key without a word (and "precision" with only a log line): the session opens, so
     the answer must not pass the given options off as applied."""
     fp32, int8 = lab_pair
-    result = run_eprun("layers", fp32, int8, "1", "--providers", OPENVINO,
+    result = run_ep("layers", fp32, int8, "1", "--providers", OPENVINO,
                        "--ep-option", f"{OPENVINO}:no_such_key=1")
     assert result.code == 0, result.stderr
     assert result.answer["providers"]["options"] == {OPENVINO: {"no_such_key": "1"}}
@@ -551,10 +573,10 @@ def test_placement_counts_the_subgraphs_onnxruntime_assigned(eprun, lab_pair, re
 
 # -- golden files: the reference measured on one machine, the candidate run on another -------
 
-def test_saved_outputs_hold_the_reference_run_and_give_the_same_verdict(lab_pair, tmp_path):
+def test_saved_outputs_hold_the_reference_run_and_give_the_same_verdict(lab_pair, tmp_path, run_ep):
     fp32, int8 = lab_pair
     golden = tmp_path / "golden.npz"
-    first = run_eprun("check", fp32, int8, "--seed", "6", "--save-outputs", golden)
+    first = run_ep("check", fp32, int8, "--seed", "6", "--save-outputs", golden)
     saved = first.answer
     assert saved.pop("golden") == {"saved": str(golden)}
     with np.load(golden, allow_pickle=False) as archive:
@@ -562,7 +584,7 @@ def test_saved_outputs_hold_the_reference_run_and_give_the_same_verdict(lab_pair
     x = lab_input(fp32, 6)
     assert np.array_equal(stored_x, x)
     assert np.array_equal(stored_y, models.run(fp32, x)[0])
-    second = run_eprun("check", fp32, int8, "--load-outputs", golden)
+    second = run_ep("check", fp32, int8, "--load-outputs", golden)
     assert second.code == first.code
     assert second.stderr == first.stderr  # no seed given: the stored inputs, nothing to say
     loaded = second.answer
@@ -615,10 +637,10 @@ def test_golden_files_are_refused_where_they_do_not_fit(eprun, eprun_fails, lab_
 
 
 def test_golden_inputs_must_be_the_models_and_nothing_is_left_on_failure(
-        eprun, eprun_fails, lab_pair, tmp_path):
+        eprun, eprun_fails, lab_pair, tmp_path, run_ep):
     fp32, int8 = lab_pair
     golden = tmp_path / "outputs.npz"
-    assert run_eprun("check", fp32, int8, "--save-outputs", golden).code in (0, 1)
+    assert run_ep("check", fp32, int8, "--save-outputs", golden).code in (0, 1)
     renamed = onnx.load(str(fp32))
     renamed.graph.input[0].name = "z"
     for node in renamed.graph.node:
@@ -634,12 +656,12 @@ def test_golden_inputs_must_be_the_models_and_nothing_is_left_on_failure(
     assert not (tmp_path / "s.npz").exists()
 
 
-def test_a_reference_that_misses_its_provider_is_refused(eprun_fails, lab_pair):
+def test_a_reference_that_misses_its_provider_is_refused(eprun_fails, lab_pair, run_ep):
     fp32, int8 = lab_pair
     absent = absent_provider()
     line = eprun_fails(4, "check", fp32, int8, "--reference-providers", absent)
     assert f"asked for {absent} and got CPUExecutionProvider" in line
-    allowed = run_eprun("check", fp32, int8, "--reference-providers", absent,
+    allowed = run_ep("check", fp32, int8, "--reference-providers", absent,
                         "--allow-fallback")
     assert allowed.code in (0, 1) and allowed.answer["providers"]["reference"] == [CPU]
 
@@ -663,14 +685,14 @@ def test_local_segments_open_where_the_candidate_runs(lab_pair, monkeypatch):
     assert all(on is not None and on.requested == [CPU] for on in int8_sessions)
 
 
-def test_a_golden_file_refuses_a_model_or_inputs_it_was_not_made_from(eprun_fails, lab_pair,
-                                                                     tmp_path):
+def test_a_golden_file_refuses_a_model_or_inputs_it_was_not_made_from(
+        eprun_fails, lab_pair, tmp_path, run_ep):
     """The same graph with one weight changed, a seed given that did not draw the stored
     inputs, an inputs file with other values: each is a stale comparison, refused (exit 4)
     naming what differs; the same model, no seed, or the very inputs pass."""
     fp32, int8 = lab_pair
     golden = tmp_path / "golden.npz"
-    saved = run_eprun("check", fp32, int8, "--seed", "3", "--save-outputs", golden)
+    saved = run_ep("check", fp32, int8, "--seed", "3", "--save-outputs", golden)
     assert saved.code in (0, 1), saved.stderr
     retrained = onnx.load(str(fp32))
     weight = retrained.graph.initializer[0]
@@ -689,7 +711,7 @@ def test_a_golden_file_refuses_a_model_or_inputs_it_was_not_made_from(eprun_fail
                        "--inputs", tmp_path / "other.npz")
     assert "'x' is not the stored input" in line
     for extra in ([], ["--seed", "3"], ["--inputs", tmp_path / "same.npz"]):
-        again = run_eprun("check", fp32, int8, "--load-outputs", golden, *extra)
+        again = run_ep("check", fp32, int8, "--load-outputs", golden, *extra)
         assert again.code == saved.code, (extra, again.stderr)
         assert again.answer["outputs"] == saved.answer["outputs"]
 
@@ -716,7 +738,8 @@ def float64_chain(path) -> None:
 
 
 @built_in_openvino
-def test_a_provider_that_takes_no_node_is_a_fallback(eprun, eprun_fails, lab_pair, tmp_path):
+def test_a_provider_that_takes_no_node_is_a_fallback(
+        eprun, eprun_fails, lab_pair, tmp_path, run_ep):
     """get_providers() lists OpenVINO for a float64 model and for device_type=NOPE, yet the
     nodes ran on the CPU: measuring is refused, the gate fails, --allow-fallback measures and
     says where the nodes went."""
@@ -731,12 +754,12 @@ def test_a_provider_that_takes_no_node_is_a_fallback(eprun, eprun_fails, lab_pai
     nope = ["--ep-option", f"{OPENVINO}:device_type=NOPE"]
     line = eprun_fails(4, "layers", int8, int8, "1", "--providers", OPENVINO, *nope)
     assert f"{OPENVINO} took 0 of" in line
-    gate = run_eprun("check", int8, int8, "--providers", OPENVINO, *nope)
+    gate = run_ep("check", int8, int8, "--providers", OPENVINO, *nope)
     assert gate.code == 1
     assert gate.answer["failures"][-1] == {"bound": "providers", "requested": [OPENVINO],
                                            "actual": [OPENVINO, CPU], "missing": [OPENVINO]}
     assert set(gate.answer["providers"]["nodes_per_provider"]) == {CPU}
-    listed = run_eprun("providers", int8, OPENVINO, *nope, "--fail-on-fallback")
+    listed = run_ep("providers", int8, OPENVINO, *nope, "--fail-on-fallback")
     assert listed.code == 1 and f"{OPENVINO} took 0 of" in listed.stderr
     assert set(listed.answer["cases"][0]["nodes_per_provider"]) == {CPU}
     allowed = eprun("layers", int8, int8, "1", "--providers", OPENVINO, *nope,
@@ -745,7 +768,7 @@ def test_a_provider_that_takes_no_node_is_a_fallback(eprun, eprun_fails, lab_pai
 
 
 @built_in_openvino
-def test_an_option_the_provider_rejects_is_said_in_its_own_words(eprun_fails, lab_pair):
+def test_an_option_the_provider_rejects_is_said_in_its_own_words(eprun_fails, lab_pair, run_ep):
     fp32, int8 = lab_pair
     wrong = ["--ep-option", f"{OPENVINO}:precision=WRONG"]
     words = "Unsupported inference precision"
@@ -754,7 +777,7 @@ def test_an_option_the_provider_rejects_is_said_in_its_own_words(eprun_fails, la
         line = eprun_fails(4, *command, *wrong)
         assert words in line and "precision=WRONG" in line, command
         assert "install" not in line.split(";")[0]  # not "missing, install it"
-    listed = run_eprun("providers", int8, OPENVINO, *wrong)
+    listed = run_ep("providers", int8, OPENVINO, *wrong)
     assert listed.code == 0 and listed.answer["cases"][0]["error"] == "RuntimeError"
     assert words in listed.stderr
 
@@ -767,11 +790,11 @@ def test_a_missing_provider_names_the_package_that_has_it(eprun_fails, lab_pair)
     assert "it comes with the package onnxruntime-gpu" in line
 
 
-def test_an_option_key_no_built_in_ep_takes_is_flagged(lab_pair):
+def test_an_option_key_no_built_in_ep_takes_is_flagged(lab_pair, run_ep):
     fp32, int8 = lab_pair
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this build has CUDA")
-    result = run_eprun("layers", fp32, int8, "1", "--providers", "CUDAExecutionProvider",
+    result = run_ep("layers", fp32, int8, "1", "--providers", "CUDAExecutionProvider",
                        "--allow-fallback", "--ep-option", "CUDAExecutionProvider:devce_id=0")
     assert result.code == 0, result.stderr
     assert "has no option 'devce_id' that eprun knows of; did you mean 'device_id'?" in \
@@ -859,11 +882,11 @@ def test_settings_sweeps_a_provider_option(eprun, lab_pair):
 
 
 @built_in_openvino
-def test_tables_say_reference_and_candidate_and_no_false_fallback(lab_pair):
+def test_tables_say_reference_and_candidate_and_no_false_fallback(lab_pair, run_ep):
     fp32, int8 = lab_pair
-    table = run_eprun("placement", int8, OPENVINO, "--format", "table")
+    table = run_ep("placement", int8, OPENVINO, "--format", "table")
     assert table.code == 0 and "fell back" not in table.stdout.splitlines()[0]
-    layers = run_eprun("layers", fp32, fp32, "1", "--providers", OPENVINO, "--format", "table")
+    layers = run_ep("layers", fp32, fp32, "1", "--providers", OPENVINO, "--format", "table")
     header = layers.stdout.splitlines()[1]
     assert "reference (CPU) tensor" in header and "candidate (OpenVINO,CPU) tensor" in header
     assert "fp32 tensor" not in header

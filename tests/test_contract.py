@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 
 import models
 import pytest
-from conftest import EPRUN, ROOT, one_error_line
+from conftest import EPRUN, ROOT, in_process, one_error_line
 
 import eprun as tool
 
@@ -59,13 +58,20 @@ def test_every_declared_field_is_in_a_real_answer(eprun, lab_pair, tmp_path, nam
         assert list(answer) == CONTRACT_FIELDS[name]
 
 
+def help_of(capfd, monkeypatch, *words: str) -> str:
+    """``python eprun.py WORDS --help``'s text, from main(argv) here (the program name is read
+    off ``sys.argv[0]``, as typed); it exits 0 and says nothing on stderr."""
+    monkeypatch.setattr(sys, "argv", [str(EPRUN)])
+    code, out, err = in_process(capfd, *words, "--help")
+    assert code == 0 and err == ""
+    return out
+
+
 @pytest.mark.parametrize("name", list(tool.COMMANDS))
-def test_every_command_has_help_with_its_fields_and_an_example(name):
-    result = subprocess.run([sys.executable, str(EPRUN), name, "--help"], capture_output=True,
-                            text=True, timeout=60)
-    assert result.returncode == 0 and result.stderr == ""
-    assert f"usage: eprun.py {name}" in result.stdout and "JSON:" in result.stdout
-    flat = " ".join(result.stdout.split())
+def test_every_command_has_help_with_its_fields_and_an_example(name, capfd, monkeypatch):
+    text = help_of(capfd, monkeypatch, name)
+    assert f"usage: eprun.py {name}" in text and "JSON:" in text
+    flat = " ".join(text.split())
     command = tool.COMMANDS[name]
     for field in command.fields:
         assert f'"{field}"' in flat
@@ -73,21 +79,19 @@ def test_every_command_has_help_with_its_fields_and_an_example(name):
     assert command.example.startswith(f"eprun.py {name} ")
 
 
-def test_the_parser_offers_exactly_the_declared_commands():
+def test_the_parser_offers_exactly_the_declared_commands(capfd, monkeypatch):
     parser = tool.build_parser()
     (subparsers,) = [action for action in parser._actions if action.dest == "command"]
     assert list(subparsers.choices) == list(tool.COMMANDS)
     assert {"providers", "partition", "expose", "layers", "growth", "settings"} <= set(
         tool.COMMANDS)  # the contract's commands
-    top = subprocess.run([sys.executable, str(EPRUN), "--help"], capture_output=True,
-                         text=True, timeout=60).stdout
+    top = help_of(capfd, monkeypatch)
     for name in tool.COMMANDS:
         assert re.search(rf"^\s+{name}\s", top, re.MULTILINE), name
 
 
-def test_every_exit_code_is_documented_in_help_docstring_and_readme():
-    top = " ".join(subprocess.run([sys.executable, str(EPRUN), "--help"], capture_output=True,
-                                  text=True, timeout=60).stdout.split())
+def test_every_exit_code_is_documented_in_help_docstring_and_readme(capfd, monkeypatch):
+    top = " ".join(help_of(capfd, monkeypatch).split())
     readme = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
     table = readme[readme.index("## Exit codes"):]
     for code, name, _ in tool.EXIT_CODES:

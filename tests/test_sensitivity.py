@@ -135,7 +135,38 @@ def calibration_file(fp32, path, seed: int = CALIBRATION["seed"]):
     return path
 
 
-def deviations(tmp_path, case, requantize: bool, calibrated: bool = False,
+@pytest.fixture(scope="session")
+def oracle_folder(tmp_path_factory):
+    """Where quantize_static's models with one unit excluded are kept for the whole run, shared
+    by the xdist workers (their temporary folders' parent, as pytest-xdist's docs share a
+    session's files): three tests ask the same exclusions of each case (with the quantizer,
+    with graph edits, with the calibration data), and the quantizer writes the same bytes for
+    the same model and arguments, so each is made once per run, by whichever test asks first."""
+    root = tmp_path_factory.getbasetemp()
+    folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "oracles"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def quantized_without(oracles, case: str, fp32, options: dict, unit: str):
+    """The model quantize_static writes of ``case``'s fp32 model with ``unit`` excluded too
+    (``models.quantize``, CALIBRATION, the case's options), made once per run
+    (``oracle_folder``): written beside its final name, then renamed, so a worker reading
+    it never sees half of one."""
+    import hashlib
+    import json
+
+    arguments = {**CALIBRATION, **options, "exclude": [*options.get("exclude", ()), unit]}
+    key = hashlib.sha256(json.dumps([case, arguments], sort_keys=True).encode()).hexdigest()
+    path = oracles / f"{key[:24]}.onnx"
+    if not path.exists():
+        partial = oracles / f"{key[:24]}.{os.getpid()}.partial.onnx"
+        models.quantize(fp32, partial, **arguments)
+        os.replace(partial, path)
+    return path
+
+
+def deviations(tmp_path, oracles, case, requantize: bool, calibrated: bool = False,
                told: dict | None = None, only: set | None = None
                ) -> tuple[dict, tool.SensitivityStudy]:
     """For every unit: the final output eprun predicts for nodes_to_exclude=[unit] against the
@@ -155,9 +186,7 @@ def deviations(tmp_path, case, requantize: bool, calibrated: bool = False,
         for unit in study.units:
             if only is not None and unit.name not in only:
                 continue
-            excluded = tmp_path / "x.onnx"
-            models.quantize(fp32, excluded, **CALIBRATION, **{
-                **options, "exclude": [*options.get("exclude", ()), unit.name]})
+            excluded = quantized_without(oracles, case, fp32, options, unit.name)
             found[unit.name] = deviation_from(study, [unit.name], excluded)
     return found, study
 
@@ -207,8 +236,8 @@ def exact_or_said(found: dict, case: str, requantized: bool = True) -> None:
 
 
 @pytest.mark.parametrize("case", [*CASES, *QUANTIZER_CASES])
-def test_what_quantize_static_writes_for_every_unit_is_predicted(tmp_path, case):
-    found, study = deviations(tmp_path, case, requantize=True)
+def test_what_quantize_static_writes_for_every_unit_is_predicted(tmp_path, case, oracle_folder):
+    found, study = deviations(tmp_path, oracle_folder, case, requantize=True)
     assert study.predicted_by == "quantize_static"
     exact_or_said(found, case)
     build, options = QUANTIZER_CASES.get(case, CASES.get(case))
@@ -227,12 +256,12 @@ def test_what_quantize_static_writes_for_every_unit_is_predicted(tmp_path, case)
 @pytest.mark.parametrize("case", ["pass_through", "encoder", "recurrent_state",
                                   "chain_fixed_batch", "chain_symmetric_float_bias",
                                   "chain_reduced_range", "chain_asymmetric_weights"])
-def test_with_the_calibration_data_every_unit_is_exact(tmp_path, case):
+def test_with_the_calibration_data_every_unit_is_exact(tmp_path, case, oracle_folder):
     """Given the data the int8 model was calibrated on, the quantizer calibrates what an
     exclusion leaves to it (a cut chain's tensor, a Softmax's output, a table's) as it did:
     every unit exact, none said to be otherwise."""
     # (the encoder: the units whose range is otherwise calibrated from data eprun lacks)
-    found, study = deviations(tmp_path, case, requantize=True, calibrated=True,
+    found, study = deviations(tmp_path, oracle_folder, case, requantize=True, calibrated=True,
                             only=DATA_DEPENDENT if case == "encoder" else None)
     assert found and study.predicted_by == "quantize_static" and study.requantizer.calibrated
     assert all(inexact is None for _, inexact in found.values())
@@ -240,13 +269,14 @@ def test_with_the_calibration_data_every_unit_is_exact(tmp_path, case):
 
 
 def test_an_option_the_int8_model_does_not_show_is_told_with_extra_option(
-        tmp_path, eprun, eprun_fails):
+        tmp_path, eprun, eprun_fails, oracle_folder):
     """ForceQuantizeNoInputCheck writes this model as without it, but quantizes the ops after
     an excluded one: untold, eprun mispredicts excluding the third layer's Add and the Concat
     together, and cannot know; told, that and every unit alone are exact but where a range is
     calibrated anew (the ops left in float themselves)."""
     forced = TOLD_CASES["pass_through_forced"][1]["extra_options"]
-    found, study = deviations(tmp_path, "pass_through_forced", requantize=True, told=forced)
+    found, study = deviations(tmp_path, oracle_folder, "pass_through_forced", requantize=True,
+                              told=forced)
     assert study.quantizer_arguments()["extra_options"] == forced
     exact_or_said(found, "pass_through")
     said = {name for name, (_, inexact) in found.items() if inexact}
@@ -339,26 +369,26 @@ def test_calibration_data_the_int8_model_was_not_calibrated_on_is_said(tmp_path,
 
 
 @pytest.mark.parametrize("case", [case for case in CASES if case != "encoder_shared_bias"])
-def test_graph_edits_equal_quantize_static_where_the_graph_decides(tmp_path, case):
+def test_graph_edits_equal_quantize_static_where_the_graph_decides(tmp_path, case, oracle_folder):
     """The fallback where onnxruntime.quantization cannot be imported: editing the int8 graph."""
-    found, study = deviations(tmp_path, case, requantize=False)
+    found, study = deviations(tmp_path, oracle_folder, case, requantize=False)
     assert study.predicted_by == "graph edits"
     exact_or_said(found, case, requantized=False)
 
 
-def test_graph_edits_of_a_shared_bias_define_each_name_once(tmp_path):
+def test_graph_edits_of_a_shared_bias_define_each_name_once(tmp_path, oracle_folder):
     """The dynamo-exported encoder's crash: graph edits once gave the second LayerNorm its
     float bias under the name the first one's DequantizeLinear writes. Now every unit runs;
     only the quantizer knows that, excluding the first, it reads the second's dequantized
     bias (a few percent off there, exact with quantize_static above)."""
-    found, _ = deviations(tmp_path, "encoder_shared_bias", requantize=False)
+    found, _ = deviations(tmp_path, oracle_folder, "encoder_shared_bias", requantize=False)
     assert len(found) > 30 and max(deviation for deviation, _ in found.values()) < 0.05
 
 
-def test_graph_edits_miss_what_only_the_quantizer_knows(tmp_path):
+def test_graph_edits_miss_what_only_the_quantizer_knows(tmp_path, oracle_folder):
     """Why sensitivity asks quantize_static: with op_types_to_quantize restricted, editing the
     int8 graph mispredicts (the residual Adds read shared DQs without being quantized)."""
-    found, _ = deviations(tmp_path, "encoder_matmul_only", requantize=False)
+    found, _ = deviations(tmp_path, oracle_folder, "encoder_matmul_only", requantize=False)
     assert max(deviation for deviation, _ in found.values()) > 0.01
 
 

@@ -10,15 +10,26 @@ import pytest
 from conftest import PINNED_STACK, ROOT
 
 
-def generate(folder, *options: str) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "gen_ep.py"), "--out-dir", str(folder),
-                           *options], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [str(folder / "fp32.onnx"), str(folder / "int8.onnx")]
+def generate(folder, *options: str, capsys=None) -> None:
+    """gen_ep.py --out-dir FOLDER OPTIONS: its main() here (``capsys`` given), else as typed,
+    in a process of its own; either way it prints the two paths it wrote."""
+    argv = ["--out-dir", str(folder), *options]
+    if capsys is None:
+        proc = subprocess.run([sys.executable, str(ROOT / "gen_ep.py"), *argv],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        printed = proc.stdout
+    else:
+        import gen_ep
+
+        capsys.readouterr()
+        assert gen_ep.main(argv) == 0
+        printed = capsys.readouterr().out
+    assert printed.splitlines() == [str(folder / "fp32.onnx"), str(folder / "int8.onnx")]
 
 
 def test_defaults_reproduce_the_committed_float_model(tmp_path):
-    generate(tmp_path)
+    generate(tmp_path)  # as typed: how make lab runs it
     assert (tmp_path / "fp32.onnx").read_bytes() == (ROOT / "fp32.onnx").read_bytes()
     fresh, committed = onnx.load(str(tmp_path / "int8.onnx")), onnx.load(str(ROOT / "int8.onnx"))
     assert [n.op_type for n in fresh.graph.node] == [n.op_type for n in committed.graph.node]
@@ -29,8 +40,9 @@ def test_defaults_reproduce_the_committed_float_model(tmp_path):
         assert fresh.graph == committed.graph
 
 
-def test_models_have_the_contract_shape(tmp_path):
-    generate(tmp_path, "--features", "6", "--widths", "7,7,5,5,4,3", "--seed", "5")
+def test_models_have_the_contract_shape(tmp_path, capsys):
+    generate(tmp_path, "--features", "6", "--widths", "7,7,5,5,4,3", "--seed", "5",
+             capsys=capsys)
     fp32 = onnx.load(str(tmp_path / "fp32.onnx"))
     int8 = onnx.load(str(tmp_path / "int8.onnx"))
     for model in (fp32, int8):
@@ -47,16 +59,17 @@ def test_models_have_the_contract_shape(tmp_path):
     ort.InferenceSession(str(tmp_path / "int8.onnx"), providers=["CPUExecutionProvider"])
 
 
-def test_same_options_same_bytes(tmp_path):
+def test_same_options_same_bytes(tmp_path, capsys):
+    """The same options give the same bytes, in another process too."""
     first, second = tmp_path / "a", tmp_path / "b"
-    for folder in (first, second):
-        generate(folder, "--features", "4", "--widths", "5,5,5,5,5")
+    generate(first, "--features", "4", "--widths", "5,5,5,5,5", capsys=capsys)
+    generate(second, "--features", "4", "--widths", "5,5,5,5,5")
     for name in ("fp32.onnx", "int8.onnx"):
         assert (first / name).read_bytes() == (second / name).read_bytes()
 
 
-def test_layer_count_option(tmp_path):
-    generate(tmp_path, "--layers", "7", "--features", "4")
+def test_layer_count_option(tmp_path, capsys):
+    generate(tmp_path, "--layers", "7", "--features", "4", capsys=capsys)
     ops = [n.op_type for n in onnx.load(str(tmp_path / "fp32.onnx")).graph.node]
     assert ops.count("MatMul") == 7 and ops.count("Relu") == 6
 
@@ -67,8 +80,10 @@ def test_layer_count_option(tmp_path):
     (["--widths", "4,4,4,4,4", "--layers", "6"], "contradicts"),
     (["--widths", "4,x"], "comma-joined integers"),
 ])
-def test_bad_options_are_usage_errors(tmp_path, options, message):
-    proc = subprocess.run([sys.executable, str(ROOT / "gen_ep.py"), "--out-dir", str(tmp_path),
-                           *options], capture_output=True, text=True)
-    assert proc.returncode == 2 and message in proc.stderr
+def test_bad_options_are_usage_errors(tmp_path, capsys, options, message):
+    import gen_ep
+
+    with pytest.raises(SystemExit) as exit_:
+        gen_ep.main(["--out-dir", str(tmp_path), *options])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "fp32.onnx").exists()

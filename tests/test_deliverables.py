@@ -34,11 +34,23 @@ HEADINGS = ["## 무엇을 요청했고 무엇을 쥐었나", "## 그래프가 �
             "## 층을 거듭하며 자란 오차", "## 이 기계에서만 참인 것"]
 
 
-def cli(*args: str) -> str:
+def typed(*args: str) -> str:
+    """stdout of ``python eprun.py ARGS`` run as typed in the repository's root, as ``make
+    deliverables`` runs it."""
     proc = subprocess.run([sys.executable, str(EPRUN), *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+@pytest.fixture
+def cli(run_eprun_here):
+    """stdout of eprun ARGS, main(argv) here with the repository's root the working folder."""
+    def run(*args: str) -> str:
+        result = run_eprun_here(*args, cwd=ROOT)
+        assert result.code == 0, result.stderr
+        return result.stdout
+    return run
 
 
 def load(name: str) -> dict:
@@ -50,7 +62,7 @@ def load(name: str) -> dict:
     ("growth.json", lambda seed: ["growth", "fp32.onnx", "int8.onnx", str(seed)]),
     ("settings.json", lambda seed: ["settings", "int8.onnx", str(seed)]),
 ])
-def test_committed_json_equals_the_command_output(name, argv):
+def test_committed_json_equals_the_command_output(name, argv, cli):
     committed_text = (ROOT / name).read_text()
     committed = json.loads(committed_text)
     fresh_text = cli(*argv(committed["seed"]))
@@ -68,7 +80,7 @@ def test_committed_json_equals_the_command_output(name, argv):
         assert committed == approx_tree(fresh)
 
 
-def test_providers_json_is_the_providers_answer_plus_a_note():
+def test_providers_json_is_the_providers_answer_plus_a_note(cli):
     committed = load("providers.json")
     note = committed.pop("note")
     assert isinstance(note, str) and note and "\n" not in note
@@ -81,7 +93,7 @@ def test_providers_json_is_the_providers_answer_plus_a_note():
 
 
 @pytest.mark.parametrize("source", ["fp32.onnx", "int8.onnx"])
-def test_exposed_models_are_current_and_run(tmp_path, source):
+def test_exposed_models_are_current_and_run(tmp_path, source, cli):
     exposed = ROOT / source.replace(".onnx", "_exposed.onnx")
     answer = json.loads(cli("expose", source, str(tmp_path / "fresh.onnx")))
     assert onnx.load(str(exposed)) == onnx.load(str(tmp_path / "fresh.onnx"))
@@ -115,8 +127,8 @@ def fresh_report(tmp_path_factory):
     (folder, answer, seed)."""
     seed = load("growth.json")["seed"]
     out = tmp_path_factory.mktemp("report") / "out"
-    answer = json.loads(cli("report", "fp32.onnx", "int8.onnx", "--seed", str(seed),
-                            "--out-dir", str(out)))
+    answer = json.loads(typed("report", "fp32.onnx", "int8.onnx", "--seed", str(seed),
+                              "--out-dir", str(out)))
     return out, answer, seed
 
 
@@ -140,7 +152,7 @@ NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
 @pytest.mark.byte_exact_on_deliverables_cpu
-def test_report_regenerates_the_committed_deliverables(fresh_report):
+def test_report_regenerates_the_committed_deliverables(fresh_report, cli):
     """report writes the files it lists, and they are the committed ones (whose JSON is what
     the individual commands print): byte for byte on the pinned stack and a CPU with the int8
     kernel that made them. With another int8 kernel, the models, providers.json and

@@ -39,6 +39,32 @@ def _on_pinned_stack() -> bool:
 # other kernels and quantizer choices, so there the tests compare to 1e-5 instead of exactly.
 PINNED_STACK = _on_pinned_stack()
 
+
+def _sessions_wait_without_spinning() -> None:
+    """Every onnxruntime session opened in a test process (eprun's in-process runs, the
+    oracles' own sessions, quantize_static's calibration) waits for work without spinning.
+
+    An idle intra-op thread spins by default, and pytest-xdist runs two workers on a machine
+    of two cores: each worker's spinning threads take the core the other computes on, which
+    made every session-heavy test about half again as slow (eprun's sensitivity workers turn
+    spinning off for the same reason, WORKER_SESSION_CONFIG). How threads wait is all this
+    changes: how many there are, and so every number a session computes, stays the default.
+    Processes the tests start (``python eprun.py``) run as a user's do."""
+    import onnxruntime
+
+    default = onnxruntime.SessionOptions
+
+    class SessionOptions(default):
+        def __init__(self) -> None:
+            super().__init__()
+            for pool in ("intra_op", "inter_op"):
+                self.add_session_config_entry(f"session.{pool}.allow_spinning", "0")
+
+    onnxruntime.SessionOptions = SessionOptions
+
+
+_sessions_wait_without_spinning()
+
 # A shell script's background job starts with Ctrl-C ignored, and the processes the tests
 # start would inherit that, so an interrupted eprun would finish instead (`make test &` in a
 # script). The tests stand for a user at a terminal: a handler here is reset to the default

@@ -82,17 +82,19 @@ def pytest_configure(config):
         "kernel and recomputes what does")
 
 
-# The files whose tests take longest (quantize_static and a session per unit, on transformer
-# models): pytest-xdist hands tests out in collection order, so these go first, and the many
-# short tests fill both workers at the end instead of one worker idling while the other
-# finishes a long one. Only under xdist: a run with -n 0 (tests/mutation.py's) keeps the order
-# it asks for.
-SLOW_FIRST = ("test_sensitivity.py",)
+# The files whose tests take longest, in this order: quantize_static and a session per unit on
+# transformer models, then the ones whose tests wait on processes they start and signal (a few
+# seconds each, timeouts and kills at chosen moments). pytest-xdist hands tests out in
+# collection order, so these go first, and the many short tests fill both workers at the end
+# instead of one worker idling while the other finishes a long one. Only under xdist: a run
+# with -n 0 (tests/mutation.py's) keeps the order it asks for.
+SLOW_FIRST = ("test_sensitivity.py", "test_io_safety.py", "test_process.py", "test_cmd_reduce.py")
 
 
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.path.name not in SLOW_FIRST)
+        items.sort(key=lambda item: SLOW_FIRST.index(item.path.name)
+                   if item.path.name in SLOW_FIRST else len(SLOW_FIRST))
 
 
 def approx_tree(value):

@@ -67,10 +67,12 @@ _sessions_wait_without_spinning()
 
 # A shell script's background job starts with Ctrl-C ignored, and the processes the tests
 # start would inherit that, so an interrupted eprun would finish instead (`make test &` in a
-# script). The tests stand for a user at a terminal: a handler here is reset to the default
-# in every child.
+# script); under nohup, SIGHUP is ignored likewise. The tests stand for a user at a terminal:
+# a handler here is reset to the default in every child.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def pytest_configure(config):

@@ -496,6 +496,19 @@ def test_two_reports_into_one_folder_leave_one_run_s_set(lab_pair, tmp_path):
     assert seeds["growth.json"] in (1, 2)
 
 
+def blocked_on_a_lock(process: subprocess.Popen, timeout: float) -> bool:
+    """Does ``process`` come to wait for a lock (the kernel lists it as a waiter, ``->``, in
+    /proc/locks) before it ends or ``timeout`` seconds pass?"""
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        with open("/proc/locks") as locks:
+            if any(line.split()[1] == "->" and str(process.pid) in line.split()[2:6]
+                   for line in locks if len(line.split()) > 5):
+                return True
+        time.sleep(0.05)
+    return False
+
+
 def test_a_report_waits_while_another_holds_the_folder(lab_pair, tmp_path):
     fp32, int8 = lab_pair
     out = tmp_path / "held"
@@ -505,8 +518,7 @@ def test_a_report_waits_while_another_holds_the_folder(lab_pair, tmp_path):
         fcntl.flock(holder, fcntl.LOCK_EX)
         run = subprocess.Popen(report_command(fp32, int8, out, 1), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-        time.sleep(3)
-        waited = run.poll() is None
+        waited = blocked_on_a_lock(run, timeout=60)
         listing = os.listdir(out)
         fcntl.flock(holder, fcntl.LOCK_UN)
     finally:
@@ -516,6 +528,7 @@ def test_a_report_waits_while_another_holds_the_folder(lab_pair, tmp_path):
     assert listing == []
     assert run.returncode == 0, err
     assert "Traceback" not in err
+    assert f"eprun: note: waiting for another eprun writing into {str(out)!r}" in err
     assert set(os.listdir(out)) == {os.path.basename(path)
                                     for path in json.loads(out_text)["files"]}
 

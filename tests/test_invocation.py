@@ -112,6 +112,9 @@ def test_a_usage_hint_reads_the_words_the_parser_was_given(capfd):
     with pytest.raises(SystemExit):
         parser.parse_args(["partition", "m.onnx", "Add", "Mul"])
     assert "Add,Mul" in capfd.readouterr().err
+    # the extra words trail the command line: the last place they stand, not an earlier one
+    code, _, err = in_process(capfd, "partition", "Add", "MatMul", "Add")
+    assert code == 2 and "joined with commas: MatMul,Add" in err
 
 
 def test_without_onnxruntime_a_command_s_own_checks_come_first(lab_pair, capfd, monkeypatch,

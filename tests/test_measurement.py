@@ -384,6 +384,67 @@ def test_ids_index_a_gather_table_directly_or_through_casts_and_reshapes(path, a
     assert ids.shape == (64, 5) and ids.min() >= 0 and ids.max() == 6  # 320 draws over 7
 
 
+def test_ids_read_second_by_another_op_index_no_table_of_its_own():
+    """A Gather's second input is its indices; the same ids read second by another op (an Add
+    of a smaller int tensor) give that op's first input no say: the ids are drawn over the
+    Gather's 7 rows, not the 3 the Add's other operand has."""
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["y"]),
+             helper.make_node("Add", ["offsets", "ids"], ["shifted"])]
+    graph = helper.make_graph(
+        nodes, "ids", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("shifted", TensorProto.INT64, None)],
+        [helper.make_tensor("table", TensorProto.FLOAT, [7, 11], [0.0] * 77),
+         helper.make_tensor("offsets", TensorProto.INT64, [3, 5], [0] * 15)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (spec,) = tool.specs_from_model(model)
+    assert spec.table == ("table", 7)
+
+
+def test_a_machine_is_described_by_the_int8_instruction_sets_it_has():
+    """A golden file's ``machine``: the architecture, the processor's name and, of the
+    instruction sets the int8 kernels choose from, exactly those /proc/cpuinfo lists."""
+    import platform
+
+    named = {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8"}
+    flags = next((line.split(":", 1)[1].split() for line in
+                  Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+                  if line.split(":", 1)[0].strip() == "flags"), [])
+    described = tool.machine()
+    assert described.startswith(platform.machine())
+    listed = set(described.rsplit(", ", 1)[-1].split()) & named
+    assert listed == named & set(flags)
+
+
+def test_a_fingerprint_tells_where_the_model_file_ends_and_its_data_begins(tmp_path):
+    """A model file and its external data are hashed with their sizes: moving bytes from the
+    front of the data file to the end of the model file (as a field protobuf skips) gives
+    another model, with other weights, and another fingerprint, though the bytes run on the
+    same."""
+    tail = b"\xa0\x06\x00"  # field 100, a varint 0: a field a ModelProto parse passes over
+    weights = np.frombuffer(tail + b"\x00" * 13, dtype=np.float32).copy()
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "split",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(weights, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    onnx.save(model, str(first / "m.onnx"), save_as_external_data=True, location="w.bin",
+              size_threshold=0)
+    model_bytes = (first / "m.onnx").read_bytes()
+    data = (first / "w.bin").read_bytes()
+    assert data.startswith(tail)
+    (second / "m.onnx").write_bytes(model_bytes + tail)
+    (second / "w.bin").write_bytes(data[len(tail):])
+    moved = onnx.load(str(second / "m.onnx"), load_external_data=False)  # it parses
+    assert [tensor.name for tensor in moved.graph.initializer] == ["w"]
+    assert tool.model_fingerprint(str(first / "m.onnx")) != tool.model_fingerprint(
+        str(second / "m.onnx"))
+
+
 def test_outputs_that_are_not_tensors_get_a_clear_message(run_eprun_here, tmp_path):
     nodes = [helper.make_node("Relu", ["x"], ["y"]),
              helper.make_node("SequenceConstruct", ["y", "y"], ["seq"])]

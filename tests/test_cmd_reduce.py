@@ -446,6 +446,9 @@ def test_a_wrong_request_is_one_line_and_exit_2(capfd, tmp_path, argv, words):
     assert stderr.count("\n") == 1 and words in stderr
 
 
+# The oldest stack's protobuf warns while it tries "my notes" as a model; a real process holds
+# that back with the rest of what its libraries print; pytest shows it.
+@pytest.mark.filterwarnings("ignore:Unexpected end-group tag:RuntimeWarning")
 def test_a_file_eprun_did_not_write_is_not_replaced(capfd, tmp_path):
     model = models.save(chain_model(), tmp_path / "chain.onnx")
     mine = tmp_path / "small.onnx"

@@ -2569,11 +2569,14 @@ def _schema_types(node, opset: int, types: dict) -> dict:
 
 
 def _quantized_operand_type(node, types: dict) -> dict:
-    """A QLinear op's or QGemm's output type: that of its quantized operands (QGemm's output
-    zero point, else the first 8-bit input)."""
-    operand = (node.input[8] if node.op_type == "QGemm" and len(node.input) > 8
-               else next((name for name in node.input
-                          if _element_type(types, name) in (2, 3)), None))
+    """A QLinear op's or QGemm's output type, as onnxruntime's schemas tell it: a QGemm's is
+    its output zero point's, float without one (its output is then not quantized); another's
+    that of its quantized operands (the first 8-bit input)."""
+    if node.op_type == "QGemm":
+        operand = node.input[8] if len(node.input) > 8 else None
+    else:
+        operand = next((name for name in node.input if _element_type(types, name) in (2, 3)),
+                       None)
     elem = _element_type(types, operand) if operand else 1
     return {node.output[0]: tensor_type(elem or 1)}
 

@@ -388,6 +388,51 @@ def test_an_undefined_declared_type_is_filled_from_the_graph():
     assert tool.tensor_types(model)["c"].tensor_type.elem_type == TensorProto.UINT8
 
 
+def qgemm_model(inputs: list[str], declared: int):
+    """y = QGemm(a, ...) of onnxruntime's domain, with ``inputs`` of A (uint8), its scale and
+    zero point, B (int8), its scale and zero point, C, y_scale and an int8 y_zero_point;
+    ``y`` declared ``declared``."""
+    def const(name, dtype, values, dims=()):
+        return helper.make_tensor(name, dtype, list(dims), values)
+
+    node = helper.make_node("QGemm", inputs, ["y"], domain="com.microsoft")
+    graph = helper.make_graph(
+        [node], "qgemm", [helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 3])],
+        [helper.make_tensor_value_info("y", declared, None)],
+        [const("a_scale", TensorProto.FLOAT, [0.5]), const("a_zero", TensorProto.UINT8, [3]),
+         const("b", TensorProto.INT8, [1, 2, 3, 4, 5, 6], (3, 2)),
+         const("b_scale", TensorProto.FLOAT, [0.25]), const("b_zero", TensorProto.INT8, [0]),
+         const("y_scale", TensorProto.FLOAT, [0.1]), const("y_zero", TensorProto.INT8, [-2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+QGEMM_OPERANDS = ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero"]
+
+
+@pytest.mark.parametrize("inputs", [QGEMM_OPERANDS, [*QGEMM_OPERANDS, ""],
+                                    [*QGEMM_OPERANDS, "", "y_scale"],
+                                    [*QGEMM_OPERANDS, "", "y_scale", ""],
+                                    [*QGEMM_OPERANDS, "", "y_scale", "y_zero"]],
+                         ids=["no-C", "empty-C", "no-zero-point", "empty-zero-point", "int8-output"])
+def test_a_qgemm_output_has_the_type_onnxruntime_gives_it(inputs):
+    """A QGemm without an output zero point writes float, with one the zero point's type (here
+    int8, although A is uint8): the type onnxruntime's own graph check accepts as y's declared
+    type, and the one eprun fills in where the model declares none."""
+    accepted = []
+    for declared in (TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8):
+        try:
+            ort.InferenceSession(qgemm_model(inputs, declared).SerializeToString(),
+                                 providers=["CPUExecutionProvider"])
+        except Exception as error:  # a type the schema rejects, or no kernel for this mix
+            if "Type Error" in str(error):
+                continue
+        accepted.append(declared)
+    assert len(accepted) == 1
+    filled = tool.tensor_types(qgemm_model(inputs, TensorProto.UNDEFINED))["y"]
+    assert filled.tensor_type.elem_type == accepted[0]
+
+
 @pytest.mark.parametrize("dims", [None, [], [3], [0, 2], ["batch", None, 4]])
 def test_tensor_type_is_the_one_onnx_helper_makes(dims):
     from onnx import helper

@@ -2,11 +2,13 @@
 process of its own; and build small models inline."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -129,6 +131,20 @@ class Result:
         value = json.loads(lines[0], parse_constant=refuse)
         assert isinstance(value, dict)
         return value
+
+
+def own_code_runs(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Wait until eprun's own code runs in ``proc`` (it has a SIGTERM handler of its own,
+    /proc's SigCgt mask) or the process ended: moments counted from here do not depend on how
+    slow the interpreter's start-up is."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                if line.startswith("SigCgt:") and int(line.split()[1], 16) >> (
+                        signal.SIGTERM - 1) & 1:
+                    return
+        time.sleep(0.001)
 
 
 def run_eprun(*args: str, env: dict | None = None, cwd: str | None = None,

@@ -1181,22 +1181,27 @@ def leftovers(folder, keep: set[str]) -> list[str]:
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_killed_expose_leaves_nothing_or_a_complete_model(heavy_model, tmp_path, signum):
+    """The signal swept over the 0.2 s from eprun's first line (on an idle machine its answer
+    comes after 0.1-0.2 s: the load, the new outputs, the write of 64 MB); at least one run must
+    die unfinished."""
     out = tmp_path / "out.onnx"
-    delays = np.linspace(0.05, 0.6, 8)
-    for delay in delays:
+    unfinished = 0
+    for delay in np.linspace(0.0, 0.2, 9):
         proc = subprocess.Popen([sys.executable, str(EPRUN), "expose", str(heavy_model), str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        own_code_runs(proc)
         time.sleep(delay)
         proc.send_signal(signum)
         stdout, _ = proc.communicate(timeout=60)
+        unfinished += proc.returncode != 0
         assert leftovers(tmp_path, {"out.onnx"}) == []
         if out.exists():
             assert len(onnx.load(str(out), load_external_data=False).graph.output) == 5
         if stdout:  # the signal came after the answer: it must be whole, and so must the file
             assert stdout.count(b"\n") == 1 and stdout.startswith(b"{") and out.exists()
         if signum == signal.SIGTERM and proc.returncode != 0:
-            # 143: eprun unwound through its cleanup; -15: killed during interpreter start-up
-            assert proc.returncode in (128 + signal.SIGTERM, -signal.SIGTERM)
+            assert proc.returncode == 128 + signal.SIGTERM  # eprun unwound through its cleanup
+    assert unfinished >= 1
 
 
 def test_two_writers_of_one_path_leave_one_complete_model(heavy_model, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -137,13 +138,12 @@ def own_code_runs(proc: subprocess.Popen, timeout: float = 60) -> None:
     """Wait until eprun's own code runs in ``proc`` (it has a SIGTERM handler of its own,
     /proc's SigCgt mask) or the process ended: moments counted from here do not depend on how
     slow the interpreter's start-up is."""
-    deadline = time.monotonic() + timeout
+    status, deadline = Path(f"/proc/{proc.pid}/status"), time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-                if line.startswith("SigCgt:") and int(line.split()[1], 16) >> (
-                        signal.SIGTERM - 1) & 1:
-                    return
+            caught = re.search(r"^SigCgt:\s*(\w+)", status.read_text(), re.MULTILINE)
+            if caught and int(caught.group(1), 16) >> (signal.SIGTERM - 1) & 1:
+                return
         time.sleep(0.001)
 
 

@@ -1015,6 +1015,26 @@ def _same_file(first: str, second: str) -> bool:
     return os.path.realpath(first) == os.path.realpath(second)
 
 
+def _refuse_folder_name(path: str) -> None:
+    """A path ending in a slash (or ``/.``) names a folder, never the file eprun would write:
+    exit 3 when that folder is not there, 4 when it exists (a file, or a folder, which no file
+    replaces). Without this, ``os.path.abspath`` drops the slash and the write lands on a file
+    of the folder's name."""
+    if not (path.endswith(os.sep) or os.path.basename(path) in (".", "..")):
+        return
+    if os.path.isdir(path):
+        raise EprunError(f"cannot write {path!r}: it is a directory; name a file inside it")
+    named = path.rstrip(os.sep)
+    while os.path.basename(named) == "." and named != ".":
+        named = os.path.dirname(named).rstrip(os.sep)
+    if os.path.lexists(named):
+        raise EprunError(f"cannot write {path!r}: the trailing slash names a folder, and "
+                         f"{named!r} is a file; name the output file without a trailing slash")
+    raise EprunError(f"cannot write {path!r}: the trailing slash names a folder, and folder "
+                     f"{named!r} does not exist; name the output file without a trailing "
+                     "slash", EXIT_MISSING)
+
+
 def check_output(path: str, inputs: list[str]) -> None:
     """Refuse an output path before anything is written: one that is (or resolves to) an input
     file, a model's external data included (exit 2); whose folder does not exist (exit 3, the
@@ -1038,6 +1058,7 @@ def check_output(path: str, inputs: list[str]) -> None:
                              "writes to (the JSON answer goes to stdout by itself); give the "
                              "path of a file")
     refuse_link(path)
+    _refuse_folder_name(path)
     folder = os.path.dirname(os.path.abspath(path))
     name, longest = os.fsencode(os.path.basename(path)), _name_max(folder)
     if len(name) > longest:

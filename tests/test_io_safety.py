@@ -981,6 +981,27 @@ def test_outputs_that_are_not_regular_files_are_refused(
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.parametrize(("named", "code", "said"), [
+    ("other/newname/", 3, "folder 'other/newname' does not exist"),
+    ("other/newname/.", 3, "folder 'other/newname' does not exist"),
+    ("other/a_file/", 4, "'other/a_file' is a file"),
+    ("other/a_file/./", 4, "'other/a_file' is a file"),
+    ("other/", 4, "it is a directory"),
+])
+def test_a_trailing_slash_names_a_folder_and_nothing_is_written(capfd, lab_pair, tmp_path,
+                                                               monkeypatch, named, code, said):
+    """`expose f.onnx other/newname/` once wrote a file `other/newname`: the slash names a
+    folder, which is never the file eprun writes."""
+    fp32, _ = lab_pair
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a_file").write_bytes(b"the user's own file")
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    line = refused(in_process(capfd, "expose", fp32, named), code)
+    assert said in line
+    assert snapshot(tmp_path) == before
+
+
 def test_an_output_link_is_refused_and_what_it_leads_to_untouched(
         run_eprun_here, lab_pair, tmp_path):
     """A link at an output path may lead to anyone's file: eprun never writes through one."""

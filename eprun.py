@@ -4273,6 +4273,24 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed:
     return record, inputs, tensors
 
 
+# How deep a golden file's record may nest: eprun writes 3 levels; a record nested hundreds
+# deep (well within json's limit) would exhaust the recursion of whatever walks it next.
+_GOLDEN_RECORD_DEPTH = 8
+
+
+def _nesting(value: Any) -> int:
+    """How deep lists and dicts nest in a decoded JSON value (a scalar is 0), counted without
+    recursion."""
+    deepest, level = 0, [(value, 0)]
+    while level:
+        item, depth = level.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth + 1)
+            level.extend((child, depth + 1) for child in
+                         (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _read_golden(path: str) -> tuple[dict, dict, dict]:
     """``(meta, inputs, tensors)`` as a golden file holds them: its decoded JSON record, and
     the arrays by the names that record lists; a file that is not one eprun wrote is refused
@@ -4283,6 +4301,9 @@ def _read_golden(path: str) -> tuple[dict, dict, dict]:
         record = read_npz(path, [_GOLDEN_META], "golden", per="", extra="ignored",
                           max_bytes=_GOLDEN_RECORD_BYTES)[_GOLDEN_META]
         meta = json.loads(str(record[()]))
+        if (depth := _nesting(meta)) > _GOLDEN_RECORD_DEPTH:
+            raise ValueError(f"its record is nested {depth} deep, where eprun's are "
+                             f"{_GOLDEN_RECORD_DEPTH} at most")
         if not isinstance(meta, dict) or not all(
                 isinstance(meta.get(key), list) and all(isinstance(name, str)
                                                         for name in meta[key])

@@ -736,23 +736,36 @@ def test_a_member_larger_than_its_shape_is_refused_fast(run_eprun_here, lab_pair
     assert snapshot(padded_x.parent) == before
 
 
-def test_a_deeply_nested_golden_record_is_one_clean_line(capfd, lab_pair, tmp_path):
-    fp32, _ = lab_pair
+@pytest.mark.parametrize("saved_by", ["check", "layers"])
+@pytest.mark.parametrize("where", ["the record", "a field"])
+def test_a_deeply_nested_golden_record_is_one_clean_line(capfd, lab_pair, tmp_path, saved_by,
+                                                         where):
+    """900 deep is within json's own limit: nested in a field the answer echoes (the
+    providers), it once reached the answer's writer and ended in a RecursionError."""
+    fp32, int8 = lab_pair
     golden = tmp_path / "golden.npz"
-    saved = in_process(capfd, "check", fp32, fp32, "--save-outputs", golden)
+    save, load = {"check": (["check", fp32, fp32, "--save-outputs"], "--load-outputs"),
+                  "layers": (["layers", fp32, int8, "1", "--save-boundaries"],
+                             "--load-boundaries")}[saved_by]
+    saved = in_process(capfd, *save, golden)
     assert saved.code == 0, saved.stderr
     with np.load(golden, allow_pickle=False) as archive:
         members = {name: archive[name] for name in archive.files}
     records = [name for name, value in members.items()
                if value.dtype.kind == "U" and value.ndim == 0]
     assert len(records) == 1, list(members)  # the JSON record eprun writes
-    json.loads(str(members[records[0]]))
-    members[records[0]] = np.array("[" * 900 + "]" * 900)
+    record = json.loads(str(members[records[0]]))
+    deep = "[" * 900 + "]" * 900
+    if where == "a field":
+        record["providers"] = json.loads(deep)
+        deep = json.dumps(record)
+    members[records[0]] = np.array(deep)
     np.savez(golden, **members)
     before = snapshot(tmp_path)
-    result = in_process(capfd, "check", fp32, fp32, "--load-outputs", golden)
-    refused(result)
+    result = in_process(capfd, *save[:-1], load, golden)
+    line = refused(result)
     assert "RecursionError" not in result.stderr
+    assert "is not a golden file eprun wrote" in line and "nested" in line
     assert snapshot(tmp_path) == before
 
 

@@ -3348,7 +3348,8 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
     path = source if isinstance(source, str) else None
     before, handle, source = _pinned_source(path, source)
     try:
-        session = ort.InferenceSession(source, sess_options=options, **extra)
+        with _options_from_eprun():
+            session = ort.InferenceSession(source, sess_options=options, **extra)
     except Exception as exc:
         if handle is not None:
             os.close(handle)
@@ -3370,6 +3371,29 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
     if not on.allow_fallback:
         require_got(session, on, what, source)
     return session
+
+
+# onnxruntime's Python API reads this when a session is made: "1" replaces the session options
+# with the ort_config a model file carries in its metadata.
+_CONFIG_FROM_MODEL = "ORT_LOAD_CONFIG_FROM_MODEL"
+
+
+@contextlib.contextmanager
+def _options_from_eprun() -> Iterator[None]:
+    """A session's options are eprun's own, whatever ``ORT_LOAD_CONFIG_FROM_MODEL`` says: what
+    a model file asks for would replace the levels, threads and config entries eprun measures
+    with (node assignment's entry among them), so the variable is set aside while the session
+    is made, and said once."""
+    if os.environ.get(_CONFIG_FROM_MODEL) != "1":
+        yield
+        return
+    knob_warning(f"{_CONFIG_FROM_MODEL}=1 is ignored: eprun's sessions take their options from "
+                 "eprun's flags, never from the ort_config a model file carries")
+    saved = os.environ.pop(_CONFIG_FROM_MODEL)
+    try:
+        yield
+    finally:
+        os.environ[_CONFIG_FROM_MODEL] = saved
 
 
 def _session_arguments(options, disabled: list[str], on: ProviderRequest,

@@ -212,3 +212,28 @@ def test_retries_never_match_the_users_own_path(run_eprun_here, tmp_path):
     assert not tool.is_transient(error_from("Load model from /x/timeout.onnx failed"),
                                  "/x/timeout.onnx")
     assert not tool.is_transient(tool.EprunError("device lost in m.onnx"), "m.onnx")
+
+
+# -- what a model file asks of its session -------------------------------------------------------
+
+def test_a_model_s_ort_config_never_sets_eprun_s_sessions(run_eprun_here, lab_pair, tmp_path):
+    """ORT_LOAD_CONFIG_FROM_MODEL=1 replaced eprun's session options with the model's own
+    (none here), node assignment's entry with them, and layers ended in an internal error. The
+    variable is set aside, said once, and is there again afterwards."""
+    import onnx
+
+    fp32, int8 = lab_pair
+    model = onnx.load(str(int8))
+    onnx.helper.set_model_props(model, {"ort_config": '{"session_options": '
+                                        '{"graph_optimization_level": 0}}'})
+    asking = tmp_path / "asking.onnx"
+    onnx.save(model, str(asking))
+    plain = run_eprun_here("layers", fp32, int8, "1")
+    assert plain.code == 0, plain.stderr
+    told = run_eprun_here("layers", fp32, asking, "1", env={"ORT_LOAD_CONFIG_FROM_MODEL": "1"})
+    assert told.code == 0, told.stderr
+    assert told.answer == plain.answer
+    warnings = [line for line in told.stderr.splitlines() if "ORT_LOAD_CONFIG_FROM_MODEL" in line]
+    assert warnings == ["eprun: warning: ORT_LOAD_CONFIG_FROM_MODEL=1 is ignored: eprun's "
+                        "sessions take their options from eprun's flags, never from the "
+                        "ort_config a model file carries"]

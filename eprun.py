@@ -9185,6 +9185,8 @@ def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
         note(message)
     for message in plugin_notes(lists):
         note(message)
+    for name in _missing_built_ins(lists, available):
+        note(why_missing(name, ProviderRequest([name])))
     for requested in lists:
         case, got, case_shaped = _provider_case(model, requested, available, ep_options)
         shaped = shaped and case_shaped
@@ -9194,6 +9196,15 @@ def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
         for case, counted in zip(cases, counts):
             case.update(nodes_record(counted))
     return {"model": model, "available": available, "cases": cases}
+
+
+def _missing_built_ins(lists: list[list[str]], available: list[str]) -> list[str]:
+    """The providers asked for that onnxruntime knows but this build lacks, once each in the
+    order asked: each gets a note of the package that has it (an unknown name has its own
+    warning, a plugin EP its own note)."""
+    known = set(import_ort().get_all_providers())
+    return [name for name in dict.fromkeys(name for requested in lists for name in requested)
+            if name in known and name not in available and not plugin_notes([[name]])]
 
 
 def _provider_case(model: str, requested: list[str], available: list[str],

@@ -67,3 +67,20 @@ def test_providers_on_an_unloadable_file_reports_errors_per_case(eprun, tmp_path
     for case in answer["cases"]:
         assert case["actual"] == [] and case["fell_back"] is True
         assert isinstance(case["error"], str) and case["error"]
+
+
+def test_a_missing_provider_is_named_with_its_package(run_eprun_here, lab_pair):
+    """layers said which package brings a provider this build lacks; providers said nothing.
+    Each missing one is named once, the providers that are there never."""
+    import eprun as tool
+
+    fp32, _ = lab_pair
+    lacking = [name for name in tool.PROVIDER_PACKAGES if name not in AVAILABLE][:2]
+    assert len(lacking) == 2, "needs two providers with a package that this build lacks"
+    result = run_eprun_here("providers", fp32, f"{lacking[0]},CPUExecutionProvider",
+                            ",".join(lacking), "CPUExecutionProvider")
+    assert result.code == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if "comes with the package" in line]
+    assert notes == [f"eprun: note: this onnxruntime build has no {name}: it comes with the "
+                     f"package {tool.PROVIDER_PACKAGES[name]}" for name in lacking]
+    assert "CPUExecutionProvider" not in "".join(notes)

@@ -4184,7 +4184,9 @@ def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *
 
     import numpy as np
 
-    members = golden_members(list(inputs), list(tensors))
+    shared = [name for name, value in tensors.items()
+              if name in inputs and np.array_equal(np.asarray(value), np.asarray(inputs[name]))]
+    members = golden_members(list(inputs), list(tensors), shared)
     meta = {"eprun": __version__, "kind": kind, "model": os.path.basename(model),
             "tensors": list(tensors), "inputs": list(inputs), "members": members,
             "providers": got.actual,
@@ -4199,15 +4201,19 @@ def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *
     return {"saved": path}
 
 
-def golden_members(inputs: list[str], tensors: list[str]) -> dict:
+def golden_members(inputs: list[str], tensors: list[str], shared: list[str] = ()) -> dict:
     """The member of a golden .npz each input and tensor is stored as: its own name, so that
     ``numpy.load(file)["y"]`` is output y, unless another member has it already (a graph
     input that is also an output), it is eprun's record's, or it is empty: then
-    ``input_<i>`` / ``tensor_<i>``."""
+    ``input_<i>`` / ``tensor_<i>``. A tensor in ``shared`` holds its input's very values (the
+    first boundary of layers is the graph's input): it is that input's member, stored once."""
     used = {_GOLDEN_META}
     members: dict[str, list[str]] = {"inputs": [], "tensors": []}
     for kind, names in (("input", inputs), ("tensor", tensors)):
         for i, name in enumerate(names):
+            if kind == "tensor" and name in shared:
+                members["tensors"].append(members["inputs"][inputs.index(name)])
+                continue
             member = name if name and name not in used else f"{kind}_{i}"
             while member in used:
                 member += "_"

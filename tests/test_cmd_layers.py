@@ -4,6 +4,7 @@ exposing a boundary moves, and the properties every pair keeps."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
 import models
@@ -555,3 +556,21 @@ def test_conv_model_with_boundary_ops(eprun, tmp_path):
         assert entry["cos_min"] == pytest.approx(min(cos), rel=1e-6)
     exposed = eprun("expose", fp32, tmp_path / "e.onnx", "--boundary-ops", "Conv")
     assert exposed["boundaries"] == ["x", "r0", "f", "y"]
+
+
+def test_saved_boundaries_are_named_by_their_tensors(capfd, lab_pair, tmp_path):
+    """The first boundary is the graph's input: it was stored a second time as ``tensor_0``.
+    Every array is now its tensor's name, the input stored once, and the file loads back."""
+    fp32, int8 = lab_pair
+    golden = tmp_path / "boundaries.npz"
+    code, saved, err = in_process(capfd, "layers", fp32, int8, "1", "--save-boundaries", golden)
+    assert code == 0, err
+    names = oracle_boundaries(onnx.load(str(fp32)))
+    rows = np.random.default_rng(1).standard_normal((64, 8)).astype(np.float32)
+    with np.load(golden, allow_pickle=False) as archive:
+        assert sorted(archive.files) == sorted({*names, "eprun"})
+        np.testing.assert_array_equal(archive["x"], rows)
+        assert archive[names[-1]].shape == (64, 6)
+    code, loaded, err = in_process(capfd, "layers", fp32, int8, "1", "--load-boundaries", golden)
+    assert code == 0, err
+    assert json.loads(loaded)["layers"] == json.loads(saved)["layers"]

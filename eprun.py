@@ -5307,7 +5307,7 @@ class LayerMeasurement:
         self.int8_feed = feed_for(specs_from_model(int8.model), int8_path, self.feed)
         if not named:
             _suggest_boundary_ops(fp32, options.boundary_ops)
-            _note_absent_ops((fp32, int8), options.boundary_ops)
+            _note_absent_ops((fp32.model, int8.model), options.boundary_ops)
         self.segments = (LocalSegments(int8, [int8.boundaries[j] for _, j in self.pairs],
                                        fp32_names=fp32.tensor_names,
                                        input_names=set(self.feed.arrays), rows=self.feed.rows,
@@ -5704,19 +5704,20 @@ def require_in_order(models: tuple, paths: tuple[str, str], swapped_ok: bool,
             "given", EXIT_USAGE)
 
 
-def _note_absent_ops(sides: tuple, boundary_ops: tuple[str, ...]) -> None:
-    """A note for each ``--boundary-ops`` op type neither model has a node of (nor a quantized
-    form of): it adds no boundary, which is likely not what was meant."""
-    present = {node.op_type for side in sides for node in side.model.graph.node}
+def _note_absent_ops(models: tuple, boundary_ops: tuple[str, ...]) -> None:
+    """A note for each ``--boundary-ops`` op type none of ``models`` has a node of (nor a
+    quantized form of): it adds no boundary, which is likely not what was meant."""
+    present = {node.op_type for model in models for node in model.graph.node}
     absent = [op for op in boundary_ops if op not in BOUNDARY_OPS
               and not present & {op, *QUANTIZED_FORMS.get(op, ())}]
     if absent:
         import difflib
 
         near = {op: difflib.get_close_matches(op, sorted(present), 1, 0.6) for op in absent}
-        note(f"--boundary-ops {', '.join(absent)}: neither model has such a node, so it adds "
-             "no boundary" + "".join(f"; did you mean {near[op][0]}?" for op in absent
-                                     if near[op]))
+        whom = ("neither model has such a node" if len(models) > 1
+                else "the model has no such node")
+        hints = "".join(f"; did you mean {near[op][0]}?" for op in absent if near[op])
+        note(f"--boundary-ops {', '.join(absent)}: {whom}, so it adds no boundary{hints}")
 
 
 def _suggest_boundary_ops(fp32: PairedModel, boundary_ops: tuple[str, ...]) -> None:
@@ -9529,21 +9530,25 @@ def expose(model: str, out: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
            force: bool = False) -> dict:
     """Save a copy of the model whose outputs include every boundary; the input is untouched.
     An existing file at ``out`` that eprun did not write is replaced only with ``force``."""
-    answer, staged = prepare_expose(model, out, boundary_ops, force=force)
+    answer, staged = prepare_expose(model, out, boundary_ops, force=force, say_absent=True)
     commit(staged)
     return answer
 
 
 def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-                   *, force: bool = False, checked: bool = False, folder: int | None = None
-                   ) -> tuple[dict, list[Staged]]:
+                   *, force: bool = False, checked: bool = False, folder: int | None = None,
+                   say_absent: bool = False) -> tuple[dict, list[Staged]]:
     """Everything ``expose`` writes, checked and staged but not yet visible: the answer and
     the staged files (see ``commit``). A model keeping its weights in other files gets
     ``"external_data"`` in the answer: how the copy reaches each file (see
     ``plan_external_data``). The copy is marked as eprun's (``EPRUN_MARK``); an existing file
     at ``out_path`` without that mark is replaced only with ``force`` (``checked``: the caller
-    has refused it already). ``folder``: the output's folder, already open."""
+    has refused it already). ``folder``: the output's folder, already open. ``say_absent``:
+    note a ``boundary_ops`` op type the model has no node of (``expose`` itself; ``report``'s
+    measurement notes it for both models)."""
     model = load_model(model_path, text_names=True, graph_only=True)
+    if say_absent:
+        _note_absent_ops((model,), boundary_ops)
     check_output(out_path, [model_path, *external_data_files(model, model_path)])
     own = folder is None
     folder = open_folder(os.path.dirname(os.path.abspath(out_path))) if own else folder

@@ -212,3 +212,16 @@ def test_expose_keeps_an_int8_boundary_int8(eprun, tmp_path):
                for o in onnx.load(str(tmp_path / "out.onnx")).graph.output}
     assert outputs == {"y": TensorProto.FLOAT, "xi": TensorProto.INT32}
     ort.InferenceSession(str(tmp_path / "out.onnx"), providers=["CPUExecutionProvider"])
+
+
+def test_a_boundary_op_the_model_lacks_is_said(run_eprun_here, lab_pair, tmp_path):
+    """layers said so; expose was silent, and its copy has the plain boundaries."""
+    fp32, _ = lab_pair
+    plain = run_eprun_here("expose", fp32, tmp_path / "plain.onnx")
+    asked = run_eprun_here("expose", fp32, tmp_path / "conv.onnx", "--boundary-ops", "Conv,Relux")
+    assert asked.code == plain.code == 0, asked.stderr
+    assert asked.answer["boundaries"] == plain.answer["boundaries"]
+    assert asked.stderr.splitlines() == [
+        "eprun: note: --boundary-ops Conv, Relux: the model has no such node, so it adds no "
+        "boundary; did you mean Relu?"]
+    assert plain.stderr == ""

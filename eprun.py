@@ -7421,14 +7421,31 @@ def _expose_table(answer: dict, colour: bool) -> list[str]:
 
 
 def _report_table(answer: dict, colour: bool) -> list[str]:
-    """``report`` as table lines: the files written, then the gate's verdict."""
+    """``report`` as table lines: its headline numbers, one row each, the gate's verdict among
+    them, then the files written."""
+    head, gate = answer["headline"], answer["check"]
+    worst, largest = head["worst_layer"], head["max_ratio"]
+    verdict = ("passed" if gate["passed"] else
+               "failed: " + "; ".join(failure_reasons(gate["failures"])))
+    moved = head["exposure_max_abs_diff"]
+    rows = [
+        ["providers available", head["available"]],
+        ["requests that fell back", f"{head['fell_back']} of {head['requests']}"],
+        ["boundaries", head["layer_count"]],
+        ["worst boundary (rel error)",
+         "—" if worst is None else f"{worst['index']} ({_cell(worst['rel_error'])})"],
+        ["total error growth", _cell(head["total_growth"])],
+        ["largest step (ratio)",
+         "—" if largest is None else f"{largest['index']} ({_cell(largest['ratio'])})"],
+        ["settings all equal", head["settings_all_equal"]],
+        ["exposure moved int8 output by", "—" if moved is None else _cell(moved)],
+        [f"gate ({gate['profile']} profile, on {','.join(gate['providers']['actual'])})",
+         verdict],
+    ]
     lines = [(f"report: {len(answer['files'])} files written in {answer['out_dir']} "
              f"(boundaries paired by {answer['pairing']})")]
-    lines += [f"  {path}" for path in answer["files"]]
-    gate = answer["check"]
-    lines.append(f"gate ({gate['profile']} profile, on {','.join(gate['providers']['actual'])}): "
-                 + ("passed" if gate["passed"] else
-                    "failed: " + "; ".join(failure_reasons(gate["failures"]))))
+    lines += aligned(["measurement", "value"], rows, None, colour)
+    lines.append("files: " + ", ".join(answer["files"]))
     return lines
 
 
@@ -12267,12 +12284,31 @@ class _Report:
         return with_figures(markdown, {heading: os.path.relpath(path, self.out_dir)
                                        for heading, path in figures.items()}), staged
 
+    def headline(self) -> dict:
+        """The numbers ep_report.md is about, as its sections measured them: providers
+        available and requests that fell back, the boundaries, the worst one, the growth,
+        whether the settings agreed and how far exposing moved the int8 output."""
+        sections = self.sections
+        cases, growth = sections["providers"]["cases"], sections["growth"]
+        rel_errors = growth["rel_error"]
+        worst = _worst(rel_errors)
+        exposure = sections["exposure"] or {}
+        return {"available": len(sections["providers"]["available"]),
+                "requests": len(cases),
+                "fell_back": sum(bool(case["fell_back"]) for case in cases),
+                "layer_count": growth["layer_count"],
+                "worst_layer": None if worst is None else {"index": worst,
+                                                           "rel_error": rel_errors[worst]},
+                "total_growth": growth["total_growth"], "max_ratio": growth["max_ratio"],
+                "settings_all_equal": sections["settings"]["all_equal"],
+                "exposure_max_abs_diff": exposure.get("max_abs_diff")}
+
     def answer(self, external: list[dict], plots: list[str]) -> dict:
         """``report``'s answer: the files, the pairing, the check's verdict, and whatever the
         options added."""
         gate, ranked = self.sections["gate"], self.sections["ranked"]
         answer = {"out_dir": self.out_dir, "files": [self.paths[name] for name in self.names],
-                  "pairing": self.pairing,
+                  "pairing": self.pairing, "headline": self.headline(),
                   "check": {key: gate[key] for key in ("profile", "tolerance", "providers",
                                                        "failures", "passed")}}
         if ranked is not None:
@@ -12405,8 +12441,10 @@ REPORT = declare(Command(
                  "no node); each section then says what it ran on"),
         *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG, CALIBRATION_ARG,
         EXTRA_OPTION_ARG, FORMAT_ARG, *PLOT_ARGS),
-    fields=("out_dir", "files", "pairing", "check"),
-    detail='check: {"profile", "tolerance", "providers", "failures", "passed"}; the JSON files '
+    fields=("out_dir", "files", "pairing", "headline", "check"),
+    detail='headline: {"available", "requests", "fell_back", "layer_count", "worst_layer", '
+           '"total_growth", "max_ratio", "settings_all_equal", "exposure_max_abs_diff"}; '
+           'check: {"profile", "tolerance", "providers", "failures", "passed"}; the JSON files '
            'hold the command answers, providers.json adds "note"',
     example="eprun.py report fp32.onnx int8.onnx --seed 2026 --out-dir report"))
 

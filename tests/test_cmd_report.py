@@ -209,3 +209,43 @@ def test_report_says_when_exposure_changed_the_int8_output(tmp_path):
     assert found, text
     assert found.group(1) == name
     assert float(found.group(2)) == pytest.approx(diff, rel=5e-4)  # 4 significant digits
+
+
+def test_the_headline_is_the_files_numbers_and_the_table_shows_it(run_eprun_here, lab_pair,
+                                                                  tmp_path):
+    """report --format table printed the list of files only; the headline's numbers are the
+    written files' own, and the table has a row for each."""
+    import json
+
+    fp32, int8 = lab_pair
+    result = run_eprun_here("report", fp32, int8, "--seed", "3", "--out-dir", tmp_path / "json")
+    assert result.code == 0, result.stderr
+    head = result.answer["headline"]
+    providers = json.loads((tmp_path / "json" / "providers.json").read_text())
+    growth = json.loads((tmp_path / "json" / "growth.json").read_text())
+    settings = json.loads((tmp_path / "json" / "settings.json").read_text())
+    worst = int(np.argmax(growth["rel_error"]))
+    assert head == {
+        "available": len(providers["available"]), "requests": len(providers["cases"]),
+        "fell_back": sum(case["fell_back"] for case in providers["cases"]),
+        "layer_count": len(growth["rel_error"]),
+        "worst_layer": {"index": worst, "rel_error": growth["rel_error"][worst]},
+        "total_growth": growth["rel_error"][-1] / growth["rel_error"][0],
+        "max_ratio": growth["max_ratio"], "settings_all_equal": settings["all_equal"],
+        "exposure_max_abs_diff": head["exposure_max_abs_diff"]}
+    assert head["exposure_max_abs_diff"] >= 0
+    table = run_eprun_here("report", fp32, int8, "--seed", "3", "--out-dir", tmp_path / "table",
+                           "--format", "table")
+    assert table.code == 0, table.stderr
+    rows = {line.split("  ")[0]: line.split("  ")[-1].strip()
+            for line in table.stdout.splitlines()[3:-1]}
+    assert rows["providers available"] == str(head["available"])
+    assert rows["requests that fell back"] == f"{head['fell_back']} of {head['requests']}"
+    assert rows["boundaries"] == str(head["layer_count"])
+    assert rows["worst boundary (rel error)"].startswith(f"{worst} (")
+    assert float(rows["total error growth"]) == pytest.approx(head["total_growth"], rel=1e-3)
+    assert rows["settings all equal"] == ("yes" if head["settings_all_equal"] else "no")
+    gate = next(line for line in table.stdout.splitlines() if line.startswith("gate ("))
+    assert gate.split("  ")[-1].strip().startswith("passed" if result.answer["check"]["passed"]
+                                                   else "failed: ")
+    assert table.stdout.splitlines()[-1].startswith("files: ")

@@ -3068,17 +3068,22 @@ def require_got(session, on: ProviderRequest, what: str, source=None) -> None:
     if not missing:
         return
     idle = [name for name in missing if name in actual]
+    installed = set(import_ort().get_available_providers()) | set(PLUGINS.names())
     if idle:
         got = (f"{', '.join(idle)} took 0 of {sum(nodes.values())} nodes (they ran on "
                f"{', '.join(name for name, count in nodes.items() if count) or 'nothing'})")
-    else:
-        reasons = [why_missing(name, on, source) for name in missing]
-        got = (f"got {','.join(actual)} ({', '.join(missing)} missing"
-               + "".join(f"; {reason}" for reason in reasons if reason) + ")")
+        remedy = "check which op types it supports"
+    else:  # each in its own words: not in this build, or installed but it did not start
+        reasons = [why_missing(name, on, source)
+                   or (f"{name} did not start" if name in installed else f"{name} missing")
+                   for name in missing]
+        got = f"got {','.join(actual)} ({'; '.join(reasons)})"
+        remedy = ("fix the provider's options or its device" if set(missing) <= installed
+                  else "install or fix the provider (or its options)")
     raise ProviderRefused(f"{what} asked for {','.join(on.requested)} and {got}; a "
-                          "measurement on other providers would answer another question: "
-                          "install or fix the provider (or its options), or add "
-                          "--allow-fallback to measure on what the session got")
+                          f"measurement on other providers would answer another question: "
+                          f"{remedy}, or add --allow-fallback to measure on what the session "
+                          "got")
 
 
 # The package that brings each execution provider onnxruntime's plain CPU build lacks.
@@ -3334,12 +3339,14 @@ def session_options(*, level: str | None = None, threads: int | None = None,
 
 
 def open_session(source, options=None, what: str = "model", disabled: list[str] = (), *,
-                 on: ProviderRequest | None = None):
+                 on: ProviderRequest | None = None, ask_with: str | None = None):
     """The one way eprun opens a session: from a path or serialized bytes, on the CPU unless
     ``on`` says otherwise (see ``ProviderRequest``), with the graph transformers named in
     ``disabled`` turned off; any failure becomes one clear error whose cause is onnxruntime's
     own exception, and a session without a provider ``on`` requires is refused
-    (``require_got``)."""
+    (``require_got``). ``ask_with``: the model file a provider that did not start is asked
+    again with, for its own reason (default ``source``; an exposed copy's bytes name their
+    weights by a location only its own options resolve)."""
     ort = import_ort()
     counting = records_assignment()
     on = on or ProviderRequest([CPU_EP])
@@ -3369,7 +3376,7 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
     if counting:
         session.eprun_nodes = _assigned_nodes(session)
     if not on.allow_fallback:
-        require_got(session, on, what, source)
+        require_got(session, on, what, ask_with or source)
     return session
 
 
@@ -4947,7 +4954,8 @@ def open_exposed(model, model_path: str, options: dict | None = None,
         built = session_options(**keywords, config=config)
         if names or extra_names:
             built.add_external_initializers(names + extra_names, values + extra_values)
-        session = open_session(serialized, built, what=repr(model_path), on=on)
+        session = open_session(serialized, built, what=repr(model_path), on=on,
+                               ask_with=model_path)
         require_unchanged(model_path)  # the weights onnxruntime read are the ones checked
         return session
 
@@ -10501,6 +10509,9 @@ def check(reference: str, candidate: str, options: CheckOptions | None = None, *
         (reference, candidate), tolerance)
     failures.extend(_provider_failures(providers, got, options.require_providers,
                                        options.allow_fallback))
+    for name in fallback_of(providers, got.actual, got.nodes):
+        if name not in got.actual and (why := why_missing(name, on, candidate)):
+            note(f"{name} is not in the candidate's session: {why}")
     if options.save_outputs:  # only once everything ran: a failed check leaves no file
         golden = _save_reference(options.save_outputs, reference,
                                  dict(zip(reference_names, reference_outputs)),

@@ -782,6 +782,35 @@ def test_an_option_the_provider_rejects_is_said_in_its_own_words(eprun_fails, la
     assert words in listed.stderr
 
 
+@built_in_openvino
+@pytest.mark.parametrize("command", ["layers", "growth", "settings", "placement", "check"])
+def test_a_device_the_provider_lacks_is_said_from_any_folder(lab_pair, run_ep, tmp_path,
+                                                             command):
+    """The diagnosis of layers reopened the exposed copy, whose weights are named relative to
+    the model's folder, from the working directory: OpenVINO's own reason was lost to
+    "filesystem error: cannot get file size", and the line called an installed provider
+    missing. Run from another folder, every measuring command says the provider's words and
+    the option, never "missing" or "install"."""
+    import os
+
+    fp32, int8 = lab_pair
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    near = [os.path.relpath(path, elsewhere) for path in (fp32, int8)]
+    argv = {"layers": ["layers", *near, "1"], "growth": ["growth", *near, "1"],
+            "settings": ["settings", near[1], "1"], "placement": ["placement", near[1], OPENVINO],
+            "check": ["check", *near]}[command]
+    if command != "placement":
+        argv += ["--providers", OPENVINO]
+    result = run_ep(*argv, "--ep-option", f"{OPENVINO}:device_type=GPU", cwd=elsewhere)
+    assert result.code == (1 if command == "check" else 4), result.stderr
+    said = [line for line in result.stderr.splitlines() if "device_type=GPU" in line]
+    assert len(said) == 1, result.stderr
+    assert "Device GPU is not available" in said[0]
+    assert "filesystem error" not in result.stderr
+    assert " missing" not in said[0] and "install" not in said[0]
+
+
 def test_a_missing_provider_names_the_package_that_has_it(eprun_fails, lab_pair):
     fp32, int8 = lab_pair
     if "CUDAExecutionProvider" in ort.get_available_providers():

@@ -222,6 +222,6 @@ def test_a_boundary_op_the_model_lacks_is_said(run_eprun_here, lab_pair, tmp_pat
     assert asked.code == plain.code == 0, asked.stderr
     assert asked.answer["boundaries"] == plain.answer["boundaries"]
     assert asked.stderr.splitlines() == [
-        "eprun: note: --boundary-ops Conv, Relux: the model has no such node, so it adds no "
-        "boundary; did you mean Relu?"]
+        ("eprun: note: --boundary-ops Conv, Relux: the model has no such node, so it adds no "
+        "boundary; did you mean Relu?")]
     assert plain.stderr == ""

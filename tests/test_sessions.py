@@ -234,6 +234,6 @@ def test_a_model_s_ort_config_never_sets_eprun_s_sessions(run_eprun_here, lab_pa
     assert told.code == 0, told.stderr
     assert told.answer == plain.answer
     warnings = [line for line in told.stderr.splitlines() if "ORT_LOAD_CONFIG_FROM_MODEL" in line]
-    assert warnings == ["eprun: warning: ORT_LOAD_CONFIG_FROM_MODEL=1 is ignored: eprun's "
+    assert warnings == [("eprun: warning: ORT_LOAD_CONFIG_FROM_MODEL=1 is ignored: eprun's "
                         "sessions take their options from eprun's flags, never from the "
-                        "ort_config a model file carries"]
+                        "ort_config a model file carries")]

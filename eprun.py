@@ -51,8 +51,10 @@ the top, so a command loads only what it uses.
 
 Where to change what:
 
-    a metric     a function (reference, difference) -> {field: value} in METRICS (layer 5):
-                 --metrics offers it, layers and growth report it per boundary
+    a metric     one ``Metric(field, compute, higher_is_better, log_scale, label)`` in
+                 METRICS (layer 5), nothing else: --metrics offers it; layers (and --local's
+                 segments) compute it per boundary; the table's column and worst marker,
+                 node data and plots read it from there (also through the Python API)
     a command    in a section of its own in layer 8: its options record (a frozen
                  dataclass of its flags, inheriting the shared groups), its function
                  (models, seed, ``options``) and ``declare(Command(..., options=...))``;
@@ -135,10 +137,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 __version__ = "0.13.0"
-__all__ = ["COMMANDS", "CheckOptions", "EprunError", "InputOptions", "LayerOptions",
-           "ReduceOptions", "ReportOptions", "SensitivityOptions", "SettingsOptions", "check",
-           "cli", "expose", "growth", "inspect", "layers", "main", "partition", "placement",
-           "providers", "reduce", "report", "sensitivity", "settings", "weights"]
+__all__ = ["COMMANDS", "METRICS", "CheckOptions", "EprunError", "InputOptions",
+           "LayerOptions", "Metric", "ReduceOptions", "ReportOptions", "SensitivityOptions",
+           "SettingsOptions", "check", "cli", "expose", "growth", "inspect", "layers", "main",
+           "partition", "placement", "providers", "reduce", "report", "sensitivity", "settings",
+           "weights"]
 
 
 # == 1. Contract and declarations ==================================================================
@@ -5030,7 +5033,7 @@ def compare_boundary(reference, candidate, rows: int = ROWS,
         measured = {"max_abs_error": max_abs_error, "scale": scale, "rel_error": rel_error,
                     "cos_min": cos_min}
         for name in metrics:
-            measured.update(METRICS[name](a, diff))
+            measured[METRICS[name].field] = METRICS[name].compute(a, diff)
     counts = nonfinite_counts(a, b)
     if any(counts):
         measured["nonfinite"] = {"fp32": counts[0], "int8": counts[1]}
@@ -5051,25 +5054,69 @@ def nonfinite_counts(*arrays) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def _sqnr(reference, diff) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """One error measure of a boundary pair, whole: the entry's ``field`` it fills, how it is
+    computed (``compute(reference, diff)`` -> a float, or None for "no value"; both float64
+    arrays, ``diff`` = ``|candidate - reference|``), which way is better, whether a plot of
+    it may use a log axis (where its values span decades), and its table heading (``label``,
+    else the field). Tables, the worst marker, Model Explorer node data, plots and
+    sensitivity's fields all read it from here."""
+
+    field: str
+    compute: Callable[[Any, Any], Any] | None
+    higher_is_better: bool = False
+    log_scale: bool = False
+    label: str | None = None
+
+    @property
+    def heading(self) -> str:
+        """The table column's heading."""
+        return self.label or self.field
+
+
+def _sqnr(reference, diff) -> float | None:
     """10·log10 of signal power over error power, the measure onnxruntime's qdq_loss_debug
     reports; null when there is no error."""
     import numpy as np
 
     noise = float(np.sum(diff ** 2))
-    return {"sqnr_db": float(10 * np.log10(float(np.sum(reference ** 2)) / noise))
-            if noise > 0 else None}
+    return float(10 * np.log10(float(np.sum(reference ** 2)) / noise)) if noise > 0 else None
 
 
-def _mse(reference, diff) -> dict:
+def _mse(reference, diff) -> float:
     """Mean squared error."""
     import numpy as np
 
-    return {"mse": float(np.mean(diff ** 2)) if diff.size else 0.0}
+    return float(np.mean(diff ** 2)) if diff.size else 0.0
 
 
-# --metrics NAME -> the function adding its field(s) to a boundary's entry.
-METRICS: dict[str, Callable[[Any, Any], dict]] = {"sqnr": _sqnr, "mse": _mse}
+# --metrics NAME -> its Metric. One entry is the whole of a metric: ``--metrics`` offers it,
+# layers, growth's local segments and sensitivity compute it, tables show it, plots and node
+# data draw it.
+METRICS: dict[str, Metric] = {
+    "sqnr": Metric("sqnr_db", _sqnr, higher_is_better=True),
+    "mse": Metric("mse", _mse, log_scale=True),
+}
+
+# The quantities eprun measures whatever --metrics says (computed together, row by row, in
+# compare_boundary and the weights command), described the way a Metric is.
+_OWN_QUANTITIES = {quantity.field: quantity for quantity in (
+    Metric("max_abs_error", None, log_scale=True), Metric("scale", None, log_scale=True),
+    Metric("rel_error", None, log_scale=True), Metric("cos_min", None, higher_is_better=True),
+    Metric("weight_sqnr_db", None, higher_is_better=True))}
+
+
+def quantity_of(field: str) -> Metric | None:
+    """The Metric that fills ``field`` (an entry's key, a node-data quantity): one of METRICS,
+    as it is now, or one eprun always measures; None for any other."""
+    return next((metric for metric in METRICS.values() if metric.field == field),
+                _OWN_QUANTITIES.get(field))
+
+
+def metric_fields() -> list[str]:
+    """The fields of METRICS, in its order (as it is now: the API may have added some)."""
+    return [metric.field for metric in METRICS.values()]
 
 
 def parse_metrics(text: str) -> tuple[str, ...]:
@@ -6678,8 +6725,10 @@ def number_colours(values: list[float], higher_is_better: bool = False) -> list[
     return [_scale_colour(position(value)) for value in values]
 
 
-# The quantities whose larger values are the better ones (the colours run the other way).
-HIGHER_IS_BETTER = frozenset({"sqnr_db", "cos_min", "weight_sqnr_db"})
+def higher_is_better(quantity: str) -> bool:
+    """Are ``quantity``'s larger values the better ones (the colours run the other way)?"""
+    metric = quantity_of(quantity)
+    return metric is not None and metric.higher_is_better
 
 
 def node_data(graph, quantity: str, values: dict) -> tuple[dict, int]:
@@ -6688,7 +6737,7 @@ def node_data(graph, quantity: str, values: dict) -> tuple[dict, int]:
     by tensor (placed on the node the adapter draws writing it) or by ``("node", index)`` (the
     main graph's node at that position); ``(data, count of values with no node to sit on)``.
     Numbers get colours from green (good) to red (bad); strings one colour per owner."""
-    better = quantity in HIGHER_IS_BETTER
+    better = higher_is_better(quantity)
     results, counts = _placed_values(graph, values, better)
     numbered = [entry for entry in results.values() if not isinstance(entry["value"], str)]
     data: dict = {"name": quantity, "results": results}
@@ -6960,7 +7009,8 @@ def _draw_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict
     else:
         axes.plot(positions, [math.nan if value is None else value for value in values],
                   marker="o", color="#2c7bb6", label=metric)
-    if _spans_decades(values) and metric not in ("sqnr_db", "cos_min"):
+    described = quantity_of(metric)
+    if _spans_decades(values) and described is not None and described.log_scale:
         axes.set_yscale("log")
     _mark_boundaries(axes, answer, values, growth)
     picked, labels = _thinned(names)
@@ -7133,11 +7183,12 @@ def _layers_table(answer: dict, colour: bool) -> list[str]:
     the lowest SQNR or largest MSE where measured, else the largest relative error), then the first
     divergence and any NaN counts."""
     entries = answer["layers"]
-    extra = [key for key in ("sqnr_db", "mse") if any(key in entry for entry in entries)]
+    extra = [key for key in metric_fields() if any(key in entry for entry in entries)]
     local = any("local" in entry for entry in entries)
     sides = _side_names(answer)
     headers = ["boundary", f"{sides[0]} tensor", f"{sides[1]} tensor", "max abs error", "scale",
-               "rel error", "cos min", *extra, *(["local rel error"] if local else [])]
+               "rel error", "cos min", *[quantity_of(key).heading for key in extra],
+               *(["local rel error"] if local else [])]
     rows = [[entry["index"], entry["fp32"], entry["int8"], entry["max_abs_error"],
              entry["scale"], entry["rel_error"], entry["cos_min"],
              *[entry.get(key) for key in extra],
@@ -7146,9 +7197,10 @@ def _layers_table(answer: dict, colour: bool) -> list[str]:
     lines = [(f"layers: seed {answer['seed']}, {answer['rows']} rows, "
               f"{answer['layer_count']} boundaries")]
     lines += _inputs_lines(answer)
-    # the worst row by the metric asked for: the lowest SQNR, the largest MSE, else rel error
+    # the worst row by the first metric measured (the lowest where higher is better, else the
+    # largest), else by rel error
     key = extra[0] if extra else "rel_error"
-    sense = -1 if key == "sqnr_db" else 1
+    sense = -1 if higher_is_better(key) else 1
     lines += aligned(headers, rows, _worst([None if _is_lost(entry.get(key)) else
                                             sense * entry[key] for entry in entries],
                                            [_is_lost(entry["rel_error"]) for entry in entries]),
@@ -9704,8 +9756,7 @@ def layers(fp32: str, int8: str, seed: int, options: LayerOptions | None = None)
     if options.node_data:
         answer.update(_layers_node_data(options.node_data, fp32, int8, answer))
     if options.save_plots:
-        metric = ({"sqnr": "sqnr_db", "mse": "mse"}[options.metrics[0]] if options.metrics
-                  else "rel_error")
+        metric = METRICS[options.metrics[0]].field if options.metrics else "rel_error"
         writer = PlotWriter(options.save_plots, int8, "layers", options.plot_format)
         plot_boundaries(writer, answer, metric, growth_of(answer))
         answer["plots"] = writer.write((fp32, int8))
@@ -9755,7 +9806,7 @@ def _pair_node_data(folder: str, fp32: str, int8: str, quantities: dict,
 
 def _layers_node_data(folder: str, fp32: str, int8: str, answer: dict) -> dict:
     """Each boundary's numbers, on the node that writes the boundary in each model."""
-    quantities = [key for key in ("max_abs_error", "rel_error", "cos_min", "sqnr_db", "mse")
+    quantities = [key for key in ("max_abs_error", "rel_error", "cos_min", *metric_fields())
                   if answer["layers"] and key in answer["layers"][0]]
     return _pair_node_data(folder, fp32, int8, {
         key: {role: {entry[role]: entry[key] for entry in answer["layers"]}

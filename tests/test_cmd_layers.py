@@ -574,3 +574,49 @@ def test_saved_boundaries_are_named_by_their_tensors(capfd, lab_pair, tmp_path):
     code, loaded, err = in_process(capfd, "layers", fp32, int8, "1", "--load-boundaries", golden)
     assert code == 0, err
     assert json.loads(loaded)["layers"] == json.loads(saved)["layers"]
+
+
+def mean_abs_error(reference, diff) -> float:
+    """The metric a user adds through the API in the test below: mean |c - r|."""
+    return float(np.mean(diff))
+
+
+def test_a_metric_added_through_the_api_is_reported_everywhere(capfd, monkeypatch, lab_pair,
+                                                               tmp_path):
+    """One entry in METRICS, nothing else: --metrics offers it, the JSON has it (recomputed
+    here from sessions), the table has its column and marks the worst by it (the lowest
+    where higher is better), node data holds it. (Its plot: test_viz.py.)"""
+    import json
+
+    fp32, int8 = lab_pair
+    monkeypatch.setitem(tool.METRICS, "mae", tool.Metric(field="mae", compute=mean_abs_error,
+                                                         higher_is_better=False))
+    code, out, err = in_process(capfd, "layers", fp32, int8, "6", "--metrics", "mae",
+                                "--node-data", tmp_path / "nd")
+    assert code == 0, err
+    answer = json.loads(out)
+    features = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = models.contract_input(6, features)
+    a_all = models.run(fp32, x, [entry["fp32"] for entry in answer["layers"]], typed=True)
+    b_all = models.run(int8, x, [entry["int8"] for entry in answer["layers"]], typed=True)
+    expected = [float(np.abs(a.astype(np.float64) - b.astype(np.float64)).mean())
+                for a, b in zip(a_all, b_all)]
+    assert [entry["mae"] for entry in answer["layers"]] == pytest.approx(expected, rel=1e-9)
+    for role in ("fp32", "int8"):
+        (graph,) = json.loads((tmp_path / "nd" / f"{role}.mae.json").read_text()).values()
+        assert graph["name"] == "mae"
+        assert sorted(result["value"] for result in graph["results"].values()) == \
+            pytest.approx(sorted(expected), rel=1e-12)
+    for better, pick in ((False, max), (True, min)):
+        monkeypatch.setitem(tool.METRICS, "mae", tool.Metric(
+            field="mae", compute=mean_abs_error, higher_is_better=better, label="mean abs"))
+        code, out, err = in_process(capfd, "layers", fp32, int8, "6", "--metrics", "mae",
+                                    "--format", "table")
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[1].split()[-2:] == ["mean", "abs"]
+        marked = [line for line in lines if line.endswith("<- worst")]
+        worst = expected.index(pick(expected))
+        assert len(marked) == 1 and marked[0].split()[0] == str(worst), out
+    code, _, err = in_process(capfd, "layers", fp32, int8, "6", "--metrics", "nope")
+    assert code == 2 and "choose from sqnr, mse, mae" in err

@@ -230,6 +230,26 @@ def test_placement_partition_weights_and_sensitivity(capfd, lab_pair, tmp_path):
 
 # -- plots -----------------------------------------------------------------------------------------
 
+def test_a_metric_added_through_the_api_is_plotted(capfd, monkeypatch, lab_pair, tmp_path):
+    """METRICS["mae"] = Metric(...) and nothing else: --save-plots draws it (it once failed
+    with KeyError: 'mae'), the same bytes twice."""
+    from test_cmd_layers import mean_abs_error
+
+    import eprun as tool
+
+    fp32, int8 = lab_pair
+    monkeypatch.setitem(tool.METRICS, "mae", tool.Metric(field="mae", compute=mean_abs_error))
+    drawn = []
+    for run in ("one", "two"):
+        code, out, err = in_process(capfd, "layers", fp32, int8, "1", "--metrics", "mae",
+                                    "--save-plots", tmp_path / run)
+        assert code == 0, err
+        (path,) = json.loads(out)["plots"]
+        assert Path(path).name == "int8.layers.mae.png"
+        drawn.append(Path(path).read_bytes())
+    assert drawn[0] == drawn[1] and drawn[0].startswith(b"\x89PNG")
+
+
 @pytest.mark.parametrize("argv, names", [
     (["layers", "{fp32}", "{int8}", "1", "--metrics", "sqnr"], ["int8.layers.sqnr_db"]),
     (["growth", "{fp32}", "{int8}", "1", "--local"], ["int8.growth.rel_error"]),

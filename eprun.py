@@ -136,7 +136,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-__version__ = "0.13.0"
+__version__ = "0.14.0"
 __all__ = ["COMMANDS", "METRICS", "CheckOptions", "EprunError", "InputOptions",
            "LayerOptions", "Metric", "ReduceOptions", "ReportOptions", "SensitivityOptions",
            "SettingsOptions", "check", "cli", "expose", "growth", "inspect", "layers", "main",
@@ -161,6 +161,11 @@ QUANTIZED_FORMS = {"MatMul": ("QLinearMatMul", "MatMulInteger", "DynamicQuantize
                               "MatMulIntegerToFloat"),
                    "Gemm": ("QGemm",),
                    "Conv": ("QLinearConv", "ConvInteger")}
+# A symbolic dimension other than the batch takes this value unless --dim sets it: a multiple of
+# 32, so CNNs that downsample by up to 32 and sequence models both accept it.
+DIM_DEFAULT = 32
+TOLERANCE_PROFILES = {"fp16": {"rtol": 1e-2, "atol": 1e-3, "min_cos": 0.999},
+                      "int8": {"rtol": 1e-1, "atol": 5e-2, "min_cos": 0.990}}
 SETTINGS_BASELINE = ("ORT_DISABLE_ALL", 1)
 SETTINGS_CASES = (("ORT_ENABLE_ALL", 1), ("ORT_DISABLE_ALL", 2), ("ORT_ENABLE_ALL", 2))
 
@@ -358,6 +363,16 @@ def _op_types_by_case() -> dict[str, str]:
     return {key: name for key, name in found.items() if name is not None}
 
 
+def parse_ep_option(text: str) -> tuple[str, str, str]:
+    """``EP:KEY=VALUE``: a provider option."""
+    provider, colon, setting = text.partition(":")
+    key, equals, value = setting.partition("=")
+    if not (colon and equals and provider.strip() and key.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not EP:KEY=VALUE (e.g. "
+                                         "OpenVINOExecutionProvider:device_type=CPU)")
+    return provider.strip(), key.strip(), value
+
+
 # -- command declarations --------------------------------------------------------------------------
 
 class Arg(NamedTuple):
@@ -427,6 +442,26 @@ EXIT_CODES = (
 
 # -- the flag groups several commands share, as records ----------------------------------------
 
+# A flag group is a frozen record whose fields are the values of its flags, each field carrying
+# its flag's argparse spec (``flag``): the group declares a flag once, and a command takes it by
+# inheriting the record and listing the group's flags (``flags_of``). One meaning has one name,
+# one metavar, one help text and one default in every command's help (tests/test_contract.py
+# reads them all); a different meaning gets a different name.
+
+def flag(*names: str, field_default: Any = None, **options: Any) -> Any:
+    """A record field declared with its flag: ``names`` and ``options`` as ``add_argument``
+    takes them. ``field_default`` is the record's value when no flag set it (the Python API);
+    argparse's own ``default`` stays in ``options`` (an ``append`` flag needs a list there)."""
+    return dataclasses.field(default=field_default, metadata={"flag": arg(*names, **options)})
+
+
+def flags_of(group: type, *names: str) -> tuple[Arg, ...]:
+    """The flags ``group`` declares, inherited ones first; with ``names``, those of these
+    fields only."""
+    return tuple(field.metadata["flag"] for field in dataclasses.fields(group)
+                 if "flag" in field.metadata and (not names or field.name in names))
+
+
 # A command's options record (``Command.options``) takes these fields by inheriting them; the
 # command checks them, in its own order, before it measures.
 
@@ -436,10 +471,27 @@ class ProviderFlags:
     default session), ``--allow-fallback``, ``--ep-library`` (paths) and ``--ep-option``
     (``{provider: {key: value}}``); ``targets_from`` checks and parses them."""
 
-    providers: list[str] | None = None
-    allow_fallback: bool = False
-    ep_library: list[str] = ()
-    ep_options: dict | None = None
+    providers: list[str] | None = flag(
+        "--providers", type=parse_list, metavar="LIST",
+        help="where the candidate (int8) model's sessions run: comma-joined provider names, "
+             "or one device policy policy:NAME (onnxruntime 1.22+); default the CPU. The "
+             "answer then says \"providers\" (and what each session got); a session that "
+             "does not get them is refused (exit 4; in check, the gate fails: exit 1) unless "
+             "--allow-fallback")
+    allow_fallback: bool = flag(
+        "--allow-fallback", field_default=False, action="store_true",
+        help="accept a session that did not get a provider it asked for (or whose provider "
+             "took no node) instead of refusing it (or, in check, failing the gate); the "
+             "answer records what each session got")
+    ep_library: list[str] = flag(
+        "--ep-library", field_default=(), action="append", default=[], metavar="PATH",
+        help="register this plugin EP library (onnxruntime 1.22+) before any session; "
+             "repeatable. Installed plugin packages (onnxruntime-ep-*) are registered by "
+             "themselves when a list names their EP")
+    ep_options: dict | None = flag(
+        "--ep-option", type=parse_ep_option, action="append", default=[],
+        metavar="EP:KEY=VALUE",
+        help="a provider option, e.g. OpenVINOExecutionProvider:device_type=CPU; repeatable")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -447,7 +499,10 @@ class ReferenceProviderFlags(ProviderFlags):
     """``ProviderFlags`` and ``--reference-providers``, for a command that runs a reference
     model beside the candidate (None: the CPU)."""
 
-    reference_providers: list[str] | None = None
+    reference_providers: list[str] | None = flag(
+        "--reference-providers", type=parse_list, metavar="LIST",
+        help="where the reference (fp32) model's sessions run, named as --providers "
+             "(default the CPU)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,32 +510,120 @@ class ToleranceFlags:
     """The bounds an output is held to: ``--profile``, ``--rtol`` and ``--atol`` (a number, or
     ``[(output, number), ...]`` from NAME:VALUE) and ``--min-cos``; ``tolerances`` reads them."""
 
-    profile: str | None = None
-    rtol: float | list | None = None
-    atol: float | list | None = None
-    min_cos: float | None = None
+    profile: str | None = flag(
+        "--profile", choices=[*sorted(TOLERANCE_PROFILES), "auto"],
+        help="the tolerances an output is held to. fp16: rtol 1e-2, atol 1e-3, cosine >= "
+             "0.999; int8: rtol 1e-1, atol 5e-2, cosine >= 0.990; auto (the default): int8 "
+             "when the candidate quantizes (Q/DQ, QLinear*, integer ops) and the reference "
+             "does not, else fp16. An element fails when |candidate - reference| > atol + "
+             "rtol*|reference| (numpy's isclose, the reference as the desired value; "
+             "Polygraphy fails it only when both its absolute and its relative difference "
+             "are over)")
+    rtol: float | list | None = flag(
+        "--rtol", type=parse_output_tolerance, action="append", metavar="[NAME:]VALUE",
+        help="relative tolerance (overrides the profile); NAME:VALUE for one output; "
+             "repeatable")
+    atol: float | list | None = flag(
+        "--atol", type=parse_output_tolerance, action="append", metavar="[NAME:]VALUE",
+        help="absolute tolerance (overrides the profile); NAME:VALUE for one output; "
+             "repeatable")
+    min_cos: float | None = flag(
+        "--min-cos", type=parse_cosine,
+        help="smallest allowed cosine between the flattened outputs (overrides the profile)")
+
+
+PLOT_FORMATS = ("png", "svg")
 
 
 @dataclasses.dataclass(frozen=True)
 class PlotFlags:
     """``--save-plots DIR`` and ``--plot-format``: where the answer's figures go, if anywhere."""
 
-    save_plots: str | None = None
-    plot_format: str | None = None
+    save_plots: str | None = flag(
+        "--save-plots", metavar="DIR",
+        help="also draw the answer into DIR (created if missing) with matplotlib, the optional "
+             "plots extra: pip install 'eprun[plots]'; the answer adds \"plots\" (their paths)")
+    plot_format: str | None = flag("--plot-format", choices=PLOT_FORMATS,
+                                   help="png (the default) or svg")
 
+
+# The flags of the groups, as the commands list them.
+EP_ARGS = flags_of(ProviderFlags, "ep_library", "ep_options")
+PLOT_ARGS = flags_of(PlotFlags)
+TOLERANCE_ARGS = flags_of(ToleranceFlags)
+
+
+def measure_ep_args(reference: bool = True) -> tuple:
+    """The provider flags of a command that measures; ``reference`` False leaves out
+    ``--reference-providers`` (a command that runs one model)."""
+    return flags_of(ReferenceProviderFlags if reference else ProviderFlags)
+
+
+# Shared flags that fill no group record of their own (the inputs become an InputOptions in
+# the measurement layer: ``inputs_from``).
+INPUT_ARGS = (
+    arg("--rows", type=parse_rows,
+        help=f"batch size of the inputs (default {ROWS}, placement 1; a model that fixes its "
+             "batch gets that)"),
+    arg("--dim", type=parse_dim, action="append", default=[], metavar="NAME=VALUE",
+        help=f"value of a symbolic dimension (default {DIM_DEFAULT}); an unnamed one is "
+             "INPUT:AXIS=VALUE; repeatable"),
+    arg("--input-range", type=parse_input_range, action="append", default=[],
+        metavar="NAME:LO,HI",
+        help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI "
+             "inclusive); repeatable"),
+    arg("--inputs", dest="inputs_file", metavar="FILE.npz",
+        help="feed these arrays (numpy.savez, one per input name; or the JSON file "
+             "polygraphy run --save-inputs writes) instead of generated ones; their batch "
+             "sets the rows"),
+    arg("--iteration", type=parse_count, default=0, metavar="N",
+        help="with a Polygraphy JSON file (--inputs, --load-outputs), the iteration to "
+             "take (default 0, the first)"),
+)
+BOUNDARY_OPS_ARG = arg(
+    "--boundary-ops", type=parse_boundary_ops, default=BOUNDARY_OPS,
+    help="comma-joined op types whose first input is also a boundary, on top of MatMul and "
+         "Gemm (e.g. Conv); their quantized forms (QLinearConv, ...) count too")
+# What --node-data shows of each command's answer (its writers are in the commands layer).
+NODE_DATA_ARG = arg("--node-data", metavar="DIR",
+                    help="also write Model Explorer node-data files into DIR (created if "
+                         "missing): <model file stem>.<quantity>.json, one per model and "
+                         "quantity, opened with model-explorer MODEL --extensions="
+                         "model_explorer_onnx --node_data_paths=FILE; the answer adds "
+                         "\"node_data\" (their paths)")
+FORMATS = ("json", "table")
+FORMAT_ARG = arg("--format", choices=FORMATS,
+                 help="json: one JSON line (default, the contract's form); table: aligned "
+                      "columns for people, the worst row marked (EPRUN_FORMAT=table makes it "
+                      "your default)")
+FORCE_ARG = arg("--force", action="store_true",
+                help="replace a file at an output's path that eprun did not write (by default "
+                     "that is refused)")
+LOCAL_ARG = arg("--local", action="store_true",
+                help="also feed each int8 segment the fp32 tensors before it, to separate the "
+                     "error a layer introduces from the error it inherits (growth: "
+                     "local_rel_error; report: in growth.json and the chart)")
 
 # Argument groups several commands share.
 MODEL = arg("model", help="ONNX model file")
 SEED = arg("seed", type=parse_seed, nargs="?",
            help="non-negative integer; the inputs are drawn by numpy.random.default_rng(seed) "
                 "(or give it as --seed)")
+_SEED_HELP = "the input seed, as the positional one (default 0)"
 SEED_OPTION = arg("--seed", dest="seed_option", type=parse_seed, metavar="SEED",
-                  help="the seed as an option, the same as the positional one")
+                  help=_SEED_HELP)
 # Where --seed is the usual form (default 0), a positional seed after the models is taken too.
+SEED_FLAG = arg("--seed", type=parse_seed, metavar="SEED", help=_SEED_HELP)
 SEED_POSITIONAL = arg("seed_positional", type=parse_seed, nargs="?", metavar="seed",
                       help="the seed as a positional argument, the same as --seed")
 FP32_INT8 = (arg("fp32", help="float model"),
              arg("int8", help="quantized model (QDQ, QOperator, dynamic or float16) of it"))
+
+
+def hidden_alias(name: str, dest: str, **options: Any) -> Arg:
+    """An older spelling of a renamed flag, still parsed (``dest``, as the new one) and kept
+    out of the help, where only the new name appears; docs/commands.md lists it."""
+    return arg(name, dest=dest, help=argparse.SUPPRESS, **options)
 
 
 def program_name() -> str:
@@ -3192,14 +3335,7 @@ def provider_refusal(source, on: ProviderRequest, name: str) -> str:
     return ""
 
 
-def parse_ep_option(text: str) -> tuple[str, str, str]:
-    """``EP:KEY=VALUE``: a provider option."""
-    provider, colon, setting = text.partition(":")
-    key, equals, value = setting.partition("=")
-    if not (colon and equals and provider.strip() and key.strip()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not EP:KEY=VALUE (e.g. "
-                                         "OpenVINOExecutionProvider:device_type=CPU)")
-    return provider.strip(), key.strip(), value
+
 
 
 def _options_text(options: dict, providers: list[str]) -> str:
@@ -3269,35 +3405,6 @@ def targets_from(flags: ProviderFlags, reference_providers: list[str] | None = N
     return Targets(request(providers), request(reference_providers))
 
 
-# The options of the commands that measure (layers, growth, settings, sensitivity).
-def measure_ep_args(reference: bool = True) -> tuple:
-    """The provider options of a measuring command; ``reference`` False leaves out
-    ``--reference-providers`` (``settings``, which runs one model)."""
-    return (
-        arg("--providers", type=parse_list, metavar="LIST",
-            help="run the int8 (candidate) model on these providers (comma-joined names, or "
-                 "policy:NAME); the answer adds \"providers\" (and, for layers and growth, "
-                 "\"exposure\" and \"reference_exposure\"). A session that does not get them "
-                 "is refused (exit 4)"),
-        *((arg("--reference-providers", type=parse_list, metavar="LIST",
-               help="run the fp32 (reference) model on these providers (default the CPU)"),)
-          if reference else ()),
-        arg("--allow-fallback", action="store_true",
-            help="measure even when a session did not get a requested provider; the answer "
-                 "records what it got"),
-        *EP_ARGS)
-
-
-# What every command that opens sessions takes to choose where they run.
-EP_ARGS = (
-    arg("--ep-library", action="append", default=[], metavar="PATH",
-        help="register this plugin EP library (onnxruntime 1.22+) before any session; "
-             "repeatable. Installed plugin packages (onnxruntime-ep-*) are registered by "
-             "themselves when a list names their EP"),
-    arg("--ep-option", type=parse_ep_option, action="append", default=[],
-        metavar="EP:KEY=VALUE",
-        help="a provider option, e.g. OpenVINOExecutionProvider:device_type=CPU; repeatable"),
-)
 
 
 def ep_options_from(args: argparse.Namespace) -> dict:
@@ -3622,9 +3729,7 @@ def is_transient(exc: EprunError, path: str) -> bool:
 
 # -- inputs ----------------------------------------------------------------------------------------
 
-# A symbolic dimension other than the batch takes this value unless --dim sets it: a multiple of
-# 32, so CNNs that downsample by up to 32 and sequence models both accept it.
-DIM_DEFAULT = 32
+
 
 
 class InputSpec(NamedTuple):
@@ -4114,30 +4219,6 @@ def feed_for(specs: list[InputSpec], other_path: str, feed: Feed) -> dict:
     return fed
 
 
-def input_args(rows_default: str = str(ROWS)) -> tuple:
-    """What every command that runs a model takes to shape its inputs (see ``make_feeds``)."""
-    return (
-        arg("--rows", type=parse_rows,
-            help=f"batch size of the inputs (default {rows_default}; a model that fixes its "
-                 "batch gets that)"),
-        arg("--dim", type=parse_dim, action="append", default=[], metavar="NAME=VALUE",
-            help=f"value of a symbolic dimension (default {DIM_DEFAULT}); an unnamed one is "
-                 "INPUT:AXIS=VALUE; repeatable"),
-        arg("--input-range", type=parse_input_range, action="append", default=[],
-            metavar="NAME:LO,HI",
-            help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI "
-                 "inclusive); repeatable"),
-        arg("--inputs", dest="inputs_file", metavar="FILE.npz",
-            help="feed these arrays (numpy.savez, one per input name; or the JSON file "
-                 "polygraphy run --save-inputs writes) instead of generated ones; their batch "
-                 "sets the rows"),
-        arg("--iteration", type=parse_count, default=0, metavar="N",
-            help="with a Polygraphy JSON file (--inputs, --load-outputs), the iteration to "
-                 "take (default 0, the first)"),
-    )
-
-
-INPUT_ARGS = input_args()
 
 
 def inputs_from(args: argparse.Namespace) -> InputOptions:
@@ -4604,10 +4685,7 @@ FLOAT_TYPES = frozenset({1, 10, 11, 16})
 _LINEAR_OPS = ("Conv", "ConvTranspose", "QLinearConv", "ConvInteger", "Einsum")
 
 
-BOUNDARY_OPS_ARG = arg(
-    "--boundary-ops", type=parse_boundary_ops, default=BOUNDARY_OPS,
-    help="comma-joined op types whose first input is also a boundary, on top of MatMul and "
-         "Gemm (e.g. Conv); their quantized forms (QLinearConv, ...) count too")
+
 
 
 def with_quantized_forms(boundary_ops: tuple[str, ...]) -> tuple[str, ...]:
@@ -5135,8 +5213,7 @@ def bitwise_equal(reference, candidate) -> bool:
             and reference.tobytes() == candidate.tobytes())
 
 
-TOLERANCE_PROFILES = {"fp16": {"rtol": 1e-2, "atol": 1e-3, "min_cos": 0.999},
-                      "int8": {"rtol": 1e-1, "atol": 5e-2, "min_cos": 0.990}}
+
 
 
 def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
@@ -6861,25 +6938,11 @@ def _model_stem(path: str) -> str:
     return name[:-len(".onnx")] if name.lower().endswith(".onnx") else name
 
 
-# What --node-data shows of each command's answer (their writers are in the commands layer).
-NODE_DATA_ARG = arg("--node-data", metavar="DIR",
-                    help="also write Model Explorer node-data files into DIR (created if "
-                         "missing): <model file stem>.<quantity>.json, one per model and "
-                         "quantity, opened with model-explorer MODEL --extensions="
-                         "model_explorer_onnx --node_data_paths=FILE; the answer adds "
-                         "\"node_data\" (their paths)")
+
 
 
 # -- plots (matplotlib, only when asked for) -------------------------------------------------------
 
-PLOT_FORMATS = ("png", "svg")
-PLOT_ARGS = (
-    arg("--save-plots", metavar="DIR",
-        help="also draw the answer into DIR (created if missing) with matplotlib, the optional "
-             "plots extra: pip install 'eprun[plots]'; the answer adds \"plots\" (their paths)"),
-    arg("--plot-format", choices=PLOT_FORMATS,
-        help="png (the default) or svg"),
-)
 # Boundary names shown on a plot's axis at most; a longer model shows every k-th.
 PLOT_LABELS = 24
 
@@ -7094,7 +7157,7 @@ def _draw_sensitivity(writer: PlotWriter, answer: dict) -> str:
 
 # -- tables --------------------------------------------------------------------------------------
 
-FORMATS = ("json", "table")
+
 
 
 def output_format(given: str | None) -> str:
@@ -7110,10 +7173,7 @@ def output_format(given: str | None) -> str:
     return text or "json"
 
 
-FORMAT_ARG = arg("--format", choices=FORMATS,
-                 help="json: one JSON line (default, the contract's form); table: aligned "
-                      "columns for people, the worst row marked (EPRUN_FORMAT=table makes it "
-                      "your default)")
+
 
 
 def _cell(value) -> str:
@@ -9589,16 +9649,17 @@ PARTITION = declare(Command(
     onnxruntime=False,
     arguments=(MODEL,
                arg("supported", type=parse_list, help="comma-joined op types, e.g. MatMul,Add"),
-               arg("--mode", choices=("file", "ort"), default="file",
+               arg("--rule", dest="mode", choices=("file", "ort"), default="file",
                    help="file: runs of consecutive nodes in file order (the lab's rule, "
                         "default); ort: the groups onnxruntime's partitioner forms "
                         "(topological, branches merge, each If/Loop/Scan body on its own)"),
+               hidden_alias("--mode", "mode", choices=("file", "ort")),
                FORMAT_ARG, NODE_DATA_ARG),
     fields=("model", "supported", "nodes", "claimed", "partition_count", "handoffs",
             "partitions"),
-    detail='partitions: [{"owner", "nodes", "size"}]; --mode ort adds "subgraphs" and '
+    detail='partitions: [{"owner", "nodes", "size"}]; --rule ort adds "subgraphs" and '
            '"totals" when the model has If/Loop/Scan bodies',
-    example="eprun.py partition model.onnx MatMul,Add,Relu --mode ort"))
+    example="eprun.py partition model.onnx MatMul,Add,Relu --rule ort"))
 
 
 # -- expose ----------------------------------------------------------------------------------------
@@ -9734,9 +9795,7 @@ EXPOSE = declare(Command(
     onnxruntime=False,
     arguments=(arg("model", help="ONNX model file (never modified)"),
                arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG,
-               arg("--force", action="store_true",
-                   help="replace a file at OUT that eprun did not write (a model eprun wrote "
-                        "carries its mark and is replaced without it)"),
+               FORCE_ARG,
                FORMAT_ARG),
     fields=("model", "out", "boundaries", "outputs"),
     example="eprun.py expose int8.onnx int8_exposed.onnx"))
@@ -9844,14 +9903,13 @@ PAIR_ARGS = (
         help="fetch boundaries in batches whose tensors (fp32 + int8) fit in about MB "
              "megabytes, instead of all at once, running each model again per batch; 0 "
              "fetches one at a time. The answer is the same"),
-    arg("--local", action="store_true",
-        help="also feed each int8 segment the fp32 tensors before it, to separate the error a "
-             "layer introduces from the error it inherits"),
+    LOCAL_ARG,
     *measure_ep_args(),
     SWAPPED_OK_ARG,
-    arg("--output", metavar="NAME",
+    arg("--output-name", dest="output", metavar="NAME",
         help="the graph output to end with (default: the first float one), in both models: "
              "e.g. a detector's scores rather than boxes reordered by TopK"),
+    hidden_alias("--output", "output"),
     arg("--save-boundaries", metavar="FILE.npz",
         help="also store the fp32 model's boundary tensors and the inputs, for "
              "--load-boundaries on another machine"),
@@ -10476,7 +10534,7 @@ PLACEMENT = declare(Command(
             "graph assignment info, or a one-run profile on releases before 1.24)",
     function=placement,
     arguments=(MODEL, arg("providers", type=parse_list, help="comma-joined provider names"),
-               *input_args(rows_default="1"), *EP_ARGS, FORMAT_ARG, NODE_DATA_ARG),
+               *INPUT_ARGS, *EP_ARGS, FORMAT_ARG, NODE_DATA_ARG),
     fields=("model", "requested", "actual", "fell_back", "source", "counts",
             "nodes_per_provider", "nodes",
             "subgraphs"),
@@ -10811,29 +10869,10 @@ CHECK = declare(Command(
         arg("reference", help="reference model (usually the FP32 one), run on "
                               "--reference-providers"),
         arg("candidate", help="candidate model, run on --providers"),
-        arg("--providers", type=parse_list, default=["CPUExecutionProvider"],
-            help="candidate's requested providers (default CPUExecutionProvider)"),
-        arg("--reference-providers", type=parse_list, default=["CPUExecutionProvider"],
-            help="reference's providers (default CPUExecutionProvider)"),
-        arg("--profile", choices=[*sorted(TOLERANCE_PROFILES), "auto"],
-            help="fp16: rtol 1e-2, atol 1e-3, cosine >= 0.999; int8: rtol 1e-1, atol 5e-2, "
-                 "cosine >= 0.990; auto (the default): int8 when the candidate quantizes "
-                 "(Q/DQ, QLinear*, integer ops) and the reference does not, else fp16. An "
-                 "element "
-                 "fails when |candidate - reference| > atol + rtol*|reference| (numpy's "
-                 "isclose, the reference as the desired value; Polygraphy fails it only when "
-                 "both its absolute and its relative difference are over)"),
-        arg("--rtol", type=parse_output_tolerance, action="append", metavar="[NAME:]VALUE",
-            help="relative tolerance (overrides the profile); NAME:VALUE for one output; "
-                 "repeatable"),
-        arg("--atol", type=parse_output_tolerance, action="append", metavar="[NAME:]VALUE",
-            help="absolute tolerance (overrides the profile); NAME:VALUE for one output; "
-                 "repeatable"),
-        arg("--min-cos", type=parse_cosine,
-            help="smallest allowed cosine between the flattened outputs"),
+        *measure_ep_args(), *TOLERANCE_ARGS,
         *INPUT_ARGS,
         SEED_POSITIONAL,
-        arg("--seed", type=parse_seed, help="input seed (default 0)"),
+        SEED_FLAG,
         arg("--warmup", type=parse_count, default=1,
             help="candidate runs before the measured one (default 1)"),
         arg("--retries", type=parse_count, default=2,
@@ -10841,10 +10880,6 @@ CHECK = declare(Command(
                  "a numeric failure (default 2)"),
         arg("--retry-pause", type=parse_tolerance, default=2.0,
             help="seconds between tries (default 2)"),
-        arg("--allow-fallback", action="store_true",
-            help="pass even when the candidate's session did not get a provider it asked for "
-                 "(by default that fails the check), and run the reference on what its "
-                 "session got (by default that is exit 4)"),
         arg("--require-providers", action="store_true",
             help="fail unless the candidate's session got exactly --providers"),
         arg("--save-outputs", metavar="FILE.npz",
@@ -10856,7 +10891,7 @@ CHECK = declare(Command(
                  "inputs) instead of running the reference; refused if the reference model's "
                  "outputs are not the stored ones; FILE.json: what polygraphy run "
                  "--save-outputs wrote, fed with --inputs"),
-        *EP_ARGS, SWAPPED_OK_ARG, FORMAT_ARG),
+        SWAPPED_OK_ARG, FORMAT_ARG),
     fields=("reference", "candidate", "seed", "rows", "profile", "tolerance", "providers",
             "warmup", "retries_used", "outputs", "failures", "passed"),
     detail='providers: {"requested", "actual", "fell_back", "reference"}; outputs: '
@@ -11409,7 +11444,7 @@ def reduce(model: str, output: str, options: ReduceOptions | None = None) -> dic
     graph = ReduceGraph(graph_model, model)
     if not graph.nodes:
         raise EprunError(f"{model!r} has no node to reduce")
-    feed = make_feeds(specs_from_model(graph_model), options.seed, inputs, model)
+    feed = make_feeds(specs_from_model(graph_model), options.seed or 0, inputs, model)
     inferred = inferred_graph(graph_model)
     types = {**_value_types(inferred), **tensor_types(graph_model, inferred)}
     with scratch_folder("eprun-reduce-") as folder:
@@ -11511,7 +11546,10 @@ def _check_words(check: str | None, providers: list[str] | None, timeout: float 
 def _one_tolerance(profile: str | None, rtol, atol, min_cos: float | None) -> dict:
     """The tolerance every output of every candidate is held to (a profile's, overridden):
     ``check``'s, without the per-output ones."""
-    tolerance, per_output = tolerances(profile or "fp16", rtol, atol, min_cos)
+    # auto is fp16 here: both sides are the one model, so neither quantizes where the other
+    # does not (check's rule)
+    tolerance, per_output = tolerances(profile if profile not in (None, "auto") else "fp16",
+                                       rtol, atol, min_cos)
     for name, named in per_output.items():
         key, value = next(iter(named.items()))
         raise EprunError(f"--{key} {name}:{value}: reduce holds every output of every "
@@ -11660,28 +11698,14 @@ REDUCE = declare(Command(
             help="stop a --check that runs longer; it then passes (or fails: --timeout-fails)"),
         arg("--timeout-fails", action="store_true",
             help="a --check stopped by --check-timeout counts as failing"),
-        arg("--providers", type=parse_list, metavar="LIST",
-            help="without --check: run each candidate on these providers and compare its "
-                 "outputs with the reference's values"),
-        arg("--reference-providers", type=parse_list, metavar="LIST",
-            help="where the reference values come from (default CPUExecutionProvider)"),
-        arg("--profile", choices=sorted(TOLERANCE_PROFILES),
-            help="the tolerance a candidate must break to fail, as check's (default fp16)"),
-        arg("--rtol", type=parse_output_tolerance, action="append", metavar="VALUE",
-            help="relative tolerance (overrides the profile)"),
-        arg("--atol", type=parse_output_tolerance, action="append", metavar="VALUE",
-            help="absolute tolerance (overrides the profile)"),
-        arg("--min-cos", type=parse_cosine, help="smallest allowed cosine"),
-        arg("--mode", choices=("bisect", "linear"), default="bisect",
+        *measure_ep_args(), *TOLERANCE_ARGS,
+        arg("--search", dest="mode", choices=("bisect", "linear"), default="bisect",
             help="bisect from both ends, then remove single end nodes (default); linear: "
                  "single end nodes only"),
+        hidden_alias("--mode", "mode", choices=("bisect", "linear")),
         *INPUT_ARGS,
-        arg("--seed", type=parse_seed, default=0, help="input seed (default 0)"),
-        arg("--allow-fallback", action="store_true",
-            help="reduce even when the full model's session did not get a requested provider"),
-        *EP_ARGS,
-        arg("--force", action="store_true",
-            help="replace files at OUT's names that eprun did not write"),
+        SEED_FLAG,
+        FORCE_ARG,
         FORMAT_ARG),
     fields=("model", "output", "inputs_file", "original_nodes", "nodes", "kept", "inputs",
             "outputs", "tries", "minimal", "failure"),
@@ -11783,8 +11807,9 @@ SENSITIVITY = declare(Command(
             help="stop adding units once the final output's SQNR reaches DB"),
         arg("--target-rel-error", type=parse_tolerance, metavar="X",
             help="stop once the final output's rel_error is at most X"),
-        arg("--profile", choices=sorted(TOLERANCE_PROFILES),
+        arg("--target-profile", dest="profile", choices=sorted(TOLERANCE_PROFILES),
             help="stop once the final output passes check's profile (default int8)"),
+        hidden_alias("--profile", "profile", choices=sorted(TOLERANCE_PROFILES)),
         arg("--max-units", type=parse_count, metavar="N",
             help="recommend at most N units"),
         arg("--units", type=parse_list, metavar="NAME,...",
@@ -12482,25 +12507,18 @@ REPORT = declare(Command(
     arguments=(
         *FP32_INT8,
         SEED_POSITIONAL,
-        arg("--seed", type=parse_seed, help="input seed (default 0)"),
+        SEED_FLAG,
         arg("--out-dir", help="folder to write into (default: the fp32 model's folder)"),
-        arg("--force", action="store_true",
-            help="replace files at the deliverables' paths that eprun did not write"),
+        FORCE_ARG,
         arg("--sensitivity", action="store_true", dest="sensitivity_section",
             help="add an optional fifth section to ep_report.md: sensitivity's ranking and "
                  "recommendation"),
-        arg("--providers", type=parse_list,
-            help="your target's providers: a row of the providers table, and the ones the "
-                 "check verdict runs the int8 model on (default: CPU)"),
-        arg("--local", action="store_true",
-            help="also measure each segment's local error (as layers --local): growth.json "
-                 "gets local_rel_error and the chart a second line"),
+        *flags_of(ProviderFlags, "providers"),
+        LOCAL_ARG,
         arg("--chart", choices=("svg",),
             help=f"also write the growth chart as {CHART_FILE} (for viewers without Mermaid), "
                  "linked from ep_report.md"),
-        arg("--allow-fallback", action="store_true",
-            help="with --providers: measure even when a session did not get them (or they took "
-                 "no node); each section then says what it ran on"),
+        *flags_of(ProviderFlags, "allow_fallback"),
         *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG, CALIBRATION_ARG,
         EXTRA_OPTION_ARG, FORMAT_ARG, *PLOT_ARGS),
     fields=("out_dir", "files", "pairing", "headline", "check"),

@@ -98,7 +98,7 @@ def test_ort_mode_matches_onnxruntimes_own_partitioner(tmp_path, eprun, seed, su
 
     model = dag(seed)
     path = models.save(model, tmp_path / "dag.onnx")
-    answer = eprun("partition", path, supported, "--mode", "ort")
+    answer = eprun("partition", path, supported, "--rule", "ort")
     nodes = list(model.graph.node)
     units = tool.ort_partition_units(nodes, supported.split(","))
     ours = [sorted(nodes[i].name for i in members) for owner, members in units if owner == "ep"]
@@ -127,7 +127,7 @@ def test_ort_mode_merges_branches_that_file_order_splits(eprun, tmp_path):
                           [numpy_helper.from_array(np.eye(4, dtype=np.float32), "W")])
     path = models.save(model, tmp_path / "branches.onnx")
     by_file = eprun("partition", path, "MatMul,Add")
-    by_ort = eprun("partition", path, "MatMul,Add", "--mode", "ort")
+    by_ort = eprun("partition", path, "MatMul,Add", "--rule", "ort")
     parts = lambda answer: [(p["owner"], p["nodes"]) for p in answer["partitions"]]
     assert parts(by_file) == [("ep", ["MatMul"]), ("cpu", ["Relu"]), ("ep", ["MatMul", "Add"])]
     assert parts(by_ort) == [("ep", ["MatMul", "MatMul"]), ("cpu", ["Relu"]), ("ep", ["Add"])]
@@ -182,7 +182,7 @@ def test_ort_mode_partitions_each_subgraph_as_onnxruntime_does(eprun, tmp_path):
     path = models.save(model, tmp_path / "control.onnx")
     ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # a valid model
     supported = ["MatMul", "Relu"]
-    answer = eprun("partition", path, ",".join(supported), "--mode", "ort")
+    answer = eprun("partition", path, ",".join(supported), "--rule", "ort")
     by_name = {(sub["node"], sub["attribute"]): sub for sub in answer["subgraphs"]}
     assert sorted(by_name) == [("if", "else_branch"), ("if", "then_branch"), ("loop", "body")]
     graphs = {node.name: {a.name: a.g for a in node.attribute if a.HasField("g")}
@@ -217,13 +217,13 @@ def test_op_types_only_inside_subgraphs_are_op_types_of_the_model(run_eprun_here
     """Sigmoid occurs only in an If branch: listing it is no mistake to point out, while a
     miscased Sigmoid is, and the model's op types listed include those of the bodies."""
     path = models.save(control_flow_model(), tmp_path / "control.onnx")
-    listed = run_eprun_here("partition", path, "Sigmoid", "--mode", "ort")
+    listed = run_eprun_here("partition", path, "Sigmoid", "--rule", "ort")
     assert listed.code == 0 and "occurs" not in listed.stderr, listed.stderr
     # the contract's file mode partitions the main graph alone: there it occurs nowhere
     main_only = run_eprun_here("partition", path, "Sigmoid")
     assert main_only.code == 0 and "no op type in 'Sigmoid' occurs" in main_only.stderr
     assert "Its op types: Relu, ReduceSum, Greater, If, Loop\n" in main_only.stderr
-    miscased = run_eprun_here("partition", path, "sigmoid", "--mode", "ort")
+    miscased = run_eprun_here("partition", path, "sigmoid", "--rule", "ort")
     assert "did you mean sigmoid -> Sigmoid?" in miscased.stderr
     assert "Its op types: Relu, ReduceSum, Greater, If, Loop, Sigmoid, MatMul, Identity" in \
         miscased.stderr

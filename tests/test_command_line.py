@@ -23,7 +23,7 @@ import eprun as tool
 
 COMMANDS_ON_ONE_MODEL = [
     ("partition", ["MatMul"]),
-    ("partition", ["MatMul", "--mode", "ort"]),
+    ("partition", ["MatMul", "--rule", "ort"]),
     ("expose", ["{tmp}/out.onnx"]),
     ("settings", ["1"]),
     ("placement", ["CPUExecutionProvider"]),

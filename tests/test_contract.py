@@ -274,3 +274,56 @@ def test_non_finite_values_are_strict_json_null(eprun, tmp_path):
     assert answer["baseline"]["mean_output"] is None
     grown = eprun("growth", fp32, fp32, "0")
     assert None in grown["rel_error"]
+
+
+# -- shared flags: one name, one metavar, one help, one default --------------------------------
+
+def shown_flags() -> dict:
+    """Every flag each command's help shows: ``{flag: {command: (metavar, help, default)}}``,
+    read off the parser the way --help prints them."""
+    import argparse
+
+    parser = tool.build_parser()
+    commands = next(action for action in parser._actions
+                    if isinstance(action, argparse._SubParsersAction)).choices
+    shown: dict = {}
+    for name, sub in commands.items():
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            for part in formatter._format_action_invocation(action).split(", "):
+                option, _, metavar = part.partition(" ")
+                shown.setdefault(option, {})[name] = (metavar, action.help, repr(action.default))
+    return shown
+
+
+def test_every_shared_flag_has_one_metavar_one_help_and_one_default():
+    """--providers was LIST in five commands and PROVIDERS in two, --profile and --mode meant
+    two things each: a flag several commands take is declared once (a group's record, or one
+    shared argument), and a different meaning has a different name."""
+    shared = {option: per for option, per in shown_flags().items() if len(per) > 1}
+    assert {"--providers", "--reference-providers", "--allow-fallback", "--rtol", "--atol",
+            "--min-cos", "--profile", "--seed", "--rows", "--format", "--force", "--local",
+            "--save-plots", "--ep-option"} <= set(shared)
+    for option, per in shared.items():
+        for what, k in (("metavar", 0), ("help", 1), ("default", 2)):
+            assert len({shown[k] for shown in per.values()}) == 1, (option, what, per)
+
+
+@pytest.mark.parametrize(("argv", "old", "new"), [
+    (["partition", "@int8", "MatMul"], ["--mode", "ort"], ["--rule", "ort"]),
+    (["layers", "@fp32", "@int8", "1"], ["--output", "y"], ["--output-name", "y"]),
+])
+def test_a_renamed_flag_keeps_its_old_spelling_out_of_the_help(capfd, lab_pair, argv, old, new):
+    """The old spelling still parses to the same answer; the help shows the new name only."""
+    fp32, int8 = lab_pair
+    argv = [{"@fp32": str(fp32), "@int8": str(int8)}.get(word, word) for word in argv]
+    answers = []
+    for flag in (old, new):
+        code, out, err = in_process(capfd, *argv, *flag)
+        assert code == 0, err
+        answers.append(out)
+    assert answers[0] == answers[1]
+    code, out, _ = in_process(capfd, argv[0], "--help")
+    assert code == 0 and new[0] in out and f"{old[0]} " not in out.replace(new[0], "")

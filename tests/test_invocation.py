@@ -28,7 +28,7 @@ def test_a_command_declared_without_onnxruntime_never_imports_it(lab_pair, tmp_p
     fp32, int8 = map(str, lab_pair)
     argv = {"expose": ["expose", fp32, str(tmp_path / "out.onnx")],
             "inspect": ["inspect", int8],
-            "partition": ["partition", fp32, "MatMul", "--mode", "ort"],
+            "partition": ["partition", fp32, "MatMul", "--rule", "ort"],
             "weights": ["weights", fp32, int8]}[name]
     code, out, imported = imported_by(*argv)
     assert code == 0 and json.loads(out)

@@ -494,7 +494,7 @@ def test_a_graph_with_a_cycle_is_refused(run_eprun_here, tmp_path):
     path = models.save(models.finish(nodes, [models.float_input("x", 4)],
                                      [helper.make_tensor_value_info("y", 1, ["N", 4])]),
                        tmp_path / "cycle.onnx")
-    line = one_error_line(run_eprun_here("partition", path, "Relu", "--mode", "ort"), 4)
+    line = one_error_line(run_eprun_here("partition", path, "Relu", "--rule", "ort"), 4)
     assert "the graph has a cycle" in line
     # a node that reads its own output is the shortest cycle
     nodes = [helper.make_node("Add", ["x", "a"], ["a"], name="self"),
@@ -503,7 +503,7 @@ def test_a_graph_with_a_cycle_is_refused(run_eprun_here, tmp_path):
                                      [helper.make_tensor_value_info("y", 1, ["N", 4])]),
                        tmp_path / "self_loop.onnx")
     for supported in ("Add", "Relu"):
-        line = one_error_line(run_eprun_here("partition", path, supported, "--mode", "ort"), 4)
+        line = one_error_line(run_eprun_here("partition", path, supported, "--rule", "ort"), 4)
         assert "the graph has a cycle (node 'self'" in line
 
 

@@ -332,6 +332,50 @@ def parse_cosine(text: str) -> float:
     return value
 
 
+# Polygraphy's --check-error-stat: elemwise is eprun's per-element test (numpy's isclose), the
+# others a statistic of the absolute and the relative difference.
+ERROR_STATS = ("elemwise", "max", "mean", "median", "quantile")
+
+
+def parse_error_stat(text: str) -> tuple[str, str]:
+    """``--check-error-stat [NAME:]STAT``: ``(output name or "", statistic)``."""
+    name, _, stat = text.rpartition(":")
+    if stat.strip() not in ERROR_STATS:
+        raise argparse.ArgumentTypeError(f"{text!r}: the statistic is one of "
+                                         f"{', '.join(ERROR_STATS)} (NAME:STAT for one output)")
+    return name.strip(), stat.strip()
+
+
+def parse_fraction(text: str) -> float:
+    """A number from 0 to 1 (a quantile, a share, an agreement)."""
+    value = parse_tolerance(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number from 0 to 1")
+    return value
+
+
+def parse_output_fraction(text: str) -> tuple[str, float]:
+    """``[NAME:]Q``: a number from 0 to 1, for one output where NAME is given."""
+    name, _, value = text.rpartition(":")
+    return name.strip(), parse_fraction(value)
+
+
+def parse_provider_share(text: str) -> tuple[str, float]:
+    """``EP:FRACTION``: the least share of the candidate's nodes that provider EP must take."""
+    provider, colon, value = text.rpartition(":")
+    if not (colon and provider.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not EP:FRACTION (e.g. "
+                                          "OpenVINOExecutionProvider:0.9)")
+    return provider.strip(), parse_fraction(value)
+
+
+def parse_axis(text: str) -> int:
+    """An axis: a decimal integer, negative counting from the last."""
+    if not re.fullmatch(r"(?a)-?[0-9]{1,6}", text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an axis (an integer, -1 the last)")
+    return int(text.strip())
+
+
 def parse_boundary_ops(text: str) -> tuple[str, ...]:
     """``--boundary-ops Conv`` adds to MatMul and Gemm; it never removes them. An ONNX op type
     written in the wrong case (``conv``, ``Matmul``) is a usage error that names it: op types
@@ -576,9 +620,9 @@ INPUT_ARGS = (
         help="feed these arrays (numpy.savez, one per input name; or the JSON file "
              "polygraphy run --save-inputs writes) instead of generated ones; their batch "
              "sets the rows"),
-    arg("--iteration", type=parse_count, default=0, metavar="N",
+    arg("--iteration", type=parse_count, metavar="N",
         help="with a Polygraphy JSON file (--inputs, --load-outputs), the iteration to "
-             "take (default 0, the first)"),
+             "take (check: every one by default; the other commands: the first)"),
 )
 BOUNDARY_OPS_ARG = arg(
     "--boundary-ops", type=parse_boundary_ops, default=BOUNDARY_OPS,
@@ -831,6 +875,14 @@ def note(message: str) -> None:
     a command's chatter: shown after a success only)."""
     with contextlib.suppress(Exception):
         print(f"eprun: note: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+def note_once(message: str) -> None:
+    """``note``, once per run however often it is reached (a file read by both sides)."""
+    said = current_invocation().warned
+    if message not in said:
+        said.add(message)
+        note(message)
 
 
 # -- eprun's own environment knobs ---------------------------------------------------------------
@@ -3573,6 +3625,19 @@ def records_assignment() -> bool:
     return hasattr(import_ort().InferenceSession, "get_provider_graph_assignment_info")
 
 
+def assigned_op_types(session) -> dict | None:
+    """``{provider: {op_type: nodes}}`` as onnxruntime assigned the (optimized) graph's nodes;
+    None where this onnxruntime does not say (before 1.24)."""
+    if not records_assignment():
+        return None
+    kinds: dict = {}
+    for subgraph in session.get_provider_graph_assignment_info():
+        taken = kinds.setdefault(subgraph.ep_name, {})
+        for node in subgraph.get_nodes():
+            taken[node.op_type] = taken.get(node.op_type, 0) + 1
+    return kinds
+
+
 def _assigned_nodes(session) -> dict:
     """``{provider: nodes}`` as onnxruntime assigned the (optimized) graph's nodes."""
     counts: dict = {}
@@ -3755,7 +3820,8 @@ class InputOptions:
     ranges: dict = dataclasses.field(default_factory=dict)
     file: str | None = None
     arrays: dict | None = None  # inputs read from a golden file (``load_golden``)
-    iteration: int = 0  # which feed dict of a Polygraphy JSON file (``--iteration``)
+    iteration: int | None = None  # which feed dict of a Polygraphy JSON file (--iteration;
+    # None: not chosen, the first, or in check every one)
 
     @property
     def shaped(self) -> bool:
@@ -4075,7 +4141,7 @@ def _require_fitting(array, spec: InputSpec, file: str, path: str,
 
 
 def _load_inputs_file(file: str, specs: list, path: str, what: str = "inputs", *,
-                      iteration: int = 0) -> dict:
+                      iteration: int | None = 0) -> dict:
     """The arrays of an ``.npz`` file, one per input of ``specs``: only those members are read
     (``read_npz``), each only once its header's shape fits the input it feeds; a member no
     input is called is left unread, and said so. A ``.json`` file is Polygraphy's (``polygraphy
@@ -4563,13 +4629,9 @@ def _iteration_of(items: list, iteration: int, file: str, what: str) -> Any:
     return items[iteration]
 
 
-def read_polygraphy_inputs(file: str, names: list[str], iteration: int = 0,
-                           dims: dict | None = None) -> dict:
-    """The arrays ``names`` of one feed dict of a ``polygraphy run --save-inputs`` file (a
-    JSON list of feed dicts, one per iteration; or one feed dict alone, as Polygraphy writes
-    each iteration's file when it saves them apart), each checked against its input's
-    ``dims``. Every input must be there, as in an ``.npz``; members no input is called are
-    said."""
+def polygraphy_feed_dicts(file: str) -> list:
+    """The feed dicts of a ``polygraphy run --save-inputs`` file, one per iteration (a file
+    holding one feed dict alone, as Polygraphy writes each iteration's apart, is one)."""
     feeds = _read_json_file(file, "--inputs takes an .npz file or Polygraphy's JSON")
     if isinstance(feeds, dict) and feeds and all(isinstance(value, dict)
                                                  for value in feeds.values()):
@@ -4579,6 +4641,23 @@ def read_polygraphy_inputs(file: str, names: list[str], iteration: int = 0,
                          "what polygraphy run --save-inputs writes)")
     if not feeds:
         raise EprunError(f"{file!r} holds no feed dict")
+    return feeds
+
+
+def read_polygraphy_inputs(file: str, names: list[str], iteration: int | None = 0,
+                           dims: dict | None = None) -> dict:
+    """The arrays ``names`` of one feed dict of a ``polygraphy run --save-inputs`` file (a
+    JSON list of feed dicts, one per iteration; or one feed dict alone, as Polygraphy writes
+    each iteration's file when it saves them apart), each checked against its input's
+    ``dims``. Every input must be there, as in an ``.npz``; members no input is called are
+    said. ``iteration`` None: the first, said where the file holds more (a command that
+    measures one iteration names the one it measures)."""
+    feeds = polygraphy_feed_dicts(file)
+    if iteration is None:
+        iteration = 0
+        if len(feeds) > 1:
+            note_once(f"{file!r} holds {len(feeds)} iterations (feed dicts); this measures "
+                      "iteration 0 (--iteration N picks another; check runs every one)")
     feed = _iteration_of(feeds, iteration, file, "feed dict")
     missing = [name for name in names if name not in feed]
     if missing:
@@ -4592,16 +4671,27 @@ def read_polygraphy_inputs(file: str, names: list[str], iteration: int = 0,
             for name in names}
 
 
-def read_polygraphy_outputs(file: str, names: list[str], iteration: int = 0
-                            ) -> tuple[str, dict]:
-    """``(runner name, {output: array})``: the outputs ``names`` of one iteration of the first
-    runner in a ``polygraphy run --save-outputs`` file (its RunResults)."""
+def polygraphy_iterations(file: str) -> int:
+    """How many iterations the first runner of a ``polygraphy run --save-outputs`` file holds."""
+    return len(_polygraphy_runs(file)[0][1])
+
+
+def _polygraphy_runs(file: str) -> list:
+    """The ``[runner, [iteration, ...]]`` pairs of a RunResults file, checked for that shape."""
     results = _read_json_file(file, "--load-outputs takes a golden .npz or Polygraphy's JSON")
     runs = results.get("lst") if isinstance(results, dict) else None
     if not isinstance(runs, list) or not runs or not all(
             isinstance(run, list) and len(run) == 2 and isinstance(run[1], list) for run in runs):
         raise EprunError(f"{file!r} is not a Polygraphy RunResults file (what polygraphy run "
                          "--save-outputs writes)")
+    return runs
+
+
+def read_polygraphy_outputs(file: str, names: list[str], iteration: int = 0
+                            ) -> tuple[str, dict]:
+    """``(runner name, {output: array})``: the outputs ``names`` of one iteration of the first
+    runner in a ``polygraphy run --save-outputs`` file (its RunResults)."""
+    runs = _polygraphy_runs(file)
     runner, iterations = runs[0]
     if not iterations:
         raise EprunError(f"{file!r}: runner {runner!r} holds no iteration")
@@ -4632,24 +4722,27 @@ def _polygraphy_encoded(array) -> dict:
             _POLYGRAPHY_CLASS: "ndarray"}
 
 
-def polygraphy_run_results(runner: str, outputs: dict) -> bytes:
-    """``outputs`` as the RunResults JSON ``polygraphy run --load-outputs`` reads: one
-    runner, one iteration."""
+def polygraphy_run_results(runner: str, outputs: dict | list[dict]) -> bytes:
+    """``outputs`` (one iteration's, or a list of them) as the RunResults JSON ``polygraphy run
+    --load-outputs`` reads: one runner, an iteration each."""
     import json
 
-    iteration = {"outputs": {name: {"values": _polygraphy_encoded(value),
-                                    _POLYGRAPHY_CLASS: "LazyArray"}
-                             for name, value in outputs.items()},
-                 "runtime": 0.0, "runner_name": runner, _POLYGRAPHY_CLASS: "IterationResult"}
-    return json.dumps({"lst": [[runner, [iteration]]], _POLYGRAPHY_CLASS: "RunResults"},
+    iterations = [{"outputs": {name: {"values": _polygraphy_encoded(value),
+                                      _POLYGRAPHY_CLASS: "LazyArray"}
+                               for name, value in one.items()},
+                   "runtime": 0.0, "runner_name": runner, _POLYGRAPHY_CLASS: "IterationResult"}
+                  for one in (outputs if isinstance(outputs, list) else [outputs])]
+    return json.dumps({"lst": [[runner, iterations]], _POLYGRAPHY_CLASS: "RunResults"},
                       indent=4).encode()
 
 
-def polygraphy_feeds(inputs: dict) -> bytes:
-    """``inputs`` as the JSON ``polygraphy run --load-inputs`` reads: one feed dict."""
+def polygraphy_feeds(inputs: dict | list[dict]) -> bytes:
+    """``inputs`` (one feed dict, or a list of them) as the JSON ``polygraphy run
+    --load-inputs`` reads."""
     import json
 
-    return json.dumps([{name: _polygraphy_encoded(value) for name, value in inputs.items()}],
+    return json.dumps([{name: _polygraphy_encoded(value) for name, value in one.items()}
+                       for one in (inputs if isinstance(inputs, list) else [inputs])],
                       indent=4).encode()
 
 
@@ -5254,6 +5347,51 @@ def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
     return answer
 
 
+# What Polygraphy adds to a zero reference value before dividing by it (its relative error).
+_POLYGRAPHY_EPSILON = 2.220446049250313e-16
+
+
+def error_statistic(reference, candidate, stat: str, quantile: float = 0.99) -> dict:
+    """``{"abs", "rel"}``: the statistic ``stat`` (max, mean, median or quantile) of
+    ``|c - r|`` and of ``|c - r| / |r|``, as Polygraphy's ``--check-error-stat`` computes them
+    (a zero reference value divided as 2.22e-16); NaN where either holds one."""
+    import numpy as np
+
+    r, _, diff = differences(reference, candidate)
+    if not diff.size:
+        return {"abs": 0.0, "rel": 0.0}
+    with np.errstate(all="ignore"):
+        relative = diff / np.where(r == 0, _POLYGRAPHY_EPSILON, np.abs(r))
+        of = {"max": np.max, "mean": np.mean, "median": np.median,
+              "quantile": lambda values: np.quantile(values, quantile)}[stat]
+        return {"abs": float(of(diff)), "rel": float(of(relative))}
+
+
+def statistic_fails(values: dict, atol: float, rtol: float) -> bool:
+    """Polygraphy's rule for a statistic: fail only when both the absolute one is over atol and
+    the relative one over rtol (NaN is over anything)."""
+    return (not values["abs"] <= atol) and (not values["rel"] <= rtol)
+
+
+def top_k_agreement(reference, candidate, k: int, axis: int = -1) -> float | None:
+    """The fraction of rows (every position but ``axis``) whose top-``k`` index sets agree, the
+    set and not its order ("did the answer change?"); None where the output has fewer than
+    ``k`` values along ``axis``, or no axis at all."""
+    import numpy as np
+
+    r, c = np.asarray(reference), np.asarray(candidate)
+    if r.ndim == 0 or not -r.ndim <= axis < r.ndim or r.shape[axis] < k:
+        return None
+    r, c = np.moveaxis(r, axis, -1), np.moveaxis(c, axis, -1)
+    r, c = r.reshape(-1, r.shape[-1]), c.reshape(-1, c.shape[-1])
+    if not r.shape[0]:
+        return None
+    with np.errstate(invalid="ignore"):
+        picked = [np.sort(np.argsort(-values.astype(np.float64), axis=1, kind="stable")[:, :k],
+                          axis=1) for values in (r, c)]
+    return float(np.mean(np.all(picked[0] == picked[1], axis=1)))
+
+
 # -- paired boundaries -----------------------------------------------------------------------------
 
 class PairedModel:
@@ -5600,7 +5738,7 @@ def _given_inputs(inputs: InputOptions | None, graph, path: str) -> dict | None:
     if inputs is None or not inputs.file:
         return None
     return _load_inputs_file(inputs.file, specs_from_model(graph), path,
-                             iteration=inputs.iteration)
+                             iteration=inputs.iteration or 0)
 
 
 def drawn_with(feed: Feed, seed: int) -> int | None:
@@ -6206,27 +6344,75 @@ def failure_reasons(failures: list[dict], markdown: bool = False) -> list[str]:
     for failure in failures:
         bound = failure["bound"]
         output = f"`{failure.get('output')}`" if markdown else failure.get("output")
-        if bound == "tolerance":
-            reason = (f"{output}: {failure['violations']} of {failure['elements']} elements "
-                      f"outside atol + rtol{'·' if markdown else '*'}|ref|")
-            reasons.append(reason if markdown else
-                           f"{reason}, worst at {failure['worst']['index']}")
-        elif bound == "min_cos" and not math.isfinite(failure["cosine"]):
-            held = sum(failure.get("nonfinite", {}).values())
-            reasons.append(f"{output}: no cosine, the outputs hold {held} NaN or infinite "
-                           "values")
-        elif bound == "min_cos":
-            cosine = _num(failure["cosine"], 6) if markdown else f"{failure['cosine']:.6g}"
-            reasons.append(f"{output}: cosine {cosine} below {failure['min_cos']:g}")
-        elif markdown:
+        if markdown and bound not in ("tolerance", "min_cos"):
             reasons.append(f"{bound} ({failure.get('output', 'session')})")
-        elif bound == "shape":
-            reasons.append(f"{output}: shape {failure['candidate']} instead of "
-                           f"{failure['reference']}")
-        else:
-            reasons.append(f"providers: asked for {','.join(failure['requested'])}, got "
-                           f"{','.join(failure['actual'])}")
+            continue
+        reason = _REASONS.get(bound, _providers_reason)(failure, output, markdown)
+        where = failure.get("iterations_failed")
+        if where is not None and not markdown:
+            reason += (f" (iteration{'s' if len(where) > 1 else ''} "
+                       f"{', '.join(map(str, where))}, worst {failure['iteration']})")
+        reasons.append(reason)
     return reasons
+
+
+def _tolerance_reason(failure: dict, output: str, markdown: bool) -> str:
+    """Elements outside the per-element test."""
+    reason = (f"{output}: {failure['violations']} of {failure['elements']} elements "
+              f"outside atol + rtol{'·' if markdown else '*'}|ref|")
+    return reason if markdown else f"{reason}, worst at {failure['worst']['index']}"
+
+
+def _cosine_reason(failure: dict, output: str, markdown: bool) -> str:
+    """A cosine below the bound, or none at all."""
+    if not math.isfinite(failure["cosine"]):
+        held = sum(failure.get("nonfinite", {}).values())
+        return f"{output}: no cosine, the outputs hold {held} NaN or infinite values"
+    cosine = _num(failure["cosine"], 6) if markdown else f"{failure['cosine']:.6g}"
+    return f"{output}: cosine {cosine} below {failure['min_cos']:g}"
+
+
+def _statistic_reason(failure: dict, output: str, markdown: bool) -> str:
+    """A statistic over both its tolerances."""
+    stat = (f"quantile {failure['quantile']:g}" if failure["stat"] == "quantile"
+            else failure["stat"])
+    return (f"{output}: {stat} |c - r| {failure['abs']:.6g} over atol {failure['atol']:g} and "
+            f"{stat} |c - r|/|r| {failure['rel']:.6g} over rtol {failure['rtol']:g}")
+
+
+def _provider_share_reason(failure: dict, output: str, markdown: bool) -> str:
+    """An EP that took too few of the candidate's nodes, or whose share cannot be known."""
+    provider = failure["provider"]
+    if failure["share"] is None:
+        return f"{provider}'s share of the nodes cannot be known: {failure['unknown']}"
+    elsewhere = ", ".join(f"{op} x{count}" for op, count in failure["elsewhere"].items())
+    return (f"{provider} took {failure['nodes']} of {failure['total']} nodes "
+            f"({failure['share']:.3g}, below {failure['min_share']:g})"
+            + (f"; elsewhere: {elsewhere}" if elsewhere else ""))
+
+
+def _providers_reason(failure: dict, output: str, markdown: bool) -> str:
+    """A candidate session without the providers asked for."""
+    return (f"providers: asked for {','.join(failure['requested'])}, got "
+            f"{','.join(failure['actual'])}")
+
+
+# Each failed bound in words (the rest: the providers').
+_REASONS = {
+    "tolerance": _tolerance_reason,
+    "min_cos": _cosine_reason,
+    "shape": lambda failure, output, markdown: (
+        f"{output}: shape {failure['candidate']} instead of {failure['reference']}"),
+    "error_stat": _statistic_reason,
+    "nonfinite": lambda failure, output, markdown: (
+        f"{output}: the candidate holds {failure['candidate']} NaN or infinite values"),
+    "top_k": lambda failure, output, markdown: (
+        f"{output}: top-{failure['k']} agreement "
+        + ("unknown (fewer values than K along the axis)" if failure["top_k_agreement"] is None
+           else f"{failure['top_k_agreement']:.6g}")
+        + f" below {failure['min_top_k_agreement']:g}"),
+    "provider_share": _provider_share_reason,
+}
 
 
 def check_verdict(args: argparse.Namespace, answer: dict) -> str | None:
@@ -7132,6 +7318,63 @@ def _draw_settings(writer: PlotWriter, answer: dict) -> str:
     return writer.add("max_abs_diff", figure)
 
 
+def plot_check(writer: PlotWriter, compared: list[tuple[str, Any, Any]]) -> list[str]:
+    """``check``'s pictures of each ``(output, reference, candidate)``: its error against the
+    reference's magnitude (Polygraphy's error-metrics plot), and for an output of rank 2 or more
+    a heatmap of ``|c - r|`` (rows: every axis but the last)."""
+    paths = []
+    with writer.style():
+        for name, reference, candidate in compared:
+            paths.append(_draw_error_metrics(writer, name, reference, candidate))
+            if getattr(reference, "ndim", 0) >= 2 and reference.shape == candidate.shape:
+                paths.append(_draw_error_heatmap(writer, name, reference, candidate))
+    return paths
+
+
+def _plot_name(output: str) -> str:
+    """An output's name as a part of a file name: what a path cannot hold becomes ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", output) or "output"
+
+
+def _draw_error_metrics(writer: PlotWriter, name: str, reference, candidate) -> str:
+    """``|c - r|`` and ``|c - r| / |r|`` against ``|r|``, each element a point."""
+    import numpy as np
+
+    r, _, diff = differences(reference, candidate)
+    magnitude = np.abs(r).ravel()
+    with np.errstate(all="ignore"):
+        relative = (diff / np.where(r == 0, _POLYGRAPHY_EPSILON, np.abs(r))).ravel()
+    figure = writer.figure((9, 3.5))[0]
+    figure.clear()
+    for axes, (values, label) in zip(figure.subplots(1, 2),
+                                     ((diff.ravel(), "|c - r|"), (relative, "|c - r| / |r|"))):
+        axes.scatter(magnitude, np.nan_to_num(values, nan=0.0, posinf=0.0), s=4,
+                     color="#2c7bb6", alpha=0.5, linewidths=0)
+        axes.set_xlabel("|reference|")
+        axes.set_ylabel(label)
+        axes.grid(True, alpha=0.3)
+    figure.suptitle(f"{name}: error against the reference's magnitude")
+    return writer.add(f"{_plot_name(name)}.error", figure)
+
+
+def _draw_error_heatmap(writer: PlotWriter, name: str, reference, candidate) -> str:
+    """``|c - r|`` of an output of rank 2 or more, its last axis across."""
+    import numpy as np
+
+    _, _, diff = differences(reference, candidate)
+    grid = np.nan_to_num(diff.reshape(-1, diff.shape[-1]), nan=np.inf)
+    finite = grid[np.isfinite(grid)]
+    top = float(finite.max()) if finite.size else 1.0
+    figure, axes = writer.figure((6, 4.5))
+    image = axes.imshow(np.where(np.isfinite(grid), grid, top), aspect="auto",
+                        interpolation="nearest", cmap="viridis")
+    figure.colorbar(image, ax=axes, label="|c - r|")
+    axes.set_xlabel(f"last axis ({diff.shape[-1]})")
+    axes.set_ylabel("rows (the other axes)")
+    axes.set_title(f"{name}: |c - r|")
+    return writer.add(f"{_plot_name(name)}.heatmap", figure)
+
+
 def plot_sensitivity(writer: PlotWriter, answer: dict) -> str:
     """The gain of restoring each unit alone, best first, the recommended units marked."""
     with writer.style():
@@ -7369,25 +7612,49 @@ def _no_growth_why(rel_errors: list) -> str:
 
 def _check_table(answer: dict, colour: bool) -> list[str]:
     """``check`` as table lines: the tolerances, one row per output (the failing one with the most
-    violations marked), then passed or the reasons it failed."""
+    violations marked), with the worst iteration, the statistic and the top-K agreement where
+    the answer has them, then passed or the reasons it failed."""
     tolerance = answer["tolerance"]
     outputs = answer["outputs"]
+    several = "iterations" in answer
+    stats = any("error_stat" in entry for entry in outputs)
+    top_k = any("top_k_agreement" in entry for entry in outputs)
     rows = [[entry["reference"], entry["candidate"], "x".join(map(str, entry["shape"])),
              entry.get("max_abs_diff"), entry.get("mean_abs_diff"), entry.get("p99_abs_diff"),
              entry.get("max_rel_diff"), entry.get("cosine"), entry.get("violations"),
-             entry.get("elements")] for entry in outputs]
+             entry.get("elements"),
+             *([entry.get("worst_iteration")] if several else []),
+             *(_statistic_cells(entry.get("error_stat")) if stats else []),
+             *([entry.get("top_k_agreement")] if top_k else [])] for entry in outputs]
+    over = f", {answer['iterations']} iterations" if several else ""
     lines = [(f"check: {answer['candidate']} against {answer['reference']}, "
               f"{answer['profile']} profile (|c - r| <= {tolerance['atol']:g} + "
               f"{tolerance['rtol']:g}*|r| per element, cosine >= {tolerance['min_cos']:g}), "
-              f"on {','.join(answer['providers']['actual'])}")]
+              f"on {','.join(answer['providers']['actual'])}{over}")]
     failing = {failure.get("output") for failure in answer["failures"]}
     lines += aligned(["reference", "candidate", "shape", "max abs diff", "mean abs diff",
-                      "p99 abs diff", "max rel diff", "cosine", "violations", "elements"], rows,
+                      "p99 abs diff", "max rel diff", "cosine", "violations", "elements",
+                      *(["worst iteration"] if several else []),
+                      *(["statistic", "stat abs", "stat rel"] if stats else []),
+                      *(["top-k agreement"] if top_k else [])], rows,
                      _worst([entry.get("violations") or 0 if entry["reference"] in failing
                              else None for entry in outputs]), colour)
+    for provider, share in (answer.get("provider_share") or {}).items():
+        lines.append(f"{provider}: " + ("share unknown" if share["share"] is None else
+                                        f"{share['nodes']} of {share['total']} nodes "
+                                        f"({share['share']:.3g})"))
     lines.append("passed" if answer["passed"] else
                  "failed: " + "; ".join(failure_reasons(answer["failures"])))
     return lines
+
+
+def _statistic_cells(statistic: dict | None) -> list:
+    """The statistic an output was judged by, and its absolute and relative values."""
+    if statistic is None:
+        return ["elemwise", None, None]
+    name = (f"quantile {statistic['quantile']:g}" if statistic["stat"] == "quantile"
+            else statistic["stat"])
+    return [name, statistic["abs"], statistic["rel"]]
 
 
 def _settings_table(answer: dict, colour: bool) -> list[str]:
@@ -10546,9 +10813,11 @@ PLACEMENT = declare(Command(
 # -- check -----------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class CheckOptions(ReferenceProviderFlags, ToleranceFlags):
+class CheckOptions(ReferenceProviderFlags, ToleranceFlags, PlotFlags):
     """``check``'s options; each field is the flag of its name (``seed_given``: a seed was
-    given at all, which a golden file's inputs refuse if it did not draw them)."""
+    given at all, which a golden file's inputs refuse if it did not draw them;
+    ``check_error_stat`` and ``error_quantile``: ``[(output or "", value), ...]``;
+    ``min_provider_share``: ``[(provider, fraction), ...]``)."""
 
     inputs: InputOptions | None = None
     seed: int = 0
@@ -10560,6 +10829,12 @@ class CheckOptions(ReferenceProviderFlags, ToleranceFlags):
     save_outputs: str | None = None
     load_outputs: str | None = None
     swapped_ok: bool = False
+    check_error_stat: list | None = None
+    error_quantile: list | None = None
+    top_k: int | None = None
+    top_k_axis: int = -1
+    min_top_k_agreement: float | None = None
+    min_provider_share: list | None = None
 
 
 def check(reference: str, candidate: str, options: CheckOptions | None = None, *,
@@ -10570,13 +10845,20 @@ def check(reference: str, candidate: str, options: CheckOptions | None = None, *
     ``require_providers`` asks for exactly the requested list. ``outputs_into`` (for
     ``report``) receives the candidate's outputs by name, so they need not be computed again.
     ``save_outputs`` stores the reference's outputs and inputs; ``load_outputs`` takes them
-    from such a file instead of running the reference (made on another machine)."""
+    from such a file instead of running the reference (made on another machine).
+
+    A Polygraphy inputs file of several iterations is run and gated iteration by iteration
+    (unless ``--iteration`` picks one): each output's figures are then the worst over them
+    and say which iteration was worst. ``check_error_stat`` judges an output by a statistic
+    as Polygraphy does, ``top_k`` adds each output's top-K agreement, ``min_provider_share``
+    fails a candidate whose EP took too few of its nodes."""
     options = options or CheckOptions()
     inputs, seed, profile = options.inputs, options.seed, options.profile
     require_file(reference)
     require_file(candidate)
     golden_paths(options.save_outputs, options.load_outputs, [reference, candidate], "outputs",
                  inputs)
+    require_views(None, options.save_plots, options.plot_format)
     graphs = ([_graph_or_none(path) for path in (reference, candidate)]
               if not options.swapped_ok or profile in (None, "auto") else [None, None])
     if None not in graphs:  # a file that is no model gets onnxruntime's own words below
@@ -10588,54 +10870,392 @@ def check(reference: str, candidate: str, options: CheckOptions | None = None, *
         profile = _auto_profile(graphs, candidate, told=profile == "auto")
     del graphs  # the graphs only; the sessions read the files
     tolerance, per_output = tolerances(profile, options.rtol, options.atol, options.min_cos)
-    golden, feed, reference_names, reference_outputs, reference_got = _reference_side(
+    iterations = _gate_iterations(inputs, options.load_outputs, options.save_outputs)
+    golden, feeds, reference_names, reference_runs, reference_got = _reference_side(
         reference, seed, inputs, reference_on, options.load_outputs,
-        seed_given=options.seed_given)
+        seed_given=options.seed_given, iterations=iterations)
     _name_tolerances(tolerance, per_output, reference_names, reference)
-    attempts = _Attempts(options.retries, options.retry_pause, candidate)
-    candidate_session = attempts.make(lambda: open_session(candidate, what=repr(candidate),
-                                                           on=on))
-    candidate_feed = feed_for(session_specs(candidate_session, candidate), candidate,
-                              feed)
-
-    def run_candidate() -> list:
-        """One run of the candidate, with the retries a transient error earns."""
-        return attempts.make(lambda: run_session(candidate_session, None, candidate_feed,
-                                                 what=repr(candidate), hint=dims_hint(feed)))
-
-    for _ in range(options.warmup):
-        run_candidate()
-    candidate_outputs = run_candidate()
-    if len(candidate_outputs) < len(reference_outputs):
-        raise EprunError(f"{candidate!r} has {len(candidate_outputs)} outputs, the "
-                         f"reference {len(reference_outputs)}; outputs are paired by position")
-    got = Got.of(candidate_session)
-    candidate_names = [value.name for value in candidate_session.get_outputs()]
+    rules = GateRules.of(options, reference_names, reference)
+    ran = _candidate_side(candidate, on, feeds, options, len(reference_names))
     if outputs_into is not None:
-        outputs_into.update(zip(candidate_names, candidate_outputs))
-    outputs, failures = _gate_outputs(
-        zip(reference_names, reference_outputs), zip(candidate_names, candidate_outputs),
-        (reference, candidate), tolerance)
-    failures.extend(_provider_failures(providers, got, options.require_providers,
+        outputs_into.update(zip(ran.names, ran.runs[0]))
+    measured = [_measure_outputs(zip(reference_names, expected), zip(ran.names, actual),
+                                 (reference, candidate), rules)
+                for expected, actual in zip(reference_runs, ran.runs)]
+    outputs, failures = (_judge_outputs(measured[0], tolerance, rules) if len(measured) == 1
+                         else _judge_iterations(measured, tolerance, rules))
+    failures.extend(_provider_failures(providers, ran.got, options.require_providers,
                                        options.allow_fallback))
-    for name in fallback_of(providers, got.actual, got.nodes):
-        if name not in got.actual and (why := why_missing(name, on, candidate)):
+    share = (_provider_share(ran.op_types, options.min_provider_share)
+             if options.min_provider_share else None)
+    failures.extend(share["failures"] if share else [])
+    for name in fallback_of(providers, ran.got.actual, ran.got.nodes):
+        if name not in ran.got.actual and (why := why_missing(name, on, candidate)):
             note(f"{name} is not in the candidate's session: {why}")
+    plots = (_check_plots(options, candidate, outputs, reference_runs, ran, reference_names)
+             if options.save_plots else None)
     if options.save_outputs:  # only once everything ran: a failed check leaves no file
         golden = _save_reference(options.save_outputs, reference,
-                                 dict(zip(reference_names, reference_outputs)),
-                                 feed, seed=seed, inputs=inputs,
+                                 [dict(zip(reference_names, run)) for run in reference_runs],
+                                 feeds, seed=seed, inputs=inputs,
                                  reference_got=reference_got)
+    feed = feeds[0]
     answer = {"reference": reference, "candidate": candidate, "seed": seed,
               "rows": feed.rows}
     if not feed.contract_shaped:
         answer["inputs"] = feed.fed
+    if iterations != [None]:
+        answer["iterations"] = len(iterations)
     return {**answer, "profile": profile, "tolerance": tolerance,
-            "providers": _gate_providers(providers, got, reference_got, golden,
+            "providers": _gate_providers(providers, ran.got, reference_got, golden,
                                          options.ep_options),
-            "warmup": options.warmup, "retries_used": attempts.used, "outputs": outputs,
+            "warmup": options.warmup, "retries_used": ran.retries_used, "outputs": outputs,
             "failures": failures, "passed": not failures,
-            **({"golden": golden} if golden else {})}
+            **({"provider_share": share["share"]} if share else {}),
+            **({"golden": golden} if golden else {}),
+            **({"plots": plots} if plots is not None else {})}
+
+
+def _gate_iterations(inputs: InputOptions | None, load_outputs: str | None,
+                     save_outputs: str | None) -> list[int | None]:
+    """The iterations ``check`` runs: every feed dict of a Polygraphy inputs file that holds
+    several (``--iteration`` not given), else ``[None]``: one run as before. A Polygraphy
+    results file to compare with must hold as many; a golden .npz holds one iteration."""
+    file = inputs.file if inputs is not None else None
+    if not file or not file.lower().endswith(".json") or inputs.iteration is not None:
+        return [None]
+    if load_outputs and not load_outputs.lower().endswith(".json"):
+        return [None]  # the golden file's own inputs are fed
+    require_file(file, "inputs")
+    count = len(polygraphy_feed_dicts(file))
+    if count < 2:
+        return [None]
+    if load_outputs:
+        require_file(load_outputs, "golden")
+        held = polygraphy_iterations(load_outputs)
+        if held != count:
+            raise EprunError(f"{file!r} holds {count} iterations and {load_outputs!r} "
+                             f"{held}: they must be one run's (or pick one with --iteration N)",
+                             EXIT_USAGE)
+    if save_outputs and not save_outputs.lower().endswith(".json"):
+        raise EprunError(f"--save-outputs {save_outputs!r}: a golden .npz holds one "
+                         f"iteration, and {file!r} holds {count}; save FILE.json (Polygraphy's "
+                         "RunResults, an iteration each) or pick one with --iteration N",
+                         EXIT_USAGE)
+    return list(range(count))
+
+
+@dataclasses.dataclass(frozen=True)
+class GateRules:
+    """How each output is judged beyond the tolerances: ``stats`` ``{output: (statistic,
+    quantile)}`` (Polygraphy's --check-error-stat; elemwise is the per-element test), the
+    cosine bound's status where a statistic replaces the per-element test (``explicit_cos``:
+    --min-cos given), and the top-K agreement asked for."""
+
+    stats: dict
+    explicit_cos: bool
+    top_k: int | None
+    top_k_axis: int
+    min_top_k_agreement: float | None
+
+    @classmethod
+    def plain(cls) -> GateRules:
+        """The per-element test and the cosine, nothing more."""
+        return cls({}, False, None, -1, None)
+
+    @classmethod
+    def of(cls, options: CheckOptions, names: list[str], reference: str) -> GateRules:
+        """The rules of ``options`` for the reference's outputs ``names``; a NAME that is no
+        output is a usage error."""
+        stats = {name: ["elemwise", 0.99] for name in names}
+        for given, slot in ((options.check_error_stat, 0), (options.error_quantile, 1)):
+            for name, value in given or ():
+                if name and name not in stats:
+                    raise EprunError(f"--check-error-stat/--error-quantile name {name!r}, which "
+                                     f"is no output of {reference!r} (its outputs: "
+                                     f"{', '.join(names)})", EXIT_USAGE)
+                for target in [name] if name else names:
+                    stats[target][slot] = value
+        top_k = options.top_k
+        if top_k is None and options.min_top_k_agreement is not None:
+            top_k = 1
+        return cls({name: tuple(rule) for name, rule in stats.items()},
+                   options.min_cos is not None, top_k, options.top_k_axis,
+                   options.min_top_k_agreement)
+
+
+class CandidateRun(NamedTuple):
+    """The candidate's side of a check: its output names, its outputs per iteration, what its
+    session got (and the op types each provider took), and the retries it spent."""
+
+    names: list[str]
+    runs: list[list]
+    got: Got
+    op_types: dict | None
+    retries_used: int
+
+
+def _candidate_side(candidate: str, on: ProviderRequest, feeds: list[Feed],
+                    options: CheckOptions, references: int) -> CandidateRun:
+    """One session of the candidate, warmed up once, run on each iteration's feed."""
+    attempts = _Attempts(options.retries, options.retry_pause, candidate)
+    session = attempts.make(lambda: open_session(candidate, what=repr(candidate), on=on))
+    specs = session_specs(session, candidate)
+    runs = []
+    for k, feed in enumerate(feeds):
+        arrays = feed_for(specs, candidate, feed)
+
+        def run_once(arrays: dict = arrays, feed: Feed = feed) -> list:
+            """One run of the candidate, with the retries a transient error earns."""
+            return attempts.make(lambda: run_session(session, None, arrays,
+                                                     what=repr(candidate),
+                                                     hint=dims_hint(feed)))
+
+        for _ in range(options.warmup if k == 0 else 0):
+            run_once()
+        runs.append(run_once())
+        if len(runs[-1]) < references:
+            raise EprunError(f"{candidate!r} has {len(runs[-1])} outputs, the reference "
+                             f"{references}; outputs are paired by position")
+    return CandidateRun([value.name for value in session.get_outputs()], runs,
+                        Got.of(session), assigned_op_types(session), attempts.used)
+
+
+def _provider_share(op_types: dict | None, wanted: list) -> dict:
+    """``--min-provider-share EP:FRACTION``: ``{"share": {EP: record}, "failures": [...]}``, the
+    share of the candidate's nodes each EP took (node assignment) and the op types that went
+    elsewhere; where onnxruntime does not say (before 1.24) the gate fails rather than
+    guesses."""
+    share, failures = {}, []
+    for provider, least in wanted:
+        if op_types is None:
+            record = {"share": None, "min_share": least,
+                      "unknown": f"onnxruntime {import_ort().__version__} does not say which "
+                                 "provider each node ran on (1.24+ does)"}
+            failures.append({"bound": "provider_share", "provider": provider, **record})
+        else:
+            total = sum(sum(kinds.values()) for kinds in op_types.values())
+            taken = sum(op_types.get(provider, {}).values())
+            elsewhere: dict = {}
+            for owner, kinds in op_types.items():
+                for op_type, count in kinds.items() if owner != provider else ():
+                    elsewhere[op_type] = elsewhere.get(op_type, 0) + count
+            record = {"share": taken / total if total else 0.0, "min_share": least,
+                      "nodes": taken, "total": total,
+                      "elsewhere": dict(sorted(elsewhere.items(), key=lambda item: -item[1]))}
+            if record["share"] < least:
+                failures.append({"bound": "provider_share", "provider": provider, **record})
+        share[provider] = record
+    return {"share": share, "failures": failures}
+
+
+def _measure_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
+                     rules: GateRules) -> list[dict]:
+    """Each (name, value) of the reference against the candidate's at the same position: its
+    entry of the answer (a shape that differs: ``"candidate_shape"`` and nothing else), with
+    the statistic and the top-K agreement where asked for."""
+    entries = []
+    for (reference_name, expected), (candidate_name, got) in zip(expected_outputs,
+                                                                 got_outputs):
+        for value, name, path in ((expected, reference_name, paths[0]),
+                                  (got, candidate_name, paths[1])):
+            _require_numeric(value, name, path)
+        entry = {"reference": reference_name, "candidate": candidate_name,
+                 "shape": list(expected.shape)}
+        entries.append(entry)
+        if expected.shape != got.shape:
+            entry["candidate_shape"] = list(got.shape)
+            continue
+        entry["_tolerance"] = None  # filled in by the judge, per output
+        entry["_values"] = (expected, got)
+        stat, quantile = rules.stats.get(reference_name, ("elemwise", 0.99))
+        if stat != "elemwise":
+            entry["error_stat"] = {"stat": stat, **({"quantile": quantile}
+                                                    if stat == "quantile" else {}),
+                                   **error_statistic(expected, got, stat, quantile)}
+        if rules.top_k is not None:
+            entry["top_k_agreement"] = top_k_agreement(expected, got, rules.top_k,
+                                                       rules.top_k_axis)
+    return entries
+
+
+def _judge_outputs(entries: list[dict], tolerance: dict, rules: GateRules,
+                   iteration: int | None = None) -> tuple[list[dict], list[dict]]:
+    """``(outputs, failures)`` of one iteration: each entry's numbers against its tolerance
+    (per element, or by its statistic), and every bound it breaks (shape, tolerance or
+    statistic, cosine, top-K agreement)."""
+    outputs, failures = [], []
+    at = {} if iteration is None else {"iteration": iteration}
+    for entry in entries:
+        name = entry["reference"]
+        if "candidate_shape" in entry:
+            failures.append({"output": name, "bound": "shape", "reference": entry["shape"],
+                             "candidate": entry["candidate_shape"], **at})
+            outputs.append({key: entry[key] for key in ("reference", "candidate", "shape")})
+            continue
+        own = {**tolerance, **tolerance.get("per_output", {}).get(name, {})}
+        expected, got = entry["_values"]
+        judged = {key: value for key, value in entry.items() if not key.startswith("_")}
+        extra = {key: judged.pop(key) for key in ("error_stat", "top_k_agreement")
+                 if key in judged}
+        judged.update(compare_outputs(expected, got, own["rtol"], own["atol"]))
+        _note_nonfinite(judged.get("nonfinite"), f"output {name!r}",
+                        {"reference": name, "candidate": entry["candidate"]})
+        statistic = extra.get("error_stat")
+        if statistic is not None:
+            statistic.update(atol=own["atol"], rtol=own["rtol"])
+        judged.update(extra)
+        outputs.append(judged)
+        failures += _broken_bounds(judged, tolerance, rules, at)
+    return outputs, failures
+
+
+def _broken_bounds(entry: dict, tolerance: dict, rules: GateRules, at: dict) -> list[dict]:
+    """The bounds one output's entry breaks, in the gate's order."""
+    name, broken = entry["reference"], []
+    statistic = entry.get("error_stat")
+    if statistic is None and entry["violations"]:
+        broken.append({"output": name, "bound": "tolerance", "violations": entry["violations"],
+                       "elements": entry["elements"], "worst": entry["worst"], **at})
+    if statistic is not None and statistic_fails(statistic, statistic["atol"],
+                                                 statistic["rtol"]):
+        broken.append({"output": name, "bound": "error_stat", **statistic, **at})
+    lost = (entry.get("nonfinite") or {}).get("candidate", 0)
+    if statistic is not None and lost:  # NaN and Inf fail whatever the tolerances
+        broken.append({"output": name, "bound": "nonfinite", "candidate": lost, **at})
+    least = tolerance["min_cos"]
+    if (statistic is None or rules.explicit_cos) and not entry["cosine"] >= least:
+        broken.append({"output": name, "bound": "min_cos", "cosine": entry["cosine"],
+                       "min_cos": least, "by": least - entry["cosine"],
+                       **({"nonfinite": entry["nonfinite"]} if "nonfinite" in entry else {}),
+                       **at})
+    agreement = entry.get("top_k_agreement", 1.0)
+    if rules.min_top_k_agreement is not None and (agreement is None or
+                                                  agreement < rules.min_top_k_agreement):
+        broken.append({"output": name, "bound": "top_k", "k": rules.top_k,
+                       "top_k_agreement": agreement,
+                       "min_top_k_agreement": rules.min_top_k_agreement, **at})
+    return broken
+
+
+def gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
+                 tolerance: dict) -> tuple[list[dict], list[dict]]:
+    """``(outputs, failures)`` of one run under the per-element test alone (``reduce``'s):
+    each (name, value) of the reference against the candidate's at the same position."""
+    rules = GateRules.plain()
+    return _judge_outputs(_measure_outputs(expected_outputs, got_outputs, paths, rules),
+                          tolerance, rules)
+
+
+def _judge_iterations(measured: list[list[dict]], tolerance: dict, rules: GateRules
+                      ) -> tuple[list[dict], list[dict]]:
+    """``(outputs, failures)`` over several iterations: each iteration judged alone, then per
+    output the worst figures (the largest differences, violations and elements summed, the
+    smallest cosine and agreement) with ``iterations`` and ``worst_iteration`` (the one with the
+    most violations, then the largest difference), and its failures folded the same way."""
+    judged = [_judge_outputs(entries, tolerance, rules, k) for k, entries in enumerate(measured)]
+    outputs, failures = [], []
+    for index, first in enumerate(judged[0][0]):
+        per = [outputs_k[index] for outputs_k, _ in judged]
+        worst = max(range(len(per)), key=lambda k: _badness(per[k], k))
+        entry = dict(per[worst])
+        if "max_abs_diff" in first:
+            for key in ("max_abs_diff", "mean_abs_diff", "median_abs_diff", "p99_abs_diff",
+                        "max_rel_diff"):
+                entry[key] = max((one[key] for one in per), key=_finite_or_inf)
+            entry["cosine"] = min((one["cosine"] for one in per), key=_nan_first)
+            entry["elements"] = sum(one["elements"] for one in per)
+            entry["violations"] = sum(one["violations"] for one in per)
+            entry["worst"] = {**per[worst]["worst"], "iteration": worst} \
+                if per[worst]["worst"] else None
+            lost = [one["nonfinite"] for one in per if "nonfinite" in one]
+            if lost:
+                entry["nonfinite"] = {side: sum(one[side] for one in lost)
+                                      for side in ("reference", "candidate")}
+            if "top_k_agreement" in first:
+                agreements = [one["top_k_agreement"] for one in per]
+                entry["top_k_agreement"] = (None if None in agreements else min(agreements))
+        entry.update(iterations=len(per), worst_iteration=worst)
+        outputs.append(entry)
+        for failure in _folded_failures(first["reference"],
+                                        [failures_k for _, failures_k in judged]):
+            if failure["bound"] == "tolerance":  # of every iteration, as the entry counts them
+                failure["elements"] = entry["elements"]
+            failures.append(failure)
+    return outputs, failures
+
+
+def _badness(entry: dict, k: int) -> tuple:
+    """How bad iteration ``k``'s entry of an output is, to pick the worst: by its statistic
+    (failing first, then the largest) where it is judged by one, else by its violations, then
+    by its largest difference; the earliest on ties."""
+    statistic = entry.get("error_stat")
+    if statistic is not None:
+        return (statistic_fails(statistic, statistic["atol"], statistic["rtol"]),
+                _finite_or_inf(statistic["abs"]), -k)
+    return (entry.get("violations") or 0, _finite_or_inf(entry.get("max_abs_diff")), -k)
+
+
+def _finite_or_inf(value) -> float:
+    """A number to rank by, NaN (a difference NaN made) counting as the largest."""
+    return math.inf if value is None or math.isnan(value) else value
+
+
+def _nan_first(value) -> float:
+    """A number to take the smallest of, NaN (no cosine) counting as the smallest."""
+    return -math.inf if value is None or math.isnan(value) else value
+
+
+def _folded_failures(output: str, per_iteration: list[list[dict]]) -> list[dict]:
+    """An output's failures over the iterations, one per bound: the worst iteration's (the
+    most violations, the largest statistic, the smallest cosine or agreement), tolerance
+    failures with their violations and elements summed; ``iterations_failed`` lists where."""
+    folded: dict[str, dict] = {}
+    where: dict[str, list[int]] = {}
+    for k, failures in enumerate(per_iteration):
+        for failure in failures:
+            if failure.get("output") != output:
+                continue
+            bound = failure["bound"]
+            where.setdefault(bound, []).append(k)
+            kept = folded.get(bound)
+            if kept is None or _worse_failure(failure, kept):
+                summed = ({"violations": failure["violations"] + kept["violations"],
+                           "elements": failure["elements"] + kept["elements"]}
+                          if kept is not None and bound == "tolerance" else {})
+                folded[bound] = {**failure, **summed}
+            elif bound == "tolerance":
+                kept["violations"] += failure["violations"]
+                kept["elements"] += failure["elements"]
+    return [{**failure, "iterations_failed": where[bound]}
+            for bound, failure in folded.items()]
+
+
+def _worse_failure(failure: dict, kept: dict) -> bool:
+    """Is ``failure`` the worse of two failures of one bound (in two iterations)?"""
+    bound = failure["bound"]
+    if bound == "tolerance":
+        return failure["violations"] > kept["violations"]
+    if bound == "error_stat":
+        return _finite_or_inf(failure["abs"]) > _finite_or_inf(kept["abs"])
+    if bound == "min_cos":
+        return _nan_first(failure["cosine"]) < _nan_first(kept["cosine"])
+    if bound == "top_k":
+        return _nan_first(failure["top_k_agreement"]) < _nan_first(kept["top_k_agreement"])
+    return False
+
+
+def _check_plots(options: CheckOptions, candidate: str, outputs: list[dict],
+                 reference_runs: list[list], ran: CandidateRun,
+                 reference_names: list[str]) -> list[str]:
+    """``--save-plots``: each output's pictures, of its worst iteration."""
+    writer = PlotWriter(options.save_plots, candidate, "check", options.plot_format)
+    compared = [(name, reference_runs[entry.get("worst_iteration", 0)][index],
+                 ran.runs[entry.get("worst_iteration", 0)][index])
+                for index, (name, entry) in enumerate(zip(reference_names, outputs))
+                if "max_abs_diff" in entry]
+    plot_check(writer, compared)
+    return writer.write((candidate,))
 
 
 def _gate_requests(flags: ReferenceProviderFlags) -> tuple[ProviderRequest, ProviderRequest]:
@@ -10700,13 +11320,18 @@ def _provider_failures(providers: list[str], got: Got, require_providers: bool,
     return []
 
 
-def _save_reference(path: str, reference: str, outputs: dict, feed: Feed, *, seed: int,
-                    inputs: InputOptions | None, reference_got: Got) -> dict:
-    """``--save-outputs``: Polygraphy's RunResults for a ``.json`` path, eprun's golden file
-    otherwise; its record for the answer."""
+def _save_reference(path: str, reference: str, outputs: list[dict], feeds: list[Feed], *,
+                    seed: int, inputs: InputOptions | None, reference_got: Got) -> dict:
+    """``--save-outputs``: Polygraphy's RunResults for a ``.json`` path (an iteration per
+    iteration run), eprun's golden file otherwise (one iteration); its record for the
+    answer."""
+    feed = feeds[0]
     if path.lower().endswith(".json"):
-        return save_polygraphy(path, reference, outputs, feed.arrays, inputs)
-    return save_golden(path, "outputs", reference, outputs, feed.arrays,
+        several = len(outputs) > 1
+        return save_polygraphy(path, reference, outputs if several else outputs[0],
+                               [one.arrays for one in feeds] if several else feed.arrays,
+                               inputs)
+    return save_golden(path, "outputs", reference, outputs[0], feed.arrays,
                        got=reference_got, seed=drawn_with(feed, seed),
                        inputs_file=inputs.file if inputs is not None else None)
 
@@ -10765,11 +11390,16 @@ def _graph_or_none(path: str):
 
 
 def _reference_side(reference: str, seed: int, inputs: InputOptions | None,
-                    on: ProviderRequest, load_outputs: str | None, *, seed_given: bool = True
-                    ) -> tuple:
-    """``(golden, feed, output names, outputs, providers)`` of the reference: run here on
-    ``on``, or read from the ``--load-outputs`` file made elsewhere (``golden`` its record,
-    else None), whose inputs then feed the candidate."""
+                    on: ProviderRequest, load_outputs: str | None, *, seed_given: bool = True,
+                    iterations: list[int | None] = (None,)) -> tuple:
+    """``(golden, feeds, output names, outputs per iteration, providers)`` of the reference:
+    run here on ``on``, or read from the ``--load-outputs`` file made elsewhere (``golden`` its
+    record, else None), whose inputs then feed the candidate. ``iterations``: the feed dicts of
+    a Polygraphy inputs file to run (``[None]``: the one ``inputs`` names)."""
+    def feeding(k: int | None) -> InputOptions | None:
+        """The input options of iteration ``k``."""
+        return inputs if k is None else dataclasses.replace(inputs, iteration=k)
+
     if load_outputs and load_outputs.lower().endswith(".json"):  # Polygraphy's RunResults
         graph = load_model(reference)
         names = [value.name for value in graph.graph.output]
@@ -10778,11 +11408,16 @@ def _reference_side(reference: str, seed: int, inputs: InputOptions | None,
             raise EprunError(f"{load_outputs!r} is Polygraphy's, whose outputs carry no inputs: "
                              "give the inputs they were computed on with --inputs (the file "
                              "polygraphy run --save-inputs wrote)", EXIT_USAGE)
-        runner, stored = read_polygraphy_outputs(load_outputs, names, inputs.iteration)
-        feed = make_feeds(specs_from_model(graph), seed, inputs, reference)
+        feeds, runs = [], []
+        for k in iterations:
+            runner, stored = read_polygraphy_outputs(load_outputs, names,
+                                                     inputs.iteration or 0 if k is None else k)
+            feeds.append(make_feeds(specs_from_model(graph), seed, feeding(k), reference))
+            runs.append([stored[name] for name in names])
         golden = {"loaded": load_outputs, "format": "polygraphy", "runner": runner,
-                  "iteration": inputs.iteration}
-        return golden, feed, names, [stored[name] for name in names], Got([])
+                  **({"iteration": inputs.iteration or 0} if iterations == [None] else
+                     {"iterations": len(iterations)})}
+        return golden, feeds, names, runs, Got([])
     if load_outputs:  # the reference ran elsewhere: its graph says what the file must hold
         graph = load_model(reference)
         names = [value.name for value in graph.graph.output]
@@ -10792,19 +11427,20 @@ def _reference_side(reference: str, seed: int, inputs: InputOptions | None,
         feed = make_feeds(specs_from_model(graph), seed,
                           dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs),
                           reference)
-        return (golden, feed, names, [stored[name] for name in names],
+        return (golden, [feed], names, [[stored[name] for name in names]],
                 Got(golden["providers"], golden.get("nodes_per_provider")))
     session = open_session(reference, what=repr(reference), on=on)
-    feed = make_feeds(session_specs(session, reference), seed, inputs, reference)
-    outputs = run_session(session, None, feed.arrays, what=repr(reference),
-                          hint=dims_hint(feed))
+    specs = session_specs(session, reference)
+    feeds = [make_feeds(specs, seed, feeding(k), reference) for k in iterations]
+    runs = [run_session(session, None, feed.arrays, what=repr(reference), hint=dims_hint(feed))
+            for feed in feeds]
     names = [value.name for value in session.get_outputs()]
     # its outputs are all the rest needs: the session goes before the candidate's opens
-    return None, feed, names, outputs, Got.of(session)
+    return None, feeds, names, runs, Got.of(session)
 
 
-def save_polygraphy(path: str, reference: str, outputs: dict, feed: dict,
-                    inputs: InputOptions | None) -> dict:
+def save_polygraphy(path: str, reference: str, outputs: dict | list[dict],
+                    feed: dict | list[dict], inputs: InputOptions | None) -> dict:
     """``check --save-outputs FILE.json``: the reference's outputs as Polygraphy's RunResults
     (``polygraphy run MODEL --onnxrt --load-inputs ... --load-outputs FILE.json`` compares its
     run with them), and the very inputs they were computed on beside it as FILE's stem +
@@ -10822,41 +11458,6 @@ def save_polygraphy(path: str, reference: str, outputs: dict, feed: dict,
         raise
     commit(staged)
     return {"saved": path, "format": "polygraphy", "inputs": inputs_path}
-
-
-def _gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
-                  tolerance: dict) -> tuple[list[dict], list[dict]]:
-    """``(outputs, failures)``: each (name, value) of the reference against the candidate's
-    at the same position, and every bound it breaks (shape, tolerance, cosine)."""
-    outputs, failures = [], []
-    for (reference_name, expected), (candidate_name, got) in zip(expected_outputs,
-                                                                 got_outputs):
-        for value, name, path in ((expected, reference_name, paths[0]),
-                                  (got, candidate_name, paths[1])):
-            _require_numeric(value, name, path)
-        entry = {"reference": reference_name, "candidate": candidate_name,
-                 "shape": list(expected.shape)}
-        if expected.shape != got.shape:
-            failures.append({"output": reference_name, "bound": "shape",
-                             "reference": list(expected.shape), "candidate": list(got.shape)})
-            outputs.append(entry)
-            continue
-        own = {**tolerance, **tolerance.get("per_output", {}).get(reference_name, {})}
-        entry.update(compare_outputs(expected, got, own["rtol"], own["atol"]))
-        _note_nonfinite(entry.get("nonfinite"), f"output {reference_name!r}",
-                        {"reference": reference_name, "candidate": candidate_name})
-        outputs.append(entry)
-        if entry["violations"]:
-            failures.append({"output": reference_name, "bound": "tolerance",
-                             "violations": entry["violations"], "elements": entry["elements"],
-                             "worst": entry["worst"]})
-        if not entry["cosine"] >= tolerance["min_cos"]:
-            failures.append({"output": reference_name, "bound": "min_cos",
-                             "cosine": entry["cosine"], "min_cos": tolerance["min_cos"],
-                             "by": tolerance["min_cos"] - entry["cosine"],
-                             **({"nonfinite": entry["nonfinite"]} if "nonfinite" in entry
-                                else {})})
-    return outputs, failures
 
 
 CHECK = declare(Command(
@@ -10891,14 +11492,43 @@ CHECK = declare(Command(
                  "inputs) instead of running the reference; refused if the reference model's "
                  "outputs are not the stored ones; FILE.json: what polygraphy run "
                  "--save-outputs wrote, fed with --inputs"),
-        SWAPPED_OK_ARG, FORMAT_ARG),
+        arg("--check-error-stat", type=parse_error_stat, action="append",
+            metavar="[NAME:]STAT",
+            help="how an output is judged, as Polygraphy's --check-error-stat: elemwise (the "
+                 "default) per element, |c - r| <= atol + rtol*|r|; max, mean, median or "
+                 "quantile: the output fails only when that statistic of |c - r| is over atol "
+                 "and the one of |c - r|/|r| is over rtol (the profile's cosine then applies "
+                 "only when --min-cos is given); NaN or Inf in the candidate fails it all the "
+                 "same; NAME:STAT for one output; repeatable"),
+        arg("--error-quantile", type=parse_output_fraction, action="append",
+            metavar="[NAME:]Q",
+            help="the quantile --check-error-stat quantile takes (default 0.99); NAME:Q for one "
+                 "output; repeatable"),
+        arg("--top-k", type=parse_rows, metavar="K",
+            help="add each output's top_k_agreement: the fraction of rows (every position but "
+                 "the --top-k-axis) whose K largest values sit at the same indices, as a set"),
+        arg("--top-k-axis", type=parse_axis, default=-1, metavar="AXIS",
+            help="the axis --top-k ranks along (default -1, the last)"),
+        arg("--min-top-k-agreement", type=parse_fraction, metavar="F",
+            help="fail an output whose top_k_agreement is below F (--top-k 1 unless given)"),
+        arg("--min-provider-share", type=parse_provider_share, action="append",
+            metavar="EP:FRACTION",
+            help="fail when the provider EP took fewer than FRACTION of the candidate's nodes "
+                 "(onnxruntime's node assignment, 1.24+; before it, the gate fails rather than "
+                 "guesses); the answer adds \"provider_share\" with the op types that went "
+                 "elsewhere; repeatable"),
+        SWAPPED_OK_ARG, FORMAT_ARG, *PLOT_ARGS),
     fields=("reference", "candidate", "seed", "rows", "profile", "tolerance", "providers",
             "warmup", "retries_used", "outputs", "failures", "passed"),
     detail='providers: {"requested", "actual", "fell_back", "reference"}; outputs: '
            '[{"reference", "candidate", "shape", "max_abs_diff", "mean_abs_diff", '
            '"median_abs_diff", "p99_abs_diff", "max_rel_diff", "cosine", "elements", '
-           '"violations", "worst"}] ("nonfinite" when NaN/Inf); "inputs" as in layers; '
-           '--save-outputs and --load-outputs add "golden"',
+           '"violations", "worst"}] ("nonfinite" when NaN/Inf; "error_stat" with '
+           '--check-error-stat, "top_k_agreement" with --top-k, "iterations" and '
+           '"worst_iteration" over several iterations); "inputs" as in layers; '
+           '"iterations" where a Polygraphy inputs file held several; --save-outputs and '
+           '--load-outputs add "golden", --min-provider-share "provider_share", --save-plots '
+           '"plots"',
     example="eprun.py check fp32.onnx int8.onnx --profile int8 "
             "--providers CUDAExecutionProvider,CPUExecutionProvider",
     verdict=check_verdict))
@@ -11318,9 +11948,9 @@ class Reduction:
         pairs = [(name, self.values.get(name), value) for name, value in zip(outputs, got)
                  if name in self.values.files and getattr(value, "dtype", None) is not None
                  and value.dtype.kind in "biufc"]
-        entries, failures = _gate_outputs(((name, expected) for name, expected, _ in pairs),
-                                          ((name, value) for name, _, value in pairs),
-                                          ("the reference", "the candidate"), self.tolerance)
+        entries, failures = gate_outputs(((name, expected) for name, expected, _ in pairs),
+                                         ((name, value) for name, _, value in pairs),
+                                         ("the reference", "the candidate"), self.tolerance)
         if not failures:
             return False, None
         worst = max(entries, key=lambda entry: (entry.get("violations", 0),

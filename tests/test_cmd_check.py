@@ -253,3 +253,260 @@ def test_the_check_table_marks_a_failing_output_not_a_passing_one(run_eprun_here
     assert result.code == 1
     rows = table_rows(result.stdout)
     assert [row[0] for row in rows if row[-1] == "<- worst"] == ["b"]
+
+
+# -- a gate over real data: every iteration, statistics, top-k, the provider share ---------------
+
+@pytest.fixture(scope="module")
+def five_iterations(tmp_path_factory):
+    """The lab-shaped chain, its QDQ twin and ``polygraphy run --iterations 5 --save-inputs``'s
+    file of it (five feed dicts, one row each): (fp32, int8, inputs.json, [feed dict, ...])."""
+    from test_polygraphy import polygraphy_feeds, run_polygraphy
+
+    folder = tmp_path_factory.mktemp("five")
+    fp32 = models.save(models.chain(seed=8), folder / "f.onnx")
+    int8 = models.quantize(fp32, folder / "q.onnx", seed=4)
+    done = run_polygraphy("run", fp32, "--onnxrt", "--iterations", "5", "--input-shapes",
+                          "x:[3,8]", "--save-inputs", folder / "in5.json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    feeds = polygraphy_feeds(folder / "in5.json")
+    assert len(feeds) == 5
+    return fp32, int8, folder / "in5.json", feeds
+
+
+def oracle_iteration(fp32, int8, feed: dict, rtol: float, atol: float) -> dict:
+    """One iteration's figures of output y, from sessions opened here and numpy."""
+    (r,) = models.run(fp32, feed)
+    (c,) = models.run(int8, feed)
+    r, c = r.astype(np.float64), c.astype(np.float64)
+    diff = np.abs(c - r)
+    return {"max_abs_diff": float(diff.max()),
+            "violations": int(np.count_nonzero(~np.isclose(c, r, rtol=rtol, atol=atol))),
+            "cosine": float(c.ravel() @ r.ravel() / (np.linalg.norm(c) * np.linalg.norm(r))),
+            "elements": int(r.size), "r": r, "c": c}
+
+
+def test_every_iteration_of_a_polygraphy_inputs_file_is_gated(run_eprun_here, five_iterations,
+                                                                tmp_path):
+    """check --inputs in5.json measured the first iteration only; it runs all five, the figures
+    the worst over them, and says which was worst; --iteration N keeps one."""
+    fp32, int8, inputs, feeds = five_iterations
+    result = run_eprun_here("check", fp32, int8, "--inputs", inputs, "--profile", "fp16")
+    expected = [oracle_iteration(fp32, int8, feed, 0.01, 0.001) for feed in feeds]
+    answer = result.answer
+    assert answer["iterations"] == 5
+    (entry,) = answer["outputs"]
+    assert entry["iterations"] == 5
+    assert entry["max_abs_diff"] == pytest.approx(max(e["max_abs_diff"] for e in expected),
+                                                  rel=1e-6)
+    assert entry["violations"] == sum(e["violations"] for e in expected)
+    assert entry["elements"] == sum(e["elements"] for e in expected)
+    assert entry["cosine"] == pytest.approx(min(e["cosine"] for e in expected), rel=1e-9)
+    worst = max(range(5), key=lambda k: (expected[k]["violations"],
+                                         expected[k]["max_abs_diff"], -k))
+    assert entry["worst_iteration"] == worst
+    failed = entry["violations"] > 0 or entry["cosine"] < 0.999
+    assert answer["passed"] is not failed and result.code == (1 if failed else 0)
+    assert max(e["max_abs_diff"] for e in expected) > expected[0]["max_abs_diff"], \
+        "the first iteration should not be the worst here, or the test proves little"
+    for k in (0, worst):
+        one = run_eprun_here("check", fp32, int8, "--inputs", inputs, "--profile", "fp16",
+                             "--iteration", str(k)).answer
+        assert "iterations" not in one and "iterations" not in one["outputs"][0]
+        assert one["outputs"][0]["max_abs_diff"] == pytest.approx(
+            expected[k]["max_abs_diff"], rel=1e-6)
+        assert one["outputs"][0]["violations"] == expected[k]["violations"]
+
+
+def test_saved_outputs_of_several_iterations_are_polygraphys_and_load_back(
+        run_eprun_here, five_iterations, tmp_path):
+    """--save-outputs FILE.json writes one Polygraphy iteration per input iteration (read here
+    by Polygraphy's own loader), and --load-outputs reads them all: the same verdict."""
+    from test_polygraphy import polygraphy_feeds, polygraphy_outputs
+
+    fp32, int8, inputs, feeds = five_iterations
+    saved = tmp_path / "golden.json"
+    ran = run_eprun_here("check", fp32, int8, "--inputs", inputs, "--save-outputs", saved)
+    for k, feed in enumerate(feeds):
+        np.testing.assert_array_equal(polygraphy_outputs(saved, k)["y"],
+                                      models.run(fp32, feed)[0])
+    assert len(polygraphy_feeds(tmp_path / "golden.inputs.json")) == 5
+    loaded = run_eprun_here("check", fp32, int8, "--inputs", inputs, "--load-outputs", saved)
+    assert loaded.code == ran.code
+    assert loaded.answer["outputs"] == ran.answer["outputs"]
+    assert loaded.answer["golden"]["iterations"] == 5
+    refused = run_eprun_here("check", fp32, int8, "--inputs", inputs, "--save-outputs",
+                             tmp_path / "golden.npz")
+    assert refused.code == 2 and "a golden .npz holds one iteration" in refused.stderr
+    assert not (tmp_path / "golden.npz").exists()
+
+
+def test_layers_says_which_iteration_it_measures(run_eprun_here, five_iterations):
+    fp32, int8, inputs, feeds = five_iterations
+    first = run_eprun_here("layers", fp32, int8, "1", "--inputs", inputs)
+    assert first.code == 0, first.stderr
+    assert f"'{inputs}' holds 5 iterations (feed dicts); this measures iteration 0" in \
+        first.stderr
+    chosen = run_eprun_here("layers", fp32, int8, "1", "--inputs", inputs, "--iteration", "3")
+    assert "holds 5 iterations" not in chosen.stderr
+    (r,) = models.run(fp32, feeds[3])
+    (c,) = models.run(int8, feeds[3])
+    assert chosen.answer["layers"][-1]["max_abs_error"] == pytest.approx(
+        float(np.abs(c.astype(np.float64) - r).max()), rel=1e-6)
+
+
+def polygraphy_statistic(r, c, stat: str, quantile: float = 0.99) -> tuple[float, float]:
+    """Polygraphy's --check-error-stat numbers, written out again: |c - r| and |c - r| / |r|
+    (a zero r divided as 2.22e-16)."""
+    r, c = r.astype(np.float64), c.astype(np.float64)
+    diff = np.abs(c - r)
+    relative = diff / np.abs(np.where(r == 0, 2.220446049250313e-16, r))
+    pick = {"max": np.max, "mean": np.mean, "median": np.median,
+            "quantile": lambda values: np.quantile(values, quantile)}[stat]
+    return float(pick(diff)), float(pick(relative))
+
+
+@pytest.mark.parametrize("stat", ["max", "mean", "median", "quantile"])
+def test_an_error_statistic_passes_unless_both_are_over(run_eprun_here, lab_pair, stat):
+    """Polygraphy's rule: with a statistic, an output fails only when the absolute one is over
+    atol and the relative one over rtol; just above and just below each tolerance."""
+    fp32, int8 = lab_pair
+    x = models.contract_input(0, 8)
+    r, c = models.run(fp32, x)[0], models.run(int8, x)[0]
+    quantile = 0.9
+    absolute, relative = polygraphy_statistic(r, c, stat, quantile)
+    assert absolute > 0 and relative > 0
+    chosen = ["--check-error-stat", stat, *(["--error-quantile", "0.9"] if stat == "quantile"
+                                            else [])]
+
+    def gate(atol: float, rtol: float):
+        return run_eprun_here("check", fp32, int8, *chosen, "--atol", repr(atol), "--rtol",
+                              repr(rtol))
+
+    over, under = 1 - 1e-6, 1 + 1e-6
+    both_over = gate(absolute * over, relative * over)
+    assert both_over.code == 1, both_over.stderr
+    (failure,) = [f for f in both_over.answer["failures"] if f["bound"] == "error_stat"]
+    assert failure["abs"] == pytest.approx(absolute, rel=1e-9)
+    assert failure["rel"] == pytest.approx(relative, rel=1e-9)
+    values = both_over.answer["outputs"][0]["error_stat"]
+    assert values["stat"] == stat and values["abs"] == pytest.approx(absolute, rel=1e-9)
+    for atol, rtol in ((absolute * under, relative * over), (absolute * over, relative * under)):
+        one_under = gate(atol, rtol)
+        assert one_under.code == 0, one_under.stderr
+        assert one_under.answer["passed"] is True
+    named = run_eprun_here("check", fp32, int8, "--check-error-stat", f"y:{stat}",
+                           *chosen[2:], "--atol", repr(absolute * over), "--rtol",
+                           repr(relative * over))
+    assert named.code == 1 and named.answer["outputs"][0]["error_stat"]["stat"] == stat
+
+
+def nan_pair(folder):
+    """A reference that takes the square root of |x| and a candidate that takes it of x: NaN
+    wherever x is negative."""
+    def model(ops):
+        nodes = [helper.make_node(op, [a], [b]) for op, a, b in ops]
+        return helper.make_model(helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])]),
+            opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return (models.save(model([("Abs", "x", "a"), ("Sqrt", "a", "y")]), folder / "r.onnx"),
+            models.save(model([("Sqrt", "x", "y")]), folder / "c.onnx"))
+
+
+@pytest.mark.parametrize("stat", ["elemwise", "mean", "median"])
+def test_nan_in_the_candidate_fails_however_loose_the_tolerances(run_eprun_here, tmp_path,
+                                                                  stat):
+    reference, candidate = nan_pair(tmp_path)
+    x = models.contract_input(0, 8)
+    lost = int(np.count_nonzero(~np.isfinite(models.run(candidate, x)[0])))
+    assert lost > 0
+    result = run_eprun_here("check", reference, candidate, "--check-error-stat", stat,
+                            "--atol", "1e30", "--rtol", "1e30")
+    assert result.code == 1, result.stderr
+    assert result.answer["outputs"][0]["nonfinite"] == {"reference": 0, "candidate": lost}
+    assert "NaN or infinite" in result.stderr.splitlines()[-1] or stat == "elemwise"
+
+
+def classifier(folder, seed: int, noise: float):
+    """x [N, 16] -> MatMul -> logits [N, 10]; the candidate's weights moved by ``noise``."""
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal((16, 10)).astype(np.float32)
+
+    def model(w):
+        return helper.make_model(helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["logits"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+            [numpy_helper.from_array(w, "w")]),
+            opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    moved = (weight + noise * rng.standard_normal(weight.shape)).astype(np.float32)
+    return (models.save(model(weight), folder / "ref.onnx"),
+            models.save(model(moved), folder / "cand.onnx"))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_top_k_agreement_is_the_share_of_rows_whose_top_k_sets_agree(run_eprun_here, tmp_path,
+                                                                      k):
+    reference, candidate = classifier(tmp_path, 5, 0.3)
+    x = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+    r, c = models.run(reference, x)[0], models.run(candidate, x)[0]
+    agree = float(np.mean([set(np.argsort(-a)[:k]) == set(np.argsort(-b)[:k])
+                           for a, b in zip(r, c)]))
+    assert 0 < agree < 1, "the candidate should change some answers and keep others"
+    result = run_eprun_here("check", reference, candidate, "--top-k", str(k), "--profile",
+                            "int8", "--atol", "100", "--min-cos", "0")
+    assert result.code == 0, result.stderr
+    assert result.answer["outputs"][0]["top_k_agreement"] == pytest.approx(agree, abs=1e-12)
+    gated = run_eprun_here("check", reference, candidate, "--top-k", str(k), "--atol", "100",
+                           "--min-cos", "0", "--min-top-k-agreement", repr(agree + 1e-9))
+    assert gated.code == 1
+    assert [f["bound"] for f in gated.answer["failures"]] == ["top_k"]
+    assert f"top-{k} agreement" in gated.stderr.splitlines()[-1]
+    passed = run_eprun_here("check", reference, candidate, "--top-k", str(k), "--atol", "100",
+                            "--min-cos", "0", "--min-top-k-agreement", repr(agree))
+    assert passed.code == 0
+    along = run_eprun_here("check", reference, candidate, "--top-k", str(k), "--top-k-axis", "0",
+                           "--atol", "100", "--min-cos", "0")
+    columns = float(np.mean([set(np.argsort(-a)[:k]) == set(np.argsort(-b)[:k])
+                       for a, b in zip(r.T, c.T)]))
+    assert along.answer["outputs"][0]["top_k_agreement"] == pytest.approx(columns, abs=1e-12)
+
+
+def test_the_share_of_the_graph_on_an_ep_gates_or_says_it_cannot_be_known(run_eprun_here,
+                                                                          lab_pair):
+    """--min-provider-share EP:FRACTION counts node assignment; where onnxruntime cannot say
+    (before 1.24) the gate fails rather than guesses."""
+    _, int8 = lab_pair
+    whole = run_eprun_here("check", int8, int8, "--min-provider-share",
+                           "CPUExecutionProvider:1")
+    none = run_eprun_here("check", int8, int8, "--min-provider-share", "AzureExecutionProvider:0.5")
+    assert none.code == 1
+    if not hasattr(ort.InferenceSession, "get_provider_graph_assignment_info"):
+        assert whole.code == 1 and "cannot be known" in whole.stderr
+        return
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    session = ort.InferenceSession(str(int8), options, providers=["CPUExecutionProvider"])
+    kinds: dict = {}
+    for subgraph in session.get_provider_graph_assignment_info():
+        for node in subgraph.get_nodes():
+            kinds[node.op_type] = kinds.get(node.op_type, 0) + 1
+    assert whole.code == 0, whole.stderr
+    assert whole.answer["provider_share"]["CPUExecutionProvider"]["share"] == 1.0
+    (failure,) = none.answer["failures"]
+    assert failure["bound"] == "provider_share" and failure["share"] == 0.0
+    assert failure["total"] == sum(kinds.values()) and failure["elsewhere"] == kinds
+    assert "AzureExecutionProvider took 0 of" in none.stderr.splitlines()[-1]
+
+
+def test_the_table_shows_iterations_statistic_and_top_k(run_eprun_here, five_iterations):
+    fp32, int8, inputs, _ = five_iterations
+    result = run_eprun_here("check", fp32, int8, "--inputs", inputs, "--check-error-stat", "mean",
+                            "--top-k", "2", "--format", "table")
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith(", 5 iterations")
+    assert lines[1].split()[-8:] == ["worst", "iteration", "statistic", "stat", "abs", "stat",
+                                     "rel", "top-k"] or "top-k agreement" in lines[1]
+    assert "worst iteration" in lines[1] and "statistic" in lines[1]
+    assert " mean " in lines[3]

@@ -488,6 +488,38 @@ def test_check_on_openvino_counts_what_numpy_counts(lab_pair, openvino, run_ep):
     assert (result.code == 1) is (violations > 0 or answer["outputs"][0]["cosine"] < 0.999)
 
 
+@built_in_openvino
+@pytest.mark.parametrize("route", ["qdq", "qoperator"])
+def test_the_share_of_the_graph_on_openvino_is_node_assignment(lab_pair, run_ep, tmp_path,
+                                                               route):
+    """--min-provider-share: the QDQ lab twin runs on OpenVINO, the QOperator one mostly does
+    not (QLinearMatMul and QLinearAdd stay on the CPU); the share and the op types elsewhere
+    are onnxruntime's own node assignment, read here from a session opened the same way."""
+    fp32, _ = lab_pair
+    int8 = models.quantize(fp32, tmp_path / f"{route}.onnx", seed=4, route=route)
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    session = ort.InferenceSession(str(int8), options, providers=[OPENVINO, CPU])
+    kinds: dict = {}
+    for subgraph in session.get_provider_graph_assignment_info():
+        for node in subgraph.get_nodes():
+            kinds.setdefault(subgraph.ep_name, {}).setdefault(node.op_type, 0)
+            kinds[subgraph.ep_name][node.op_type] += 1
+    total = sum(sum(by_type.values()) for by_type in kinds.values())
+    share = sum(kinds.get(OPENVINO, {}).values()) / total
+    result = run_ep("check", fp32, int8, "--providers", OPENVINO, "--atol", "10",
+                    "--min-cos", "0", "--min-provider-share", f"{OPENVINO}:0.5")
+    record = result.answer["provider_share"][OPENVINO]
+    assert record["share"] == pytest.approx(share) and record["total"] == total
+    failed = [f for f in result.answer["failures"] if f["bound"] == "provider_share"]
+    assert bool(failed) is (share < 0.5)
+    if route == "qoperator":
+        assert share < 0.5 and failed[0]["elsewhere"] == kinds[CPU]
+        assert f"{OPENVINO} took {record['nodes']} of {total} nodes" in result.stderr
+    else:
+        assert share >= 0.5 and result.code == 0, result.stderr
+
+
 def test_settings_on_openvino_recomputed(eprun, lab_pair, openvino):
     _, int8 = lab_pair
     answer = eprun("settings", int8, "4", "--providers", OPENVINO)

@@ -250,6 +250,26 @@ def test_a_metric_added_through_the_api_is_plotted(capfd, monkeypatch, lab_pair,
     assert drawn[0] == drawn[1] and drawn[0].startswith(b"\x89PNG")
 
 
+def test_check_draws_each_outputs_error_and_heatmap_the_same_twice(capfd, lab_pair, tmp_path):
+    """Polygraphy's error-metrics plot and its heatmap, per output, of the worst iteration:
+    the same bytes on a rerun, a picture that is not blank."""
+    import matplotlib.image
+
+    fp32, int8 = lab_pair
+    drawn = []
+    for run in ("one", "two"):
+        code, out, err = in_process(capfd, "check", fp32, int8, "--save-plots", tmp_path / run)
+        assert code in (0, 1), err
+        answer = json.loads(out)
+        assert [Path(path).name for path in answer["plots"]] == ["int8.check.y.error.png",
+                                                                 "int8.check.y.heatmap.png"]
+        drawn.append([Path(path).read_bytes() for path in answer["plots"]])
+    assert drawn[0] == drawn[1]
+    for path in answer["plots"]:
+        image = matplotlib.image.imread(path)
+        assert image.shape[0] > 200 and float(np.std(image[..., :3])) > 0.05
+
+
 @pytest.mark.parametrize("argv, names", [
     (["layers", "{fp32}", "{int8}", "1", "--metrics", "sqnr"], ["int8.layers.sqnr_db"]),
     (["growth", "{fp32}", "{int8}", "1", "--local"], ["int8.growth.rel_error"]),

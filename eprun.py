@@ -70,12 +70,18 @@ State: what a command computes comes in through its arguments: its models, its s
 its options record. One call of main() has its Invocation (layer 2), which only the I/O and
 model-access layers reach, for what a signal handler must find and release whatever runs
 (temporaries, the captured streams, child processes) and for the files read (their stamps).
-What lives at module level does so on purpose: the process's, not a call's. OrtLog
-(onnxruntime's log level is process-wide, and cannot be read back), PLUGINS (the plugin EP
-libraries registered: onnxruntime keeps a registration for the rest of the process),
-_ONE_AT_A_TIME (main() holds the process's file descriptors 1 and 2, so calls take turns)
-and, in a sensitivity worker process, _WORKER (its open study: a process pool hands its
-tasks nothing else).
+What lives at module level does so on purpose: the process's, not a call's. The registries
+COMMANDS (each command's declaration, filled as the file loads) and METRICS (the --metrics
+measures; the Python API may add one); _INVOCATIONS (the Invocation of the call in
+progress, last; the first is that of direct calls from Python); OrtLog (onnxruntime's log
+level is process-wide, and cannot be read back); PLUGINS (the plugin EP libraries
+registered: onnxruntime keeps a registration for the rest of the process); _ONE_AT_A_TIME
+(main() holds the process's file descriptors 1 and 2, so calls take turns); in a
+sensitivity worker process, _WORKER (its open study: a process pool hands its tasks nothing
+else); and caches of what cannot change within a process, each a functools cache on its
+function: onnx's message classes and native extension (onnx_messages, onnx_native), the op
+types by their lower-case spelling (_op_types_by_case) and glibc's malloc_trim
+(_malloc_trim). (GraphIndex caches its readers and consumers per graph, on the object.)
 
 Flow: parse the arguments -> read each model's graph only (weights stay on disk) -> expose the
 boundaries in memory -> one session per model, one model at a time -> compare with numpy ->
@@ -1233,7 +1239,7 @@ def _refuse_folder_name(path: str) -> None:
                      "slash", EXIT_MISSING)
 
 
-def check_output(path: str, inputs: list[str]) -> None:
+def require_output_path(path: str, inputs: list[str]) -> None:
     """Refuse an output path before anything is written: one that is (or resolves to) an input
     file, a model's external data included (exit 2); whose folder does not exist (exit 3, the
     path is not there); one under /dev, /proc or /sys, or that exists as anything but a
@@ -2339,7 +2345,7 @@ def plan_external_data(model, model_path: str, out_path: str, replacing: bool = 
         require_file(source, "external data")
         if not os.path.lexists(target):
             continue
-        check_output(target, [])  # a link, a folder, a FIFO or device at its name: refused
+        require_output_path(target, [])  # a link, a folder, a FIFO or device at its name: refused
         if os.path.samefile(source, target):
             continue  # a hard link: copied over, which gives the original its one link back
         if _same_bytes(source, target):
@@ -3423,10 +3429,6 @@ class Targets(NamedTuple):
         if options:
             record["options"] = options
         return record
-
-    def accelerated(self) -> bool:
-        """Does the candidate run on anything but the CPU provider alone?"""
-        return self.candidate is not None and self.candidate.requested != [CPU_EP]
 
 
 def targets_from(flags: ProviderFlags, reference_providers: list[str] | None = None
@@ -4765,9 +4767,9 @@ def golden_paths(save: str | None, load: str | None, inputs: list[str], option: 
     if save:
         # what must not be written over: the models, and an --inputs file
         inputs = [*inputs, *([shaped.file] if shaped is not None and shaped.file else [])]
-        check_output(save, inputs)
+        require_output_path(save, inputs)
         if option == "outputs" and save.lower().endswith(".json"):
-            check_output(polygraphy_inputs_path(save), inputs)
+            require_output_path(polygraphy_inputs_path(save), inputs)
 
 
 # -- boundaries ------------------------------------------------------------------------------------
@@ -9682,7 +9684,7 @@ def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
         for index, case in fell)
 
 
-PROVIDERS = declare(Command(
+declare(Command(
     name="providers",
     summary="requested vs. actual execution providers, one session per list",
     function=providers,
@@ -9908,7 +9910,7 @@ def _partition_totals(answer: dict) -> dict:
                                  if part["owner"] == "ep")}
 
 
-PARTITION = declare(Command(
+declare(Command(
     name="partition",
     summary="file-order simulation of the partitions an EP supporting only the listed ops "
             "would form (no session)",
@@ -9954,7 +9956,7 @@ def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...]
     model = load_model(model_path, text_names=True, graph_only=True)
     if say_absent:
         _note_absent_ops((model,), boundary_ops)
-    check_output(out_path, [model_path, *external_data_files(model, model_path)])
+    require_output_path(out_path, [model_path, *external_data_files(model, model_path)])
     own = folder is None
     folder = open_folder(os.path.dirname(os.path.abspath(out_path))) if own else folder
     try:
@@ -10054,7 +10056,7 @@ def _swapped_hint(out_path: str) -> str:
     return (" (it is an ONNX model: are the arguments swapped? expose reads the first and "
             "writes the second)")
 
-EXPOSE = declare(Command(
+declare(Command(
     name="expose",
     summary="save a copy whose graph outputs include every layer boundary (first input of each "
             "MatMul/Gemm, then the first float output)",
@@ -10186,7 +10188,7 @@ PAIR_ARGS = (
     NODE_DATA_ARG, *PLOT_ARGS,
 )
 
-LAYERS = declare(Command(
+declare(Command(
     name="layers",
     summary="FP32 vs. INT8 error at every boundary",
     function=layers,
@@ -10206,7 +10208,7 @@ LAYERS = declare(Command(
            '"golden"',
     example="eprun.py layers fp32.onnx int8.onnx 2026 --local --metrics sqnr"))
 
-GROWTH = declare(Command(
+declare(Command(
     name="growth",
     summary="how the relative error grows from boundary to boundary",
     function=growth,
@@ -10654,7 +10656,7 @@ def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -
             "optimized_nodes": fused}
 
 
-SETTINGS = declare(Command(
+declare(Command(
     name="settings",
     summary="the first output under other optimization levels and thread counts, compared "
             "with a single-threaded unoptimized baseline",
@@ -10795,7 +10797,7 @@ def _profiled_nodes(profile_path: str) -> list[dict]:
             if event.get("cat") == "Node" and event.get("name", "").endswith(suffix)]
 
 
-PLACEMENT = declare(Command(
+declare(Command(
     name="placement",
     summary="which execution provider each node was actually assigned to (onnxruntime's "
             "graph assignment info, or a one-run profile on releases before 1.24)",
@@ -10853,22 +10855,9 @@ def check(reference: str, candidate: str, options: CheckOptions | None = None, *
     as Polygraphy does, ``top_k`` adds each output's top-K agreement, ``min_provider_share``
     fails a candidate whose EP took too few of its nodes."""
     options = options or CheckOptions()
-    inputs, seed, profile = options.inputs, options.seed, options.profile
-    require_file(reference)
-    require_file(candidate)
-    golden_paths(options.save_outputs, options.load_outputs, [reference, candidate], "outputs",
-                 inputs)
-    require_views(None, options.save_plots, options.plot_format)
-    graphs = ([_graph_or_none(path) for path in (reference, candidate)]
-              if not options.swapped_ok or profile in (None, "auto") else [None, None])
-    if None not in graphs:  # a file that is no model gets onnxruntime's own words below
-        require_in_order(graphs, (reference, candidate), options.swapped_ok,
-                         ("reference", "candidate"))
-    on, reference_on = _gate_requests(options)
+    inputs, seed = options.inputs, options.seed
+    profile, on, reference_on = _gate_setup(reference, candidate, options)
     providers = on.requested
-    if profile in (None, "auto"):
-        profile = _auto_profile(graphs, candidate, told=profile == "auto")
-    del graphs  # the graphs only; the sessions read the files
     tolerance, per_output = tolerances(profile, options.rtol, options.atol, options.min_cos)
     iterations = _gate_iterations(inputs, options.load_outputs, options.save_outputs)
     golden, feeds, reference_names, reference_runs, reference_got = _reference_side(
@@ -10914,6 +10903,28 @@ def check(reference: str, candidate: str, options: CheckOptions | None = None, *
             **({"provider_share": share["share"]} if share else {}),
             **({"golden": golden} if golden else {}),
             **({"plots": plots} if plots is not None else {})}
+
+
+def _gate_setup(reference: str, candidate: str, options: CheckOptions
+                ) -> tuple[str, ProviderRequest, ProviderRequest]:
+    """Before anything runs: the files there, the outputs and plots writable, the pair in
+    order; ``(profile, candidate's request, reference's request)``, the profile chosen where
+    it was left to ``auto``."""
+    profile = options.profile
+    require_file(reference)
+    require_file(candidate)
+    golden_paths(options.save_outputs, options.load_outputs, [reference, candidate], "outputs",
+                 options.inputs)
+    require_views(None, options.save_plots, options.plot_format)
+    graphs = ([_graph_or_none(path) for path in (reference, candidate)]
+              if not options.swapped_ok or profile in (None, "auto") else [None, None])
+    if None not in graphs:  # a file that is no model gets onnxruntime's own words below
+        require_in_order(graphs, (reference, candidate), options.swapped_ok,
+                         ("reference", "candidate"))
+    on, reference_on = _gate_requests(options)
+    if profile in (None, "auto"):
+        profile = _auto_profile(graphs, candidate, told=profile == "auto")
+    return profile, on, reference_on
 
 
 def _gate_iterations(inputs: InputOptions | None, load_outputs: str | None,
@@ -11156,26 +11167,7 @@ def _judge_iterations(measured: list[list[dict]], tolerance: dict, rules: GateRu
     judged = [_judge_outputs(entries, tolerance, rules, k) for k, entries in enumerate(measured)]
     outputs, failures = [], []
     for index, first in enumerate(judged[0][0]):
-        per = [outputs_k[index] for outputs_k, _ in judged]
-        worst = max(range(len(per)), key=lambda k: _badness(per[k], k))
-        entry = dict(per[worst])
-        if "max_abs_diff" in first:
-            for key in ("max_abs_diff", "mean_abs_diff", "median_abs_diff", "p99_abs_diff",
-                        "max_rel_diff"):
-                entry[key] = max((one[key] for one in per), key=_finite_or_inf)
-            entry["cosine"] = min((one["cosine"] for one in per), key=_nan_first)
-            entry["elements"] = sum(one["elements"] for one in per)
-            entry["violations"] = sum(one["violations"] for one in per)
-            entry["worst"] = {**per[worst]["worst"], "iteration": worst} \
-                if per[worst]["worst"] else None
-            lost = [one["nonfinite"] for one in per if "nonfinite" in one]
-            if lost:
-                entry["nonfinite"] = {side: sum(one[side] for one in lost)
-                                      for side in ("reference", "candidate")}
-            if "top_k_agreement" in first:
-                agreements = [one["top_k_agreement"] for one in per]
-                entry["top_k_agreement"] = (None if None in agreements else min(agreements))
-        entry.update(iterations=len(per), worst_iteration=worst)
+        entry = _worst_entry([outputs_k[index] for outputs_k, _ in judged])
         outputs.append(entry)
         for failure in _folded_failures(first["reference"],
                                         [failures_k for _, failures_k in judged]):
@@ -11183,6 +11175,31 @@ def _judge_iterations(measured: list[list[dict]], tolerance: dict, rules: GateRu
                 failure["elements"] = entry["elements"]
             failures.append(failure)
     return outputs, failures
+
+
+def _worst_entry(per: list[dict]) -> dict:
+    """One output's entry over its iterations' entries ``per``: the worst figures of them,
+    ``iterations`` and ``worst_iteration``."""
+    worst = max(range(len(per)), key=lambda k: _badness(per[k], k))
+    entry = dict(per[worst])
+    if "max_abs_diff" in per[0]:
+        for key in ("max_abs_diff", "mean_abs_diff", "median_abs_diff", "p99_abs_diff",
+                    "max_rel_diff"):
+            entry[key] = max((one[key] for one in per), key=_finite_or_inf)
+        entry["cosine"] = min((one["cosine"] for one in per), key=_nan_first)
+        entry["elements"] = sum(one["elements"] for one in per)
+        entry["violations"] = sum(one["violations"] for one in per)
+        entry["worst"] = ({**per[worst]["worst"], "iteration": worst} if per[worst]["worst"]
+                          else None)
+        lost = [one["nonfinite"] for one in per if "nonfinite" in one]
+        if lost:
+            entry["nonfinite"] = {side: sum(one[side] for one in lost)
+                                  for side in ("reference", "candidate")}
+        if "top_k_agreement" in per[0]:
+            agreements = [one["top_k_agreement"] for one in per]
+            entry["top_k_agreement"] = None if None in agreements else min(agreements)
+    entry.update(iterations=len(per), worst_iteration=worst)
+    return entry
 
 
 def _badness(entry: dict, k: int) -> tuple:
@@ -11460,7 +11477,7 @@ def save_polygraphy(path: str, reference: str, outputs: dict | list[dict],
     return {"saved": path, "format": "polygraphy", "inputs": inputs_path}
 
 
-CHECK = declare(Command(
+declare(Command(
     name="check",
     summary="CI gate: candidate model and providers against a reference within "
             "rtol/atol/cosine on the same inputs; exit 0 pass, 1 fail",
@@ -12068,7 +12085,7 @@ def reduce(model: str, output: str, options: ReduceOptions | None = None) -> dic
     sources = (model, *external_data_files(graph_model, model),
                *([inputs.file] if inputs is not None and inputs.file else []))
     for path in paths:
-        check_output(path, list(sources))
+        require_output_path(path, list(sources))
     replacing = _replaceable(paths, options.force)  # an earlier reduce's files
     targets = targets_from(options, options.reference_providers or [CPU_EP])
     graph = ReduceGraph(graph_model, model)
@@ -12309,7 +12326,7 @@ def write_npz(stream, arrays: dict) -> None:
                 np.lib.format.write_array(member, value, allow_pickle=False)
 
 
-REDUCE = declare(Command(
+declare(Command(
     name="reduce",
     summary="the smallest part of a model that still fails (a --check command, or numbers "
             "on --providers against the reference), saved with its inputs",
@@ -12425,7 +12442,7 @@ CALIBRATION_ARG = arg(
          "would calibrate anew is exact")
 
 
-SENSITIVITY = declare(Command(
+declare(Command(
     name="sensitivity",
     summary="which quantized units to keep in float: each restored alone and measured on the "
             "final output, ranked, and a verified nodes_to_exclude list",
@@ -12649,7 +12666,7 @@ class _WeightPairing:
                  f"{' and more' if len(unpaired) > 5 else ''}")
 
 
-WEIGHTS = declare(Command(
+declare(Command(
     name="weights",
     summary="how far each quantized weight is from its float original (qdq_loss_debug's "
             "weight SQNR), no session",
@@ -12749,7 +12766,7 @@ def inspect(model: str) -> dict:
             "qdq": qdq_summary(graph)}
 
 
-INSPECT = declare(Command(
+declare(Command(
     name="inspect",
     summary="what a model is: opsets, inputs and outputs with their shapes, op types, "
             "initializers, external data and its Q/DQ structure (no session, no weights read)",
@@ -13129,7 +13146,7 @@ _REPORT_SIGNATURES = {"providers.json": {"model", "available", "cases", "note"},
                       CHART_FILE: '<svg xmlns="http://www.w3.org/2000/svg" data-generator="eprun" '}
 
 
-REPORT = declare(Command(
+declare(Command(
     name="report",
     summary="run every lab measurement and write the deliverables: " + ", ".join(REPORT_FILES),
     function=report,
@@ -13168,7 +13185,7 @@ def _check_report_targets(paths: dict, graphs: dict, paths_of: dict, force: bool
                  for path in (model_path, *external_data_files(graphs[which], model_path))]
     for path in paths.values():
         if os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            check_output(path, protected)
+            require_output_path(path, protected)
     _refuse_foreign(paths, force)
     for which, model_path in paths_of.items():
         out = paths[f"{which}_exposed.onnx"]

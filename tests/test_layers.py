@@ -166,3 +166,17 @@ def test_the_complexity_check_sees_a_tangle():
     assert too_complex(tangle(20)) == []
     method = "class Holder:\n" + "".join(f"    {line}\n" for line in tangle(21).splitlines())
     assert too_complex(method) == ["Holder.tangled (line 2): 21"]
+
+
+def test_no_module_level_name_is_defined_twice():
+    """A second ``def _worse`` far below the first replaced it for every caller (node data
+    then called the gate's): ruff does not see a redefinition once the first is used."""
+    tree = ast.parse(EPRUN.read_text())
+    seen: dict[str, int] = {}
+    twice = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            if node.name in seen:
+                twice.append(f"{node.name} (lines {seen[node.name]} and {node.lineno})")
+            seen[node.name] = node.lineno
+    assert not twice, twice

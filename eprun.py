@@ -582,6 +582,32 @@ class ToleranceFlags:
         help="smallest allowed cosine between the flattened outputs (overrides the profile)")
 
 
+@dataclasses.dataclass(frozen=True)
+class DaskFlags:
+    """A Dask cluster to run the work on (``sensitivity``'s units): its scheduler's address,
+    or the file ``dask scheduler --scheduler-file`` wrote (the form batch systems hand over)."""
+
+    dask_scheduler: str | None = flag(
+        "--dask-scheduler", metavar="ADDRESS",
+        help="run the units as tasks on the Dask cluster whose scheduler is at ADDRESS (e.g. "
+             "tcp://host:8786); the workers need onnx, onnxruntime, numpy and distributed of "
+             "the same versions, and must read the models by the same absolute paths. "
+             "pip install 'eprun[dask]'")
+    dask_scheduler_file: str | None = flag(
+        "--dask-scheduler-file", metavar="FILE",
+        help="as --dask-scheduler, the address read from the JSON file dask scheduler "
+             "--scheduler-file writes")
+
+    def dask(self) -> DaskFlags | None:
+        """These flags where they name a cluster, else None; both at once is a usage error."""
+        if self.dask_scheduler is not None and self.dask_scheduler_file is not None:
+            raise EprunError("--dask-scheduler and --dask-scheduler-file name the scheduler "
+                             "twice; give one", EXIT_USAGE)
+        if self.dask_scheduler is None and self.dask_scheduler_file is None:
+            return None
+        return DaskFlags(self.dask_scheduler, self.dask_scheduler_file)
+
+
 PLOT_FORMATS = ("png", "svg")
 
 
@@ -733,7 +759,8 @@ class Invocation:
     signals received. ``answered``: the answer is out. ``warned``: the knob warnings given
     (``knob_warning``). ``locations``: each model file's external-data locations
     (``external_locations``). ``children``: the process groups of the commands it runs
-    (``reduce --check``, ``own_process_group``), ended with it."""
+    (``reduce --check``, ``own_process_group``), ended with it. ``releases``: what must be let
+    go before a signal ends the process (a Dask client: ``released_on_signal``)."""
 
     program: bool = False
     terminals: list = dataclasses.field(default_factory=list)
@@ -746,6 +773,7 @@ class Invocation:
     warned: set = dataclasses.field(default_factory=set)
     locations: dict = dataclasses.field(default_factory=dict)
     children: set = dataclasses.field(default_factory=set)
+    releases: list = dataclasses.field(default_factory=list)
 
 
 _INVOCATIONS = [Invocation()]  # the one in progress last; the first is that of direct calls
@@ -1122,6 +1150,9 @@ def _act_on_signal(signum: int) -> None:
     invocation = current_invocation()
     if invocation.program:
         stop_workers()
+        for release in reversed(invocation.releases):
+            with contextlib.suppress(Exception):
+                release()
         remove_temporaries()
         if signum == signal.SIGINT:
             write_fd(real_stderr(), b"eprun: error: interrupted\n")
@@ -1129,6 +1160,18 @@ def _act_on_signal(signum: int) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise SystemExit(code)
+
+
+@contextlib.contextmanager
+def released_on_signal(release: Callable[[], Any]) -> Iterator[None]:
+    """Within the block, a signal that ends the process calls ``release`` first (a Dask
+    client closed: its tasks cancelled, no client left connected to the scheduler)."""
+    releases = current_invocation().releases
+    releases.append(release)
+    try:
+        yield
+    finally:
+        releases.remove(release)
 
 
 def stop_workers() -> None:
@@ -9261,6 +9304,7 @@ class Parallel:
 
     jobs: int | None
     spec: dict
+    dask: DaskFlags | None = None
 
 
 # Seconds the units must be expected to take one after another before sensitivity, left to
@@ -9287,6 +9331,11 @@ def _each_unit(study: SensitivityStudy, chosen: list[Unit], parallel: Parallel |
     import time
 
     progress = Progress("restoring units one at a time", len(chosen))
+    if parallel is not None and parallel.dask is not None and chosen:
+        measured = _on_dask(study, chosen, parallel, progress)
+        progress.close()
+        yield from measured
+        return
     done = 0
     rest = list(chosen)
     if rest:
@@ -9436,6 +9485,297 @@ def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
     measured = study.measure([unit])
     calls = study.requantizer.calls if study.requantizer is not None else 0
     return measured, study.inexact([unit]), study.sessions - before[0], calls - before[1]
+
+
+# -- beyond one machine: the units as tasks on a Dask cluster ------------------------------------
+
+# Seconds eprun waits for a Dask scheduler to answer, and for a first worker to join it.
+DASK_TIMEOUT = 10.0
+
+
+def _import_distributed():
+    """Dask's ``distributed`` (the optional dask extra), its logging kept off eprun's stderr:
+    its import puts handlers on the distributed, tornado and bokeh loggers, which are swapped
+    for nothing (the top loggers end the propagation there)."""
+    import logging
+
+    try:
+        import distributed
+    except ImportError:
+        raise EprunError(f"--dask-scheduler needs Dask's distributed, which {sys.executable} "
+                         "does not have: pip install 'eprun[dask]'", EXIT_USAGE) from None
+    names = [name for name in list(logging.root.manager.loggerDict)
+             if name.split(".")[0] in ("distributed", "tornado", "bokeh")]
+    for name in {"distributed", "tornado", "bokeh", *names}:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        if "." not in name:
+            logger.propagate = False
+            logger.addHandler(logging.NullHandler())
+    return distributed
+
+
+def dask_address(flags: DaskFlags) -> str:
+    """The scheduler's address: ``--dask-scheduler``, or the one the ``--dask-scheduler-file``
+    that ``dask scheduler --scheduler-file`` wrote holds (read here: distributed would wait for
+    a missing file for ever)."""
+    import json
+
+    if flags.dask_scheduler is not None:
+        return flags.dask_scheduler
+    path = flags.dask_scheduler_file
+    require_file(path, "scheduler")
+    try:
+        with open(path, encoding="utf-8") as stream:
+            address = json.load(stream)["address"]
+        if not isinstance(address, str) or not address:
+            raise ValueError("its address is not a text")
+    except (ValueError, KeyError, TypeError, OSError, RecursionError) as exc:
+        raise EprunError(f"--dask-scheduler-file {path!r} is not a file dask scheduler "
+                         f"--scheduler-file writes ({type(exc).__name__}: {one_line(exc)})"
+                         ) from exc
+    return address
+
+
+def _require_reachable(distributed, address: str) -> None:
+    """One connection to the scheduler, bounded in time (``DASK_TIMEOUT``) whatever listens
+    there (distributed's own client waits for ever on a port that accepts and never
+    answers)."""
+    import asyncio
+
+    seconds = DASK_TIMEOUT
+
+    async def knock() -> None:
+        """Connect, and close again."""
+        comm = await asyncio.wait_for(distributed.comm.connect(address, timeout=seconds),
+                                      seconds + 1)
+        await comm.close()
+
+    try:
+        asyncio.run(knock())
+    except (OSError, asyncio.TimeoutError, ValueError, TypeError) as exc:
+        why = one_line(exc) or type(exc).__name__
+        raise EprunError(f"cannot reach the Dask scheduler at {address} within {seconds:g} s "
+                         f"({why})") from exc
+
+
+def _eprun_copy(folder: str):
+    """This very file, copied as ``eprun_<digest>.py`` into ``folder`` and imported under that
+    name: the tasks name a module only this source has, so neither an eprun installed on a
+    worker nor another version a concurrent run uploads is ever the one that runs."""
+    import hashlib
+    import importlib.util
+    import shutil
+
+    source = os.path.abspath(__file__)
+    with open(source, "rb") as stream:
+        digest = hashlib.sha256(stream.read()).hexdigest()
+    name = f"eprun_{digest[:16]}"
+    copy = os.path.join(folder, f"{name}.py")
+    shutil.copyfile(source, copy)
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, copy)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name], copy, digest
+
+
+def _on_dask(study: SensitivityStudy, units: list[Unit], parallel: Parallel,
+             progress: Progress) -> list[tuple[dict, str | None]]:
+    """Every unit measured as a task on the Dask cluster ``parallel.dask`` names, results in
+    ``units``' order: eprun's code reaches the scheduler and the workers from here (uploaded
+    under a name of its own), each worker process opens its study once, a worker that ends
+    is the cluster's business (its tasks run again elsewhere), and whatever ends this run
+    cancels the tasks and closes the client."""
+    import asyncio
+    import warnings
+
+    distributed = _import_distributed()
+    address = dask_address(parallel.dask)
+    _require_reachable(distributed, address)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a version mismatch is checked task by task
+        try:
+            client = distributed.Client(address, timeout=DASK_TIMEOUT, set_as_default=False)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise EprunError(f"cannot connect to the Dask scheduler at {address}: "
+                             f"{one_line(exc)}") from exc
+    try:
+        with released_on_signal(lambda: client.close(timeout=2)), \
+                scratch_folder("eprun-dask-") as folder:
+            return _run_on_dask(distributed, client, address, study, units, parallel,
+                                progress, folder)
+    finally:
+        with contextlib.suppress(Exception):
+            client.close(timeout=DASK_TIMEOUT)
+
+
+def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
+                 units: list[Unit], parallel: Parallel, progress: Progress,
+                 folder: str) -> list[tuple[dict, str | None]]:
+    """``_on_dask`` once the client is connected: the copy uploaded, one task per unit, the
+    results gathered as they come, everything undone in the end."""
+    import uuid
+
+    try:
+        client.wait_for_workers(1, timeout=DASK_TIMEOUT)
+    except Exception as exc:
+        raise EprunError(f"the Dask scheduler at {address} has no worker (none joined within "
+                         f"{DASK_TIMEOUT:g} s)") from exc
+    workers = len(client.nthreads())
+    note(f"the units run as tasks on the Dask cluster at {address} ({workers} worker"
+         f"{'s' if workers != 1 else ''})")
+    module, copy, digest = _eprun_copy(folder)
+    token = uuid.uuid4().hex[:12]
+    plugin = f"eprun-upload-{token}"
+    futures: list = []
+    from distributed.diagnostics.plugin import SchedulerUploadFile, UploadFile
+
+    try:
+        client.register_plugin(SchedulerUploadFile(copy, load=True), name=plugin)
+        client.register_plugin(UploadFile(copy, load=True), name=plugin)
+        spec = {**_worker_spec(study, parallel), "token": token, "digest": digest,
+                "versions": stack_versions()}
+        futures = [client.submit(module.dask_measure, spec, unit.name, pure=False,
+                                 key=f"eprun-unit-{token}-{k}") for k, unit in enumerate(units)]
+        index = {future.key: k for k, future in enumerate(futures)}
+        results: list = [None] * len(futures)
+        for done, future in enumerate(distributed.as_completed(futures, loop=client.loop), 1):
+            try:
+                results[index[future.key]] = future.result()
+            except Exception as exc:  # the task's words, one line; what a worker lacks
+                raise EprunError(one_line(exc) or type(exc).__name__) from exc
+            future.release()  # delivered: a worker lost later need not compute it again
+            progress.step(done)
+        for _, _, sessions, calls in results:
+            study.sessions += sessions
+            if study.requantizer is not None:
+                study.requantizer.calls += calls
+        return [(measured, inexact) for measured, inexact, _, _ in results]
+    finally:
+        with contextlib.suppress(Exception):
+            client.cancel(futures)
+        with contextlib.suppress(Exception):
+            client.run(module.dask_forget, token)
+        for unregister in ("unregister_worker_plugin", "unregister_scheduler_plugin"):
+            with contextlib.suppress(Exception):
+                getattr(client, unregister)(plugin)
+
+
+def stack_versions() -> dict:
+    """The versions a measurement's numbers depend on: the same on every worker, or no run."""
+    import numpy
+    import onnx
+
+    return {"onnxruntime": import_ort().__version__, "onnx": onnx.__version__,
+            "numpy": numpy.__version__}
+
+
+def _worker_spec(study: SensitivityStudy, parallel: Parallel) -> dict:
+    """What a worker needs to open its own study of the pair: the run's spec (its paths made
+    absolute: a worker reads them as they are, from wherever it was started) and what the
+    parent settled about requantizing."""
+    spec = dict(parallel.spec)
+    for key in ("fp32", "int8", "calibration"):
+        if spec.get(key):
+            spec[key] = os.path.abspath(spec[key])
+    inputs = spec.get("inputs")
+    if inputs is not None and inputs.file:
+        spec["inputs"] = dataclasses.replace(inputs, file=os.path.abspath(inputs.file))
+    return {**spec, "requantize": study.requantizer is not None,
+            "settled": (None if study.requantizer is None else
+                        (study.requantizer.op_types, study.requantizer.excluded,
+                         study.requantizer.extra_options, study.requantizer.calibrated)),
+            "fallback": study.fallback}
+
+
+def _dask_state():
+    """This worker process's studies, by run: kept in a bare module of ``sys.modules``, which
+    the reload an upload makes leaves alone (a module-level dict here would be emptied)."""
+    import types
+
+    fresh = types.ModuleType("_eprun_dask_state")
+    fresh.runs, fresh.lock, fresh.opened = {}, threading.Lock(), 0
+    return sys.modules.setdefault("_eprun_dask_state", fresh)
+
+
+def _dask_worker() -> tuple[str, str | None]:
+    """``(this worker's address, its local folder)``, for messages and scratch space."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        return str(worker.address), str(worker.local_directory)
+    except (ImportError, ValueError):
+        return f"process {os.getpid()}", None
+
+
+def dask_measure(spec: dict, name: str) -> tuple[dict, str | None, int, int]:
+    """A task on a Dask worker: unit ``name`` restored alone, on the study this worker process
+    opened for the run (once: the first task opens it, under a lock). Any failure comes back
+    as one line naming the worker (a builtin exception: the client unpickles it whatever
+    module its own eprun runs as)."""
+    where, _ = _dask_worker()
+    try:
+        state = _dask_state()
+        with state.lock:
+            study = state.runs.get(spec["token"])
+            if study is None:
+                study = state.runs[spec["token"]] = _open_on_worker(spec)
+                state.opened += 1  # (studies opened by this process, for whoever asks)
+            unit = {unit.name: unit for unit in study.units}[name]
+            before = study.sessions, study.requantizer.calls if study.requantizer else 0
+            measured = study.measure([unit])
+            calls = study.requantizer.calls if study.requantizer is not None else 0
+            return (measured, study.inexact([unit]), study.sessions - before[0],
+                    calls - before[1])
+    except Exception as exc:
+        raise RuntimeError(f"on Dask worker {where}: {one_line(exc)}") from None
+
+
+def _open_on_worker(spec: dict) -> SensitivityStudy:
+    """A worker's study of the pair, after checking it runs this very eprun on the same stack;
+    a requantizing study works in a folder of the worker's own."""
+    import hashlib
+    import tempfile
+
+    with open(os.path.abspath(__file__), "rb") as stream:
+        if hashlib.sha256(stream.read()).hexdigest() != spec["digest"]:
+            raise EprunError(f"it imported another eprun ({__version__}, {__file__}) than the "
+                             "client's")
+    if stack_versions() != spec["versions"]:
+        raise EprunError(f"it runs {stack_versions()}, the client {spec['versions']}: the "
+                         "numbers would differ; install the same versions on every worker")
+    for key in ("fp32", "int8"):
+        if not os.access(spec[key], os.R_OK):
+            raise EprunError(f"cannot read {spec[key]} (workers read the models by this path: "
+                             "they must see the same files)")
+    folder = (tempfile.mkdtemp(prefix="eprun-worker-", dir=_dask_worker()[1])
+              if spec["requantize"] else None)
+    study = SensitivityStudy(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
+                             targets=targets_from(*spec["targets"]), options=StudyOptions(
+                                 swapped_ok=True, requantize=spec["requantize"],
+                                 calibration=spec["calibration"],
+                                 extra_options=spec["extra_options"], settled=spec["settled"],
+                                 folder=folder, session_config=WORKER_SESSION_CONFIG))
+    study.fallback = spec["fallback"]
+    study.dask_folder = folder
+    return study
+
+
+def dask_forget(token: str) -> bool:
+    """The run ``token`` ended: this worker drops its study and its scratch folder."""
+    import shutil
+
+    study = _dask_state().runs.pop(token, None)
+    if study is not None:
+        with contextlib.suppress(Exception):
+            study.close()
+        if study.dask_folder:
+            shutil.rmtree(study.dask_folder, ignore_errors=True)
+    return study is not None
 
 
 # -- ranking and the verified recommendation -------------------------------------------------------
@@ -12368,7 +12708,7 @@ declare(Command(
 # -- sensitivity -----------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class SensitivityOptions(ReferenceProviderFlags, PlotFlags):
+class SensitivityOptions(ReferenceProviderFlags, PlotFlags, DaskFlags):
     """``sensitivity``'s options; each field is the flag of its name (``extra_options``:
     ``--extra-option``'s, ``{key: value}``)."""
 
@@ -12403,7 +12743,13 @@ def sensitivity(fp32: str, int8: str, seed: int,
     targets = targets_from(options, options.reference_providers)
     if options.jobs is not None and options.jobs < 1:
         raise EprunError("--jobs must be at least 1", EXIT_USAGE)
-    parallel = Parallel(jobs=options.jobs, spec={
+    cluster = options.dask()
+    if cluster is not None and options.jobs is not None:
+        raise EprunError("--jobs counts processes on this machine; with a Dask cluster its "
+                         "workers run the units: give one or the other", EXIT_USAGE)
+    if cluster is not None:  # before anything is measured: the extra there, the scheduler up
+        _require_reachable(_import_distributed(), dask_address(cluster))
+    parallel = Parallel(jobs=options.jobs, dask=cluster, spec={
         "fp32": fp32, "int8": int8, "seed": seed, "inputs": inputs,
         "calibration": options.calibration, "extra_options": options.extra_options,
         "targets": (ProviderFlags(providers=options.providers,
@@ -12464,6 +12810,7 @@ declare(Command(
         arg("--jobs", type=parse_count, metavar="N",
             help="measure the units in N processes (default: one per core, once the units "
                  "would take more than a few seconds one after another)"),
+        *flags_of(DaskFlags),
         CALIBRATION_ARG, EXTRA_OPTION_ARG, *measure_ep_args(), SWAPPED_OK_ARG, FORMAT_ARG,
         NODE_DATA_ARG, *PLOT_ARGS),
     fields=("seed", "rows", "output", "quantized", "units", "target", "recommendation",
@@ -12818,7 +13165,7 @@ def report_splits(fp32_model, int8_model) -> list[tuple[str, list[str]]]:
 
 
 @dataclasses.dataclass(frozen=True)
-class ReportOptions(ProviderFlags, PlotFlags):
+class ReportOptions(ProviderFlags, PlotFlags, DaskFlags):
     """``report``'s options; each field is the flag of its name (``sensitivity_section``:
     ``--sensitivity``; ``providers``: the target's, for a row of the providers table and for
     the int8 side of every measurement), but ``command_line``: the words ``main`` was called
@@ -12875,7 +13222,9 @@ class _Report:
         require_file(fp32)
         require_file(int8)
         for given, option in ((options.calibration, "--calibration"),
-                              (options.extra_options, "--extra-option")):
+                              (options.extra_options, "--extra-option"),
+                              (options.dask_scheduler, "--dask-scheduler"),
+                              (options.dask_scheduler_file, "--dask-scheduler-file")):
             if given and not options.sensitivity_section:
                 raise EprunError(f"{option} is the sensitivity section's: give --sensitivity "
                                  "too", EXIT_USAGE)
@@ -12937,7 +13286,8 @@ class _Report:
         self.sections["ranked"] = (
             _optional_sensitivity(fp32, int8, seed, options.inputs, options.swapped_ok,
                                   calibration=options.calibration,
-                                  extra_options=options.extra_options)
+                                  extra_options=options.extra_options,
+                                  cluster=options.dask())
             if options.sensitivity_section else None)
 
     @property
@@ -13119,14 +13469,17 @@ def locked_folder(folder: str) -> Iterator[int]:
 
 def _optional_sensitivity(fp32: str, int8: str, seed: int, inputs: InputOptions | None,
                           swapped_ok: bool, *, calibration: str | None = None,
-                          extra_options: dict | None = None) -> dict:
+                          extra_options: dict | None = None,
+                          cluster: DaskFlags | None = None) -> dict:
     """``report --sensitivity``'s ranking, or ``{"error": why}`` when it cannot be made: an
     optional section that fails (a model form it refuses, a graph onnxruntime will not open)
     leaves the rest of the report standing, and says why on stderr and in the report."""
     try:
+        cluster = cluster or DaskFlags()
         return sensitivity(fp32, int8, seed, SensitivityOptions(
             inputs=inputs, swapped_ok=swapped_ok, calibration=calibration,
-            extra_options=extra_options))
+            extra_options=extra_options, dask_scheduler=cluster.dask_scheduler,
+            dask_scheduler_file=cluster.dask_scheduler_file))
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # whatever it was (MemoryError too), the report still goes out
@@ -13167,7 +13520,7 @@ declare(Command(
                  "linked from ep_report.md"),
         *flags_of(ProviderFlags, "allow_fallback"),
         *INPUT_ARGS, BOUNDARY_OPS_ARG, *EP_ARGS, SWAPPED_OK_ARG, CALIBRATION_ARG,
-        EXTRA_OPTION_ARG, FORMAT_ARG, *PLOT_ARGS),
+        EXTRA_OPTION_ARG, *flags_of(DaskFlags), FORMAT_ARG, *PLOT_ARGS),
     fields=("out_dir", "files", "pairing", "headline", "check"),
     detail='headline: {"available", "requests", "fell_back", "layer_count", "worst_layer", '
            '"total_growth", "max_ratio", "settings_all_equal", "exposure_max_abs_diff"}; '

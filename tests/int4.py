@@ -1,4 +1,4 @@
-"""Weight-only 4-bit (and 8-bit) quantized models for the tests, built with onnx.helper from
+"""Weight-only 4-bit (and 2- and 8-bit) quantized models for the tests, built with onnx.helper from
 one float MLP (``mlp``), and a numpy oracle of the weights they compute with; every RNG is
 seeded.
 
@@ -9,7 +9,7 @@ without needing that quantizer (it imports onnx_ir, which the pinned stack does 
 - ``to_matmul_nbits``: each MatMul with a constant weight becomes com.microsoft MatMulNBits,
   onnxruntime's contrib op. Its CPU kernel runs 4 bits from onnxruntime 1.16.2, but 1.16
   reads asymmetric zero points in an older layout (wrong sums wherever ceil(K / block_size)
-  is odd) and rejects accuracy_level; 8 bits run from 1.23.
+  is odd) and rejects accuracy_level; 8 bits run from 1.23, 2 bits from 1.24.
 - ``to_qdq_int4``: each constant weight becomes an INT4/UINT4 initializer read by an opset-21
   blockwise DequantizeLinear (axis 0), feeding the MatMul (opset 21, ir_version 10): runs on
   onnxruntime 1.19 and later, built with onnx 1.16 and later (TensorProto.INT4).
@@ -18,6 +18,12 @@ without needing that quantizer (it imports onnx_ir, which the pinned stack does 
 (checked bit for bit against it); ``dequantize`` and ``forward`` are written from the operator
 specs alone (MatMulNBits in onnxruntime's ContribOperators.md, DequantizeLinear-21 in ONNX's),
 never from eprun's code, so a test can hold eprun's numbers against them.
+
+A third form, ``to_gather_block_quantized``, quantizes an embedding table (``tiny_lm``'s Gather)
+into com.microsoft GatherBlockQuantized, as MatMulNBitsQuantizer's numpy quantize_ndarray does
+(checked bit for bit against it; it runs from onnxruntime 1.20). ``weight_by_onnxruntime`` is the
+other oracle: the weight a node dequantizes, from onnxruntime running that node alone (on an
+identity matrix, or on every index of a table).
 """
 from __future__ import annotations
 
@@ -78,13 +84,21 @@ def _reciprocal(scale: np.ndarray) -> np.ndarray:
 
 def _pack(codes: np.ndarray, bits: int, pad: int = 0) -> np.ndarray:
     """Codes (0 .. 2^bits - 1) packed along the last axis, the first in the low bits of a byte
-    (two 4-bit codes a byte, one 8-bit); an odd count fills the last high nibble with ``pad``."""
+    (four 2-bit codes a byte, two 4-bit, one 8-bit); a count that fills no whole byte is padded
+    with ``pad``."""
     codes = np.asarray(codes).astype(np.uint8)
-    if bits == 8:
+    per_byte = 8 // bits
+    if per_byte == 1:
         return codes
-    if codes.shape[-1] % 2:
-        codes = np.concatenate([codes, np.full((*codes.shape[:-1], 1), pad, np.uint8)], axis=-1)
-    return (codes[..., 0::2] & 0xF) | ((codes[..., 1::2] & 0xF) << 4)
+    short = -codes.shape[-1] % per_byte
+    if short:
+        codes = np.concatenate([codes, np.full((*codes.shape[:-1], short), pad, np.uint8)],
+                               axis=-1)
+    mask = (1 << bits) - 1
+    packed = np.zeros((*codes.shape[:-1], codes.shape[-1] // per_byte), np.uint8)
+    for j in range(per_byte):
+        packed |= (codes[..., j::per_byte] & mask) << (bits * j)
+    return packed
 
 
 def _blocks_along_k(weight: np.ndarray, block_size: int) -> np.ndarray:
@@ -255,8 +269,9 @@ def _unpack(data: np.ndarray, bits: int, count: int) -> np.ndarray:
     """uint8 bytes -> codes along the last axis, the low bits first; the first ``count``."""
     if bits == 8:
         return data[..., :count].astype(np.int64)
-    codes = np.stack([data & 0xF, data >> 4], axis=-1).reshape(*data.shape[:-1], -1)
-    return codes[..., :count].astype(np.int64)
+    mask = (1 << bits) - 1
+    codes = np.stack([(data >> (bits * j)) & mask for j in range(8 // bits)], axis=-1)
+    return codes.reshape(*data.shape[:-1], -1)[..., :count].astype(np.int64)
 
 
 def dequantize_nbits(packed, scales, zero_points, k: int, bits: int,
@@ -319,14 +334,23 @@ def forward(model: onnx.ModelProto, x) -> np.ndarray:
     """The model's first output for input ``x`` in numpy, float64, every weight the one
     ``dequantize`` gives: the oracle for mlp and its two quantized forms (MatMul, MatMulNBits,
     DequantizeLinear, Add and Relu only)."""
+    return tensors(model, {model.graph.input[0].name: x})[model.graph.output[0].name]
+
+
+def tensors(model: onnx.ModelProto, feeds: dict) -> dict:
+    """Every tensor ``forward`` computes, by name (float64), from ``feeds``: the graph input
+    and any tensor given a value of its own, which the nodes that would compute it leave as
+    given (a segment fed its fp32 input, as ``layers --local`` feeds it)."""
     inits = {t.name: t for t in model.graph.initializer}
-    values = {model.graph.input[0].name: np.asarray(x, np.float64)}
+    values = {name: np.asarray(value, np.float64) for name, value in feeds.items()}
 
     def value(name):
         return values[name] if name in values else numpy_helper.to_array(inits[name])
 
     for node in model.graph.node:
         args = node.input
+        if node.output[0] in values:
+            continue
         if node.op_type in ("MatMulNBits", "DequantizeLinear"):
             weight = dequantize(model, node.name).astype(np.float64)
             result = value(args[0]) @ weight if node.op_type == "MatMulNBits" else weight
@@ -338,7 +362,157 @@ def forward(model: onnx.ModelProto, x) -> np.ndarray:
         else:
             raise ValueError(f"{node.name}: {node.op_type} is not in the oracle")
         values[node.output[0]] = result
-    return values[model.graph.output[0].name]
+    return values
+
+
+# -- a quantized embedding: GatherBlockQuantized -------------------------------------------------
+
+def tiny_lm(vocab: int = 100, dim: int = 64, hidden: int = 96, seed: int = 5) -> onnx.ModelProto:
+    """ids [N] -> Gather "embed" of table E [vocab, dim] -> h; three MatMuls "q_proj",
+    "k_proj", "v_proj" all read h (one activation, three weights of one shape: only the output
+    names tell them apart) -> Add, Add -> s -> MatMul "o_proj" -> logits [N, vocab]."""
+    rng = np.random.default_rng(seed)
+
+    def weight(name, rows, cols):
+        return numpy_helper.from_array(
+            (rng.standard_normal((rows, cols)) / np.sqrt(rows)).astype(np.float32), name)
+
+    inits = [numpy_helper.from_array(rng.standard_normal((vocab, dim)).astype(np.float32), "E"),
+             weight("Wq", dim, hidden), weight("Wk", dim, hidden), weight("Wv", dim, hidden),
+             weight("Wo", hidden, vocab)]
+    nodes = [helper.make_node("Gather", ["E", "ids"], ["h"], name="embed", axis=0),
+             helper.make_node("MatMul", ["h", "Wq"], ["q"], name="q_proj"),
+             helper.make_node("MatMul", ["h", "Wk"], ["k"], name="k_proj"),
+             helper.make_node("MatMul", ["h", "Wv"], ["v"], name="v_proj"),
+             helper.make_node("Add", ["q", "k"], ["qk"], name="add0"),
+             helper.make_node("Add", ["qk", "v"], ["s"], name="add1"),
+             helper.make_node("MatMul", ["s", "Wo"], ["logits"], name="o_proj")]
+    graph = helper.make_graph(
+        nodes, "tiny_lm", [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", vocab])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def quantize_table(table, block_size: int = 32, signed: bool = True):
+    """A [V, D] table in blocks along D (quantize_axis 1), as MatMulNBitsQuantizer's numpy
+    quantize_ndarray does it: (codes [V, D] as int8, scales [V, ceil(D / block_size)] float32,
+    zero points of the scales' shape or None). Signed: scale = (value of largest magnitude) /
+    -8, code = round(w / scale) (numpy's round, halves to even) clipped to -8..7. Unsigned: the
+    range widened to hold 0, scale = (max - min) / 15, zero point and code rounded likewise,
+    clipped to 0..15."""
+    table = np.asarray(table, np.float32)
+    dim = table.shape[1]
+    codes, scales, zeros = np.zeros(table.shape, np.int8), [], []
+    for start in range(0, dim, block_size):
+        part = table[:, start:start + block_size]
+        low, high = part.min(axis=1, keepdims=True), part.max(axis=1, keepdims=True)
+        if signed:
+            scale = np.where(np.abs(high) > np.abs(low), high, low) / -8.0
+            safe = np.where(scale == 0, 1, scale)
+            codes[:, start:start + block_size] = np.where(
+                scale == 0, 0, part / safe).round().clip(-8, 7)
+        else:
+            low, high = np.minimum(low, 0), np.maximum(high, 0)
+            scale = (high - low) / 15.0
+            safe = np.where(scale == 0, 1, scale)
+            zero = np.where(scale == 0, 8, -low / safe).round().clip(0, 15)
+            codes[:, start:start + block_size] = np.where(
+                scale == 0, 8, part / safe + zero).round().clip(0, 15)
+            zeros.append(zero)
+        scales.append(scale)
+    return (codes, np.concatenate(scales, axis=1).astype(np.float32),
+            None if signed else np.concatenate(zeros, axis=1).astype(np.int8))
+
+
+def to_gather_block_quantized(model: onnx.ModelProto, block_size: int = 32,
+                              signed: bool = True) -> onnx.ModelProto:
+    """``model`` with each Gather g of a constant table E replaced by com.microsoft
+    GatherBlockQuantized "g_Q4" (gather_axis as g's axis, quantize_axis 1, block_size) of
+    "E_Q4" (INT4 when ``signed``, else UINT4, E's shape), the same indices, "E_scales" and,
+    unsigned, "E_zero_points" (UINT4, the scales' shape), writing g's output: the
+    quantizer's QOperator form of a Gather (quantize_table's numbers). Adds the com.microsoft
+    opset 1; the default opset is raised to 21 and ir_version to 10 (INT4 tensors)."""
+    inits = {t.name: t for t in model.graph.initializer}
+
+    def rewrite(node, table):
+        codes, scales, zero_points = quantize_table(table, block_size, signed)
+        e = node.input[0]
+        new = [_int4_tensor(f"{e}_Q4", codes, signed),
+               numpy_helper.from_array(scales, f"{e}_scales")]
+        if zero_points is not None:
+            new.append(_int4_tensor(f"{e}_zero_points", zero_points, False))
+        names = [new[0].name, node.input[1], new[1].name] + [t.name for t in new[2:]]
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        return [helper.make_node("GatherBlockQuantized", names, [node.output[0]],
+                                 name=f"{node.name}_Q4", domain=MS_DOMAIN, gather_axis=axis,
+                                 quantize_axis=1, block_size=block_size)], new
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes, added = [], []
+    for node in out.graph.node:
+        if node.op_type == "Gather" and node.input[0] in inits:
+            new_nodes, new_inits = rewrite(node, numpy_helper.to_array(inits[node.input[0]]))
+            nodes += new_nodes
+            added += new_inits
+        else:
+            nodes.append(node)
+    out.graph.ClearField("node")
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(added)
+    read = {name for node in out.graph.node for name in node.input}
+    kept = [t for t in out.graph.initializer if t.name in read]
+    out.graph.ClearField("initializer")
+    out.graph.initializer.extend(kept)
+    if not any(o.domain == MS_DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    for opset in out.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = max(opset.version, 21)
+    out.ir_version = max(out.ir_version, 10)
+    return out
+
+
+# -- the other oracle: onnxruntime running the node alone -----------------------------------------
+
+def weight_by_onnxruntime(model: onnx.ModelProto, node_name: str) -> np.ndarray:
+    """The float32 weight node ``node_name`` of ``model`` computes with, as onnxruntime computes
+    it: the node alone in a model of its own, run on the CPU without graph optimizations.
+    MatMulNBits and MatMulBnb4 multiply an identity matrix [K, K] (accuracy_level dropped, so
+    the identity is not quantized): their product is the [K, N] weight; a DequantizeLinear
+    writes it; a GatherBlockQuantized gathers every row of its table (gather_axis 0)."""
+    import onnxruntime as ort
+
+    node = onnx.NodeProto()
+    node.CopyFrom(next(n for n in model.graph.node if n.name == node_name))
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    inits = {t.name: t for t in model.graph.initializer}
+    feeds, inputs = {}, []
+    if node.op_type in ("MatMulNBits", "MatMulBnb4"):
+        kept = [a for a in node.attribute if a.name != "accuracy_level"]
+        node.ClearField("attribute")
+        node.attribute.extend(kept)
+        feeds[node.input[0]] = np.eye(attrs["K"], dtype=np.float32)
+        inputs.append(helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT,
+                                                    [attrs["K"], attrs["K"]]))
+    elif node.op_type == "GatherBlockQuantized":
+        rows = inits[node.input[0]].dims[0]
+        feeds[node.input[1]] = np.arange(rows, dtype=np.int64)
+        inputs.append(helper.make_tensor_value_info(node.input[1], onnx.TensorProto.INT64,
+                                                    [rows]))
+    graph = helper.make_graph(
+        [node], "one_node", inputs,
+        [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)],
+        [inits[name] for name in node.input if name in inits])
+    alone = helper.make_model(graph, opset_imports=list(model.opset_import))
+    alone.ir_version = model.ir_version
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(alone.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
 
 
 def run(model, x, *, level: str | None = None, config: dict | None = None) -> np.ndarray:

@@ -760,7 +760,8 @@ class Invocation:
     (``knob_warning``). ``locations``: each model file's external-data locations
     (``external_locations``). ``children``: the process groups of the commands it runs
     (``reduce --check``, ``own_process_group``), ended with it. ``releases``: what must be let
-    go before a signal ends the process (a Dask client: ``released_on_signal``)."""
+    go before a signal ends the process (a Dask client: ``released_on_signal``).
+    ``releases_kept``: the SIGBUS handler's C callback, kept alive (``install_bus_handler``)."""
 
     program: bool = False
     terminals: list = dataclasses.field(default_factory=list)
@@ -774,6 +775,7 @@ class Invocation:
     locations: dict = dataclasses.field(default_factory=dict)
     children: set = dataclasses.field(default_factory=set)
     releases: list = dataclasses.field(default_factory=list)
+    releases_kept: Any = None
 
 
 _INVOCATIONS = [Invocation()]  # the one in progress last; the first is that of direct calls
@@ -1174,6 +1176,54 @@ def released_on_signal(release: Callable[[], Any]) -> Iterator[None]:
         releases.remove(release)
 
 
+def _on_bus_error(signum: int) -> None:
+    """SIGBUS, as a program: a memory-mapped file was read past its end, so a file eprun read
+    was cut short meanwhile (onnxruntime maps the weights files it reads). No Python handler
+    survives such a fault (the faulting instruction runs again for ever): this one is called
+    from C (``install_bus_handler``), finds the file whose stamp changed, says it in one line
+    and ends the process at once, exit 4, as the signals' path does."""
+    invocation = current_invocation()
+    changed = None
+    for path, stamp in list(invocation.read_stamps.items()):
+        try:
+            now = _stamp(os.stat(path))
+        except OSError:
+            now = None
+        if now != stamp:
+            changed = path
+            break
+    line = (f"eprun: error: {changed!r} changed while eprun was reading it (cut short under "
+            "a memory map: SIGBUS); run the command again once it is whole" if changed else
+            "eprun: error: SIGBUS: a file mapped into memory was cut short while it was read "
+            "(or onnxruntime faulted); run the command again")
+    with contextlib.suppress(Exception):
+        stop_workers()
+        for release in reversed(invocation.releases):
+            with contextlib.suppress(Exception):
+                release()
+        remove_temporaries()
+    write_fd(real_stderr(), one_line(line).encode("utf-8", "backslashreplace") + b"\n")
+    os._exit(EXIT_FAILURE)
+
+
+def install_bus_handler(invocation: Invocation) -> None:
+    """As a program (Linux, glibc's ``signal``), SIGBUS ends eprun with one line and exit 4
+    (``_on_bus_error``) instead of the process dying without a word. The C callback is kept
+    on the invocation, which outlives every fault it handles."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        kind = ctypes.CFUNCTYPE(None, ctypes.c_int)
+        handler = kind(_on_bus_error)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, kind]
+        libc.signal(signal.SIGBUS, handler)
+    except (OSError, AttributeError, TypeError):  # no such C library here: the default stays
+        return
+    invocation.releases_kept = handler
+
+
 def stop_workers() -> None:
     """Kill every worker process this process started, at once: a signal that ends eprun
     ends its workers too (they would otherwise go on alone, and keep multiprocessing's
@@ -1202,6 +1252,13 @@ def _install_signal_handlers() -> dict:
 
 
 # -- paths -----------------------------------------------------------------------------------------
+
+def _stamp(status: os.stat_result) -> tuple:
+    """A file's stamp: device, inode, size, and modification and change times in nanoseconds; what
+    tells that the file changed."""
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns,
+            status.st_ctime_ns)
+
 
 def require_file(path: str, what: str = "model") -> None:
     """Exit 3 for an input that is not there, before any library gets to raise about it; exit
@@ -1798,6 +1855,7 @@ def load_model(path: str, inline_weights: bool = False, text_names: bool = False
     if text_names:
         require_text_names(model, path)
     require_initializer_data(model, path)
+    remember_data_stamps(model, path)
     return model
 
 
@@ -2092,13 +2150,6 @@ class _FileBytes:
         if len(data) != length:
             raise ValueError("the file was cut short while it was read")
         return data
-
-
-def _stamp(status: os.stat_result) -> tuple:
-    """A file's stamp: device, inode, size, and modification and change times in nanoseconds; what
-    tells that the file changed."""
-    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns,
-            status.st_ctime_ns)
 
 
 def require_unchanged(path: str, status: os.stat_result | None = None) -> None:
@@ -2581,6 +2632,8 @@ def _map_external(tensor, model_path: str, read: bool = False):
     require_file(path, "external data")
     if _same_file(model_path, path):
         require_unchanged(model_path)
+    elif _stamp_of(path) is not None:  # stamped when the graph was read
+        require_unchanged(path)
     try:
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
         size = dtype.itemsize * math.prod(tensor.dims)
@@ -2598,6 +2651,28 @@ def _map_external(tensor, model_path: str, read: bool = False):
     except (ValueError, OSError, KeyError, TypeError) as exc:
         raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: "
                          f"{one_line(exc)}") from exc
+
+
+def require_data_unchanged(tensors: list, model_path: str) -> None:
+    """Refuse (``ModelChanged``) when the external data file of one of ``tensors`` changed
+    since the graph was read: what onnxruntime read or refused is then another file's."""
+    for tensor in tensors:
+        with contextlib.suppress(ValueError, OSError):
+            path = _safe_location(_external_location(tensor).location, model_path)
+            if _stamp_of(path) is not None:
+                require_unchanged(path)
+
+
+def remember_data_stamps(model, model_path: str) -> None:
+    """Stamp the external data files of ``model`` not stamped yet in this invocation: those
+    files are read later (by eprun, or mapped by onnxruntime), and one that changes meanwhile
+    is named as changed (``require_unchanged``, and SIGBUS's one line). A location eprun
+    refuses is left for the reader to refuse."""
+    for tensor in external_tensors(model):
+        with contextlib.suppress(EprunError, ValueError, OSError):
+            path = _safe_location(_external_location(tensor).location, model_path)
+            if not _same_file(model_path, path) and _stamp_of(path) is None:
+                remember_stamp(path)
 
 
 def _inline_subgraph_weights(model, data_path: str, attributes: bool = False) -> None:
@@ -5176,6 +5251,7 @@ def open_exposed(model, model_path: str, options: dict | None = None,
         session = open_session(serialized, built, what=repr(model_path), on=on,
                                ask_with=model_path)
         require_unchanged(model_path)  # the weights onnxruntime read are the ones checked
+        require_data_unchanged(external, data_path)
         return session
 
     if external_via_folder:
@@ -5184,7 +5260,7 @@ def open_exposed(model, model_path: str, options: dict | None = None,
         except (ProviderRefused, ModelChanged):
             raise
         except EprunError:  # a location it refuses (a link out of the folder): map the data
-            pass
+            require_data_unchanged(external, data_path)  # (or a file cut short meanwhile)
     maps = [_map_external(tensor, data_path) for tensor in external]
     return session_with([tensor.name for tensor in external],
                         [ort.OrtValue.ortvalue_from_numpy(data) for data in maps],
@@ -13922,6 +13998,8 @@ def cli() -> None:
     leaves nothing behind."""
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     with installed(Invocation(program=True), stays=True) as invocation:
+        if threading.current_thread() is threading.main_thread():
+            install_bus_handler(invocation)
         try:
             code = _main(None, invocation, restore_handlers=False)
         except SystemExit as exc:  # argparse's: --help, --version and usage errors

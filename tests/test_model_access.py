@@ -321,6 +321,39 @@ def test_a_model_cut_short_while_its_graph_is_read_is_exit_4(tmp_path):
     assert "is not a loadable ONNX model" in result.stderr
 
 
+@pytest.mark.parametrize("moment", ["open", "run"])
+def test_external_data_cut_short_while_layers_reads_it_is_exit_4(external_pair, moment):
+    """A data file cut short before a session opens, or before one runs (onnxruntime maps the
+    weights files it reads, and a page past the new end is SIGBUS, which once ended eprun
+    without a word): exit 4 with one line naming the file, as the command line runs it."""
+    fp32, int8 = external_pair
+    data = [str(path.parent / f"{path.stem}.data") for path in (fp32, int8)]
+    script = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(EPRUN.parent)!r})\n"
+        "import eprun as tool, onnxruntime as ort\n"
+        "moment, files = sys.argv[1], sys.argv[4:]\n"
+        "def wrap(name):\n"
+        "    original = getattr(ort.InferenceSession, name)\n"
+        "    def wrapped(*args, **kwargs):\n"
+        "        if name == {'open': '__init__', 'run': 'run'}[moment]:\n"
+        "            for path in files:\n"
+        "                os.truncate(path, 0)\n"
+        "        return original(*args, **kwargs)\n"
+        "    setattr(ort.InferenceSession, name, wrapped)\n"
+        "wrap('__init__')\n"
+        "wrap('run')\n"
+        "sys.argv = ['eprun', 'layers', sys.argv[2], sys.argv[3], '1']\n"
+        "tool.cli()\n")
+    result = subprocess.run([sys.executable, "-c", script, moment, str(fp32), str(int8), *data],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 4, (result.returncode, result.stderr)
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("eprun: error: '") and "changed while eprun was reading it" in line
+    assert any(repr(os.path.abspath(path)) in line for path in data)
+
+
 def loop_model() -> onnx.ModelProto:
     """x -> MatMul -> Loop (3 times MatMul by its body's own weight Wb) -> y."""
     from onnx import TensorProto, helper, numpy_helper

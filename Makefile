@@ -111,7 +111,7 @@ docs-images: $(VIZ_VENV)/.dev-installed
 	@$(BROWSER_CHECK)
 	$(VIZ_VENV)/bin/python docs/make_images.py
 
-$(VIZ_VENV)/.dev-installed: requirements-viz.txt requirements-dev.txt requirements.txt $(VENV_STALE)
+$(VIZ_VENV)/.dev-installed: requirements-viz.txt requirements-dev.txt requirements-dask.txt requirements.txt $(VENV_STALE)
 	$(NEED_PINNED_STACK)$(call venv_install,$(VIZ_VENV),$(PY),requirements-viz.txt)
 	touch $@
 
@@ -166,11 +166,11 @@ $(VENV)/.lab-installed: $(LAB_REQS) $(VENV_STALE)
 	$(NEED_LAB_STACK)$(call venv_install,$(VENV),$(PY),$(LAB_REQS))
 	touch $@
 
-$(VENV)/.bench-installed: requirements.txt requirements-bench.txt $(VENV_STALE)
+$(VENV)/.bench-installed: requirements.txt requirements-bench.txt requirements-dask.txt $(VENV_STALE)
 	$(NEED_PINNED_STACK)$(call venv_install,$(VENV),$(PY),requirements-bench.txt)
 	touch $@
 
-$(VENV)/.dev-installed: requirements.txt requirements-dev.txt $(VENV_STALE)
+$(VENV)/.dev-installed: requirements.txt requirements-dev.txt requirements-dask.txt $(VENV_STALE)
 	$(NEED_PINNED_STACK)$(call venv_install,$(VENV),$(PY),requirements-dev.txt)
 	touch $@ $(VENV)/.lab-installed
 

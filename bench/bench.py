@@ -585,6 +585,38 @@ def layers_rows(work: Path, fp32: str, int8: str, features: int, label: str,
     return rows
 
 
+def dask_rows(work: Path, args: argparse.Namespace, fp32: str, int8: str) -> list[str]:
+    """sensitivity on the lab pair with its units on a Dask cluster of one and of two local
+    worker processes (distributed.LocalCluster, loopback), against --jobs 1: the cost of a unit
+    there, to estimate a cluster's time. The memory columns are the client's alone."""
+    try:
+        import distributed
+    except ImportError:
+        return [("| sensitivity on Dask | — | — | — | — | — | — | distributed not installed "
+                "(pip install -r requirements-bench.txt) |")]
+    import logging
+
+    argv = [PY, EPRUN, "sensitivity", fp32, int8, "5"]
+    answer = json.loads(subprocess.run([*argv, "--jobs", "1"], capture_output=True, text=True,
+                                       check=True).stdout)
+    units = len(answer["units"])
+    print("sensitivity, --jobs 1 ...", file=sys.stderr)
+    alone = measure([[*argv, "--jobs", "1"]], args.repeat)
+    rows = []
+    for workers in (1, 2):
+        print(f"sensitivity, {workers} Dask worker(s) ...", file=sys.stderr)
+        with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                      host="127.0.0.1", dashboard_address=":0",
+                                      silence_logs=logging.CRITICAL) as cluster:
+            spread = measure([[*argv, "--dask-scheduler", cluster.scheduler_address]],
+                             args.repeat)
+        rows.append(row(f"sensitivity, lab pair, {units} units on {workers} local Dask "
+                        f"worker{'s' if workers > 1 else ''}: {spread[0] / units:.2f} s a unit "
+                        f"(--jobs 1: {alone[0] / units:.2f})", spread, alone,
+                        "sensitivity --jobs 1"))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs per route (median)")
@@ -638,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.only_ep:
             rows += startup_rows(work, args, fp32, int8)
             rows += cpu_rows(work, args, fp32, int8)
+            rows += dask_rows(work, args, fp32, int8)
         print("| route | eprun s | other s | time ratio | eprun MB | other MB | memory ratio "
               "| other |")
         print("|---|---|---|---|---|---|---|---|")

@@ -207,8 +207,9 @@ def out_of_space(exc: BaseException) -> bool:
 # -- arguments -------------------------------------------------------------------------------------
 
 # Patterns stay strings here: ``re`` compiles each on its first use and keeps it, so a run pays
-# only for the ones it uses.
-_CONTROL = r"[\x00-\x1f\x7f\u2028\u2029\x85]"
+# only for the ones it uses. This one is compiled now: the failure report uses it, and a run
+# out of memory must not need memory to say so.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]")
 
 
 def one_line(text: object) -> str:
@@ -218,7 +219,7 @@ def one_line(text: object) -> str:
     carriage return inside an argument, say) is shown escaped, so stderr stays one line.
     """
     collapsed = " ".join(re.split(r"[ \t\n]+", str(text).strip(" \t\n")))
-    return re.sub(_CONTROL, lambda match: repr(match.group())[1:-1], collapsed)
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], collapsed)
 
 
 def parse_list(text: str) -> list[str]:
@@ -3620,6 +3621,44 @@ def session_options(*, level: str | None = None, threads: int | None = None,
     return options
 
 
+# Address space for what onnxruntime, onnx and numpy map when they load (pinned stack: 160 MB,
+# one OpenBLAS thread), and what a session needs beyond its threads' stacks (an arena, MLAS's
+# per-thread buffers, outputs). Below these the libraries fail inside native code.
+_IMPORT_ROOM = 160 << 20
+_SESSION_ROOM = 4 << 20
+
+
+def _stack_size() -> int:
+    """The stack a new thread reserves: RLIMIT_STACK's soft limit (glibc's default), else 8 MB."""
+    import resource
+
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    return 8 << 20 if stack in (resource.RLIM_INFINITY, 0) else stack
+
+
+def require_address_space(what: str, room: int = _SESSION_ROOM, threads: int = 0) -> None:
+    """Under a finite ``ulimit -v`` (RLIMIT_AS), refuse (exit 4, one line) what the room left
+    cannot hold: ``room`` bytes plus the stacks of ``threads`` new threads. onnxruntime,
+    protobuf and numpy do not fail cleanly there: a thread pool whose thread did not start
+    deadlocks, an unchecked allocation is a SIGSEGV."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return
+        with open("/proc/self/status", "rb") as status:
+            used = next(int(line.split()[1]) << 10 for line in status
+                        if line.startswith(b"VmSize:"))
+    except (ImportError, OSError, StopIteration, ValueError):
+        return
+    need = room + threads * _stack_size()
+    if limit - used < need:
+        raise EprunError(f"out of address space for {what}: ulimit -v is {limit >> 10} KB, "
+                         f"{used >> 10} KB are in use and about {need >> 20} MB more are "
+                         f"needed; raise ulimit -v to at least {(used + need) >> 10}")
+
+
 def open_session(source, options=None, what: str = "model", disabled: list[str] = (), *,
                  on: ProviderRequest | None = None, ask_with: str | None = None):
     """The one way eprun opens a session: from a path or serialized bytes, on the CPU unless
@@ -3634,6 +3673,8 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
     on = on or ProviderRequest([CPU_EP])
     options, extra = _session_arguments(options, disabled, on, counting)
     return_freed_memory()  # what sessions released before this one, so peaks do not stack
+    threads = options.intra_op_num_threads if options is not None else 0
+    require_address_space(what, threads=(threads or os.cpu_count() or 1) - 1)
     path = source if isinstance(source, str) else None
     before, handle, source = _pinned_source(path, source)
     try:
@@ -3864,6 +3905,7 @@ def run_session(session, output_names: list[str] | None, feed: dict, what: str =
                 hint: str = "") -> list:
     """``session.run(output_names, feed)`` (None: every output), any failure turned into one error
     (exit 4) that names ``what`` and ends with ``hint``."""
+    require_address_space(what)
     try:
         return session.run(output_names, feed)
     except Exception as exc:
@@ -13997,6 +14039,10 @@ def cli() -> None:
     is off for eprun's own process unless the user set ``ORT_DISABLE_TELEMETRY``: a tool that
     leaves nothing behind."""
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    # numpy's BLAS: one thread (eprun's sums are dot products and norms), not a thread, an
+    # 8 MB stack and a 32 MB buffer per core, reserved at numpy's import
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    _one_arena_under_a_limit()
     with installed(Invocation(program=True), stays=True) as invocation:
         if threading.current_thread() is threading.main_thread():
             install_bus_handler(invocation)
@@ -14011,6 +14057,19 @@ def cli() -> None:
             with contextlib.suppress(ValueError, OSError):  # not the main thread
                 signal.signal(getattr(signal, name), signal.SIG_IGN)
     _exit(code)
+
+
+def _one_arena_under_a_limit() -> None:
+    """Under a finite ``ulimit -v``, one glibc malloc arena: each thread that allocates (every
+    onnxruntime intra-op thread) would otherwise reserve an arena of 64 MB of the room left."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY:
+        return
+    with contextlib.suppress(Exception):  # not glibc
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-8, 1)  # M_ARENA_MAX
 
 
 def _exit(code: int) -> None:
@@ -14044,6 +14103,8 @@ def _execute(args: argparse.Namespace, argv: tuple[str, ...], invocation: Invoca
     try:
         try:
             form = output_format(args.format) if hasattr(args, "format") else "json"
+            if args.declared.onnxruntime and "numpy" not in sys.modules:
+                require_address_space("onnxruntime, onnx and numpy", _IMPORT_ROOM)
             with captured_chatter() as store:
                 quieted = quiet_ort and OrtLog.quiet()
                 answer = invoke(args.declared, args, argv)
@@ -14073,6 +14134,9 @@ def _unexpected_failure(exc: Exception, store, invocation: Invocation) -> int:
     if invocation.interrupted and invocation.interrupted[-1] == signal.SIGINT:
         _report_failure(EprunError("interrupted"), store)
         return 130
+    if isinstance(exc, ImportError) and ("failed to map segment" in str(exc)
+                                         or "Cannot allocate memory" in str(exc)):
+        exc = MemoryError(str(exc))
     if isinstance(exc, MemoryError):
         exc = EprunError(f"out of memory ({one_line(exc) or 'MemoryError'}); lower "
                          "--rows, or use --max-memory MB (layers, growth)")
@@ -14148,7 +14212,10 @@ def _report_failure(exc: BaseException, store=None) -> None:
     else:
         message = (f"internal error: {type(exc).__name__}: {exc} (rerun with EPRUN_DEBUG=1 "
                    "and report it)")
-    say(f"eprun: error: {one_line(message)}")
+    try:
+        say(f"eprun: error: {one_line(message)}")
+    except MemoryError:
+        say("eprun: error: out of memory")
 
 
 if __name__ == "__main__":

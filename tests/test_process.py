@@ -471,3 +471,27 @@ def test_only_sensitivity_imports_the_quantizer(lab_pair, tmp_path):
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, (argv, result.stderr)
         assert result.stderr.splitlines()[-1] == str(imported), (argv, result.stderr)
+
+
+@pytest.mark.parametrize("limit_mb", [400, 250, 230, 210, 180, 120, 80])
+def test_a_small_address_space_is_an_answer_or_one_line(lab_pair, limit_mb):
+    """Under ulimit -v, layers on the lab pair died by SIGSEGV with nothing on stderr (a
+    thread's unchecked allocation inside onnxruntime), or said "interrupted" (OpenBLAS raising
+    SIGINT when its threads did not start): now it answers, or refuses in one line (exit 4)."""
+    import resource
+
+    fp32, int8 = lab_pair
+    limit = limit_mb << 20
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    proc = subprocess.run([sys.executable, str(EPRUN), "layers", str(fp32), str(int8), "1"],
+                          capture_output=True, text=True, timeout=120, preexec_fn=cap)
+    assert proc.returncode in (0, 4), (proc.returncode, proc.stderr)
+    if proc.returncode == 4:
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith("eprun: error: ") and "internal error" not in line, line
+        assert proc.stdout == ""
+    else:
+        assert json.loads(proc.stdout)["layer_count"] == 6

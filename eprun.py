@@ -5697,9 +5697,13 @@ class LayerOptions(ReferenceProviderFlags, PlotFlags):
 
 
 def measure_layers(fp32_path: str, int8_path: str, seed: int,
-                   options: LayerOptions = LayerOptions(), targets: Targets | None = None):
+                   options: LayerOptions = LayerOptions(), targets: Targets | None = None,
+                   plain: dict | None = None):
     """The ``layers`` answer, and the int8 model's (exposed) final output for ``report``;
     ``targets``: where each side runs (``targets_from`` of the options; None: the CPU).
+    ``plain``: ``{"fp32"|"int8": {output: value}}``, what a run of the plain models on the same
+    inputs and providers already answered (``report``'s check): the exposure records take
+    their values from there instead of running each plain model again.
 
     One model is in memory at a time: the fp32 session runs once for every boundary and is
     released before the int8 one opens. With ``max_memory`` the boundaries are fetched in
@@ -5708,6 +5712,7 @@ def measure_layers(fp32_path: str, int8_path: str, seed: int,
     """
     options.refuse_mistakes(fp32_path, int8_path)
     measurement = LayerMeasurement(fp32_path, int8_path, seed, options, targets or Targets())
+    measurement.plain = plain or {}
     measurement.compare()
     return measurement.answer(), measurement.final
 
@@ -5858,12 +5863,14 @@ class LayerMeasurement:
         targets = self.targets
         if not _fell_back(targets.candidate, self.int8.got):
             exposure = exposure_of(self.int8, self.ends["int8"], self.ended.get("int8"),
-                                   self.int8_feed, "the int8 (candidate)")
+                                   self.int8_feed, "the int8 (candidate)",
+                                   self.plain.get("int8", {}).get(self.ends["int8"]))
             if not contract:
                 answer["exposure"] = exposure
         if not self.options.load_boundaries and not _fell_back(targets.reference, self.fp32.got):
             exposure = exposure_of(self.fp32, self.ends["fp32"], self.ended.get("fp32"),
-                                   self.feed.arrays, "the fp32 (reference)")
+                                   self.feed.arrays, "the fp32 (reference)",
+                                   self.plain.get("fp32", {}).get(self.ends["fp32"]))
             if not contract:
                 answer["reference_exposure"] = exposure
 
@@ -5980,20 +5987,24 @@ def _boundary_entry(k: int, names: tuple[str, str], values: tuple, rows: int,
 
 
 def exposure_of(side: PairedModel, output: str, exposed_value, feed: dict,
-                which: str = "the int8 (candidate)") -> dict:
+                which: str = "the int8 (candidate)", plain_value=None) -> dict:
     """How far exposing the boundaries moved ``output`` on the side's providers: the plain
     model run there on the same inputs, against the exposed run's value. An EP that compiles
     the graph as a whole (OpenVINO, TensorRT) fuses across what is now an output, and the CPU
     no longer fuses DequantizeLinear -> MatMul -> QuantizeLinear into one int8 kernel where
     the DequantizeLinear's output is exposed, so the per-boundary table describes a slightly
-    different graph; this says by how much, and ``which`` model it is on stderr."""
+    different graph; this says by how much, and ``which`` model it is on stderr.
+    ``plain_value``: the plain model's ``output`` where a run of it already answered (never
+    two plain runs of one model for one answer)."""
     import numpy as np
 
     if exposed_value is None or output not in {value.name for value in side.model.graph.output}:
         return {"output": output, "max_abs_diff": None}  # not measured, or no plain output
-    plain = side.session([], exposed=False)
-    (value,) = run_session(plain, [output], feed, what=repr(side.path))
-    del plain
+    value = plain_value
+    if value is None:
+        plain = side.session([], exposed=False)
+        (value,) = run_session(plain, [output], feed, what=repr(side.path))
+        del plain
     diff = (float("nan") if value.shape != exposed_value.shape else
             0.0 if np.array_equal(value, exposed_value, equal_nan=value.dtype.kind in "fc")
             else largest_of(differences(exposed_value, value)[2]))
@@ -11298,12 +11309,13 @@ class CheckOptions(ReferenceProviderFlags, ToleranceFlags, PlotFlags):
 
 
 def check(reference: str, candidate: str, options: CheckOptions | None = None, *,
-          outputs_into: dict | None = None) -> dict:
+          outputs_into: dict | None = None, reference_into: dict | None = None) -> dict:
     """The CI gate: does the candidate (model and providers) match the reference within
     tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
     provider the candidate's session did not get) unless ``allow_fallback``;
     ``require_providers`` asks for exactly the requested list. ``outputs_into`` (for
-    ``report``) receives the candidate's outputs by name, so they need not be computed again.
+    ``report``) receives the candidate's outputs by name, so they need not be computed again
+    (``reference_into`` the reference's).
     ``save_outputs`` stores the reference's outputs and inputs; ``load_outputs`` takes them
     from such a file instead of running the reference (made on another machine).
 
@@ -11326,6 +11338,8 @@ def check(reference: str, candidate: str, options: CheckOptions | None = None, *
     ran = _candidate_side(candidate, on, feeds, options, len(reference_names))
     if outputs_into is not None:
         outputs_into.update(zip(ran.names, ran.runs[0]))
+    if reference_into is not None and golden is None:  # (a reference run here, not loaded)
+        reference_into.update(zip(reference_names, reference_runs[0]))
     measured = [_measure_outputs(zip(reference_names, expected), zip(ran.names, actual),
                                  (reference, candidate), rules)
                 for expected, actual in zip(reference_runs, ran.runs)]
@@ -13380,23 +13394,27 @@ class _Report:
         self.named = _name_pairs(graphs["fp32"].graph, graphs["int8"].graph,
                                  options.boundary_ops)
         progress.step(2)
-        targets = targets_from(options) if options.providers is not None else Targets()
-        measured, int8_final = measure_layers(fp32, int8, seed, LayerOptions(
-            inputs=options.inputs, boundary_ops=options.boundary_ops, pair=self.pairing,
-            swapped_ok=options.swapped_ok, clipping=True, local=options.local), targets)
-        self.sections.update(measured=measured, growth=growth_of(measured))
-        progress.step(3)
-        self.sections["settings"] = settings(int8, seed, SettingsOptions(
-            inputs=options.inputs, providers=options.providers,
-            allow_fallback=options.allow_fallback, ep_library=options.ep_library,
-            ep_options=options.ep_options))
-        progress.step(4)
+        # the gate first: its runs of the plain models are the ones the exposure records
+        # compare with, so no plain model runs twice
         candidate: dict = {}
+        reference: dict = {}
         self.sections["gate"] = check(fp32, int8, CheckOptions(
             providers=options.providers, profile="int8", inputs=options.inputs, seed=seed,
             ep_options=options.ep_options, allow_fallback=options.allow_fallback,
             swapped_ok=True),  # the order is checked above, on the graphs read there
-            outputs_into=candidate)
+            outputs_into=candidate, reference_into=reference)
+        progress.step(3)
+        targets = targets_from(options) if options.providers is not None else Targets()
+        measured, int8_final = measure_layers(fp32, int8, seed, LayerOptions(
+            inputs=options.inputs, boundary_ops=options.boundary_ops, pair=self.pairing,
+            swapped_ok=options.swapped_ok, clipping=True, local=options.local), targets,
+            plain={"fp32": reference, "int8": candidate})
+        self.sections.update(measured=measured, growth=growth_of(measured))
+        progress.step(4)
+        self.sections["settings"] = settings(int8, seed, SettingsOptions(
+            inputs=options.inputs, providers=options.providers,
+            allow_fallback=options.allow_fallback, ep_library=options.ep_library,
+            ep_options=options.ep_options))
         progress.step(5)
         self.sections["exposure"] = self._exposure(targets, candidate, int8_final)
         progress.step(6)

@@ -249,3 +249,30 @@ def test_the_headline_is_the_files_numbers_and_the_table_shows_it(run_eprun_here
     assert gate.split("  ")[-1].strip().startswith("passed" if result.answer["check"]["passed"]
                                                    else "failed: ")
     assert table.stdout.splitlines()[-1].startswith("files: ")
+
+
+def test_report_runs_no_plain_model_twice(run_eprun_here, monkeypatch, lab_pair, tmp_path):
+    """The gate's runs of the plain models answer the exposure records too: layers' own plain
+    runs (a session of each plain model again) are not made inside report, and the records
+    are the ones layers gives alone."""
+    import eprun as tool
+
+    fp32, int8 = lab_pair
+    plain_sessions = []
+    original = tool.PairedModel.session
+
+    def counted(self, names, exposed=True):
+        if not exposed:
+            plain_sessions.append(self.path)
+        return original(self, names, exposed)
+
+    monkeypatch.setattr(tool.PairedModel, "session", counted)
+    result = run_eprun_here("report", fp32, int8, "--seed", "3", "--out-dir", tmp_path,
+                            "--local")
+    assert result.code == 0, result.stderr
+    assert plain_sessions == []
+    growth = __import__("json").loads((tmp_path / "growth.json").read_text())
+    alone = run_eprun_here("growth", fp32, int8, "3", "--local").answer
+    assert plain_sessions  # growth alone runs them
+    assert growth["exposure"] == alone["exposure"]
+    assert growth["reference_exposure"] == alone["reference_exposure"]

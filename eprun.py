@@ -57,7 +57,8 @@ Where to change what:
                  node data and plots read it from there (also through the Python API)
     a command    in a section of its own in layer 8: its options record (a frozen
                  dataclass of its flags, inheriting the shared groups), its function
-                 (models, seed, ``options``) and ``declare(Command(..., options=...))``;
+                 (models, seed, ``options``) and ``declare(Command(..., options=...,
+                 positionals=(...)))``, called as ``function(*positionals, options)``;
                  a table renderer in _TABLES (layer 6); docs/development.md lists the rest
                  (a default invocation and a test file)
     an EP rule   layer 4: how an EP is asked for (ProviderRequest: by name, by device, by
@@ -143,11 +144,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 __version__ = "0.14.0"
-__all__ = ["COMMANDS", "METRICS", "CheckOptions", "EprunError", "InputOptions",
-           "LayerOptions", "Metric", "ReduceOptions", "ReportOptions", "SensitivityOptions",
-           "SettingsOptions", "check", "cli", "expose", "growth", "inspect", "layers", "main",
-           "partition", "placement", "providers", "reduce", "report", "sensitivity", "settings",
-           "weights"]
+__all__ = ["COMMANDS", "METRICS", "CheckOptions", "EprunError", "ExposeOptions", "InputOptions",
+           "InspectOptions", "LayerOptions", "Metric", "PartitionOptions", "PlacementOptions",
+           "ProvidersOptions", "ReduceOptions", "ReportOptions", "SensitivityOptions",
+           "SettingsOptions", "WeightsOptions", "check", "cli", "expose", "growth", "inspect",
+           "layers", "main", "partition", "placement", "providers", "reduce", "report",
+           "sensitivity", "settings", "weights"]
 
 
 # == 1. Contract and declarations ==================================================================
@@ -442,10 +444,11 @@ class Command(NamedTuple):
     """Everything about one command, declared next to its function: the parser is built from
     these, the help shows them, and the tests check ``fields`` against real answers.
 
-    ``function`` takes the parsed arguments its parameters name (``inputs`` is built from the
-    input options); ``options``, where given, is the record of the command's flags (a frozen
-    dataclass, each field the flag of its name) that the function takes as ``options``, built
-    from the parsed arguments of the same names. ``fields`` are the top-level keys of its
+    ``function`` is called ``function(*positionals, options)``: the parsed arguments
+    ``positionals`` names (its models, and a seed where it takes one), in order, then
+    ``options``, the record of the command's flags (a frozen dataclass, each field the flag
+    of its name, ``inputs`` built from the input flags), made from the parsed arguments of
+    its fields' names. ``fields`` are the top-level keys of its
     answer for a contract-shaped model and default options, in order; ``detail`` says what is
     inside them and what options add; ``verdict`` turns an answer into a failure reason (exit
     1) or None; ``onnxruntime`` False: the command never opens a session (nor imports
@@ -462,6 +465,7 @@ class Command(NamedTuple):
     verdict: Callable[[argparse.Namespace, dict], str | None] | None = None
     onnxruntime: bool = True
     options: type | None = None
+    positionals: tuple = ()
 
 
 COMMANDS: dict[str, Command] = {}
@@ -517,7 +521,23 @@ def flags_of(group: type, *names: str) -> tuple[Arg, ...]:
 # command checks them, in its own order, before it measures.
 
 @dataclasses.dataclass(frozen=True)
-class ProviderFlags:
+class EpFlags:
+    """How an EP is reached and set: ``--ep-library`` (plugin EP libraries to register) and
+    ``--ep-option`` (``{provider: {key: value}}``), for every command that opens sessions."""
+
+    ep_library: list[str] = flag(
+        "--ep-library", field_default=(), action="append", default=[], metavar="PATH",
+        help="register this plugin EP library (onnxruntime 1.22+) before any session; "
+             "repeatable. Installed plugin packages (onnxruntime-ep-*) are registered by "
+             "themselves when a list names their EP")
+    ep_options: dict | None = flag(
+        "--ep-option", type=parse_ep_option, action="append", default=[],
+        metavar="EP:KEY=VALUE",
+        help="a provider option, e.g. OpenVINOExecutionProvider:device_type=CPU; repeatable")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProviderFlags(EpFlags):
     """Where a command's sessions run: ``--providers`` (None: the CPU, with the contract's
     default session), ``--allow-fallback``, ``--ep-library`` (paths) and ``--ep-option``
     (``{provider: {key: value}}``); ``targets_from`` checks and parses them."""
@@ -534,15 +554,6 @@ class ProviderFlags:
         help="accept a session that did not get a provider it asked for (or whose provider "
              "took no node) instead of refusing it (or, in check, failing the gate); the "
              "answer records what each session got")
-    ep_library: list[str] = flag(
-        "--ep-library", field_default=(), action="append", default=[], metavar="PATH",
-        help="register this plugin EP library (onnxruntime 1.22+) before any session; "
-             "repeatable. Installed plugin packages (onnxruntime-ep-*) are registered by "
-             "themselves when a list names their EP")
-    ep_options: dict | None = flag(
-        "--ep-option", type=parse_ep_option, action="append", default=[],
-        metavar="EP:KEY=VALUE",
-        help="a provider option, e.g. OpenVINOExecutionProvider:device_type=CPU; repeatable")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -625,7 +636,7 @@ class PlotFlags:
 
 
 # The flags of the groups, as the commands list them.
-EP_ARGS = flags_of(ProviderFlags, "ep_library", "ep_options")
+EP_ARGS = flags_of(EpFlags)
 PLOT_ARGS = flags_of(PlotFlags)
 TOLERANCE_ARGS = flags_of(ToleranceFlags)
 
@@ -10043,9 +10054,16 @@ def _recommend(study: SensitivityStudy, ranked: list[dict], target: dict, met: b
 
 # -- providers -------------------------------------------------------------------------------------
 
-def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
-              ep_options: dict | None = None, *, nodes: bool = False,
-              fail_on_fallback: bool = False) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ProvidersOptions(EpFlags):
+    """``providers``' options; each field is the flag of its name."""
+
+    nodes: bool = False
+    fail_on_fallback: bool = False
+
+
+def providers(model: str, lists: list[list[str]],
+              options: ProvidersOptions | None = None) -> dict:
     """One session per requested list; what it actually holds, what was missing, and whether
     it fell back. A model onnxruntime cannot open is reported per case, not as a failure.
 
@@ -10056,6 +10074,9 @@ def providers(model: str, lists: list[list[str]], ep_library: list[str] = (),
     each provider took (``nodes_per_provider``: a listed EP may have taken none), except in
     the contract's own call (a contract-shaped model, no option), whose answer stays exactly
     the contract's; ``nodes`` asks for them there too."""
+    options = options or ProvidersOptions()
+    ep_library, ep_options = options.ep_library, options.ep_options
+    nodes, fail_on_fallback = options.nodes, options.fail_on_fallback
     require_file(model)
     ort = import_ort()
     ep_options = ep_options or {}
@@ -10157,6 +10178,8 @@ declare(Command(
     name="providers",
     summary="requested vs. actual execution providers, one session per list",
     function=providers,
+    options=ProvidersOptions,
+    positionals=("model", "lists"),
     arguments=(MODEL,
                arg("lists", nargs="+", type=parse_list, metavar="list",
                    help="comma-joined provider names, e.g. "
@@ -10254,8 +10277,16 @@ def _cycle_error(stuck) -> EprunError:
                       "its own output): it is not a valid ONNX graph")
 
 
-def partition(model: str, supported: list[str], mode: str = "file", parsed=None,
-              node_data: str | None = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class PartitionOptions:
+    """``partition``'s options; each field is the flag of its name (``mode``: ``--rule``)."""
+
+    mode: str = "file"
+    node_data: str | None = None
+
+
+def partition(model: str, supported: list[str], options: PartitionOptions | None = None, *,
+              parsed=None) -> dict:
     """Which pieces an EP supporting only ``supported`` would get; needs only onnx.
 
     ``file`` (the contract): runs of consecutive nodes in file order. ``ort``: the groups
@@ -10264,6 +10295,8 @@ def partition(model: str, supported: list[str], mode: str = "file", parsed=None,
     subgraph), each body is partitioned alone, listed under ``subgraphs`` and added into
     ``totals``. ``parsed`` is the already parsed graph of ``model``, when the caller has it.
     """
+    options = options or PartitionOptions()
+    mode, node_data = options.mode, options.node_data
     require_views(node_data, None)
     if parsed is None:
         parsed = load_model(model, graph_only=True)
@@ -10384,6 +10417,8 @@ declare(Command(
     summary="file-order simulation of the partitions an EP supporting only the listed ops "
             "would form (no session)",
     function=partition,
+    options=PartitionOptions,
+    positionals=("model", "supported"),
     onnxruntime=False,
     arguments=(MODEL,
                arg("supported", type=parse_list, help="comma-joined op types, e.g. MatMul,Add"),
@@ -10402,11 +10437,20 @@ declare(Command(
 
 # -- expose ----------------------------------------------------------------------------------------
 
-def expose(model: str, out: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-           force: bool = False) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ExposeOptions:
+    """``expose``'s options; each field is the flag of its name."""
+
+    boundary_ops: tuple[str, ...] = BOUNDARY_OPS
+    force: bool = False
+
+
+def expose(model: str, out: str, options: ExposeOptions | None = None) -> dict:
     """Save a copy of the model whose outputs include every boundary; the input is untouched.
     An existing file at ``out`` that eprun did not write is replaced only with ``force``."""
-    answer, staged = prepare_expose(model, out, boundary_ops, force=force, say_absent=True)
+    options = options or ExposeOptions()
+    answer, staged = prepare_expose(model, out, options.boundary_ops, force=options.force,
+                                    say_absent=True)
     commit(staged)
     return answer
 
@@ -10530,6 +10574,8 @@ declare(Command(
     summary="save a copy whose graph outputs include every layer boundary (first input of each "
             "MatMul/Gemm, then the first float output)",
     function=expose,
+    options=ExposeOptions,
+    positionals=("model", "out"),
     onnxruntime=False,
     arguments=(arg("model", help="ONNX model file (never modified)"),
                arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG,
@@ -10661,6 +10707,7 @@ declare(Command(
     name="layers",
     summary="FP32 vs. INT8 error at every boundary",
     function=layers,
+    positionals=("fp32", "int8", "seed"),
     options=LayerOptions,
     arguments=(*PAIR_ARGS, FORMAT_ARG,
                arg("--metrics", type=parse_metrics, default=(),
@@ -10681,6 +10728,7 @@ declare(Command(
     name="growth",
     summary="how the relative error grows from boundary to boundary",
     function=growth,
+    positionals=("fp32", "int8", "seed"),
     options=LayerOptions,
     arguments=(*PAIR_ARGS, FORMAT_ARG),
     fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
@@ -11130,6 +11178,7 @@ declare(Command(
     summary="the first output under other optimization levels and thread counts, compared "
             "with a single-threaded unoptimized baseline",
     function=settings,
+    positionals=("model", "seed"),
     options=SettingsOptions,
     arguments=(MODEL, SEED, SEED_OPTION, *INPUT_ARGS, FORMAT_ARG, *PLOT_ARGS,
                arg("--explain", action="store_true",
@@ -11155,9 +11204,17 @@ declare(Command(
 
 # -- placement -------------------------------------------------------------------------------------
 
-def placement(model: str, providers: list[str], seed: int = 0,
-              inputs: InputOptions | None = None, *, ep_library: list[str] = (),
-              ep_options: dict | None = None, node_data: str | None = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class PlacementOptions(EpFlags):
+    """``placement``'s options; each field is the flag of its name (the inputs feed the one
+    profiled run of releases before 1.24, drawn with seed 0)."""
+
+    inputs: InputOptions | None = None
+    node_data: str | None = None
+
+
+def placement(model: str, providers: list[str], options: PlacementOptions | None = None
+              ) -> dict:
     """Which execution provider each node was actually assigned to, as onnxruntime reports it.
 
     onnxruntime 1.24+ records the assignment when asked (``session.record_ep_graph_assignment_
@@ -11165,6 +11222,9 @@ def placement(model: str, providers: list[str], seed: int = 0,
     profiling on and reads each node event's provider. Both list the nodes onnxruntime
     executes, after its graph optimizations: a fused node stands for several of the file's.
     """
+    options = options or PlacementOptions()
+    seed, inputs, node_data = 0, options.inputs, options.node_data
+    ep_library, ep_options = options.ep_library, options.ep_options
     require_file(model)
     require_views(node_data, None)
     prepare_providers([providers], ep_library, ep_options)
@@ -11271,6 +11331,8 @@ declare(Command(
     summary="which execution provider each node was actually assigned to (onnxruntime's "
             "graph assignment info, or a one-run profile on releases before 1.24)",
     function=placement,
+    options=PlacementOptions,
+    positionals=("model", "providers"),
     arguments=(MODEL, arg("providers", type=parse_list, help="comma-joined provider names"),
                *INPUT_ARGS, *EP_ARGS, FORMAT_ARG, NODE_DATA_ARG),
     fields=("model", "requested", "actual", "fell_back", "source", "counts",
@@ -11954,6 +12016,7 @@ declare(Command(
     summary="CI gate: candidate model and providers against a reference within "
             "rtol/atol/cosine on the same inputs; exit 0 pass, 1 fail",
     function=check,
+    positionals=("reference", "candidate"),
     options=CheckOptions,
     arguments=(
         arg("reference", help="reference model (usually the FP32 one), run on "
@@ -12803,6 +12866,7 @@ declare(Command(
     summary="the smallest part of a model that still fails (a --check command, or numbers "
             "on --providers against the reference), saved with its inputs",
     function=reduce,
+    positionals=("model", "output"),
     options=ReduceOptions,
     arguments=(
         MODEL,
@@ -12925,6 +12989,7 @@ declare(Command(
     summary="which quantized units to keep in float: each restored alone and measured on the "
             "final output, ranked, and a verified nodes_to_exclude list",
     function=sensitivity,
+    positionals=("fp32", "int8", "seed"),
     options=SensitivityOptions,
     arguments=(
         *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS,
@@ -13041,11 +13106,20 @@ def weight_error(reference, dequantized) -> dict:
             "max_abs_error": float(np.abs(diff).max()) if diff.size else 0.0}
 
 
-def weights(fp32: str, int8: str, *, swapped_ok: bool = False,
-            node_data: str | None = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class WeightsOptions:
+    """``weights``' options; each field is the flag of its name."""
+
+    swapped_ok: bool = False
+    node_data: str | None = None
+
+
+def weights(fp32: str, int8: str, options: WeightsOptions | None = None) -> dict:
     """Each quantized weight of ``int8`` (biases too) against the fp32 weight it quantizes,
     named by its float name as qdq_loss_debug names it (the integer initializer's name less
     ``_quantized`` and the other suffixes quantizers add)."""
+    options = options or WeightsOptions()
+    swapped_ok, node_data = options.swapped_ok, options.node_data
     require_file(fp32)
     require_file(int8)
     require_views(node_data, None)
@@ -13150,6 +13224,8 @@ declare(Command(
     summary="how far each quantized weight is from its float original (qdq_loss_debug's "
             "weight SQNR), no session",
     function=weights,
+    options=WeightsOptions,
+    positionals=("fp32", "int8"),
     onnxruntime=False,
     arguments=(*FP32_INT8, SWAPPED_OK_ARG, FORMAT_ARG, NODE_DATA_ARG),
     fields=("fp32", "int8", "weight_count", "weights", "worst"),
@@ -13216,10 +13292,15 @@ def qdq_summary(graph) -> dict | None:
             "wrapped_ops": dict(wrapped.most_common())}
 
 
-def inspect(model: str) -> dict:
+@dataclasses.dataclass(frozen=True)
+class InspectOptions:
+    """``inspect``'s options: none but the output's form, which ``main`` takes."""
+
+
+def inspect(model: str, options: InspectOptions | None = None) -> dict:
     """What the model is, as ``polygraphy inspect model`` summarises it: opsets, inputs and
     outputs, op types, initializers and external data, and its Q/DQ structure, from the
-    graph alone (weights stay on disk)."""
+    graph alone (weights stay on disk). ``options``: none yet."""
     parsed = load_model(model, graph_only=True)
     graph = parsed.graph
     external: dict[str, dict] = {}
@@ -13250,6 +13331,8 @@ declare(Command(
     summary="what a model is: opsets, inputs and outputs with their shapes, op types, "
             "initializers, external data and its Q/DQ structure (no session, no weights read)",
     function=inspect,
+    options=InspectOptions,
+    positionals=("model",),
     onnxruntime=False,
     arguments=(MODEL, FORMAT_ARG),
     fields=("model", "ir_version", "producer", "opsets", "inputs", "outputs", "nodes",
@@ -13384,7 +13467,8 @@ class _Report:
         progress = Progress("report", 6)
         with captured_chatter():  # the made-up provider's banner and note: the table says so
             self.sections["providers"] = {
-                **providers(fp32, requests, options.ep_library, options.ep_options),
+                **providers(fp32, requests, ProvidersOptions(
+                    ep_library=options.ep_library, ep_options=options.ep_options)),
                 "note": REPORT_NOTE}
         progress.step(1)
         graphs = self.graphs
@@ -13639,6 +13723,7 @@ declare(Command(
     name="report",
     summary="run every lab measurement and write the deliverables: " + ", ".join(REPORT_FILES),
     function=report,
+    positionals=("fp32", "int8", "seed"),
     options=ReportOptions,
     arguments=(
         *FP32_INT8,
@@ -13970,11 +14055,9 @@ def _command_named(argv: tuple[str, ...]) -> str | None:
 
 
 def invoke(command: Command, args: argparse.Namespace, argv: tuple[str, ...] = ()) -> dict:
-    """Call a command's function with the parsed arguments its signature names, and its
-    ``options`` record made of those its fields name (``command_line``: ``argv``, the words
-    as typed)."""
-    from inspect import signature  # the module, not the inspect command
-
+    """``command.function(*positionals, options)``: the parsed arguments ``positionals`` names,
+    then the options record made of those its fields name (``command_line``: ``argv``, the
+    words as typed)."""
     values = vars(args)
     if "rows" in values:
         values = {**values, "inputs": inputs_from(args)}
@@ -13983,12 +14066,10 @@ def invoke(command: Command, args: argparse.Namespace, argv: tuple[str, ...] = (
     if "extra_option" in values:
         values = {**values, "extra_options": dict(args.extra_option)}
     values = {**values, "command_line": list(argv)}
-    if command.options is not None:
-        values["options"] = command.options(**{
-            field.name: values[field.name] for field in dataclasses.fields(command.options)
-            if field.name in values})
-    wanted = signature(command.function).parameters
-    return command.function(**{name: values[name] for name in wanted if name in values})
+    options = command.options(**{field.name: values[field.name]
+                                 for field in dataclasses.fields(command.options)
+                                 if field.name in values})
+    return command.function(*(values[name] for name in command.positionals), options)
 
 
 def main(argv: list[str] | None = None) -> int:

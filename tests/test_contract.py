@@ -118,22 +118,24 @@ def test_every_flag_reaches_the_command_and_every_option_is_a_flag():
 
     python_only = {"clipping", "command_line", "seed_given"}
     for command in tool.COMMANDS.values():
-        parameters = inspect.signature(command.function).parameters
-        fields = ({field.name for field in dataclasses.fields(command.options)}
-                  if command.options else set())
-        assert ("options" in parameters) == bool(command.options), command.name
+        # every command is function(*positionals, options): its models (and seed), then
+        # the record of its flags
+        parameters = list(inspect.signature(command.function).parameters.values())
+        assert [p.name for p in parameters[:len(command.positionals) + 1]] == [
+            *command.positionals, "options"], command.name
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY
+                   for p in parameters[len(command.positionals) + 1:]), command.name
+        fields = {field.name for field in dataclasses.fields(command.options)}
         dests = {argument.options.get("dest") or argument.names[-1].lstrip("-").replace("-", "_")
                  for argument in command.arguments}
         reached = {FOLDED.get(dest, dest) for dest in dests} - {None}
-        taken = (set(parameters) - {"options"}) | fields
+        taken = set(command.positionals) | fields
         assert reached - taken == set(), (command.name, reached - taken)
         unset = fields - reached - python_only
         if command.name == "growth":  # layers' record, without --metrics
             unset -= {"metrics"}
         assert unset == set(), (command.name, unset)
-        required = [name for name in parameters if parameters[name].default
-                    is inspect.Parameter.empty]
-        assert set(required) <= reached, (command.name, required)
+        assert set(command.positionals) <= reached, command.name
 
 
 def test_the_module_offers_every_command_and_lists_them_as_help_does():

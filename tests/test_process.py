@@ -261,7 +261,8 @@ def test_partition_reads_the_graph_without_importing_onnx(lab_pair, mode):
     assert ("onnx" in imported) is not upb_protobuf(), imported
     if mode == "file":  # numpy comes with onnx, never for the walk itself
         assert ("numpy" in imported) is ("onnx" in imported), imported
-    assert json.loads(out) == tool.partition(str(lab_pair[1]), ["MatMul"], mode)
+    assert json.loads(out) == tool.partition(str(lab_pair[1]), ["MatMul"],
+                                                   tool.PartitionOptions(mode=mode))
 
 
 def test_messages_read_alone_are_the_ones_onnx_hands_out(lab_pair):

@@ -41,11 +41,10 @@ def spy_on(monkeypatch, name: str) -> list[int]:
     levels: list[int] = []
     command = tool.COMMANDS[name]
 
-    def spy(**kwargs):
+    def spy(*args):
         levels.append(tool.OrtLog.level)
-        return command.function(**kwargs)
+        return command.function(*args)
 
-    spy.__signature__ = __import__("inspect").signature(command.function)
     monkeypatch.setitem(tool.COMMANDS, name, command._replace(function=spy))
     return levels
 

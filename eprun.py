@@ -8366,6 +8366,271 @@ def require_qdq_form(model, path: str) -> None:
                          "QuantFormat.QDQ)")
 
 
+# -- weight-only twins: MatMulNBitsQuantizer's blockwise MatMuls -----------------------------------
+
+# Bits per code of a blockwise DequantizeLinear's integer weight, by TensorProto data type:
+# UINT8, INT8, UINT4, INT4, UINT2, INT2 (MatMulNBitsQuantizer's QDQ form writes the 4-bit ones).
+_BLOCKWISE_BITS = {2: 8, 3: 8, 21: 4, 22: 4, 25: 2, 26: 2}
+# The weight names of MatMulNBitsQuantizer's neural-compressor algorithms (RTN, k_quant, GPTQ):
+# ``W_Q4G32`` (bits, then block size), where its default algorithm and HQQ write ``W_Q4``.
+_NEURAL_COMPRESSOR_WEIGHT = re.compile(r"_Q\d+G-?\d+$")
+# What a twin's quantized weight adds to its float weight's name: W_Q4, W_DQ_Q4, W_Q4G32.
+_QUANTIZED_WEIGHT_SUFFIX = re.compile(r"_(DQ_)?Q\d+(G-?\d+)?$")
+# What algorithm a twin's weights show (``BlockwiseMatMul.algorithm``) when neural-compressor's
+# names them: GPTQ among those, which a weight's values cannot tell from RTN's.
+_NEURAL_COMPRESSOR = "RTN, k_quant or GPTQ"
+
+
+class BlockwiseMatMul(NamedTuple):
+    """A MatMul of a weight-only twin that reads its weight quantized in blocks along K: the
+    twin's node (``index``: com.microsoft MatMulNBits, ``form`` "QOperator", or a MatMul
+    reading a blockwise DequantizeLinear, "QDQ"), its activation and quantized weight (an
+    initializer), and what the graph says of how it was quantized. ``symmetric``: no zero
+    points; ``float_zero_points``: zero points in float, as only HQQ writes them;
+    ``accuracy_level`` None where the node has none (or 0, which the quantizer never
+    writes)."""
+
+    index: int
+    activation: str
+    weight: str
+    form: str
+    bits: int
+    block_size: int
+    symmetric: bool
+    accuracy_level: int | None
+    float_zero_points: bool
+
+    @property
+    def algorithm(self) -> str:
+        """The MatMulNBitsQuantizer algorithm the names and zero points show: "HQQ" (float zero
+        points), "RTN, k_quant or GPTQ" (neural-compressor's names, ``W_Q4G32``), else "DEFAULT"
+        (the quantizer's own round to nearest, ``W_Q4``)."""
+        if self.float_zero_points:
+            return "HQQ"
+        if _NEURAL_COMPRESSOR_WEIGHT.search(self.weight):
+            return _NEURAL_COMPRESSOR
+        return "DEFAULT"
+
+
+def _int_attributes(node) -> dict[str, int]:
+    """A node's integer attributes by name."""
+    return {attribute.name: attribute.i for attribute in node.attribute if attribute.type == 2}
+
+
+def blockwise_matmuls(index: GraphIndex) -> list[BlockwiseMatMul]:
+    """The MatMuls of a graph whose weight is quantized in blocks along K, in file order: a
+    com.microsoft MatMulNBits of an initializer (without g_idx or bias, which the quantizer
+    never writes), and a MatMul whose B a DequantizeLinear with ``block_size`` on axis 0
+    writes from an integer initializer."""
+    weights = index.initializers
+    found = []
+    for position, node in enumerate(index.nodes):
+        inputs = list(node.input)
+        if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+            if len(inputs) < 3 or inputs[1] not in weights or any(inputs[4:]):
+                continue
+            attributes = _int_attributes(node)
+            zero = inputs[3] if len(inputs) > 3 else ""
+            found.append(BlockwiseMatMul(
+                position, inputs[0], inputs[1], "QOperator", attributes.get("bits", 4),
+                attributes.get("block_size", 0), not zero,
+                attributes.get("accuracy_level") or None,
+                zero in weights and weights[zero].data_type in FLOAT_TYPES))
+        elif node.op_type == "MatMul" and len(inputs) == 2:
+            dequantize = _weight_dequantizer(index, inputs[1])
+            attributes = _int_attributes(dequantize) if dequantize is not None else {}
+            if not attributes.get("block_size") or attributes.get("axis", 1) != 0:
+                continue
+            bits = _BLOCKWISE_BITS.get(weights[dequantize.input[0]].data_type)
+            if bits is not None:
+                found.append(BlockwiseMatMul(
+                    position, inputs[0], dequantize.input[0], "QDQ", bits,
+                    attributes["block_size"],
+                    len(dequantize.input) < 3 or not dequantize.input[2], None, False))
+    return found
+
+
+class WeightOnlyTwin(NamedTuple):
+    """What sensitivity reads off a weight-only twin (``weight_only_twin``): its units, each
+    unit's ``BlockwiseMatMul`` by the twin's node index, the MatMulNBitsQuantizer arguments
+    the graph shows (the answer's ``quantizer``: ``_nbits_arguments``) and the settings its
+    MatMuls do not share (where they differ, the arguments give the most common)."""
+
+    units: list[Unit]
+    matmuls: dict[int, BlockwiseMatMul]
+    arguments: dict
+    mixed: list[str]
+
+    def inexact(self, restored: list[Unit]) -> str | None:
+        """Why restoring ``restored`` may not be what MatMulNBitsQuantizer writes with them
+        excluded: a weight named as neural-compressor's algorithms name them, which include a
+        calibrated one. (Restoring is exact where each weight was quantized alone, as the
+        quantizer's default round to nearest and HQQ do.)"""
+        for unit in restored:
+            matmul = self.matmuls[unit.int8_index]
+            if matmul.algorithm == _NEURAL_COMPRESSOR:
+                return (f"{matmul.weight!r} is named as MatMulNBitsQuantizer's neural-compressor "
+                        "algorithms name a weight (<W>_Q<bits>G<block_size>): RTN and k_quant "
+                        "quantize each weight alone, as restoring assumes, but GPTQ fits the "
+                        "weights to calibration data eprun does not have, so if GPTQ made the "
+                        "twin its other weights may depend on this one")
+        return None
+
+
+def weight_only_twin(fp32_model, twin_model) -> WeightOnlyTwin | None:
+    """``twin_model`` read as a weight-only twin of ``fp32_model`` (MatMulNBitsQuantizer's, in
+    either form), or None where it is none: it has no blockwise MatMul, or an op that
+    quantizes activations (then it is a QDQ model of quantize_static, or refused as one)."""
+    if any(node.op_type in ("QuantizeLinear", *_INTEGER_OPS)
+           or node.op_type.startswith("QLinear") for node in twin_model.graph.node):
+        return None
+    index = GraphIndex.of(twin_model.graph)
+    matmuls = blockwise_matmuls(index)
+    if not matmuls:
+        return None
+    units = _weight_only_units(fp32_model, index, matmuls)
+    arguments, mixed = _nbits_arguments(fp32_model, index, matmuls)
+    return WeightOnlyTwin(units, {matmul.index: matmul for matmul in matmuls}, arguments, mixed)
+
+
+def _weight_only_units(fp32_model, index: GraphIndex,
+                       matmuls: list[BlockwiseMatMul]) -> list[Unit]:
+    """Each blockwise MatMul paired with the float MatMul it replaced, found through its
+    activation: the float MatMul of a constant weight whose first input is the blockwise
+    one's; where several read it (a query, a key and a value projection), the one writing the
+    same output, then the one whose weight the quantized one is named after. A unit is named by
+    the float node's name, which ``MatMulNBitsQuantizer(nodes_to_exclude=...)`` takes
+    (``<op>#<k>`` where it has none, ``_named_nodes``). A MatMul with no such float node is
+    no unit: there is no float weight to restore."""
+    fp32_nodes = list(_named_nodes(fp32_model.graph))
+    weights = {tensor.name for tensor in fp32_model.graph.initializer}
+    by_activation: dict[str, list[int]] = {}
+    for position, node in enumerate(fp32_nodes):
+        if node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] in weights:
+            by_activation.setdefault(node.input[0], []).append(position)
+    units, taken = [], set()
+    for matmul in matmuls:
+        output = index.nodes[matmul.index].output[0]
+        writes = {output, output[:-len("_pre_reshape")] if output.endswith("_pre_reshape")
+                  else output}
+        candidates = [position for position in by_activation.get(matmul.activation, ())
+                      if position not in taken]
+        for narrower in ([position for position in candidates
+                          if fp32_nodes[position].output[0] in writes],
+                         [position for position in candidates if fp32_nodes[position].input[1]
+                          == _QUANTIZED_WEIGHT_SUFFIX.sub("", matmul.weight)]):
+            if len(candidates) > 1 and narrower:
+                candidates = [position for position in candidates if position in narrower]
+        if len(candidates) != 1:
+            continue
+        position = candidates[0]
+        taken.add(position)
+        units.append(Unit(fp32_nodes[position].name, "MatMul",
+                          bool(fp32_model.graph.node[position].name), matmul.index, position))
+    return units
+
+
+def _nbits_arguments(fp32_model, index: GraphIndex,
+                     matmuls: list[BlockwiseMatMul]) -> tuple[dict, list[str]]:
+    """The MatMulNBitsQuantizer arguments a twin shows, and the names of those its blockwise
+    MatMuls do not share: ``class`` (MatMulNBitsQuantizer), ``algorithm`` (its
+    WeightOnlyQuantConfig's, as ``BlockwiseMatMul.algorithm`` reads it), ``bits``,
+    ``block_size``, ``is_symmetric``, ``accuracy_level`` (each the most common value, the
+    first on a tie), ``nodes_to_exclude`` (the float model's named MatMuls of a constant
+    weight the twin leaves in float: the quantizer would have quantized them unless told),
+    ``quant_format`` ("QOperator" for MatMulNBits, "QDQ") and ``op_types_to_quantize`` (None,
+    the default MatMul alone, or with Gather where the twin has GatherBlockQuantized)."""
+    settings = {"algorithm": [matmul.algorithm for matmul in matmuls],
+                "bits": [matmul.bits for matmul in matmuls],
+                "block_size": [matmul.block_size for matmul in matmuls],
+                "is_symmetric": [matmul.symmetric for matmul in matmuls],
+                "accuracy_level": [matmul.accuracy_level for matmul in matmuls],
+                "quant_format": [matmul.form for matmul in matmuls]}
+    common = {key: collections.Counter(values).most_common(1)[0][0]
+              for key, values in settings.items()}
+    mixed = [key for key, values in settings.items() if len(set(values)) > 1]
+    fp32_names = {node.name for node in fp32_model.graph.node if node.name}
+    left = [node.name for node in index.nodes
+            if node.op_type == "MatMul" and node.name in fp32_names and len(node.input) == 2
+            and _quantizable_weight(index.initializers.get(node.input[1]))]
+    gathers = any(node.op_type == "GatherBlockQuantized" for node in index.nodes)
+    return {"class": "MatMulNBitsQuantizer", "algorithm": common["algorithm"],
+            "bits": common["bits"], "block_size": common["block_size"],
+            "is_symmetric": common["is_symmetric"], "accuracy_level": common["accuracy_level"],
+            "nodes_to_exclude": left, "quant_format": common["quant_format"],
+            "op_types_to_quantize": ["Gather", "MatMul"] if gathers else None}, mixed
+
+
+def _quantizable_weight(tensor) -> bool:
+    """Is ``tensor`` a weight MatMulNBitsQuantizer quantizes: float, 2-D, or more dims whose
+    leading ones are all 1?"""
+    return (tensor is not None and tensor.data_type in FLOAT_TYPES and len(tensor.dims) >= 2
+            and all(dim == 1 for dim in tensor.dims[:-2]))
+
+
+def restore_weight_only(twin_model, fp32_model, units: list[Unit], fp32_path: str):
+    """The twin's graph with ``units`` back in float, as ``MatMulNBitsQuantizer(...,
+    nodes_to_exclude=[...])`` writes it (checked against it in the tests): each blockwise
+    MatMul is the float model's MatMul again (its name, its float weight), and what only it
+    read goes with it: the QDQ form's DequantizeLinear, the Reshape chain the quantizer puts
+    after a MatMulNBits of a weight with leading 1-dims, their initializers. That is exact
+    where each weight was quantized alone (the quantizer's default round to nearest, HQQ).
+    Returns ``(model, float weights by name)``, as ``restore_to_float`` does; ``twin_model``
+    is not changed, and the weights are read as arrays, never copied through protobuf."""
+    from onnx import ModelProto, NodeProto
+
+    model = ModelProto()
+    model.CopyFrom(twin_model)  # graph only: weights stay on disk or in placeholders later
+    nodes = list(model.graph.node)
+    fp32_weights = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
+    present = {tensor.name for tensor in model.graph.initializer}
+    arrays: dict = {}
+    dropped: set[int] = set()
+    unread: list[str] = []  # what a replaced node read: its writer may be read by no one now
+    for unit in units:
+        original = fp32_model.graph.node[unit.fp32_index]
+        replaced = nodes[unit.int8_index]
+        nodes[unit.int8_index] = restored = NodeProto()
+        restored.CopyFrom(original)
+        unread += list(replaced.input)
+        weight = original.input[1]
+        if weight not in present and weight not in arrays:
+            arrays[weight] = _initializer_array(fp32_weights[weight], fp32_path)
+        if replaced.output[0] != original.output[0]:  # a Reshape after it wrote the output
+            dropped.update(k for k, node in enumerate(nodes)
+                           if k != unit.int8_index and original.output[0] in node.output)
+    _drop_unread(model.graph, nodes, dropped, unread)
+    kept = [node for k, node in enumerate(nodes) if k not in dropped]
+    graph = model.graph
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {name for node in kept for name in _node_inputs(node)}
+    used.update(value.name for value in graph.input)
+    initializers = [tensor for tensor in graph.initializer if tensor.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    return model, arrays
+
+
+def _drop_unread(graph, nodes: list, dropped: set[int], unread: list[str]) -> None:
+    """Add to ``dropped`` every node that only the dropped nodes or the replaced ones read
+    (``unread``: the names those read), and so on upstream; a graph output is always read."""
+    outputs = {value.name for value in graph.output}
+    live = [(k, node) for k, node in enumerate(nodes) if k not in dropped]
+    readers = collections.Counter(name for _, node in live for name in _node_inputs(node))
+    writer = {name: k for k, node in live for name in node.output}
+    pending = unread + [name for k in dropped for name in _node_inputs(nodes[k])]
+    while pending:
+        k = writer.get(pending.pop())
+        if k is None or k in dropped or any(readers[name] or name in outputs
+                                             for name in nodes[k].output):
+            continue
+        dropped.add(k)
+        for name in _node_inputs(nodes[k]):
+            readers[name] -= 1
+            pending.append(name)
+
+
 # -- requantization: quantize_static itself --------------------------------------------------------
 
 # A zero point's element type -> the QuantType that writes it.
@@ -9089,7 +9354,11 @@ class SensitivityStudy:
     quantize_static writes with them in ``nodes_to_exclude`` (``Requantizer``), its numbers
     the int8 model's. Where the quantizer cannot be imported or cannot be made to write the
     int8 model again, eprun edits the int8 graph instead (``restore_to_float``) and says so
-    (``predicted_by``). A context manager: its scratch folder goes when the block ends."""
+    (``predicted_by``). A weight-only twin of MatMulNBitsQuantizer (``weight_only``: 4-, 8- or
+    2-bit MatMulNBits, or MatMuls of blockwise DequantizeLinear weights) is always restored
+    by graph edits (``restore_weight_only``), which write what that quantizer writes with the
+    units in its ``nodes_to_exclude``; quantize_static does not run. A context manager: its
+    scratch folder goes when the block ends."""
 
     def __init__(self, fp32: str, int8: str, seed: int, inputs: InputOptions | None,
                  *, targets: Targets | None = None, options: StudyOptions | None = None) -> None:
@@ -9140,7 +9409,9 @@ class SensitivityStudy:
         # a calibration file that does not fit fails before anything runs
         self.batches = (calibration_batches(self.fp32_model, self.calibration, fp32)
                         if self.calibration else None)
-        require_qdq_form(self.int8_model, int8)
+        self.weight_only = weight_only_twin(self.fp32_model, self.int8_model)
+        if self.weight_only is None:
+            require_qdq_form(self.int8_model, int8)
         self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
         self.int8_feed = feed_for(specs_from_model(self.int8_model), int8, self.feed)
         # Inline int8 weights become arrays once (large ones are read from the file by
@@ -9148,7 +9419,8 @@ class SensitivityStudy:
         self.int8_weights = dict(zip(*detach_initializers(self.int8_model)))
         self._int8_tensors = {tensor.name: tensor for tensor in self.int8_model.graph.initializer}
         self.int8_index = GraphIndex.of(self.int8_model.graph)
-        self.units = quantized_units(self.fp32_model, self.int8_model, self.int8_index)
+        self.units = (self.weight_only.units if self.weight_only is not None else
+                      quantized_units(self.fp32_model, self.int8_model, self.int8_index))
         fp32_output = _final(self.fp32_model)
         self.output = _final(self.int8_model)
         model = load_model(fp32)
@@ -9161,8 +9433,11 @@ class SensitivityStudy:
         # why graph edits stand in for the quantizer that was asked for, once they do
         self.fallback: str | None = None
         self._unrestored: tuple | None = None  # (value, unknown, fresh, got), by _reproduces
-        self.requantizer = self._requantizer() if requantize else None
-        if self.requantizer is None and requantize:  # graph edits: what was given goes unused
+        self.requantizer = (self._requantizer() if requantize and self.weight_only is None
+                            else None)
+        if self.weight_only is not None:
+            self._note_weight_only(int8)
+        elif self.requantizer is None and requantize:  # graph edits: what was given goes unused
             if self.calibration:
                 note(f"--calibration {self.calibration!r} is not used: the quantizer does not "
                      "run (see above), and graph edits take every number from the int8 model")
@@ -9175,11 +9450,43 @@ class SensitivityStudy:
             self.units = [unit for unit in self.units
                           if unit.op_type in kept and unit.name not in left]
 
+    def _note_weight_only(self, int8: str) -> None:
+        """What a weight-only twin leaves unused (``--calibration``, ``--extra-option``: its
+        restored MatMuls read float weights, no calibrated number), and settings its
+        MatMuls do not share (not one MatMulNBitsQuantizer call: the answer gives the most
+        common)."""
+        twin = self.weight_only
+        if self.calibration:
+            note(f"--calibration {self.calibration!r} is not used: {int8!r} is a weight-only "
+                 "twin (MatMulNBitsQuantizer), whose restored MatMuls read the float weights")
+        if self.given_options:
+            note(f"--extra-option {', '.join(self.given_options)} is not used: they are "
+                 f"quantize_static's, and {int8!r} is a weight-only twin (MatMulNBitsQuantizer)")
+        if twin.mixed:
+            note(f"{int8!r}'s blockwise MatMuls differ in {', '.join(twin.mixed)}, which one "
+                 "MatMulNBitsQuantizer call does not write: its quantizer field gives the "
+                 "most common of each")
+
     @property
     def predicted_by(self) -> str:
         """What wrote the restored graphs: ``quantize_static``, or ``graph edits`` where eprun edits
-        the int8 graph instead."""
+        the int8 graph instead (always, for a weight-only twin: they write what
+        MatMulNBitsQuantizer writes, whose arguments ``quantizer_arguments`` gives)."""
         return "quantize_static" if self.requantizer is not None else "graph edits"
+
+    @property
+    def quantizer_name(self) -> str:
+        """The quantizer whose ``nodes_to_exclude`` the recommendation is for:
+        ``MatMulNBitsQuantizer`` for a weight-only twin, else ``quantize_static``."""
+        return "MatMulNBitsQuantizer" if self.weight_only is not None else "quantize_static"
+
+    @property
+    def already_excluded(self) -> list[str]:
+        """The float nodes the quantized model already leaves in float, which a
+        ``nodes_to_exclude`` list that writes it again names too."""
+        if self.weight_only is not None:
+            return list(self.weight_only.arguments["nodes_to_exclude"])
+        return list(self.requantizer.excluded) if self.requantizer is not None else []
 
     def _int8_value(self, name: str):
         """The int8 model's value of initializer ``name`` (a detached array, or read from its
@@ -9300,8 +9607,11 @@ class SensitivityStudy:
                 [unit.name for unit in restored])
             path = requantizer.output_path
         else:
-            model, arrays = restore_to_float(self.int8_model, self.fp32_model, restored,
-                                             self.fp32, self.units)
+            model, arrays = (
+                restore_weight_only(self.int8_model, self.fp32_model, restored, self.fp32)
+                if self.weight_only is not None else
+                restore_to_float(self.int8_model, self.fp32_model, restored, self.fp32,
+                                 self.units))
             used = {tensor.name for tensor in model.graph.initializer}
             arrays = {**{name: array for name, array in self.int8_weights.items()
                          if name in used}, **arrays}
@@ -9318,7 +9628,10 @@ class SensitivityStudy:
     def inexact(self, restored: list[Unit]) -> str | None:
         """Why the last measure (``restored`` in float) may differ from quantize_static, if it
         may: what the quantizer would calibrate from data eprun does not have (none where it
-        calibrates on the int8 model's own, ``--calibration``)."""
+        calibrates on the int8 model's own, ``--calibration``). For a weight-only twin, why it
+        may differ from MatMulNBitsQuantizer (``WeightOnlyTwin.inexact``)."""
+        if self.weight_only is not None:
+            return self.weight_only.inexact(restored)
         if self.requantizer is not None and self.requantizer.calibrated:
             return None
         reason = next(filter(None, (_data_dependent(self.int8_index, unit)
@@ -9342,9 +9655,17 @@ class SensitivityStudy:
                       f"(here the int8 model's number for it stands in; {cure})")
         return reason
 
-    def quantizer_arguments(self) -> dict:
-        """The quantize_static arguments that write the int8 model again."""
+    def quantizer_arguments(self) -> dict | None:
+        """The quantize_static arguments that write the int8 model again (None where graph
+        edits stand in for it); for a weight-only twin, the MatMulNBitsQuantizer arguments
+        read off its graph, ``{"class": "MatMulNBitsQuantizer", "algorithm", "bits",
+        "block_size", "is_symmetric", "accuracy_level", "nodes_to_exclude", "quant_format",
+        "op_types_to_quantize"}`` (``_nbits_arguments``)."""
+        if self.weight_only is not None:
+            return dict(self.weight_only.arguments)
         requantizer = self.requantizer
+        if requantizer is None:
+            return None
         return {"op_types_to_quantize": requantizer.op_types,
                 "nodes_to_exclude": requantizer.excluded, **requantizer.types,
                 "extra_options": requantizer.extra_options, "calls": requantizer.calls}
@@ -9971,7 +10292,9 @@ class Ranking:
 def _rank_units(study: SensitivityStudy, seed: int, targets: Targets, ranking: Ranking,
                 parallel: Parallel | None = None) -> dict:
     """``sensitivity``'s answer from an open study: each unit restored alone, ranked by gain,
-    then the recommendation, each step measured on the graph quantize_static writes."""
+    then the recommendation, each step measured on the graph quantize_static writes (for a
+    weight-only twin, MatMulNBitsQuantizer: ``quantizer`` then holds its arguments, and the
+    recommendation's ``nodes_to_exclude`` is for it)."""
     chosen = ranking.chosen(study)
     quantized = study.measure([])
     base = study.last
@@ -9985,8 +10308,8 @@ def _rank_units(study: SensitivityStudy, seed: int, targets: Targets, ranking: R
     unnamed = [entry["name"] for entry in ranked if not entry["named"]]
     if unnamed:
         note(f"{', '.join(unnamed)}: the float model's node has no name, so eprun names it by op "
-             "type and position; quantize_static can only exclude named nodes")
-    already = study.requantizer.excluded if study.requantizer is not None else []
+             f"type and position; {study.quantizer_name} can only exclude named nodes")
+    already = study.already_excluded
     if len(excluded) * 2 > len(ranked):
         note(_undoes_most(len(excluded), len(ranked)))
     return {**answer, "output": study.output, "quantized": {
@@ -9995,7 +10318,7 @@ def _rank_units(study: SensitivityStudy, seed: int, targets: Targets, ranking: R
             "recommendation": {"nodes_to_exclude": [*already, *excluded], "steps": steps,
                                "met": met},
             "predicted_by": study.predicted_by,
-            "quantizer": study.quantizer_arguments() if study.requantizer is not None else None,
+            "quantizer": study.quantizer_arguments(),
             "sessions": study.sessions,
             **({"providers": targets.field(study.got, study.reference_got)}
                if targets.given else {})}
@@ -12930,7 +13253,12 @@ def sensitivity(fp32: str, int8: str, seed: int,
     time, until the target is met. With ``providers``
     every int8 variant runs there, so the ranking is the one of the EP deployed to.
     ``calibration``: a file of the data the int8 model was calibrated on; ``extra_options``:
-    quantize_static extra options the int8 model was made with, over those eprun reads off it."""
+    quantize_static extra options the int8 model was made with, over those eprun reads off it.
+    ``int8`` may also be a weight-only twin made by MatMulNBitsQuantizer (4-, 8- or 2-bit
+    MatMulNBits, or its QDQ form's blockwise DequantizeLinear): each MatMul is a unit, named
+    by the float node it replaced, restored by graph edits to what that quantizer writes with
+    it in ``nodes_to_exclude``; the answer's ``quantizer`` gives the arguments read off the
+    twin, and the recommendation's list is for that quantizer."""
     options = options or SensitivityOptions()
     inputs, node_data = options.inputs, options.node_data
     require_file(fp32)
@@ -13017,8 +13345,12 @@ declare(Command(
            'from data eprun does not have; recommendation: {"nodes_to_exclude", "steps", '
            '"met"}, a step "inexact" likewise; '
            'predicted_by: "quantize_static" or "graph edits"; quantizer: the quantize_static '
-           'settings that write the int8 model again (null for graph edits); "providers" as '
-           'in layers',
+           'settings that write the int8 model again (null for graph edits), or for a '
+           'weight-only twin (MatMulNBits, blockwise DequantizeLinear: always graph edits) the '
+           'MatMulNBitsQuantizer arguments its graph shows, {"class": "MatMulNBitsQuantizer", '
+           '"algorithm", "bits", "block_size", "is_symmetric", "accuracy_level", '
+           '"nodes_to_exclude", "quant_format", "op_types_to_quantize"}, which the '
+           'recommendation\'s nodes_to_exclude is for; "providers" as in layers',
     example="eprun.py sensitivity fp32.onnx int8.onnx 2026 --target-sqnr 30"))
 
 

@@ -1,0 +1,307 @@
+"""Layer 7, sensitivity on weight-only 4-bit twins (MatMulNBits, and the QDQ form's blockwise
+DequantizeLinear).
+
+A twin made by onnxruntime's MatMulNBitsQuantizer (com.microsoft MatMulNBits, or its QDQ form's
+blockwise DequantizeLinear) has a unit per quantized MatMul, named by the float node it replaced;
+restoring one is a graph edit that writes what the quantizer writes with that node in
+nodes_to_exclude, bit for bit; the ranking finds planted damage; and the answer says which
+quantizer its recommendation is for, with the settings read off the twin."""
+from __future__ import annotations
+
+import int4
+import models
+import numpy as np
+import onnx
+import pytest
+from conftest import run_eprun
+from onnx import numpy_helper
+
+import eprun as tool
+
+LAYERS = ["layer0/MatMul", "layer1/MatMul", "layer2/MatMul"]
+# What onnxruntime runs (int4.py): 4-bit MatMulNBits from 1.16.2, but 1.16 reads asymmetric zero
+# points in an older layout and rejects accuracy_level; the QDQ form (INT4 tensors) from 1.19
+# and onnx 1.16; 8-bit MatMulNBits from 1.23.
+ASYMMETRIC = tool.ort_release() >= (1, 17)
+QDQ_INT4 = tool.ort_release() >= (1, 19) and hasattr(onnx.TensorProto, "INT4")
+EIGHT_BITS = tool.ort_release() >= (1, 23)
+# (form, settings): int4.to_matmul_nbits's or to_qdq_int4's keywords, and whether this stack runs it
+TWINS = {
+    "nbits_symmetric": ("QOperator", {"symmetric": True}, True),
+    "nbits_asymmetric_level4": ("QOperator", {"symmetric": False, "accuracy_level": 4},
+                                ASYMMETRIC),
+    "nbits_8bit": ("QOperator", {"bits": 8, "symmetric": True}, EIGHT_BITS),
+    "qdq_signed": ("QDQ", {"signed": True}, QDQ_INT4),
+    "qdq_unsigned": ("QDQ", {"signed": False}, QDQ_INT4),
+}
+
+
+def twin_of(model, form: str, settings: dict, exclude=()) -> onnx.ModelProto:
+    """``model``'s weight-only twin as MatMulNBitsQuantizer's default RTN writes it (int4.py),
+    block size 32."""
+    if form == "QOperator":
+        return int4.to_matmul_nbits(model, block_size=32, exclude=exclude, **settings)
+    return int4.to_qdq_int4(model, block_size=32, exclude=exclude, **settings)
+
+
+def twin_case(case: str):
+    form, settings, runs = TWINS[case]
+    if not runs:
+        pytest.skip(f"onnxruntime {tool.ort_release()} does not run the {case} twin")
+    return form, settings
+
+
+def saved_pair(tmp_path, case: str, model=None):
+    """The MLP and its ``case`` twin, saved."""
+    form, settings = twin_case(case)
+    model = model if model is not None else int4.mlp()
+    fp32 = models.save(model, tmp_path / "f.onnx")
+    twin = models.save(twin_of(model, form, settings), tmp_path / "q4.onnx")
+    return fp32, twin
+
+
+@pytest.mark.parametrize("case", list(TWINS))
+def test_a_twin_has_a_unit_per_matmul_named_by_the_float_node(tmp_path, case):
+    """Each blockwise MatMul is a unit named by the float MatMul it replaced (what
+    nodes_to_exclude takes), not by the twin's own node ("layer0/MatMul_Q4",
+    "layer0/MatMul_matmul_Q4"); the settings are read off the graph."""
+    form, settings = twin_case(case)
+    fp32, twin = saved_pair(tmp_path, case)
+    with tool.SensitivityStudy(str(fp32), str(twin), 5, None) as study:
+        assert [(unit.name, unit.op_type, unit.named) for unit in study.units] == \
+            [(name, "MatMul", True) for name in LAYERS]
+        suffix = "_Q" + str(settings.get("bits", 4)) if form == "QOperator" else "_matmul_Q4"
+        twin_nodes = study.int8_model.graph.node
+        assert [twin_nodes[unit.int8_index].name for unit in study.units] == \
+            [name + suffix for name in LAYERS]
+        assert study.predicted_by == "graph edits" and study.requantizer is None
+        symmetric = settings.get("symmetric", settings.get("signed"))
+        assert study.quantizer_arguments() == {
+            "class": "MatMulNBitsQuantizer", "algorithm": "DEFAULT",
+            "bits": settings.get("bits", 4), "block_size": 32, "is_symmetric": symmetric,
+            "accuracy_level": settings.get("accuracy_level"), "nodes_to_exclude": [],
+            "quant_format": form, "op_types_to_quantize": None}
+        study.measure([])
+        assert all(study.inexact([unit]) is None for unit in study.units)
+
+
+@pytest.mark.skipif(not hasattr(onnx.TensorProto, "INT4"), reason="INT4 tables need onnx 1.16")
+def test_units_sharing_an_activation_are_told_apart_by_their_outputs():
+    """tiny_lm's query, key and value projections read one activation: each quantized MatMul
+    is paired with the float MatMul writing its output; the quantized Gather is no unit, and
+    says that Gather was quantized too."""
+    fp32 = int4.tiny_lm()
+    twin = int4.to_matmul_nbits(int4.to_gather_block_quantized(int4.tiny_lm()), block_size=32)
+    found = tool.weight_only_twin(fp32, twin)
+    names = {node.name: k for k, node in enumerate(twin.graph.node)}
+    assert [unit.name for unit in found.units] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert all(unit.int8_index == names[unit.name + "_Q4"] for unit in found.units)
+    assert found.arguments["op_types_to_quantize"] == ["Gather", "MatMul"]
+
+
+def test_a_twin_of_unnamed_nodes_names_its_units_for_what_they_are(run_eprun_here, tmp_path):
+    """The quantizer names no node it quantizes where the float node has no name."""
+    model, twin = int4.mlp(), int4.to_matmul_nbits(int4.mlp(), block_size=32)
+    for node in (*model.graph.node, *twin.graph.node):
+        node.name = ""
+    fp32 = models.save(model, tmp_path / "f.onnx")
+    result = run_eprun_here("sensitivity", fp32, models.save(twin, tmp_path / "q4.onnx"), "1")
+    assert result.code == 0, result.stderr
+    assert sorted((unit["name"], unit["named"]) for unit in result.answer["units"]) == \
+        [("MatMul#0", False), ("MatMul#1", False), ("MatMul#2", False)]
+    assert "MatMulNBitsQuantizer can only exclude named nodes" in result.stderr
+
+
+@pytest.mark.parametrize("case", ["nbits_symmetric", "qdq_signed"])
+def test_a_restored_unit_is_the_twin_with_that_matmul_in_float(tmp_path, case):
+    """Without the quantizer: restoring a unit gives, bit for bit, the final output of the twin
+    int4.py writes with that node excluded (what the quantizer writes: checked below where
+    onnx_ir imports), one unit, two, and all."""
+    form, settings = twin_case(case)
+    fp32, twin = saved_pair(tmp_path, case)
+    with tool.SensitivityStudy(str(fp32), str(twin), 5, None) as study:
+        for chosen in ([study.units[1]], study.units[:2], study.units):
+            names = [unit.name for unit in chosen]
+            study.measure(chosen)
+            excluded = twin_of(int4.mlp(), form, settings, exclude=names)
+            assert np.array_equal(study.last, int4.run(excluded, study.int8_feed["x"])), names
+
+
+def matmul_nbits_quantizer(model, exclude=(), **settings) -> onnx.ModelProto:
+    """onnxruntime's MatMulNBitsQuantizer (default RTN) on a copy of ``model`` (it changes the
+    model it is given), with ``exclude`` as nodes_to_exclude."""
+    import logging
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
+    quantizer = MatMulNBitsQuantizer(copy, nodes_to_exclude=list(exclude), **settings)
+    quantizer.process()
+    return quantizer.model.model
+
+
+def leading_one_mlp() -> onnx.ModelProto:
+    """int4.mlp with layer1's weight [1, K, N]: the quantizer squeezes it and puts a Reshape
+    chain after the MatMulNBits, which a restored unit must not keep."""
+    model = int4.mlp()
+    for tensor in model.graph.initializer:
+        if tensor.name == "W1":
+            weight = numpy_helper.to_array(tensor)
+            tensor.CopyFrom(numpy_helper.from_array(weight[None], "W1"))
+    return model
+
+
+QUANTIZER_SETTINGS = {
+    "default": {},  # block 128, asymmetric, QOperator
+    "symmetric_32": {"block_size": 32, "is_symmetric": True},
+    "asymmetric_16_level4": {"block_size": 16, "is_symmetric": False, "accuracy_level": 4},
+    "bits8": {"bits": 8, "block_size": 32, "is_symmetric": True},
+    "qdq_symmetric": {"block_size": 32, "is_symmetric": True, "quant_format": "QDQ"},
+    "qdq_asymmetric": {"block_size": 32, "is_symmetric": False, "quant_format": "QDQ"},
+    "leading_one_weight": {"block_size": 32, "is_symmetric": True},
+}
+
+
+@pytest.mark.parametrize("case", list(QUANTIZER_SETTINGS))
+def test_restoring_equals_matmul_nbits_quantizer_with_nodes_to_exclude(tmp_path, case):
+    """The promise, against onnxruntime's own quantizer (it imports onnx_ir, which eprun never
+    needs): for every unit alone, two together and all, eprun's restored variant gives the final
+    output MatMulNBitsQuantizer(fp32, the twin's settings, nodes_to_exclude=[...]) gives, bit for
+    bit; and the settings eprun reads off the twin are the ones it was made with. (HQQ, the other
+    algorithm that quantizes each weight alone, needs torch: not checked here.)"""
+    pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer",
+                        reason="MatMulNBitsQuantizer needs onnx_ir")
+    from onnxruntime.quantization import QuantFormat
+
+    settings = dict(QUANTIZER_SETTINGS[case])
+    if "quant_format" in settings:
+        settings["quant_format"] = getattr(QuantFormat, settings["quant_format"])
+    model = leading_one_mlp() if case == "leading_one_weight" else int4.mlp()
+    fp32 = models.save(model, tmp_path / "f.onnx")
+    twin = models.save(matmul_nbits_quantizer(model, **settings), tmp_path / "q4.onnx")
+    with tool.SensitivityStudy(str(fp32), str(twin), 5, None) as study:
+        assert [unit.name for unit in study.units] == LAYERS
+        read = study.quantizer_arguments()
+        assert (read["bits"], read["block_size"], read["is_symmetric"], read["accuracy_level"]) \
+            == (settings.get("bits", 4), settings.get("block_size", 128),
+                settings.get("is_symmetric", False), settings.get("accuracy_level"))
+        for chosen in [[unit] for unit in study.units] + [study.units[:2], study.units]:
+            names = [unit.name for unit in chosen]
+            study.measure(chosen)
+            excluded = matmul_nbits_quantizer(model, exclude=names, **settings)
+            real = models.run(excluded, study.int8_feed)[0]
+            assert np.array_equal(study.last, real), names
+            assert study.inexact(chosen) is None
+
+
+@pytest.mark.parametrize("case", ["nbits_symmetric", "qdq_signed"])
+def test_a_damaged_unit_of_a_twin_ranks_first(eprun, tmp_path, case):
+    """layer1's scales three times too large: its unit gains most, and the recommendation, a
+    nodes_to_exclude list for MatMulNBitsQuantizer, starts with it."""
+    fp32, twin = saved_pair(tmp_path, case)
+    model = onnx.load(str(twin))
+    for tensor in model.graph.initializer:
+        if tensor.name in ("W1_scales", "W1_DQ_scales"):
+            scaled = (numpy_helper.to_array(tensor) * 3).astype(np.float32)
+            tensor.CopyFrom(numpy_helper.from_array(scaled, tensor.name))
+    damaged = models.save(model, tmp_path / "damaged.onnx")
+    answer = eprun("sensitivity", fp32, damaged, "5")
+    assert answer["units"][0]["name"] == "layer1/MatMul"
+    gains = [unit["gain_db"] for unit in answer["units"]]
+    assert gains == sorted(gains, reverse=True) and gains[0] > gains[1] + 3
+    assert answer["recommendation"]["nodes_to_exclude"][0] == "layer1/MatMul"
+    assert answer["predicted_by"] == "graph edits"
+    assert answer["quantizer"]["class"] == "MatMulNBitsQuantizer"
+
+
+def test_the_verified_recommendation_is_what_the_excluded_twin_gives(eprun, tmp_path):
+    """The last step's SQNR is the SQNR of the twin written with the recommended list, and a
+    node the twin already leaves in float is in both lists (the quantizer needs it told)."""
+    model = int4.mlp(widths=(64, 64, 64, 16))
+    fp32 = models.save(model, tmp_path / "f.onnx")
+    twin = models.save(int4.to_matmul_nbits(model, block_size=32, exclude=["layer3/MatMul"]),
+                       tmp_path / "q4.onnx")
+    first = eprun("sensitivity", fp32, twin, "5", "--target-sqnr", "1000", "--max-units", "1")
+    assert first["quantizer"]["nodes_to_exclude"] == ["layer3/MatMul"]
+    assert sorted(unit["name"] for unit in first["units"]) == LAYERS
+    chosen = first["recommendation"]["nodes_to_exclude"]
+    assert chosen[0] == "layer3/MatMul" and len(chosen) == 2
+    x = models.contract_input(5, 32)  # eprun's input for seed 5
+    excluded = int4.to_matmul_nbits(model, block_size=32, exclude=chosen)
+    reference = int4.run(model, x).astype(np.float64)
+    error = reference - int4.run(excluded, x).astype(np.float64)
+    reached = float(10 * np.log10((reference ** 2).sum() / (error ** 2).sum()))
+    assert reached == pytest.approx(first["recommendation"]["steps"][-1]["sqnr_db"], rel=1e-9)
+
+
+def test_neural_compressor_names_make_every_figure_an_estimate(tmp_path):
+    """Weights named W_Q4G32 come from MatMulNBitsQuantizer's neural-compressor algorithms, GPTQ
+    among them, which fits the weights to calibration data: restoring is then an estimate, and
+    says why; float zero points are HQQ's, which quantizes each weight alone: exact."""
+    fp32, twin = saved_pair(tmp_path, "nbits_symmetric")
+    model = onnx.load(str(twin))
+    renamed = {f"W{k}_Q4": f"W{k}_Q4G32" for k in range(3)}
+    for tensor in model.graph.initializer:
+        tensor.name = renamed.get(tensor.name, tensor.name)
+    for node in model.graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+    gptq = models.save(model, tmp_path / "gptq.onnx")
+    with tool.SensitivityStudy(str(fp32), str(gptq), 5, None) as study:
+        assert study.quantizer_arguments()["algorithm"] == "RTN, k_quant or GPTQ"
+        assert all("GPTQ fits the weights to calibration data" in study.inexact([unit])
+                   for unit in study.units)
+    hqq = int4.to_matmul_nbits(int4.mlp(), block_size=32, symmetric=True)
+    scales = {tensor.name: tensor for tensor in hqq.graph.initializer}
+    for node in hqq.graph.node:  # HQQ's zero points: float, one per block, like the scales
+        if node.op_type == "MatMulNBits":
+            shape = tuple(scales[node.input[2]].dims)
+            zero = numpy_helper.from_array(np.full(shape, 7.5, np.float32), node.input[2] + "_zp")
+            hqq.graph.initializer.append(zero)
+            node.input.append(zero.name)
+    found = tool.weight_only_twin(int4.mlp(), hqq)
+    assert found.arguments["algorithm"] == "HQQ"
+    assert all(found.inexact([unit]) is None for unit in found.units)
+
+
+def test_a_twin_in_worker_processes_gives_the_same_answer(run_eprun_here, tmp_path):
+    fp32, twin = saved_pair(tmp_path, "nbits_symmetric")
+    alone = run_eprun_here("sensitivity", fp32, twin, "5", "--jobs", "1")
+    together = run_eprun("sensitivity", fp32, twin, "5", "--jobs", "2")
+    assert alone.code == together.code == 0, together.stderr
+    assert together.stdout == alone.stdout
+
+
+def test_what_a_twin_does_not_use_is_said(run_eprun_here, tmp_path):
+    """--calibration and --extra-option are quantize_static's: a twin's restored MatMuls read
+    the float weights. MatMuls of other block sizes are no one quantizer call: said, and the
+    quantizer field gives the most common."""
+    fp32, _ = saved_pair(tmp_path, "nbits_symmetric")
+    mixed = int4.to_matmul_nbits(int4.to_matmul_nbits(int4.mlp(), block_size=16,
+                                                      exclude=LAYERS[:2]), block_size=32)
+    twin = models.save(mixed, tmp_path / "mixed.onnx")
+    np.savez(tmp_path / "cal.npz", x=np.zeros((4, 32), np.float32))
+    result = run_eprun_here("sensitivity", fp32, twin, "5", "--calibration",
+                            str(tmp_path / "cal.npz"), "--extra-option", "WeightSymmetric=1")
+    assert result.code == 0, result.stderr
+    assert "is not used: " in result.stderr and "weight-only twin" in result.stderr
+    assert "--extra-option WeightSymmetric is not used" in result.stderr
+    assert "differ in block_size" in result.stderr
+    assert result.answer["quantizer"]["block_size"] == 32
+
+
+def test_an_int8_answer_keeps_its_quantize_static_fields(eprun, lab_pair):
+    """A QDQ int8 model is no weight-only twin: its answer is the one it always was (the lab
+    pair's answer was compared byte for byte with the release before this change)."""
+    fp32, int8 = lab_pair
+    answer = eprun("sensitivity", fp32, int8, "2026")
+    assert answer["predicted_by"] == "quantize_static"
+    assert "class" not in answer["quantizer"] and "calls" in answer["quantizer"]
+
+
+def test_a_model_with_neither_qdq_nor_blockwise_weights_is_still_refused(run_eprun_here,
+                                                                          lab_pair):
+    fp32, _ = lab_pair
+    result = run_eprun_here("sensitivity", fp32, fp32, "1")
+    assert result.code == 4 and "has no QuantizeLinear/DequantizeLinear nodes" in result.stderr

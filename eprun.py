@@ -164,16 +164,23 @@ EXIT_FAILURE = 4
 ROWS = 64
 BOUNDARY_OPS = ("MatMul", "Gemm")
 # The quantized forms of the boundary ops: their first input is the quantized activation, read
-# back as float with its own scale and zero point (see ``Quantization``).
+# back as float with its own scale and zero point (see ``Quantization``), or, in the weight-only
+# forms (``WEIGHT_ONLY_OPS``), the float activation itself.
 QUANTIZED_FORMS = {"MatMul": ("QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul",
-                              "MatMulIntegerToFloat"),
+                              "MatMulIntegerToFloat", "MatMulNBits", "MatMulBnb4"),
                    "Gemm": ("QGemm",),
                    "Conv": ("QLinearConv", "ConvInteger")}
+# onnxruntime's weight-only quantized ops (com.microsoft): a constant weight stored in blocks of
+# 2 to 8 bits, each block with its own scale, and float activations. MatMulNBits is what
+# MatMulNBitsQuantizer writes, MatMulBnb4 bitsandbytes' FP4/NF4, GatherBlockQuantized a
+# quantized embedding table.
+WEIGHT_ONLY_OPS = ("MatMulNBits", "MatMulBnb4", "GatherBlockQuantized")
 # A symbolic dimension other than the batch takes this value unless --dim sets it: a multiple of
 # 32, so CNNs that downsample by up to 32 and sequence models both accept it.
 DIM_DEFAULT = 32
 TOLERANCE_PROFILES = {"fp16": {"rtol": 1e-2, "atol": 1e-3, "min_cos": 0.999},
-                      "int8": {"rtol": 1e-1, "atol": 5e-2, "min_cos": 0.990}}
+                      "int8": {"rtol": 1e-1, "atol": 5e-2, "min_cos": 0.990},
+                      "int4": {"rtol": 2e-1, "atol": 5e-1, "min_cos": 0.960}}
 SETTINGS_BASELINE = ("ORT_DISABLE_ALL", 1)
 SETTINGS_CASES = (("ORT_ENABLE_ALL", 1), ("ORT_DISABLE_ALL", 2), ("ORT_ENABLE_ALL", 2))
 
@@ -575,12 +582,14 @@ class ToleranceFlags:
     profile: str | None = flag(
         "--profile", choices=[*sorted(TOLERANCE_PROFILES), "auto"],
         help="the tolerances an output is held to. fp16: rtol 1e-2, atol 1e-3, cosine >= "
-             "0.999; int8: rtol 1e-1, atol 5e-2, cosine >= 0.990; auto (the default): int8 "
-             "when the candidate quantizes (Q/DQ, QLinear*, integer ops) and the reference "
-             "does not, else fp16. An element fails when |candidate - reference| > atol + "
-             "rtol*|reference| (numpy's isclose, the reference as the desired value; "
-             "Polygraphy fails it only when both its absolute and its relative difference "
-             "are over)")
+             "0.999; int8: rtol 1e-1, atol 5e-2, cosine >= 0.990; int4: rtol 2e-1, atol "
+             "5e-1, cosine >= 0.960; auto (the default): int8 when the candidate quantizes "
+             "(Q/DQ, QLinear*, integer ops) and the reference does not, int4 when it "
+             "quantizes weights only, some in blocks of 4 bits or fewer (MatMulNBits, "
+             "MatMulBnb4, int4 DequantizeLinear), else fp16. An element fails when "
+             "|candidate - reference| > atol + rtol*|reference| (numpy's isclose, the "
+             "reference as the desired value; Polygraphy fails it only when both its "
+             "absolute and its relative difference are over)")
     rtol: float | list | None = flag(
         "--rtol", type=parse_output_tolerance, action="append", metavar="[NAME:]VALUE",
         help="relative tolerance (overrides the profile); NAME:VALUE for one output; "
@@ -2404,6 +2413,34 @@ class GraphIndex:
         return found
 
 
+def int_attributes(node) -> dict[str, int]:
+    """A node's integer attributes by name (AttributeProto.INT is 2)."""
+    return {attribute.name: attribute.i for attribute in node.attribute if attribute.type == 2}
+
+
+def weight_only_nodes(graph) -> list[tuple[Any, int]]:
+    """``(node, bits)`` for each node that dequantizes a constant weight in blocks, in file
+    order: those of ``WEIGHT_ONLY_OPS``, and each DequantizeLinear with a ``block_size`` that
+    reads an initializer (MatMulNBitsQuantizer's QDQ form); ``bits`` those of its codes (the
+    ``bits`` attribute of MatMulNBits and of a uint8 GatherBlockQuantized table, 4 for
+    MatMulBnb4, else its element type's)."""
+    types = {tensor.name: tensor.data_type for tensor in graph.initializer}
+    found = []
+    for node in graph.node:
+        attributes = int_attributes(node)
+        data = types.get(node.input[0]) if node.input else None
+        if node.op_type in ("MatMulNBits", "MatMulBnb4"):
+            bits = attributes.get("bits", 4)
+        elif node.op_type == "GatherBlockQuantized":
+            bits = attributes.get("bits", 4) if data == 2 else _ELEMENT_BITS.get(data, 4)
+        elif node.op_type == "DequantizeLinear" and attributes.get("block_size") and data:
+            bits = _ELEMENT_BITS.get(data, 8)
+        else:
+            continue
+        found.append((node, bits))
+    return found
+
+
 # -- external data ---------------------------------------------------------------------------------
 
 def external_data_files(model, model_path: str) -> list[str]:
@@ -3670,6 +3707,59 @@ def require_address_space(what: str, room: int = _SESSION_ROOM, threads: int = 0
                          f"needed; raise ulimit -v to at least {(used + need) >> 10}")
 
 
+# The first onnxruntime release whose CPU kernels run each weight-only form right, measured on
+# the wheels from 1.16.0 to 1.28: MatMulNBits of 4 bits and MatMulBnb4 from 1.16.2, but 1.16
+# refuses accuracy_level and reads zero points in an older layout (wrong sums); 8 bits fail, at
+# open or at run, before 1.23, 2 bits before 1.24; GatherBlockQuantized from 1.20; an INT4 or
+# UINT4 tensor (a blockwise DequantizeLinear's weight, a quantized table) from 1.19.
+_NBITS_SINCE = {2: (1, 24, 1), 4: (1, 16, 2), 8: (1, 23, 0)}
+_WEIGHT_ONLY_SINCE = {"zero points": (1, 17, 0), "MatMulBnb4": (1, 16, 2),
+                      "GatherBlockQuantized": (1, 20, 0), "int4": (1, 19, 0)}
+
+
+def weight_only_release(graph) -> tuple[tuple[int, int, int], str] | None:
+    """``(release, what)``: the first onnxruntime release that runs every weight-only form in
+    ``graph`` right (``_NBITS_SINCE``, ``_WEIGHT_ONLY_SINCE``), and the form that needs it, in
+    words; None for a graph without one."""
+    int4 = {tensor.name for tensor in graph.initializer if tensor.data_type in (21, 22)}
+    needs = []
+    for node, bits in weight_only_nodes(graph):
+        attributes = int_attributes(node)
+        if node.op_type == "MatMulNBits":
+            needs.append((_NBITS_SINCE.get(bits, max(_NBITS_SINCE.values())),
+                          f"{bits}-bit MatMulNBits weights"))
+            zero_points = len(node.input) > 3 and bool(node.input[3])
+            if bits == 4 and (zero_points or "accuracy_level" in attributes):
+                needs.append((_WEIGHT_ONLY_SINCE["zero points"],
+                              "4-bit MatMulNBits weights with zero points or an accuracy_level"))
+        elif node.op_type in _WEIGHT_ONLY_SINCE:
+            needs.append((_WEIGHT_ONLY_SINCE[node.op_type], f"{node.op_type} weights"))
+        if int4.intersection(node.input):
+            needs.append((_WEIGHT_ONLY_SINCE["int4"], f"INT4/UINT4 weights ({node.op_type})"))
+    return max(needs, default=None)
+
+
+def _require_weight_only_release(source, what: str) -> None:
+    """Refuse, before onnxruntime tries, a model whose weight-only quantization this
+    onnxruntime cannot run or runs wrong (``weight_only_release``), naming the release that
+    runs it: onnxruntime's own words name neither, and 1.16's sums are silently wrong. The
+    graph is read for that only on a release older than one of those."""
+    version = import_ort().__version__
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+    if release >= max(*_NBITS_SINCE.values(), *_WEIGHT_ONLY_SINCE.values()):
+        return
+    try:
+        model = (load_model(source, graph_only=True) if isinstance(source, str) else
+                 onnx_messages().ModelProto.FromString(bytes(source)))
+        needed = weight_only_release(model.graph)
+    except Exception:  # not a model eprun reads: onnxruntime's own error says what it is
+        return
+    if needed is not None and release < needed[0]:
+        raise EprunError(f"onnxruntime {version} cannot run {what}: its {needed[1]} run on "
+                         f"onnxruntime {'.'.join(map(str, needed[0]))} and later; upgrade it "
+                         "(pip install --upgrade onnxruntime)")
+
+
 def open_session(source, options=None, what: str = "model", disabled: list[str] = (), *,
                  on: ProviderRequest | None = None, ask_with: str | None = None):
     """The one way eprun opens a session: from a path or serialized bytes, on the CPU unless
@@ -3680,6 +3770,7 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
     again with, for its own reason (default ``source``; an exposed copy's bytes name their
     weights by a location only its own options resolve)."""
     ort = import_ort()
+    _require_weight_only_release(source, what)
     counting = records_assignment()
     on = on or ProviderRequest([CPU_EP])
     options, extra = _session_arguments(options, disabled, on, counting)
@@ -6129,9 +6220,10 @@ _INTEGER_OPS = ("DynamicQuantizeLinear", "MatMulInteger", "ConvInteger")
 
 
 def _quantization_ops(model) -> int:
-    """How many nodes quantize or compute in the integer domain (Q/DQ, QLinear*, ...)."""
-    return sum(node.op_type in _QDQ_OPS + _INTEGER_OPS or node.op_type.startswith("QLinear")
-               for node in model.graph.node)
+    """How many nodes quantize or compute in the integer domain (Q/DQ, QLinear*, ...), or
+    read a weight quantized in blocks (``WEIGHT_ONLY_OPS``)."""
+    return sum(node.op_type in _QDQ_OPS + _INTEGER_OPS + WEIGHT_ONLY_OPS
+               or node.op_type.startswith("QLinear") for node in model.graph.node)
 
 
 SWAPPED_OK_ARG = arg(
@@ -7908,6 +8000,7 @@ def _weights_table(answer: dict, colour: bool) -> list[str]:
         answer["weights"][k]["sqnr_db"] is None,
         answer["weights"][k]["sqnr_db"] or 0.0, k))
     rows = [[weight["name"], weight["op_type"], "x".join(map(str, weight["shape"])) or "scalar",
+             f"{weight['bits']}-bit b{weight['block_size']}" if "block_size" in weight else
              "per-channel" if weight["axis"] is not None else "per-tensor",
              weight["sqnr_db"], weight["max_abs_error"]]
             for weight in (answer["weights"][k] for k in order)]
@@ -7944,6 +8037,15 @@ def _inspect_table(answer: dict, colour: bool) -> list[str]:
         lines.append(f"QDQ: {qdq['activation_pairs']} activation Q->DQ pairs, "
                      f"{qdq['weight_dequantizers']} weight DequantizeLinear; they feed "
                      f"{wrapped or 'no node'}")
+    only = answer.get("weight_only")
+    if only is not None:
+        levels = "/".join(map(str, only["accuracy_levels"]))
+        ops = ", ".join(f"{op} {count}" for op, count in only["ops"].items())
+        lines.append(f"weight-only: {ops}; {'/'.join(map(str, only['bits']))}-bit, blocks of "
+                     f"{'/'.join(map(str, only['block_sizes']))}"
+                     + (f", accuracy level {levels}" if levels else "")
+                     + f"; {_size_text(only['bytes'])} for {_size_text(only['float32_bytes'])} "
+                     "of float32 weights")
     return lines
 
 
@@ -8412,11 +8514,6 @@ class BlockwiseMatMul(NamedTuple):
         return "DEFAULT"
 
 
-def _int_attributes(node) -> dict[str, int]:
-    """A node's integer attributes by name."""
-    return {attribute.name: attribute.i for attribute in node.attribute if attribute.type == 2}
-
-
 def blockwise_matmuls(index: GraphIndex) -> list[BlockwiseMatMul]:
     """The MatMuls of a graph whose weight is quantized in blocks along K, in file order: a
     com.microsoft MatMulNBits of an initializer (without g_idx or bias, which the quantizer
@@ -8429,7 +8526,7 @@ def blockwise_matmuls(index: GraphIndex) -> list[BlockwiseMatMul]:
         if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
             if len(inputs) < 3 or inputs[1] not in weights or any(inputs[4:]):
                 continue
-            attributes = _int_attributes(node)
+            attributes = int_attributes(node)
             zero = inputs[3] if len(inputs) > 3 else ""
             found.append(BlockwiseMatMul(
                 position, inputs[0], inputs[1], "QOperator", attributes.get("bits", 4),
@@ -8438,7 +8535,7 @@ def blockwise_matmuls(index: GraphIndex) -> list[BlockwiseMatMul]:
                 zero in weights and weights[zero].data_type in FLOAT_TYPES))
         elif node.op_type == "MatMul" and len(inputs) == 2:
             dequantize = _weight_dequantizer(index, inputs[1])
-            attributes = _int_attributes(dequantize) if dequantize is not None else {}
+            attributes = int_attributes(dequantize) if dequantize is not None else {}
             if not attributes.get("block_size") or attributes.get("axis", 1) != 0:
                 continue
             bits = _BLOCKWISE_BITS.get(weights[dequantize.input[0]].data_type)
@@ -12239,20 +12336,35 @@ def tolerances(profile: str, rtol, atol, min_cos: float | None) -> tuple[dict, d
 
 def _auto_profile(graphs: list, candidate: str, told: bool = True) -> str:
     """``--profile auto`` (the default): the int8 tolerances for a quantized candidate of a
-    float reference (``graphs``: theirs, None where unreadable), the fp16 ones otherwise. Said
-    on stderr where it was asked for, and where the default chose int8 (no profile given used
-    to mean fp16, which fails every int8 pair)."""
+    float reference (``graphs``: theirs, None where unreadable), the int4 ones where it
+    quantizes only weights, some to 4 bits or fewer (``_weight_only_4bit``), the fp16 ones
+    otherwise. Said on stderr where it was asked for, and where the default chose a quantized
+    profile (no profile given used to mean fp16, which fails every int8 pair)."""
     quantized = None not in graphs and bool(_quantization_ops(graphs[1])) and not \
         _quantization_ops(graphs[0])
-    profile = "int8" if quantized else "fp16"
-    why = ("quantizes and the reference does not" if quantized
-           else "is not a quantized twin of the reference")
+    profile = ("fp16" if not quantized else "int4" if _weight_only_4bit(graphs[1])
+               else "int8")
+    why = {"int8": "quantizes and the reference does not",
+           "int4": "quantizes weights only, to 4 bits or fewer, and the reference does not",
+           "fp16": "is not a quantized twin of the reference"}[profile]
     if told:
         note(f"--profile auto: {profile}, as {candidate!r} {why}")
     elif quantized:
-        note(f"profile int8 (no --profile given: auto), as {candidate!r} {why}; --profile "
-             "fp16 holds it to the float16 tolerances")
+        note(f"profile {profile} (no --profile given: auto), as {candidate!r} {why}; "
+             "--profile fp16 holds it to the float16 tolerances")
     return profile
+
+
+def _weight_only_4bit(model) -> bool:
+    """A weight-only twin: some weight of 4 bits or fewer dequantized in blocks
+    (``weight_only_nodes``), and no activation quantized (no QuantizeLinear, dynamic or
+    QLinear op, no DequantizeLinear of anything but an initializer)."""
+    graph = model.graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    activations = [node for node in graph.node if node.op_type.startswith("QLinear")
+                   or (node.op_type in _QDQ_OPS + _INTEGER_OPS and not (
+                       node.op_type == "DequantizeLinear" and node.input[0] in initializers))]
+    return not activations and any(bits <= 4 for _, bits in weight_only_nodes(graph))
 
 
 def _graph_or_none(path: str):
@@ -13385,6 +13497,8 @@ def quantized_weights(graph) -> list[QuantizedWeight]:
     found: dict[str, QuantizedWeight] = {}
     for node in graph.node:
         attributes = {attribute.name: attribute.i for attribute in node.attribute}
+        if node.op_type == "DequantizeLinear" and attributes.get("block_size"):
+            continue  # a blocked weight: blockwise_weights
         axis = (attributes.get("axis", 1) if node.op_type == "DequantizeLinear" else
                 0 if node.op_type == "QGemm" and attributes.get("transB") else
                 _WEIGHT_AXIS.get(node.op_type, -1))
@@ -13438,6 +13552,284 @@ def weight_error(reference, dequantized) -> dict:
             "max_abs_error": float(np.abs(diff).max()) if diff.size else 0.0}
 
 
+# -- weights: the weight-only forms, in blocks of 2 to 8 bits ------------------------------------
+
+class BlockwiseWeight(NamedTuple):
+    """A weight that a weight-only op reads in blocks: the initializer (``name``), the node that
+    dequantizes it (MatMulNBits, MatMulBnb4, GatherBlockQuantized, or a DequantizeLinear with a
+    ``block_size``), and what the float model's node must share with it to be the one whose
+    weight it quantizes: the activation the MatMul multiplies (for a DequantizeLinear, that of
+    the MatMul reading its output) and the output it writes; for GatherBlockQuantized, the
+    Gather's output. Quantizers rename the weight and the node, but keep those two names."""
+
+    name: str
+    node: Any
+    activation: str
+    output: str
+
+
+def blockwise_weights(graph) -> list[BlockwiseWeight]:
+    """Every initializer a weight-only op reads in blocks, in file order, each once: B of
+    MatMulNBits and MatMulBnb4, the table of GatherBlockQuantized, and the input of a
+    DequantizeLinear with a ``block_size`` (opset 21's blocked form, MatMulNBitsQuantizer's QDQ
+    format), paired with the MatMul that reads what it dequantizes where exactly one does."""
+    initializers = {tensor.name for tensor in graph.initializer}
+    matmuls: dict[str, list] = {}
+    for node in graph.node:
+        if node.op_type == "MatMul" and len(node.input) > 1:
+            matmuls.setdefault(node.input[1], []).append(node)
+    found: dict[str, BlockwiseWeight] = {}
+    for node in graph.node:
+        inputs = [*node.input, "", ""]
+        if node.op_type in ("MatMulNBits", "MatMulBnb4"):
+            name, activation, output = inputs[1], inputs[0], node.output[0]
+        elif node.op_type == "GatherBlockQuantized":
+            name, activation, output = inputs[0], "", node.output[0]
+        elif (node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx")
+              and int_attributes(node).get("block_size")):
+            readers = matmuls.get(node.output[0], [])
+            name = inputs[0]
+            activation, output = ((readers[0].input[0], readers[0].output[0])
+                                  if len(readers) == 1 else ("", ""))
+        else:
+            continue
+        if name in initializers and name not in found:
+            found[name] = BlockwiseWeight(name, node, activation, output)
+    return list(found.values())
+
+
+def _unpack_codes(data, bits: int, count: int):
+    """The first ``count`` codes of ``bits`` bits packed along the last axis of uint8 ``data``,
+    the first in a byte's lowest bits (MatMulNBits' blobs and zero points, a uint8
+    GatherBlockQuantized table), as int64."""
+    import numpy as np
+
+    data = np.asarray(data, np.uint8)
+    shifts = np.arange(8 // bits, dtype=np.uint8) * bits
+    codes = (data[..., None] >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(*data.shape[:-1], -1)[..., :count].astype(np.int64)
+
+
+def _is_midpoint(zero, bits: int, signed: bool) -> bool:
+    """Symmetric quantization: every zero point in the middle of the codes' range (0 for signed
+    codes, 2^(bits-1) for unsigned ones), so the grid is symmetric around 0."""
+    import numpy as np
+
+    return bool(np.all(np.asarray(zero) == (0 if signed else 1 << (bits - 1))))
+
+
+def _dequantize_nbits(node, tensors) -> tuple:
+    """MatMulNBits' B as the [K, N] weight it multiplies by, as onnxruntime's kernel computes
+    it in float32: column n, row k in block b = k // block_size, (code - zero point) * scale,
+    the code the (k % block_size)-th of the blob B[n, b] (lowest bits first), K padded to a
+    whole block; the zero point 2^(bits-1) where none is given, else packed like the codes
+    (uint8) or one float per block (unpacked)."""
+    import numpy as np
+
+    attributes = int_attributes(node)
+    k, n, block = attributes["K"], attributes["N"], attributes["block_size"]
+    bits = attributes.get("bits", 4)
+    inputs = [*node.input, "", "", ""]
+    if bits not in (2, 4, 8) or attributes.get("weight_prepacked") or inputs[4]:
+        raise ValueError(f"bits {bits}, weight_prepacked {attributes.get('weight_prepacked', 0)}"
+                         + (", g_idx" if inputs[4] else "") + " is a layout eprun does not read")
+    blocks = -(-k // block)
+    packed = tensors.array(inputs[1]).reshape(n, blocks, block * bits // 8)
+    codes = _unpack_codes(packed, bits, block)
+    scales = tensors.array(inputs[2]).astype(np.float32).reshape(n, blocks)
+    zero = tensors.array(inputs[3]) if inputs[3] else np.full((n, blocks), 1 << (bits - 1))
+    if zero.dtype == np.uint8 and inputs[3]:
+        zero = _unpack_codes(zero.reshape(n, -1), bits, blocks)
+    zero = zero.reshape(n, blocks)
+    values = (codes.astype(np.float32) - zero[..., None].astype(np.float32)) * scales[..., None]
+    return values.reshape(n, -1)[:, :k].T, {
+        "bits": bits, "block_size": block, "symmetric": _is_midpoint(zero, bits, False),
+        "accuracy_level": attributes.get("accuracy_level", 0)}
+
+
+# bitsandbytes' 4-bit codes as onnxruntime's MatMulBnb4 kernel maps them
+# (blockwise_quant_block_bnb4.h): quant_type 0 FP4, 1 NF4; a value is its code's entry times
+# its block's absmax.
+_BNB4_VALUES = {
+    0: (0.0, 5.208333333e-03, 0.66666667, 1.0, 0.33333333, 0.5, 0.16666667, 0.25,
+        -0.0, -5.208333333e-03, -0.66666667, -1.0, -0.33333333, -0.5, -0.16666667, -0.25),
+    1: (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+        0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+        0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)}
+
+
+def _dequantize_bnb4(node, tensors) -> tuple:
+    """MatMulBnb4's B as the [K, N] weight it multiplies by: the transposed weight [N, K]
+    flattened, in blocks of block_size, each code (the first of a byte in its high nibble,
+    bitsandbytes' order) mapped through the FP4 or NF4 table times its block's absmax."""
+    import numpy as np
+
+    attributes = int_attributes(node)
+    k, n, block = attributes["K"], attributes["N"], attributes["block_size"]
+    kind = attributes.get("quant_type")
+    if kind not in _BNB4_VALUES or attributes.get("transB", 1) != 1:
+        raise ValueError(f"quant_type {kind}, transB {attributes.get('transB', 1)} is a layout "
+                         "eprun does not read")
+    packed = tensors.array(node.input[1]).reshape(-1)
+    codes = np.stack([packed >> 4, packed & 0xF], axis=-1).reshape(-1)[:k * n]
+    absmax = tensors.array(node.input[2]).astype(np.float32).reshape(-1)
+    if codes.size != k * n or absmax.size != -(-k * n // block):
+        raise ValueError(f"{packed.size} bytes and {absmax.size} absmax for K {k}, N {n}")
+    values = np.asarray(_BNB4_VALUES[kind], np.float32)[codes] * absmax[np.arange(k * n) // block]
+    return values.reshape(n, k).T, {"bits": 4, "block_size": block, "symmetric": True,
+                                    "accuracy_level": None,
+                                    "quant_type": "fp4" if kind == 0 else "nf4"}
+
+
+# onnx element type -> (bits, signed) of the integer codes a blocked weight holds.
+_CODE_TYPES = {21: (4, False), 22: (4, True), 2: (8, False), 3: (8, True), 4: (16, False),
+               5: (16, True)}
+
+
+def _dequantize_blocked(node, tensors, shape: tuple) -> tuple:
+    """A DequantizeLinear with a block_size (``(x - zero point) * scale``, one scale and zero
+    point per block_size consecutive elements along ``axis``, zero points 0 where none are
+    given), or a GatherBlockQuantized table (the same along quantize_axis; a uint8 table packs
+    codes of ``bits`` bits along its last axis, lowest first, as MatMulNBits does, with
+    2^(bits-1) the zero point where none is given), in float32 and the float weight's
+    ``shape``."""
+    import numpy as np
+
+    attributes = int_attributes(node)
+    gather = node.op_type == "GatherBlockQuantized"
+    inputs = [*node.input, "", "", ""]
+    data, scale, zero = (inputs[0], inputs[2], inputs[3]) if gather else inputs[:3]
+    bits, signed = _CODE_TYPES.get(tensors.elem(data), (None, False))
+    if bits is None:
+        raise ValueError(f"{_ELEMENT_NAMES.get(tensors.elem(data))} codes are not integers")
+    packed = gather and tensors.elem(data) == 2  # MatMulNBits' layout, bits as the attribute
+    bits = attributes.get("bits", 4) if packed else bits
+    codes = tensors.array(data)
+    if packed:
+        codes = _unpack_codes(codes, bits, shape[-1])
+    codes = codes.astype(np.int64).reshape(shape)
+    scales = tensors.array(scale).astype(np.float32)
+    zeros = (np.full(scales.shape, 1 << (bits - 1) if packed else 0) if not zero else
+             _unpack_codes(tensors.array(zero), bits, scales.shape[-1]) if packed else
+             tensors.array(zero))
+    zeros = zeros.astype(np.int64).reshape(scales.shape)
+    axis = attributes.get("quantize_axis" if gather else "axis", 1) % len(shape)
+    block = attributes.get("block_size", 128)
+    rows = np.arange(shape[axis]) // block
+    values = ((codes - np.take(zeros, rows, axis=axis)).astype(np.float32)
+              * np.take(scales, rows, axis=axis))
+    return values, {"bits": bits, "block_size": block,
+                    "symmetric": _is_midpoint(zeros, bits, signed), "accuracy_level": None,
+                    "axis": axis}
+
+
+def dequantize_blockwise(node, tensors, shape: tuple) -> tuple:
+    """``(weight, fields)``: what a weight-only node's weight dequantizes to, as onnxruntime
+    computes it, in the float weight's layout (``shape``), and the entry's fields that say how
+    it is quantized (``bits``, ``block_size``, ``symmetric``, ``accuracy_level``, ``axis``: the
+    one its blocks run along). ``tensors``: the model's initializers (``_Tensors``). A
+    ValueError says why a layout is not one eprun reads."""
+    if node.op_type == "MatMulNBits":
+        values, fields = _dequantize_nbits(node, tensors)
+    elif node.op_type == "MatMulBnb4":
+        values, fields = _dequantize_bnb4(node, tensors)
+    else:
+        return _dequantize_blocked(node, tensors, shape)
+    return values, {**fields, "axis": 0}
+
+
+def worst_block(difference, axis: int, block_size: int) -> tuple[int, int, float]:
+    """``(row, block, largest |difference|)`` of the block holding the largest difference:
+    ``row`` the index over the other axes (flattened; for a MatMul's [K, N] weight, the output
+    column), ``block`` the block's index along ``axis``."""
+    import numpy as np
+
+    moved = np.moveaxis(np.abs(np.asarray(difference, np.float64)), axis, -1)
+    rows = moved.reshape(-1, moved.shape[-1])
+    blocks = -(-rows.shape[1] // block_size)
+    padded = np.zeros((rows.shape[0], blocks * block_size))
+    padded[:, :rows.shape[1]] = rows
+    per_block = padded.reshape(rows.shape[0], blocks, block_size).max(axis=-1)
+    row, block = np.unravel_index(int(np.argmax(per_block)), per_block.shape)
+    return int(row), int(block), float(per_block[row, block])
+
+
+class _FloatWeightReaders:
+    """The float model's MatMuls and Gathers with a constant weight, by the names a weight-only
+    twin keeps: a MatMul by its activation and output, and by its activation alone; a Gather by
+    its output."""
+
+    def __init__(self, graph) -> None:
+        """Index every MatMul and Gather that reads an initializer as its weight."""
+        initializers = {tensor.name for tensor in graph.initializer}
+        self.by_both: dict[tuple[str, str], str] = {}
+        self.by_activation: dict[str, list[str]] = {}
+        self.gathers: dict[str, str] = {}
+        for node in graph.node:
+            if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in initializers:
+                self.by_both.setdefault((node.input[0], node.output[0]), node.input[1])
+                self.by_activation.setdefault(node.input[0], []).append(node.input[1])
+            elif node.op_type == "Gather" and node.input and node.input[0] in initializers:
+                self.gathers.setdefault(node.output[0], node.input[0])
+
+    def weight_of(self, weight: BlockwiseWeight) -> str | None:
+        """The float weight ``weight`` quantizes: that of the MatMul reading the same activation
+        and writing the same output (or its ``_pre_reshape`` form, where the quantizer reshapes
+        an N-D weight's product), else of the only MatMul reading that activation; that of the
+        Gather writing the same output. None where no node says."""
+        if weight.node.op_type == "GatherBlockQuantized":
+            return self.gathers.get(weight.output)
+        for output in (weight.output, weight.output.removesuffix("_pre_reshape")):
+            if (weight.activation, output) in self.by_both:
+                return self.by_both[(weight.activation, output)]
+        candidates = set(self.by_activation.get(weight.activation, ()))
+        return candidates.pop() if len(candidates) == 1 and weight.activation else None
+
+
+def _nibble_codes(tensor, model_path: str):
+    """An INT4 or UINT4 initializer's codes (int64, in its dims), from the bytes ONNX packs them
+    in (two a byte, the first in the low nibble), inline or external: ``_map_external`` reads
+    whole bytes per element."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return np.asarray(numpy_helper.to_array(tensor)).astype(np.int64)
+    count = math.prod(tensor.dims)
+    location = _external_location(tensor)
+    path = _safe_location(location.location, model_path)
+    require_file(path, "external data")
+    data = np.fromfile(path, np.uint8, count=(count + 1) // 2, offset=int(location.offset or 0))
+    if data.size != (count + 1) // 2:
+        raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: the file "
+                         "is shorter than its reference says")
+    codes = _unpack_codes(data, 4, count)
+    if tensor.data_type == TensorProto.INT4:
+        codes = np.where(codes >= 8, codes - 16, codes)
+    return codes.reshape(tuple(tensor.dims))
+
+
+class _Tensors:
+    """A model's initializers by name, read when asked for: ``array`` their values (an INT4 or
+    UINT4 one's codes), ``elem`` their element type."""
+
+    def __init__(self, tensors: dict, model_path: str) -> None:
+        """``tensors``: name -> TensorProto of the model at ``model_path``."""
+        self.tensors, self.path = tensors, model_path
+
+    def elem(self, name: str) -> int:
+        """The element type of initializer ``name``."""
+        return self.tensors[name].data_type
+
+    def array(self, name: str):
+        """The values of initializer ``name``; its codes where it packs 4-bit integers."""
+        tensor = self.tensors[name]
+        if tensor.data_type in (21, 22):
+            return _nibble_codes(tensor, self.path)
+        return _initializer_array(tensor, self.path)
+
+
 @dataclasses.dataclass(frozen=True)
 class WeightsOptions:
     """``weights``' options; each field is the flag of its name."""
@@ -13449,7 +13841,8 @@ class WeightsOptions:
 def weights(fp32: str, int8: str, options: WeightsOptions | None = None) -> dict:
     """Each quantized weight of ``int8`` (biases too) against the fp32 weight it quantizes,
     named by its float name as qdq_loss_debug names it (the integer initializer's name less
-    ``_quantized`` and the other suffixes quantizers add)."""
+    ``_quantized`` and the other suffixes quantizers add); each weight a weight-only op reads
+    in blocks (``blockwise_weights``) against the weight of the float node it stands for."""
     options = options or WeightsOptions()
     swapped_ok, node_data = options.swapped_ok, options.node_data
     require_file(fp32)
@@ -13458,13 +13851,17 @@ def weights(fp32: str, int8: str, options: WeightsOptions | None = None) -> dict
     fp32_model, int8_model = load_model(fp32, text_names=True), load_model(int8, text_names=True)
     require_in_order((fp32_model, int8_model), (fp32, int8), swapped_ok)
     found = quantized_weights(int8_model.graph)
-    if not found:
-        raise EprunError(f"{int8!r} has no quantized weight (no DequantizeLinear or QLinear op "
-                         "reading an integer initializer)"
+    blocked = blockwise_weights(int8_model.graph)
+    if not found and not blocked:
+        raise EprunError(f"{int8!r} has no quantized weight (no DequantizeLinear, QLinear or "
+                         "weight-only op reading an integer initializer)"
                          + ("; are the models swapped?" if quantized_weights(fp32_model.graph)
-                            else ""))
+                            or blockwise_weights(fp32_model.graph) else ""))
     pairing = _WeightPairing(fp32, int8, fp32_model, int8_model)
     entries = [entry for entry in map(pairing.entry, found) if entry is not None]
+    if blocked:
+        entries = _in_reading_order(int8_model.graph, entries + [
+            entry for entry in map(pairing.blockwise_entry, blocked) if entry is not None])
     pairing.note_left_out(entries)
     worst = min(entries, key=lambda entry: entry["sqnr_db"], default=None)
     answer = {"fp32": fp32, "int8": int8, "weight_count": len(entries), "weights": entries,
@@ -13481,6 +13878,16 @@ def weights(fp32: str, int8: str, options: WeightsOptions | None = None) -> dict
     return answer
 
 
+def _in_reading_order(graph, entries: list[dict]) -> list[dict]:
+    """``entries`` (both kinds) in the int8 file's order: that of the first node that reads
+    each one's quantized initializer."""
+    first: dict[str, int] = {}
+    for position, node in enumerate(graph.node):
+        for name in node.input:
+            first.setdefault(name, position)
+    return sorted(entries, key=lambda entry: first.get(entry["quantized"], len(first)))
+
+
 class _WeightPairing:
     """``weights``' pairing of each quantized weight with the float one it quantizes, and
     the weights it had to leave out (``unpaired``, ``unread``), said on stderr."""
@@ -13492,6 +13899,10 @@ class _WeightPairing:
         self.int8_tensors = {tensor.name: tensor for tensor in int8_model.graph.initializer}
         self.unpaired: list[str] = []  # no float weight of the same name and shape
         self.unread: list[str] = []  # neither one scale per tensor nor one per channel
+        self.readers = _FloatWeightReaders(fp32_model.graph)
+        self.tensors = _Tensors(self.int8_tensors, int8)
+        self.unmatched: list[str] = []  # weight-only: no float node reads the same names
+        self.unsupported: list[str] = []  # weight-only: a layout eprun does not read
 
     def entry(self, weight) -> dict | None:
         """The weight's entry of the answer, or None where it is left out."""
@@ -13530,6 +13941,37 @@ class _WeightPairing:
             entry["qdq_loss_debug_sqnr_db"] = weight_error(reference, wrapped)["sqnr_db"]
         return entry
 
+    def blockwise_entry(self, weight: BlockwiseWeight) -> dict | None:
+        """A weight-only op's weight against the weight of the float node it stands for
+        (``_FloatWeightReaders``), dequantized as onnxruntime computes it, or None where it is
+        left out: with its bits, block size, symmetry, accuracy level and its worst block."""
+        import numpy as np
+
+        name = self.readers.weight_of(weight)
+        if name not in self.floats:
+            self.unmatched.append(weight.name)
+            return None
+        reference = _initializer_array(self.floats[name], self.fp32).astype(np.float32)
+        if reference.ndim > 2 and weight.activation and reference.size == math.prod(
+                reference.shape[-2:]):  # an N-D weight the quantizer squeezed to [K, N]
+            reference = reference.reshape(reference.shape[-2:])
+        try:
+            dequantized, fields = dequantize_blockwise(weight.node, self.tensors,
+                                                       reference.shape)
+        except (ValueError, KeyError, IndexError) as exc:
+            self.unsupported.append(f"{weight.name!r} ({weight.node.op_type}: {one_line(exc)})")
+            return None
+        if dequantized.shape != reference.shape:
+            self.unmatched.append(weight.name)
+            return None
+        axis = fields.pop("axis")
+        row, block, largest = worst_block(reference - dequantized, axis, fields["block_size"])
+        return {"name": name, "quantized": weight.name, "op_type": weight.node.op_type,
+                "shape": list(reference.shape), "axis": axis,
+                **weight_error(reference, dequantized), **fields,
+                "worst_block": {"column" if weight.activation else "row": row, "block": block,
+                                "max_abs_error": largest}}
+
     def note_left_out(self, entries: list[dict]) -> None:
         """Say on stderr where qdq_loss_debug's own number differs, and what was left out."""
         fp32, int8, unread, unpaired = self.fp32, self.int8, self.unread, self.unpaired
@@ -13549,6 +13991,16 @@ class _WeightPairing:
                  f"{int8!r} {'have' if len(unpaired) > 1 else 'has'} no fp32 weight of the same "
                  f"name and shape in {fp32!r}, left out: {', '.join(map(repr, unpaired[:5]))}"
                  f"{' and more' if len(unpaired) > 5 else ''}")
+        if self.unsupported:
+            note(f"{int8!r}: {', '.join(self.unsupported)}: a weight-only layout eprun does not "
+                 "dequantize, left out")
+        unmatched = self.unmatched
+        if unmatched:
+            note(f"{len(unmatched)} weight-only weight{'s' if len(unmatched) > 1 else ''} of "
+                 f"{int8!r} ({', '.join(map(repr, unmatched[:5]))}"
+                 f"{' and more' if len(unmatched) > 5 else ''}) pair with no node of {fp32!r}: "
+                 "no MatMul there reads the same activation and writes the same output (no "
+                 "Gather the same output) with a constant weight of that shape; left out")
 
 
 declare(Command(
@@ -13564,8 +14016,13 @@ declare(Command(
     detail='weights: [{"name", "quantized", "op_type", "shape", "axis", "sqnr_db", '
            '"max_abs_error"}] in the int8 file\'s order, "name" the float weight\'s name, '
            '"axis" the channel axis of a per-channel scale (null: per tensor), '
-           '"qdq_loss_debug_sqnr_db" where its int8 arithmetic wraps around (see stderr); '
-           'worst: {"name", "sqnr_db"} of the lowest SQNR; --format table sorts worst first',
+           '"qdq_loss_debug_sqnr_db" where its int8 arithmetic wraps around (see stderr); a '
+           'weight-only one (MatMulNBits, MatMulBnb4, GatherBlockQuantized, a DequantizeLinear '
+           'with a block_size), paired through the float MatMul reading the same activation and '
+           'writing the same output, adds "bits", "block_size", "symmetric", "accuracy_level" '
+           'and "worst_block": {"column" (or a table\'s "row"), "block", "max_abs_error"}, '
+           '"axis" the one its blocks run along; worst: {"name", "sqnr_db"} of the lowest '
+           'SQNR; --format table sorts worst first',
     example="eprun.py weights fp32.onnx int8.onnx --format table"))
 
 
@@ -13624,6 +14081,39 @@ def qdq_summary(graph) -> dict | None:
             "wrapped_ops": dict(wrapped.most_common())}
 
 
+def weight_only_summary(graph) -> dict | None:
+    """For a model with weight-only quantized weights (``weight_only_nodes``): the nodes of
+    each op type, the bits, block sizes and accuracy levels (MatMulNBits') they use, and the
+    bytes their codes, scales and zero points take (``bytes``) against the float32 weights
+    they stand for (``float32_bytes``: 4 bytes an element). None for a model without them."""
+    tensors = {tensor.name: tensor for tensor in graph.initializer}
+    ops: collections.Counter = collections.Counter()
+    bits, blocks, levels = set(), set(), set()
+    stored = elements = 0
+    for node, width in weight_only_nodes(graph):
+        attributes = int_attributes(node)
+        inputs = [*node.input, "", "", ""]
+        if node.op_type in ("MatMulNBits", "MatMulBnb4"):
+            parts = inputs[1:4] if node.op_type == "MatMulNBits" else inputs[1:3]
+            elements += attributes.get("K", 0) * attributes.get("N", 0)
+        else:  # GatherBlockQuantized's table, or a DequantizeLinear's weight
+            parts = [inputs[0], *inputs[2:4]] if node.op_type == "GatherBlockQuantized" \
+                else inputs[:3]
+            data = tensors.get(inputs[0])
+            elements += 0 if data is None else math.prod(data.dims) * (
+                8 // width if data.data_type == 2 and node.op_type != "DequantizeLinear" else 1)
+        if node.op_type == "MatMulNBits":
+            levels.add(attributes.get("accuracy_level", 0))
+        ops[node.op_type] += 1
+        bits.add(width)
+        blocks.add(attributes.get("block_size", 128))
+        stored += sum(_tensor_bytes(tensors[name]) for name in parts if name in tensors)
+    if not ops:
+        return None
+    return {"ops": dict(ops.most_common()), "bits": sorted(bits), "block_sizes": sorted(blocks),
+            "accuracy_levels": sorted(levels), "bytes": stored, "float32_bytes": 4 * elements}
+
+
 @dataclasses.dataclass(frozen=True)
 class InspectOptions:
     """``inspect``'s options: none but the output's form, which ``main`` takes."""
@@ -13644,6 +14134,7 @@ def inspect(model: str, options: InspectOptions | None = None) -> dict:
                                                         "tensors": 0, "bytes": 0})
         entry["tensors"] += 1
         entry["bytes"] += _tensor_bytes(tensor)
+    weight_only = weight_only_summary(graph)  # a key only where there is some (else as before)
     return {"model": model, "ir_version": parsed.ir_version,
             "producer": " ".join(filter(None, (parsed.producer_name, parsed.producer_version))),
             "opsets": {entry.domain: entry.version for entry in parsed.opset_import},
@@ -13655,7 +14146,8 @@ def inspect(model: str, options: InspectOptions | None = None) -> dict:
             "initializers": {"count": len(graph.initializer),
                              "bytes": sum(_tensor_bytes(tensor) for tensor in graph.initializer)},
             "external_data": sorted(external.values(), key=lambda item: item["file"]),
-            "qdq": qdq_summary(graph)}
+            "qdq": qdq_summary(graph),
+            **({"weight_only": weight_only} if weight_only is not None else {})}
 
 
 declare(Command(
@@ -13673,7 +14165,9 @@ declare(Command(
            '"shape"}], a dim as its number, its symbolic name or null; op_types: {op type: '
            'nodes}, most first; initializers: {"count", "bytes"}; external_data: [{"file", '
            '"tensors", "bytes"}]; qdq: {"activation_pairs", "weight_dequantizers", '
-           '"wrapped_ops"} or null without Q/DQ nodes',
+           '"wrapped_ops"} or null without Q/DQ nodes; weight_only, only where the model has '
+           'weight-only quantized weights: {"ops", "bits", "block_sizes", "accuracy_levels", '
+           '"bytes", "float32_bytes"}',
     example="eprun.py inspect int8.onnx --format table"))
 
 
@@ -13815,7 +14309,9 @@ class _Report:
         candidate: dict = {}
         reference: dict = {}
         self.sections["gate"] = check(fp32, int8, CheckOptions(
-            providers=options.providers, profile="int8", inputs=options.inputs, seed=seed,
+            providers=options.providers,
+            profile="int4" if _weight_only_4bit(self.graphs["int8"]) else "int8",
+            inputs=options.inputs, seed=seed,
             ep_options=options.ep_options, allow_fallback=options.allow_fallback,
             swapped_ok=True),  # the order is checked above, on the graphs read there
             outputs_into=candidate, reference_into=reference)

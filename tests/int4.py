@@ -185,13 +185,7 @@ def _replace(model: onnx.ModelProto, rewrite, exclude) -> onnx.ModelProto:
             inits += new_inits
         else:
             nodes.append(node)
-    out.graph.ClearField("node")
-    out.graph.node.extend(nodes)
-    out.graph.initializer.extend(inits)
-    read = {name for node in out.graph.node for name in node.input}
-    kept = [t for t in out.graph.initializer if t.name in read]
-    out.graph.ClearField("initializer")
-    out.graph.initializer.extend(kept)
+    _set_nodes(out, nodes, inits)
     return out
 
 
@@ -459,13 +453,7 @@ def to_gather_block_quantized(model: onnx.ModelProto, block_size: int = 32,
             added += new_inits
         else:
             nodes.append(node)
-    out.graph.ClearField("node")
-    out.graph.node.extend(nodes)
-    out.graph.initializer.extend(added)
-    read = {name for node in out.graph.node for name in node.input}
-    kept = [t for t in out.graph.initializer if t.name in read]
-    out.graph.ClearField("initializer")
-    out.graph.initializer.extend(kept)
+    _set_nodes(out, nodes, added)
     if not any(o.domain == MS_DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     for opset in out.opset_import:
@@ -532,3 +520,15 @@ def run(model, x, *, level: str | None = None, config: dict | None = None) -> np
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def _set_nodes(out, nodes: list, added: list) -> None:
+    """``out``'s graph with ``nodes`` in place of its own and ``added`` initializers, those no
+    node reads any more dropped."""
+    out.graph.ClearField("node")
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(added)
+    read = {name for node in out.graph.node for name in node.input}
+    kept = [tensor for tensor in out.graph.initializer if tensor.name in read]
+    out.graph.ClearField("initializer")
+    out.graph.initializer.extend(kept)

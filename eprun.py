@@ -782,7 +782,9 @@ class Invocation:
     (``external_locations``). ``children``: the process groups of the commands it runs
     (``reduce --check``, ``own_process_group``), ended with it. ``releases``: what must be let
     go before a signal ends the process (a Dask client: ``released_on_signal``).
-    ``releases_kept``: the SIGBUS handler's C callback, kept alive (``install_bus_handler``)."""
+    ``releases_kept``: the SIGBUS handler's C callback, kept alive (``install_bus_handler``).
+    ``own_environment``: the variables eprun set for its own process, left out of the
+    environment of a command it runs (``child_environment``)."""
 
     program: bool = False
     terminals: list = dataclasses.field(default_factory=list)
@@ -797,6 +799,7 @@ class Invocation:
     children: set = dataclasses.field(default_factory=set)
     releases: list = dataclasses.field(default_factory=list)
     releases_kept: Any = None
+    own_environment: set = dataclasses.field(default_factory=set)
 
 
 _INVOCATIONS = [Invocation()]  # the one in progress last; the first is that of direct calls
@@ -1243,6 +1246,13 @@ def install_bus_handler(invocation: Invocation) -> None:
     except (OSError, AttributeError, TypeError):  # no such C library here: the default stays
         return
     invocation.releases_kept = handler
+
+
+def child_environment() -> dict:
+    """The environment for a command eprun runs for the user (``reduce --check``): eprun's
+    own, less what eprun set only for itself."""
+    own = current_invocation().own_environment
+    return {name: value for name, value in os.environ.items() if name not in own}
 
 
 def stop_workers() -> None:
@@ -12793,7 +12803,8 @@ def _call_check(argv: list[str], errors, timeout: float | None) -> int | None:
 
     try:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=errors, start_new_session=True)
+                                   stderr=errors, start_new_session=True,
+                                   env=child_environment())
     except OSError as exc:
         code = EXIT_MISSING if isinstance(exc, FileNotFoundError) else EXIT_USAGE
         raise EprunError(f"--check cannot run {argv[0]!r}: {exc.strerror or one_line(exc)}",
@@ -14965,12 +14976,14 @@ def cli() -> None:
     (1.32 writes a device id and a database under ``$HOME/.cache`` and a file in ``$TMPDIR``)
     is off for eprun's own process unless the user set ``ORT_DISABLE_TELEMETRY``: a tool that
     leaves nothing behind."""
-    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     # numpy's BLAS: one thread (eprun's sums are dot products and norms), not a thread, an
     # 8 MB stack and a 32 MB buffer per core, reserved at numpy's import
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    own = {name for name in ("ORT_DISABLE_TELEMETRY", "OPENBLAS_NUM_THREADS")
+           if name not in os.environ}
+    for name in own:
+        os.environ[name] = "1"
     _one_arena_under_a_limit()
-    with installed(Invocation(program=True), stays=True) as invocation:
+    with installed(Invocation(program=True, own_environment=own), stays=True) as invocation:
         if threading.current_thread() is threading.main_thread():
             install_bus_handler(invocation)
         try:

@@ -664,3 +664,27 @@ def test_a_constant_kept_in_external_data_comes_inline(capfd, tmp_path):
     assert (tmp_path / "c.bin").exists()
     answer = reduce_with_check(capfd, tmp_path, path, "c", "B")
     assert_reduced_correctly(answer, path, "c", "B")
+
+
+def test_a_check_command_gets_the_users_environment_not_eprun_s_own(lab_pair, tmp_path):
+    """As a program eprun sets OPENBLAS_NUM_THREADS and ORT_DISABLE_TELEMETRY for itself; the
+    --check command it runs for the user gets the environment the user gave (here: neither)."""
+    import subprocess
+
+    from conftest import EPRUN
+
+    fp32, _ = lab_pair
+    seen = tmp_path / "seen.txt"
+    script = tmp_path / "check.py"
+    script.write_text("import os, sys\n"
+                      f"open({str(seen)!r}, 'a').write(repr(sorted(name for name in os.environ"
+                      " if name in ('OPENBLAS_NUM_THREADS', 'ORT_DISABLE_TELEMETRY'))) + '\\n')\n"
+                      "sys.exit(1)\n")
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("OPENBLAS_NUM_THREADS", "ORT_DISABLE_TELEMETRY")}
+    done = subprocess.run([sys.executable, str(EPRUN), "reduce", str(fp32), "--output",
+                           str(tmp_path / "small.onnx"), "--check",
+                           f"{sys.executable} {script} {{model}}"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert set(seen.read_text().splitlines()) == {"[]"}

@@ -263,6 +263,11 @@ def parse_rows(text: str) -> int:
     return _decimal(text, "rows ", minimum=1)
 
 
+def parse_top_k(text: str) -> int:
+    """``--top-k``: a positive decimal integer."""
+    return _decimal(text, "K ", minimum=1)
+
+
 def parse_count(text: str) -> int:
     """A non-negative decimal integer of any size, for the count options (``--iteration``,
     ``--retries``, ``--jobs``, ...)."""
@@ -4602,30 +4607,48 @@ _GOLDEN_META = "eprun"
 _GOLDEN_RECORD_BYTES = 16 << 20
 
 
-def save_golden(path: str, kind: str, model: str, tensors: dict, inputs: dict, *,
-                got: Got, seed: int | None, inputs_file: str | None = None) -> dict:
+def save_golden(path: str, kind: str, model: str, tensors: dict | list[dict],
+                inputs: dict | list[dict], *, got: Got, seed: int | None,
+                inputs_file: str | None = None) -> dict:
     """Store reference tensors measured here (``kind`` "outputs" for check, "boundaries" for
     layers) with the inputs they were measured on, for a run on another machine
     (``load_golden``): the numbers a model gives depend on the machine, and the point is to
     compare across machines. The file knows what it was made from: the model's fingerprint
     (graph and weights), the inputs' digest, the seed that drew them (None when none did),
     onnxruntime's version, the providers and the nodes each took (``got``, the session's that
-    measured them). Written all or nothing; returns the answer's ``golden`` record."""
+    measured them). Written all or nothing; returns the answer's ``golden`` record.
+
+    ``tensors`` and ``inputs`` may be lists, one per iteration of a run over several: the
+    first iteration is stored as a golden file of one iteration is (an older eprun reads that
+    one), each later one under ``<member>@<k>``, listed in the record's
+    ``more_iterations``."""
     import json
 
     import numpy as np
 
-    shared = [name for name, value in tensors.items()
-              if name in inputs and np.array_equal(np.asarray(value), np.asarray(inputs[name]))]
-    members = golden_members(list(inputs), list(tensors), shared)
+    every = list(zip(tensors, inputs)) if isinstance(tensors, list) else [(tensors, inputs)]
+    tensors, inputs = every[0]
+    arrays: dict = {}
+    more = []
+    for k, (iteration_tensors, iteration_inputs) in enumerate(every):
+        shared = [name for name, value in iteration_tensors.items()
+                  if name in iteration_inputs
+                  and np.array_equal(np.asarray(value), np.asarray(iteration_inputs[name]))]
+        stored = golden_members(list(iteration_inputs), list(iteration_tensors), shared)
+        if k:
+            stored = {key: [f"{member}@{k}" for member in names]
+                      for key, names in stored.items()}
+            more.append({**stored, "inputs_sha256": arrays_digest(iteration_inputs)})
+        else:
+            members = stored
+        arrays.update(zip(stored["inputs"], map(np.asarray, iteration_inputs.values())))
+        arrays.update(zip(stored["tensors"], map(np.asarray, iteration_tensors.values())))
     meta = {"eprun": __version__, "kind": kind, "model": os.path.basename(model),
             "tensors": list(tensors), "inputs": list(inputs), "members": members,
             "providers": got.actual,
             "onnxruntime": import_ort().__version__, "machine": machine(), "seed": seed,
             "fingerprint": model_fingerprint(model), "inputs_sha256": arrays_digest(inputs),
-            "nodes_per_provider": got.nodes}
-    arrays = dict(zip(members["inputs"], map(np.asarray, inputs.values())))
-    arrays.update(zip(members["tensors"], map(np.asarray, tensors.values())))
+            "nodes_per_provider": got.nodes, **({"more_iterations": more} if more else {})}
     arrays[_GOLDEN_META] = np.array(json.dumps(meta))
     write_atomically(lambda stream: np.savez(stream, **arrays), path,
                      like=(model, *([inputs_file] if inputs_file else [])))
@@ -4699,19 +4722,24 @@ def machine() -> str:
     return ", ".join(described)
 
 
-def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed: int, *,
-                graph, seed_given: bool = True, given_inputs: dict | None = None
+def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed: int | None,
+                *, graph, given_inputs: dict | None = None, iteration: int = 0
                 ) -> tuple[dict, dict, dict]:
     """``(record, inputs, tensors)`` of a golden file, refused (exit 4) when it holds another
     kind of tensors or other names than ``tensor_names`` (what ``model`` gives here), when
     ``model``'s graph or weights are not those it was saved from (its fingerprint), or when
-    the inputs asked for contradict the stored ones: a ``seed`` given (``seed_given``) that is
+    the inputs asked for contradict the stored ones: a ``seed`` given (None: none was) that is
     not the one they were drawn with, or ``given_inputs`` (an ``--inputs`` file) that differ.
     The stored inputs are the ones measured on, and fed; they must be ``graph``'s inputs
-    (``model`` parsed)."""
+    (``model`` parsed). ``iteration``: which of a file of several (the record says how many
+    as ``iterations``)."""
 
     require_file(path, "golden")
-    meta, inputs, tensors = _read_golden(path)
+    meta, inputs, tensors = _read_golden(path, iteration)
+    if iteration:  # a later iteration's inputs have their own digest
+        meta = {**meta, "inputs_sha256": meta["more_iterations"][iteration - 1].get(
+            "inputs_sha256")}
+        given_inputs = None
     if meta.get("kind") != kind:
         raise EprunError(f"{path!r} holds {meta.get('kind')}, not {kind}; load it with the "
                          "command that saved it")
@@ -4723,14 +4751,15 @@ def load_golden(path: str, kind: str, tensor_names: list[str], model: str, seed:
         raise EprunError(f"{path!r} was saved from another graph than {model!r} "
                          f"({differ}); refusing to compare")
     require_golden_inputs(path, inputs, graph, model)
-    _require_same_source(path, meta, model, inputs, seed=seed if seed_given else None,
-                         given_inputs=given_inputs)
+    _require_same_source(path, meta, model, inputs, seed=seed, given_inputs=given_inputs)
     if os.path.basename(model) != meta.get("model"):
         note(f"{path!r} was saved from {meta.get('model')!r}, and is compared as "
              f"{os.path.basename(model)!r}'s: the tensor names and the fingerprint match")
     record = {"loaded": path, **{key: meta.get(key) for key in (
         "model", "fingerprint", "providers", "nodes_per_provider", "onnxruntime", "machine",
         "seed")}}
+    if meta.get("more_iterations"):
+        record["iterations"] = 1 + len(meta["more_iterations"])
     return record, inputs, tensors
 
 
@@ -4752,10 +4781,10 @@ def _nesting(value: Any) -> int:
     return deepest
 
 
-def _read_golden(path: str) -> tuple[dict, dict, dict]:
+def _read_golden(path: str, iteration: int = 0) -> tuple[dict, dict, dict]:
     """``(meta, inputs, tensors)`` as a golden file holds them: its decoded JSON record, and
-    the arrays by the names that record lists; a file that is not one eprun wrote is refused
-    in one line."""
+    the arrays of ``iteration`` by the names that record lists; a file that is not one eprun
+    wrote is refused in one line."""
     import json
 
     try:
@@ -4770,18 +4799,13 @@ def _read_golden(path: str) -> tuple[dict, dict, dict]:
                                                         for name in meta[key])
                 for key in ("inputs", "tensors")):
             raise ValueError("its record does not list the inputs and tensors it holds")
-        members = meta.get("members") or {  # eprun 0.10 and before: input_<i>, tensor_<i>
-            "inputs": [f"input_{i}" for i in range(len(meta["inputs"]))],
-            "tensors": [f"tensor_{i}" for i in range(len(meta["tensors"]))]}
-        if not isinstance(members, dict) or any(
-                not isinstance(members.get(key), list)
-                or len(members[key]) != len(meta[key])
-                or not all(isinstance(member, str) for member in members[key])
-                for key in ("inputs", "tensors")):
-            raise ValueError("its record's members do not match its inputs and tensors")
-        arrays = read_npz(path, [_GOLDEN_META, *members["inputs"], *members["tensors"]],
+        every = [_first_members(meta), *_more_iterations(meta)]
+        arrays = read_npz(path, [_GOLDEN_META, *(member for stored in every
+                                                 for key in ("inputs", "tensors")
+                                                 for member in stored[key])],
                           "golden", per="per name its record lists", extra="refused",
                           max_bytes=_GOLDEN_RECORD_BYTES)
+        members = every[iteration]
         inputs = {name: arrays[member] for name, member in zip(meta["inputs"],
                                                                members["inputs"])}
         tensors = {name: arrays[member] for name, member in zip(meta["tensors"],
@@ -4791,6 +4815,32 @@ def _read_golden(path: str) -> tuple[dict, dict, dict]:
         raise EprunError(f"{path!r} is not a golden file eprun wrote ({why}); write one with "
                          "--save-outputs or --save-boundaries") from exc
     return meta, inputs, tensors
+
+
+def _first_members(meta: dict) -> dict:
+    """The members of a golden record's (first) iteration, checked."""
+    members = meta.get("members") or {  # eprun 0.10 and before: input_<i>, tensor_<i>
+        "inputs": [f"input_{i}" for i in range(len(meta["inputs"]))],
+        "tensors": [f"tensor_{i}" for i in range(len(meta["tensors"]))]}
+    if not isinstance(members, dict) or any(
+            not isinstance(members.get(key), list)
+            or len(members[key]) != len(meta[key])
+            or not all(isinstance(member, str) for member in members[key])
+            for key in ("inputs", "tensors")):
+        raise ValueError("its record's members do not match its inputs and tensors")
+    return members
+
+
+def _more_iterations(meta: dict) -> list[dict]:
+    """The members of a golden record's later iterations (``save_golden``), checked."""
+    more = meta.get("more_iterations", [])
+    if not isinstance(more, list) or not all(
+            isinstance(stored, dict) and all(
+                isinstance(stored.get(key), list) and len(stored[key]) == len(meta[key])
+                and all(isinstance(member, str) for member in stored[key])
+                for key in ("inputs", "tensors")) for stored in more):
+        raise ValueError("its record's later iterations do not match its inputs and tensors")
+    return more
 
 
 def _require_same_source(path: str, meta: dict, model: str, inputs: dict, *,
@@ -5685,7 +5735,7 @@ class PairedModel:
         self.model = load_model(path, text_names=True)
         outputs = [value.name for value in self.model.graph.output]
         if output is not None and output not in outputs:
-            raise EprunError(f"--output {output!r}: {path!r} has no output of that name (its "
+            raise EprunError(f"--output-name {output!r}: {path!r} has no output of that name (its "
                              f"outputs: {', '.join(outputs)})", EXIT_USAGE)
         self.types = tensor_types(self.model)
         graph = self.model.graph
@@ -7914,9 +7964,13 @@ def _check_table(answer: dict, colour: bool) -> list[str]:
              *(_statistic_cells(entry.get("error_stat")) if stats else []),
              *([entry.get("top_k_agreement")] if top_k else [])] for entry in outputs]
     over = f", {answer['iterations']} iterations" if several else ""
+    rule = (f"|c - r| <= {tolerance['atol']:g} + {tolerance['rtol']:g}*|r| per element, "
+            f"cosine >= {tolerance['min_cos']:g}")
+    if stats:
+        rule += ("; by a statistic where the table names one: its |c - r| over atol and its "
+                 "|c - r|/|r| over rtol fail")
     lines = [(f"check: {answer['candidate']} against {answer['reference']}, "
-              f"{answer['profile']} profile (|c - r| <= {tolerance['atol']:g} + "
-              f"{tolerance['rtol']:g}*|r| per element, cosine >= {tolerance['min_cos']:g}), "
+              f"{answer['profile']} profile ({rule}), "
               f"on {','.join(answer['providers']['actual'])}{over}")]
     failing = {failure.get("output") for failure in answer["failures"]}
     lines += aligned(["reference", "candidate", "shape", "max abs diff", "mean abs diff",
@@ -10084,6 +10138,10 @@ def _import_distributed():
     return distributed
 
 
+# A scheduler's address as distributed writes them: tcp://host:port (tls, ucx, ws likewise).
+_DASK_ADDRESS = r"(?:[a-z][a-z0-9+]*://)?(?:\[[0-9a-fA-F:.]+\]|[^\s/:\[\]]+):[0-9]{1,5}"
+
+
 def dask_address(flags: DaskFlags) -> str:
     """The scheduler's address: ``--dask-scheduler``, or the one the ``--dask-scheduler-file``
     that ``dask scheduler --scheduler-file`` wrote holds (read here: distributed would wait for
@@ -10091,6 +10149,10 @@ def dask_address(flags: DaskFlags) -> str:
     import json
 
     if flags.dask_scheduler is not None:
+        if not re.fullmatch(_DASK_ADDRESS, flags.dask_scheduler):
+            raise EprunError(f"--dask-scheduler {flags.dask_scheduler!r} is not a scheduler's "
+                             "address (PROTOCOL://HOST:PORT, e.g. tcp://127.0.0.1:8786)",
+                             EXIT_USAGE)
         return flags.dask_scheduler
     path = flags.dask_scheduler_file
     require_file(path, "scheduler")
@@ -11835,6 +11897,7 @@ def check(reference: str, candidate: str, options: CheckOptions | None = None, *
     measured = [_measure_outputs(zip(reference_names, expected), zip(ran.names, actual),
                                  (reference, candidate), rules)
                 for expected, actual in zip(reference_runs, ran.runs)]
+    _require_top_k_fits(rules, measured[0], reference_runs[0])
     outputs, failures = (_judge_outputs(measured[0], tolerance, rules) if len(measured) == 1
                          else _judge_iterations(measured, tolerance, rules))
     failures.extend(_provider_failures(providers, ran.got, options.require_providers,
@@ -11857,8 +11920,8 @@ def check(reference: str, candidate: str, options: CheckOptions | None = None, *
               "rows": feed.rows}
     if not feed.contract_shaped:
         answer["inputs"] = feed.fed
-    if iterations != [None]:
-        answer["iterations"] = len(iterations)
+    if len(feeds) > 1:
+        answer["iterations"] = len(feeds)
     return {**answer, "profile": profile, "tolerance": tolerance,
             "providers": _gate_providers(providers, ran.got, reference_got, golden,
                                          options.ep_options),
@@ -11886,6 +11949,11 @@ def _gate_setup(reference: str, candidate: str, options: CheckOptions
         require_in_order(graphs, (reference, candidate), options.swapped_ok,
                          ("reference", "candidate"))
     on, reference_on = _gate_requests(options)
+    for provider, _ in options.min_provider_share or ():
+        if provider not in on.requested:
+            raise EprunError(f"--min-provider-share {provider}: the candidate does not ask for "
+                             f"it (--providers {','.join(on.requested)}); name a provider of "
+                             "--providers", EXIT_USAGE)
     if profile in (None, "auto"):
         profile = _auto_profile(graphs, candidate, told=profile == "auto")
     return profile, on, reference_on
@@ -11903,8 +11971,6 @@ def _gate_iterations(inputs: InputOptions | None, load_outputs: str | None,
         return [None]  # the golden file's own inputs are fed
     require_file(file, "inputs")
     count = len(polygraphy_feed_dicts(file))
-    if count < 2:
-        return [None]
     if load_outputs:
         require_file(load_outputs, "golden")
         held = polygraphy_iterations(load_outputs)
@@ -11912,12 +11978,7 @@ def _gate_iterations(inputs: InputOptions | None, load_outputs: str | None,
             raise EprunError(f"{file!r} holds {count} iterations and {load_outputs!r} "
                              f"{held}: they must be one run's (or pick one with --iteration N)",
                              EXIT_USAGE)
-    if save_outputs and not save_outputs.lower().endswith(".json"):
-        raise EprunError(f"--save-outputs {save_outputs!r}: a golden .npz holds one "
-                         f"iteration, and {file!r} holds {count}; save FILE.json (Polygraphy's "
-                         "RunResults, an iteration each) or pick one with --iteration N",
-                         EXIT_USAGE)
-    return list(range(count))
+    return list(range(count)) if count > 1 else [None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -12054,6 +12115,24 @@ def _measure_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
     return entries
 
 
+def _require_top_k_fits(rules: GateRules, entries: list[dict], outputs: list) -> None:
+    """``--top-k`` along ``--top-k-axis``: an output that has no such axis, or fewer than K
+    values along it, is said (its agreement is null, and no gate); where no output can take
+    it, the flags are wrong: a usage error."""
+    if rules.top_k is None:
+        return
+    cannot = [(entry["reference"], list(getattr(value, "shape", ())))
+              for entry, value in zip(entries, outputs) if entry.get("top_k_agreement") is None]
+    if cannot and len(cannot) == len(entries):
+        raise EprunError(f"--top-k {rules.top_k} along axis {rules.top_k_axis}: no output "
+                         f"has {rules.top_k} values there ("
+                         + ", ".join(f"{name!r} has shape {shape}" for name, shape in cannot)
+                         + ")", EXIT_USAGE)
+    for name, shape in cannot:
+        note(f"--top-k {rules.top_k} along axis {rules.top_k_axis}: output {name!r} (shape "
+             f"{shape}) has fewer values there, or no such axis: no top_k_agreement")
+
+
 def _judge_outputs(entries: list[dict], tolerance: dict, rules: GateRules,
                    iteration: int | None = None) -> tuple[list[dict], list[dict]]:
     """``(outputs, failures)`` of one iteration: each entry's numbers against its tolerance
@@ -12104,9 +12183,9 @@ def _broken_bounds(entry: dict, tolerance: dict, rules: GateRules, at: dict) -> 
                        "min_cos": least, "by": least - entry["cosine"],
                        **({"nonfinite": entry["nonfinite"]} if "nonfinite" in entry else {}),
                        **at})
-    agreement = entry.get("top_k_agreement", 1.0)
-    if rules.min_top_k_agreement is not None and (agreement is None or
-                                                  agreement < rules.min_top_k_agreement):
+    agreement = entry.get("top_k_agreement")
+    if rules.min_top_k_agreement is not None and agreement is not None \
+            and agreement < rules.min_top_k_agreement:
         broken.append({"output": name, "bound": "top_k", "k": rules.top_k,
                        "top_k_agreement": agreement,
                        "min_top_k_agreement": rules.min_top_k_agreement, **at})
@@ -12312,7 +12391,7 @@ def _save_reference(path: str, reference: str, outputs: list[dict], feeds: list[
         return save_polygraphy(path, reference, outputs if several else outputs[0],
                                [one.arrays for one in feeds] if several else feed.arrays,
                                inputs)
-    return save_golden(path, "outputs", reference, outputs[0], feed.arrays,
+    return save_golden(path, "outputs", reference, outputs, [one.arrays for one in feeds],
                        got=reference_got, seed=drawn_with(feed, seed),
                        inputs_file=inputs.file if inputs is not None else None)
 
@@ -12391,48 +12470,70 @@ def _reference_side(reference: str, seed: int, inputs: InputOptions | None,
     """``(golden, feeds, output names, outputs per iteration, providers)`` of the reference:
     run here on ``on``, or read from the ``--load-outputs`` file made elsewhere (``golden`` its
     record, else None), whose inputs then feed the candidate. ``iterations``: the feed dicts of
-    a Polygraphy inputs file to run (``[None]``: the one ``inputs`` names)."""
-    def feeding(k: int | None) -> InputOptions | None:
-        """The input options of iteration ``k``."""
-        return inputs if k is None else dataclasses.replace(inputs, iteration=k)
-
+    a Polygraphy inputs file to run (``[None]``: the one ``inputs`` names); a golden .npz
+    brings its own."""
     if load_outputs and load_outputs.lower().endswith(".json"):  # Polygraphy's RunResults
-        graph = load_model(reference)
-        names = [value.name for value in graph.graph.output]
-        require_file(load_outputs, "golden")
-        if inputs is None or not inputs.file:
-            raise EprunError(f"{load_outputs!r} is Polygraphy's, whose outputs carry no inputs: "
-                             "give the inputs they were computed on with --inputs (the file "
-                             "polygraphy run --save-inputs wrote)", EXIT_USAGE)
-        feeds, runs = [], []
-        for k in iterations:
-            runner, stored = read_polygraphy_outputs(load_outputs, names,
-                                                     inputs.iteration or 0 if k is None else k)
-            feeds.append(make_feeds(specs_from_model(graph), seed, feeding(k), reference))
-            runs.append([stored[name] for name in names])
-        golden = {"loaded": load_outputs, "format": "polygraphy", "runner": runner,
-                  **({"iteration": inputs.iteration or 0} if iterations == [None] else
-                     {"iterations": len(iterations)})}
-        return golden, feeds, names, runs, Got([])
+        return _polygraphy_reference(reference, seed, inputs, load_outputs, iterations)
     if load_outputs:  # the reference ran elsewhere: its graph says what the file must hold
-        graph = load_model(reference)
-        names = [value.name for value in graph.graph.output]
-        golden, stored_inputs, stored = load_golden(
-            load_outputs, "outputs", names, reference, seed, graph=graph, seed_given=seed_given,
-            given_inputs=_given_inputs(inputs, graph, reference))
-        feed = make_feeds(specs_from_model(graph), seed,
-                          dataclasses.replace(inputs or InputOptions(), arrays=stored_inputs),
-                          reference)
-        return (golden, [feed], names, [[stored[name] for name in names]],
-                Got(golden["providers"], golden.get("nodes_per_provider")))
+        return _golden_reference(reference, seed if seed_given else None, inputs,
+                                 load_outputs)
     session = open_session(reference, what=repr(reference), on=on)
     specs = session_specs(session, reference)
-    feeds = [make_feeds(specs, seed, feeding(k), reference) for k in iterations]
+    feeds = [make_feeds(specs, seed, _iteration_inputs(inputs, k), reference)
+             for k in iterations]
     runs = [run_session(session, None, feed.arrays, what=repr(reference), hint=dims_hint(feed))
             for feed in feeds]
     names = [value.name for value in session.get_outputs()]
     # its outputs are all the rest needs: the session goes before the candidate's opens
     return None, feeds, names, runs, Got.of(session)
+
+
+def _iteration_inputs(inputs: InputOptions | None, k: int | None) -> InputOptions | None:
+    """The input options of iteration ``k`` (None: as given)."""
+    return inputs if k is None else dataclasses.replace(inputs, iteration=k)
+
+
+def _polygraphy_reference(reference: str, seed: int, inputs: InputOptions | None,
+                          load_outputs: str, iterations: list[int | None]) -> tuple:
+    """``_reference_side`` from a ``polygraphy run --save-outputs`` file: its iterations, fed
+    with the inputs file's."""
+    graph = load_model(reference)
+    names = [value.name for value in graph.graph.output]
+    require_file(load_outputs, "golden")
+    if inputs is None or not inputs.file:
+        raise EprunError(f"{load_outputs!r} is Polygraphy's, whose outputs carry no inputs: "
+                         "give the inputs they were computed on with --inputs (the file "
+                         "polygraphy run --save-inputs wrote)", EXIT_USAGE)
+    feeds, runs = [], []
+    for k in iterations:
+        runner, stored = read_polygraphy_outputs(load_outputs, names,
+                                                 inputs.iteration or 0 if k is None else k)
+        feeds.append(make_feeds(specs_from_model(graph), seed, _iteration_inputs(inputs, k),
+                                reference))
+        runs.append([stored[name] for name in names])
+    golden = {"loaded": load_outputs, "format": "polygraphy", "runner": runner,
+              **({"iteration": inputs.iteration or 0} if iterations == [None] else
+                 {"iterations": len(iterations)})}
+    return golden, feeds, names, runs, Got([])
+
+
+def _golden_reference(reference: str, seed: int | None, inputs: InputOptions | None,
+                      load_outputs: str) -> tuple:
+    """``_reference_side`` from a golden .npz: every iteration it holds, fed with its own
+    inputs."""
+    graph = load_model(reference)
+    names = [value.name for value in graph.graph.output]
+    feeds, runs, k, golden = [], [], 0, {}
+    while k == 0 or k < golden.get("iterations", 1):
+        golden, stored_inputs, stored = load_golden(
+            load_outputs, "outputs", names, reference, seed, graph=graph,
+            given_inputs=_given_inputs(inputs, graph, reference), iteration=k)
+        feeds.append(make_feeds(specs_from_model(graph), seed or 0, dataclasses.replace(
+            inputs or InputOptions(), arrays=stored_inputs), reference))
+        runs.append([stored[name] for name in names])
+        k += 1
+    return (golden, feeds, names, runs,
+            Got(golden["providers"], golden.get("nodes_per_provider")))
 
 
 def save_polygraphy(path: str, reference: str, outputs: dict | list[dict],
@@ -12501,7 +12602,7 @@ declare(Command(
             metavar="[NAME:]Q",
             help="the quantile --check-error-stat quantile takes (default 0.99); NAME:Q for one "
                  "output; repeatable"),
-        arg("--top-k", type=parse_rows, metavar="K",
+        arg("--top-k", type=parse_top_k, metavar="K",
             help="add each output's top_k_agreement: the fraction of rows (every position but "
                  "the --top-k-axis) whose K largest values sit at the same indices, as a set"),
         arg("--top-k-axis", type=parse_axis, default=-1, metavar="AXIS",

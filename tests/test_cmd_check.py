@@ -321,7 +321,8 @@ def test_every_iteration_of_a_polygraphy_inputs_file_is_gated(run_eprun_here, fi
 def test_saved_outputs_of_several_iterations_are_polygraphys_and_load_back(
         run_eprun_here, five_iterations, tmp_path):
     """--save-outputs FILE.json writes one Polygraphy iteration per input iteration (read here
-    by Polygraphy's own loader), and --load-outputs reads them all: the same verdict."""
+    by Polygraphy's own loader), a golden FILE.npz every iteration too, and --load-outputs
+    reads them all: the same verdict."""
     from test_polygraphy import polygraphy_feeds, polygraphy_outputs
 
     fp32, int8, inputs, feeds = five_iterations
@@ -335,10 +336,18 @@ def test_saved_outputs_of_several_iterations_are_polygraphys_and_load_back(
     assert loaded.code == ran.code
     assert loaded.answer["outputs"] == ran.answer["outputs"]
     assert loaded.answer["golden"]["iterations"] == 5
-    refused = run_eprun_here("check", fp32, int8, "--inputs", inputs, "--save-outputs",
-                             tmp_path / "golden.npz")
-    assert refused.code == 2 and "a golden .npz holds one iteration" in refused.stderr
-    assert not (tmp_path / "golden.npz").exists()
+    # a golden .npz of several iterations: the first as a file of one is, the rest beside it
+    golden = tmp_path / "golden.npz"
+    run_eprun_here("check", fp32, int8, "--inputs", inputs, "--save-outputs", golden)
+    with np.load(golden, allow_pickle=False) as archive:
+        for k, feed in enumerate(feeds):
+            suffix = f"@{k}" if k else ""
+            np.testing.assert_array_equal(archive[f"y{suffix}"], models.run(fp32, feed)[0])
+            np.testing.assert_array_equal(archive[f"x{suffix}"], feed["x"])
+    from_npz = run_eprun_here("check", fp32, int8, "--load-outputs", golden)
+    assert from_npz.code == ran.code
+    assert from_npz.answer["outputs"] == ran.answer["outputs"]
+    assert from_npz.answer["iterations"] == 5 and from_npz.answer["golden"]["iterations"] == 5
 
 
 def test_layers_says_which_iteration_it_measures(run_eprun_here, five_iterations):
@@ -466,6 +475,10 @@ def test_top_k_agreement_is_the_share_of_rows_whose_top_k_sets_agree(run_eprun_h
     passed = run_eprun_here("check", reference, candidate, "--top-k", str(k), "--atol", "100",
                             "--min-cos", "0", "--min-top-k-agreement", repr(agree))
     assert passed.code == 0
+    for axis in ("2", "-3"):  # no such axis of a [64, 10] output: the flags are wrong
+        wrong = run_eprun_here("check", reference, candidate, "--top-k", str(k),
+                               "--top-k-axis", axis, "--atol", "100", "--min-cos", "0")
+        assert wrong.code == 2 and "no output has" in wrong.stderr
     along = run_eprun_here("check", reference, candidate, "--top-k", str(k), "--top-k-axis", "0",
                            "--atol", "100", "--min-cos", "0")
     columns = float(np.mean([set(np.argsort(-a)[:k]) == set(np.argsort(-b)[:k])
@@ -480,8 +493,13 @@ def test_the_share_of_the_graph_on_an_ep_gates_or_says_it_cannot_be_known(run_ep
     _, int8 = lab_pair
     whole = run_eprun_here("check", int8, int8, "--min-provider-share",
                            "CPUExecutionProvider:1")
-    none = run_eprun_here("check", int8, int8, "--min-provider-share", "AzureExecutionProvider:0.5")
-    assert none.code == 1
+    none = run_eprun_here("check", int8, int8, "--providers",
+                          "AzureExecutionProvider,CPUExecutionProvider", "--allow-fallback",
+                          "--min-provider-share", "AzureExecutionProvider:0.5")
+    assert none.code == 1, none.stderr
+    unasked = run_eprun_here("check", int8, int8, "--min-provider-share",
+                             "CUDAExecutionProvider:0.5")
+    assert unasked.code == 2 and "the candidate does not ask for it" in unasked.stderr
     if not hasattr(ort.InferenceSession, "get_provider_graph_assignment_info"):
         assert whole.code == 1 and "cannot be known" in whole.stderr
         return

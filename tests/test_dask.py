@@ -224,6 +224,13 @@ def test_a_worker_that_cannot_read_the_models_fails_the_run_naming_both(pair, pr
     assert str(fp32) in line
 
 
+@pytest.mark.parametrize("address", ["garbage", "tcp://", "", "tcp://host"])
+def test_an_address_that_is_none_is_usage(run_eprun_here, pair, address):
+    fp32, int8 = pair
+    result = run_eprun_here("sensitivity", fp32, int8, "5", "--dask-scheduler", address)
+    assert result.code == 2 and "is not a scheduler's address" in result.stderr
+
+
 def test_jobs_and_a_cluster_together_are_usage(run_eprun_here, pair):
     fp32, int8 = pair
     result = run_eprun_here("sensitivity", fp32, int8, "5", "--jobs", "2", "--dask-scheduler",

@@ -12012,9 +12012,15 @@ class GateRules:
                                      f"{', '.join(names)})", EXIT_USAGE)
                 for target in [name] if name else names:
                     stats[target][slot] = value
+        if options.error_quantile and not any(rule[0] == "quantile" for rule in stats.values()):
+            raise EprunError("--error-quantile is the quantile of --check-error-stat quantile, "
+                             "which no output is judged by", EXIT_USAGE)
         top_k = options.top_k
         if top_k is None and options.min_top_k_agreement is not None:
             top_k = 1
+        if top_k is None and options.top_k_axis != -1:
+            raise EprunError("--top-k-axis is the axis --top-k ranks along: give --top-k",
+                             EXIT_USAGE)
         return cls({name: tuple(rule) for name, rule in stats.items()},
                    options.min_cos is not None, top_k, options.top_k_axis,
                    options.min_top_k_agreement)

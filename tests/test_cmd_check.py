@@ -528,3 +528,19 @@ def test_the_table_shows_iterations_statistic_and_top_k(run_eprun_here, five_ite
                                      "rel", "top-k"] or "top-k agreement" in lines[1]
     assert "worst iteration" in lines[1] and "statistic" in lines[1]
     assert " mean " in lines[3]
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--error-quantile", "0.5"], "--error-quantile is the quantile of --check-error-stat"),
+    (["--check-error-stat", "mean", "--error-quantile", "0.5"], "no output is judged by"),
+    (["--top-k-axis", "0"], "--top-k-axis is the axis --top-k ranks along"),
+    (["--check-error-stat", "nope:max"], "which is no output of"),
+    (["--check-error-stat", "worst"], "the statistic is one of"),
+    (["--error-quantile", "2"], "is not a number from 0 to 1"),
+    (["--min-provider-share", "CPUExecutionProvider"], "is not EP:FRACTION"),
+])
+def test_the_gates_flags_refuse_what_says_nothing(run_eprun_here, lab_pair, argv, said):
+    fp32, int8 = lab_pair
+    result = run_eprun_here("check", fp32, int8, *argv)
+    assert result.code == 2, result.stderr
+    assert said in result.stderr.splitlines()[-1]

@@ -3754,6 +3754,27 @@ def weight_only_release(graph) -> tuple[tuple[int, int, int], str] | None:
     return max(needs, default=None)
 
 
+# The words a model with weight-only quantization holds: its op types, or a block_size.
+_WEIGHT_ONLY_WORDS = (b"MatMulNBits", b"MatMulBnb4", b"GatherBlockQuantized", b"block_size")
+# The largest model file searched for them whole; a larger one is left to onnxruntime's words.
+_WEIGHT_ONLY_SCAN_BYTES = 64 << 20
+
+
+def _may_quantize_weights_only(source) -> bool:
+    """Could ``source`` (a path or a model's bytes) hold weight-only quantization? Its bytes
+    searched for the words such a model must hold, before any graph is read."""
+    if isinstance(source, str):
+        try:
+            if os.path.getsize(source) > _WEIGHT_ONLY_SCAN_BYTES:
+                return False
+            with open(source, "rb") as stream:
+                source = stream.read()
+        except OSError:
+            return False
+    data = bytes(source)
+    return any(word in data for word in _WEIGHT_ONLY_WORDS)
+
+
 def _require_weight_only_release(source, what: str) -> None:
     """Refuse, before onnxruntime tries, a model whose weight-only quantization this
     onnxruntime cannot run or runs wrong (``weight_only_release``), naming the release that
@@ -3763,6 +3784,8 @@ def _require_weight_only_release(source, what: str) -> None:
     release = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
     if release >= max(*_NBITS_SINCE.values(), *_WEIGHT_ONLY_SINCE.values()):
         return
+    if not _may_quantize_weights_only(source):
+        return  # (no graph read, nor onnx imported, for any other model)
     try:
         model = (load_model(source, graph_only=True) if isinstance(source, str) else
                  onnx_messages().ModelProto.FromString(bytes(source)))

@@ -1,5 +1,5 @@
-"""Layers 5 and 8 on weight-only twins (MatMulNBits, MatMulBnb4, opset 21's blockwise DequantizeLinear of INT4/UINT4
-weights, GatherBlockQuantized): their boundaries in layers, --local, growth, expose and
+"""Layers 5 and 8 on weight-only twins (MatMulNBits, MatMulBnb4, opset 21's blockwise
+DequantizeLinear of INT4/UINT4 weights, GatherBlockQuantized): their boundaries in layers, --local, growth, expose and
 --boundaries; weights; inspect's weight_only; check's int4 profile; and the refusal on an
 onnxruntime too old to run them. Every number is recomputed here: numpy on tests/int4.py's
 oracle, sessions opened here, or onnxruntime running the quantized node alone
@@ -16,6 +16,17 @@ import onnx
 import pytest
 from conftest import in_process
 from onnx import numpy_helper
+
+# What runs every form these tests build (8 and 2 bits, zero points, INT4 tables): onnxruntime
+# 1.24.1 and onnx 1.16. On an older stack eprun refuses such a twin in one line, naming the
+# release that runs it (the last tests, and test_sensitivity_int4.py's version guards); the
+# numbers are checked where the forms run.
+RUNS_EVERY_FORM = (tuple(int(part) for part in onnx.__version__.split(".")[:2]) >= (1, 16)
+                   and __import__("eprun").ort_release() >= (1, 24, 1))
+every_form = pytest.mark.skipif(not RUNS_EVERY_FORM, reason="the weight-only forms these tests "
+                                "build run from onnxruntime 1.24.1 and onnx 1.16 (the pinned "
+                                "stack); an older one refuses them, as the last tests check")
+INT4_TABLES = hasattr(onnx.TensorProto, "INT4")
 
 BOUNDARIES = ["x", "relu0", "relu1", "y"]  # int4.mlp()'s: the first input of each MatMul, y
 # Twins whose MatMulNBits computes in float (accuracy_level 0): numpy's float64 oracle gives
@@ -58,6 +69,7 @@ def cosine_min(a, b) -> float:
 
 # -- boundaries: a MatMulNBits input is a MatMul input ----------------------------------------
 
+@every_form
 @pytest.mark.parametrize("form", list(NBITS))
 def test_a_matmul_nbits_twin_has_the_float_boundaries_and_numpys_numbers(capfd, float_mlp,
                                                                          form):
@@ -81,6 +93,7 @@ def test_a_matmul_nbits_twin_has_the_float_boundaries_and_numpys_numbers(capfd, 
     assert answer["layers"][1]["max_abs_error"] > 0
 
 
+@every_form
 def test_a_qdq_int4_twin_pairs_as_its_float_model_with_onnxruntimes_numbers(capfd, float_mlp):
     """The QDQ form's MatMul reads the same activation: the same boundaries. onnxruntime fuses
     DequantizeLinear -> MatMul into MatMulNBits (accuracy level 4: int8 activations) in the
@@ -97,6 +110,7 @@ def test_a_qdq_int4_twin_pairs_as_its_float_model_with_onnxruntimes_numbers(capf
             float(np.abs(left.astype(np.float64) - right).max()), rel=1e-6, abs=1e-12)
 
 
+@every_form
 def test_local_segments_cut_at_a_matmul_nbits(capfd, float_mlp):
     """--local feeds each segment the fp32 value of the boundary before it: numpy feeds that
     tensor into the twin's oracle, where the nodes that would compute it stay out."""
@@ -118,6 +132,7 @@ def test_local_segments_cut_at_a_matmul_nbits(capfd, float_mlp):
     assert growth["local_rel_error"] == [entry["local"]["rel_error"] for entry in answer["layers"]]
 
 
+@every_form
 def test_expose_and_named_boundaries_on_a_weight_only_twin(capfd, float_mlp, tmp_path):
     """expose makes the same tensors outputs as on the float model; --boundaries pairs each
     named tensor with the twin's tensor of the same name."""
@@ -177,6 +192,7 @@ def bnb4(model, quant_type: int, block_size: int):
     return quantizer.model.model
 
 
+@every_form
 @pytest.mark.parametrize("form", list(FORMS))
 def test_weights_of_a_weight_only_twin_are_onnxruntimes(capfd, tmp_path, form):
     """Each weight against its float original, dequantized as onnxruntime computes it (the
@@ -207,6 +223,7 @@ def test_weights_of_a_weight_only_twin_are_onnxruntimes(capfd, tmp_path, form):
     assert answer["worst"] == {"name": worst["name"], "sqnr_db": worst["sqnr_db"]}
 
 
+@every_form
 def test_a_quantized_table_and_weights_that_share_an_activation_pair_by_their_node(capfd,
                                                                                    tmp_path):
     """q_proj, k_proj and v_proj read one activation with weights of one shape: each pairs by
@@ -243,6 +260,7 @@ def rename(model, old: str, new: str):
     return model
 
 
+@every_form
 def test_weights_pair_by_the_node_never_by_the_initializers_name(capfd, tmp_path):
     """Two 64x64 layers whose packed weights trade names: each is still measured against the
     float weight of the MatMul that reads the same activation. A twin whose activation has
@@ -286,6 +304,7 @@ def test_int8_answers_keep_their_fields(capfd, lab_pair):
 
 # -- inspect -------------------------------------------------------------------------------------
 
+@every_form
 def test_inspect_sums_up_the_weight_only_weights(capfd, tmp_path):
     """Ops by type, bits, block sizes, accuracy levels, and the bytes of the packed weights,
     scales and zero points against the float32 bytes they stand for (K * N * 4)."""
@@ -306,6 +325,7 @@ def test_inspect_sums_up_the_weight_only_weights(capfd, tmp_path):
 
 # -- check: the int4 profile ---------------------------------------------------------------------
 
+@every_form
 @pytest.mark.parametrize("form", ["nbits4", "qdq_int4", "bnb4_nf4"])
 def test_check_holds_a_weight_only_4bit_twin_to_the_int4_profile(capfd, tmp_path, form):
     """Chosen by --profile auto and said; a round-to-nearest twin passes it."""
@@ -323,6 +343,7 @@ def test_check_holds_a_weight_only_4bit_twin_to_the_int4_profile(capfd, tmp_path
     assert code == 0 and json.loads(out)["profile"] == "int4"
 
 
+@every_form
 def test_the_int4_profile_fails_a_twin_whose_nibbles_are_swapped(capfd, tmp_path):
     """A packer that puts the first code in the high nibble: a broken twin fails."""
     fp32 = save(int4.mlp(), tmp_path / "f.onnx")
@@ -338,6 +359,7 @@ def test_the_int4_profile_fails_a_twin_whose_nibbles_are_swapped(capfd, tmp_path
     assert {failure["bound"] for failure in answer["failures"]} == {"tolerance", "min_cos"}
 
 
+@every_form
 def test_an_8bit_weight_only_twin_keeps_the_int8_profile(capfd, tmp_path):
     fp32 = save(int4.mlp(), tmp_path / "f.onnx")
     candidate = save(int4.to_matmul_nbits(int4.mlp(), bits=8), tmp_path / "q.onnx")
@@ -353,8 +375,9 @@ def test_an_8bit_weight_only_twin_keeps_the_int8_profile(capfd, tmp_path):
       "1.17.0 and later")),
     ("1.22.0", lambda m: int4.to_matmul_nbits(m, bits=8),
      "its 8-bit MatMulNBits weights run on onnxruntime 1.23.0 and later"),
-    ("1.18.1", int4.to_qdq_int4,
-     "its INT4/UINT4 weights (DequantizeLinear) run on onnxruntime 1.19.0 and later"),
+    pytest.param("1.18.1", int4.to_qdq_int4,
+                 "its INT4/UINT4 weights (DequantizeLinear) run on onnxruntime 1.19.0 and later",
+                 marks=pytest.mark.skipif(not INT4_TABLES, reason="INT4 tensors need onnx 1.16")),
 ])
 def test_an_onnxruntime_too_old_for_the_twin_names_the_release_that_runs_it(
         capfd, tmp_path, monkeypatch, release, build, needs):

@@ -3941,10 +3941,8 @@ def assigned_op_types(session) -> dict | None:
 
 def _assigned_nodes(session) -> dict:
     """``{provider: nodes}`` as onnxruntime assigned the (optimized) graph's nodes."""
-    counts: dict = {}
-    for subgraph in session.get_provider_graph_assignment_info():
-        counts[subgraph.ep_name] = counts.get(subgraph.ep_name, 0) + len(subgraph.get_nodes())
-    return counts
+    return {provider: sum(kinds.values())
+            for provider, kinds in (assigned_op_types(session) or {}).items()}
 
 
 def nodes_of(session) -> dict | None:
@@ -10014,12 +10012,8 @@ def _in_workers(study: SensitivityStudy, units: list[Unit], parallel: Parallel, 
     import concurrent.futures
     import multiprocessing
 
-    spec = {**parallel.spec, "requantize": study.requantizer is not None,
-            "settled": (None if study.requantizer is None else
-                        (study.requantizer.op_types, study.requantizer.excluded,
-                         study.requantizer.extra_options, study.requantizer.calibrated)),
-            "folder": study.folder if study.requantizer is not None else None,
-            "fallback": study.fallback}
+    spec = {**parallel.spec, **_settled(study),
+            "folder": study.folder if study.requantizer is not None else None}
     context = multiprocessing.get_context("spawn")
     spec["parent"] = os.getpid()
     with _isolated_spawning(), concurrent.futures.ProcessPoolExecutor(
@@ -10337,10 +10331,18 @@ def _worker_spec(study: SensitivityStudy, parallel: Parallel) -> dict:
     inputs = spec.get("inputs")
     if inputs is not None and inputs.file:
         spec["inputs"] = dataclasses.replace(inputs, file=os.path.abspath(inputs.file))
-    return {**spec, "requantize": study.requantizer is not None,
-            "settled": (None if study.requantizer is None else
-                        (study.requantizer.op_types, study.requantizer.excluded,
-                         study.requantizer.extra_options, study.requantizer.calibrated)),
+    return {**spec, **_settled(study)}
+
+
+def _settled(study: SensitivityStudy) -> dict:
+    """What the parent's study settled that a worker's must take over, not find again: whether
+    it requantizes, the quantizer's op types, exclusions, options and calibration, and the
+    graph edits a failed quantizer left."""
+    requantizer = study.requantizer
+    return {"requantize": requantizer is not None,
+            "settled": (None if requantizer is None else
+                        (requantizer.op_types, requantizer.excluded, requantizer.extra_options,
+                         requantizer.calibrated)),
             "fallback": study.fallback}
 
 

@@ -24,7 +24,7 @@ Every command that opens sessions runs them where ``--providers`` says (built-in
 plugin EPs through their devices, ``policy:NAME`` device policies; ``--ep-library``,
 ``--ep-option``), and refuses a measurement whose session did not get what was asked for.
 
-Map of the file. It reads top-down in nine layers, each under a ``# == N. Title`` banner; a
+Map of the file. It reads top-down in eleven layers, each under a ``# == N. Title`` banner; a
 layer uses the layers above it, never one below (tests/test_layers.py checks). onnx,
 onnxruntime, numpy and matplotlib are imported inside the functions that need them, never at
 the top, so a command loads only what it uses.
@@ -33,20 +33,28 @@ the top, so a command loads only what it uses.
        declare, the records of shared flag groups (ProviderFlags, ...), strict JSON; the
        standard library only
     2. I/O safety  the Invocation (what one call of main holds, for a signal to release),
-       the stdout guard, progress, temporaries, signals, paths, staging and commit
+       the stdout guard, progress, temporaries, signals, paths, staging and commit, npz
+       files, locked folders
     3. Model access  graphs read without their weights, external data, GraphIndex, value
-       types; onnx's generated messages, onnx itself only where they do not do
+       types, eprun's mark on what it writes; onnx's generated messages, onnx itself only
+       where they do not do
     4. Sessions and providers  import_ort and OrtLog, execution providers and plugin EPs,
-       session_options and open_session (the only places options and sessions are made)
+       session_options and open_session (the only places options and sessions are made),
+       what an EP takes (ort_partition_units), its colour, what the report asks for
     5. Measurement core  feeds, golden files, boundaries, comparison and METRICS, paired
-       boundaries, local error, growth; numpy
+       boundaries, local error, growth, the gate (outputs judged against tolerances); numpy
     6. Rendering  answers into text: a verdict's line, the report's markdown, Model
        Explorer node data, plots (matplotlib, only when asked for), tables
     7. Sensitivity  sensitivity's machinery: the quantized units, quantize_static run again,
        each unit restored and measured (in worker processes), the ranking and the verified
        recommendation
-    8. Commands  each command's function and then its declaration, in the order listed above
-    9. Command line  the parser, main() (which makes the Invocation and passes the words it
+    8. Reduction  reduce's machinery: the reference values, the graph cut to a candidate,
+       the failure test and the bisection
+    9. Optimizer explanation  settings --explain's machinery: onnxruntime's transformers by
+       release, the search for a minimal set whose disabling restores the baseline
+    10. Commands  each command's function and then its declaration, in the order listed
+       above; nothing else
+    11. Command line  the parser, main() (which makes the Invocation and passes the words it
        parsed down), the one failure report
 
 Where to change what:
@@ -55,17 +63,20 @@ Where to change what:
                  METRICS (layer 5), nothing else: --metrics offers it; layers (and --local's
                  segments) compute it per boundary; the table's column and worst marker,
                  node data and plots read it from there (also through the Python API)
-    a command    in a section of its own in layer 8: its options record (a frozen
+    a command    in a section of its own in layer 10: its options record (a frozen
                  dataclass of its flags, inheriting the shared groups), its function
                  (models, seed, ``options``) and ``declare(Command(..., options=...,
                  positionals=(...)))``, called as ``function(*positionals, options)``;
                  a table renderer in _TABLES (layer 6); docs/development.md lists the rest
-                 (a default invocation and a test file)
+                 (a default invocation and a test file); machinery a command needs beyond
+                 measuring (a search, a cut of the graph) is a layer of its own above it
     an EP rule   layer 4: how an EP is asked for (ProviderRequest: by name, by device, by
                  policy), what counts as not getting it (fallback_of, require_got), what it
-                 needs (PROVIDER_PACKAGES, PROVIDER_OPTION_KEYS)
+                 needs (PROVIDER_PACKAGES, PROVIDER_OPTION_KEYS), what it takes
+                 (ort_partition_units)
     sensitivity  layer 7 alone (units, requantization, measurement, ranking), and the
-                 command's own section in layer 8
+                 command's own section in layer 10; reduce and settings --explain likewise
+                 (layers 8 and 9)
 
 State: what a command computes comes in through its arguments: its models, its seed and
 its options record. One call of main() has its Invocation (layer 2), which only the I/O and
@@ -507,7 +518,7 @@ EXIT_CODES = (
     (143, "terminated", "SIGTERM (129: SIGHUP)"),
 )
 
-# -- the flag groups several commands share, as records ----------------------------------------
+# -- the flag groups several commands share, as records --------------------------------------------
 
 # A flag group is a frozen record whose fields are the values of its flags, each field carrying
 # its flag's argparse spec (``flag``): the group declares a flag once, and a command takes it by
@@ -760,7 +771,7 @@ def to_json(answer: dict) -> str:
 # == 2. I/O safety =================================================================================
 
 
-# -- the invocation: what one call of main holds -------------------------------------------------
+# -- the invocation: what one call of main holds ---------------------------------------------------
 
 @dataclasses.dataclass(eq=False)  # each invocation is itself: two fresh ones are not one
 class Invocation:
@@ -950,7 +961,7 @@ def note_once(message: str) -> None:
         note(message)
 
 
-# -- eprun's own environment knobs ---------------------------------------------------------------
+# -- eprun's own environment knobs -----------------------------------------------------------------
 
 def debugging() -> bool:
     """``EPRUN_DEBUG``: off for unset, empty, 0, no, false, off (any case); on for anything
@@ -1826,6 +1837,57 @@ def _reflink(source: int, target: int) -> bool:
     except OSError:
         return False
     return True
+
+
+# -- npz files and locked folders ------------------------------------------------------------------
+
+def _storable(value):
+    """``value`` as an array ``numpy.save`` writes without pickling (strings as unicode),
+    or None for what is no such array (a sequence, a map, objects that are not strings)."""
+    import numpy as np
+
+    if not isinstance(value, np.ndarray):
+        return None
+    if value.dtype == object:
+        if not all(isinstance(item, str) for item in value.flat):
+            return None
+        return value.astype(str)
+    return value
+
+
+def write_npz(stream, arrays: dict) -> None:
+    """``arrays`` as an uncompressed ``.npz`` whose members are named exactly by their keys
+    (``numpy.savez`` takes names as keywords: an input called ``file`` would be refused)."""
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            value = np.asanyarray(array)
+            if value.dtype == object and _storable(value) is not None:  # strings: unicode
+                value = _storable(value)
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, value, allow_pickle=False)
+
+
+@contextlib.contextmanager
+def locked_folder(folder: str) -> Iterator[int]:
+    """Hold an exclusive ``flock`` on ``folder`` itself (no lock file is left in it) for the
+    block, and yield its descriptor, for every check and write of the block to go through;
+    a second eprun writing into the same folder waits, and says so."""
+    import fcntl
+
+    descriptor = open_folder(folder)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            note(f"waiting for another eprun writing into {folder!r}")
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield descriptor
+    finally:
+        os.close(descriptor)  # which releases the lock
 
 
 # == 3. Model access ===============================================================================
@@ -3002,6 +3064,54 @@ def _element_type(types: dict, name: str) -> int:
     return value.tensor_type.elem_type if value is not None else 0
 
 
+# -- eprun's mark on the models it writes ----------------------------------------------------------
+
+# The metadata entry eprun sets in every model it writes (its value ends with a digest of the
+# graph's nodes): what it may replace without --force.
+EPRUN_MARK = ("eprun", "exposed: every layer boundary is a graph output")
+
+
+def mark_as_eprun(model, purpose: str = EPRUN_MARK[1]) -> None:
+    """Set ``EPRUN_MARK`` in ``model``'s metadata (once, whatever was there under its key),
+    with a digest of its graph's nodes: a model made from eprun's output by another tool (a
+    quantizer keeps the metadata) is not eprun's any more. ``purpose``: what eprun made it
+    for (an exposed copy, or ``EPRUN_REDUCED``)."""
+    kept = [entry for entry in model.metadata_props if entry.key != EPRUN_MARK[0]]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = EPRUN_MARK[0], _mark_value(model, purpose)
+
+
+def _mark_value(model, purpose: str = EPRUN_MARK[1]) -> str:
+    """``EPRUN_MARK``'s value: ``purpose`` and 16 hex digits of a SHA-256 of the graph's nodes and
+    its input and output names."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for node in model.graph.node:
+        digest.update(node.SerializeToString())
+    for value in (*model.graph.input, *model.graph.output):
+        digest.update(value.name.encode("utf-8", "surrogateescape") + b"\0")
+    return f"{purpose}; graph {digest.hexdigest()[:16]}"
+
+
+def is_eprun_model(path: str) -> bool:
+    """Does the model at ``path`` carry eprun's mark (so replacing it loses nothing eprun
+    cannot write again)? Reads the graph only, never the weights."""
+    try:
+        model = load_model(path, graph_only=True)
+    except (EprunError, OSError, ValueError):
+        return False
+    marks = {_mark_value(model, purpose) for purpose in (EPRUN_MARK[1], EPRUN_REDUCED)}
+    return any(entry.key == EPRUN_MARK[0] and entry.value in marks
+               for entry in model.metadata_props)
+
+
+# The mark of a model ``reduce`` wrote (see ``EPRUN_MARK``).
+EPRUN_REDUCED = "reduced: the smallest part of a model that still fails"
+
+
 # == 4. Sessions and providers =====================================================================
 
 
@@ -3575,9 +3685,6 @@ def provider_refusal(source, on: ProviderRequest, name: str) -> str:
     return ""
 
 
-
-
-
 def _options_text(options: dict, providers: list[str]) -> str:
     """The ``--ep-option`` values of ``providers`` as ``EP:KEY=VALUE, ...`` for a message; empty
     where none was given."""
@@ -3639,8 +3746,6 @@ def targets_from(flags: ProviderFlags, reference_providers: list[str] | None = N
                                allow_fallback=allow_fallback)
 
     return Targets(request(providers), request(reference_providers))
-
-
 
 
 def ep_options_from(args: argparse.Namespace) -> dict:
@@ -4089,12 +4194,98 @@ def is_transient(exc: EprunError, path: str) -> bool:
     return bool(re.search(_TRANSIENT, text))
 
 
+# -- what an EP takes, how it is drawn, what the report asks for -----------------------------------
+
+_OWNER_COLOURS = {"CPU": "#9e9e9e", "EP": "#6a3d9a", "OpenVINO": "#0068b5", "CUDA": "#76b900",
+                  "TensorRT": "#4c8c00", "DirectML": "#ff8c00", "Dml": "#ff8c00",
+                  "QNN": "#d62598", "CoreML": "#7f3fbf", "ROCm": "#ed1c24",
+                  "MIGraphX": "#b5179e", "WebGpu": "#00a3a3", "Azure": "#0078d4",
+                  "VitisAI": "#e05206"}
+
+
+_OTHER_COLOURS = ("#a6761d", "#66a61e", "#e7298a", "#7570b3", "#d95f02", "#1b9e77")
+
+
+def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, list[int]]]:
+    """onnxruntime's ``CreateSupportedPartitionNodeGroups``, on node indices.
+
+    A Kahn-style topological walk in waves: every supported node that becomes ready joins the
+    current group; an unsupported node that consumes a member of the group (the group's
+    border) waits for the next wave, and the group closes when a wave runs dry. Independent
+    branches therefore merge into one group whatever their order in the file. Each unsupported
+    node is emitted when it is processed and each group where it closes, which is a valid
+    execution order; the caller merges runs of unsupported nodes into CPU partitions.
+    """
+    from collections import deque
+
+    consumers, in_degree = _dependencies(nodes)
+    supported_set = set(supported)
+    ready = deque(index for index, degree in enumerate(in_degree) if degree == 0)
+    next_wave: deque = deque()
+    units: list[tuple[str, list[int]]] = []
+    group: list[int] = []
+    border: set[int] = set()
+    while ready or next_wave:
+        if not ready:
+            if group:
+                units.append(("ep", group))
+            group, border = [], set()
+            ready, next_wave = next_wave, deque()
+            continue
+        index = ready.popleft()
+        if nodes[index].op_type in supported_set:
+            group.append(index)
+            border.discard(index)
+            border.update(consumers[index])
+        elif index in border:
+            next_wave.append(index)
+            continue
+        else:
+            units.append(("cpu", [index]))
+        for consumer in consumers[index]:
+            in_degree[consumer] -= 1
+            if in_degree[consumer] == 0:
+                ready.append(consumer)
+    if group:
+        units.append(("ep", group))
+    placed = sum(len(members) for _, members in units)
+    if placed != len(nodes):
+        raise _cycle_error(next(node for index, node in enumerate(nodes)
+                                if in_degree[index] > 0))
+    return units
+
+
+def _dependencies(nodes: list) -> tuple[list[list[int]], list[int]]:
+    """``(consumers, in_degree)`` by node index: who reads each node's outputs, and how many
+    distinct nodes each reads from; a node that reads its own output is a cycle."""
+    producer_of = GraphIndex(nodes).producer_index  # "" (an omitted input) is nobody's output
+    producers = [sorted({producer_of[name] for name in _node_inputs(node)
+                         if name and name in producer_of}) for node in nodes]
+    for index, sources in enumerate(producers):
+        if index in sources:  # Add(x, a) -> a reads its own output
+            raise _cycle_error(nodes[index])
+    consumers: list[list[int]] = [[] for _ in nodes]
+    for index, sources in enumerate(producers):
+        for source in sources:
+            consumers[source].append(index)
+    return consumers, [len(sources) for sources in producers]
+
+
+def _cycle_error(stuck) -> EprunError:
+    """The error (exit 4) for a graph in which node ``stuck`` reads its own output."""
+    return EprunError(f"the graph has a cycle (node {stuck.name or stuck.op_type!r} waits on "
+                      "its own output): it is not a valid ONNX graph")
+
+
+REPORT_REQUESTS = (["CPUExecutionProvider"], ["AzureExecutionProvider"],
+                   ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                   ["NoSuchExecutionProvider"], [])
+
+
 # == 5. Measurement core ===========================================================================
 
 
 # -- inputs ----------------------------------------------------------------------------------------
-
-
 
 
 class InputSpec(NamedTuple):
@@ -4585,8 +4776,6 @@ def feed_for(specs: list[InputSpec], other_path: str, feed: Feed) -> dict:
     return fed
 
 
-
-
 def inputs_from(args: argparse.Namespace) -> InputOptions:
     """The ``InputOptions`` of the parsed input options; ``--iteration`` without a Polygraphy JSON
     file to pick from is a usage error."""
@@ -4901,7 +5090,7 @@ def require_golden_inputs(path: str, stored: dict, graph, model: str) -> None:
                          f"takes {', '.join(names) or 'none'}; refusing to compare")
 
 
-# -- Polygraphy's JSON files ----------------------------------------------------------------------
+# -- Polygraphy's JSON files -----------------------------------------------------------------------
 
 # The key Polygraphy marks each object of its JSON with (its class name).
 _POLYGRAPHY_CLASS = "polygraphy_class"
@@ -5121,9 +5310,6 @@ def golden_paths(save: str | None, load: str | None, inputs: list[str], option: 
 FLOAT_TYPES = frozenset({1, 10, 11, 16})
 # Ops with weights whose input is worth a boundary when MatMul/Gemm give none (a CNN).
 _LINEAR_OPS = ("Conv", "ConvTranspose", "QLinearConv", "ConvInteger", "Einsum")
-
-
-
 
 
 def with_quantized_forms(boundary_ops: tuple[str, ...]) -> tuple[str, ...]:
@@ -5650,9 +5836,6 @@ def bitwise_equal(reference, candidate) -> bool:
     """Same shape, dtype and bytes (a NaN equals the same NaN; -0.0 differs from 0.0)."""
     return (reference.shape == candidate.shape and reference.dtype == candidate.dtype
             and reference.tobytes() == candidate.tobytes())
-
-
-
 
 
 def compare_outputs(reference, candidate, rtol: float, atol: float) -> dict:
@@ -6692,6 +6875,165 @@ def growth_of(measured: dict) -> dict:
     return answer
 
 
+# -- the gate: outputs judged against tolerances ---------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GateRules:
+    """How each output is judged beyond the tolerances: ``stats`` ``{output: (statistic,
+    quantile)}`` (Polygraphy's --check-error-stat; elemwise is the per-element test), the
+    cosine bound's status where a statistic replaces the per-element test (``explicit_cos``:
+    --min-cos given), and the top-K agreement asked for."""
+
+    stats: dict
+    explicit_cos: bool
+    top_k: int | None
+    top_k_axis: int
+    min_top_k_agreement: float | None
+
+    @classmethod
+    def plain(cls) -> GateRules:
+        """The per-element test and the cosine, nothing more."""
+        return cls({}, False, None, -1, None)
+
+    @classmethod
+    def of(cls, options: CheckOptions, names: list[str], reference: str) -> GateRules:
+        """The rules of ``options`` for the reference's outputs ``names``; a NAME that is no
+        output is a usage error."""
+        stats = {name: ["elemwise", 0.99] for name in names}
+        for given, slot in ((options.check_error_stat, 0), (options.error_quantile, 1)):
+            for name, value in given or ():
+                if name and name not in stats:
+                    raise EprunError(f"--check-error-stat/--error-quantile name {name!r}, which "
+                                     f"is no output of {reference!r} (its outputs: "
+                                     f"{', '.join(names)})", EXIT_USAGE)
+                for target in [name] if name else names:
+                    stats[target][slot] = value
+        if options.error_quantile and not any(rule[0] == "quantile" for rule in stats.values()):
+            raise EprunError("--error-quantile is the quantile of --check-error-stat quantile, "
+                             "which no output is judged by", EXIT_USAGE)
+        top_k = options.top_k
+        if top_k is None and options.min_top_k_agreement is not None:
+            top_k = 1
+        if top_k is None and options.top_k_axis != -1:
+            raise EprunError("--top-k-axis is the axis --top-k ranks along: give --top-k",
+                             EXIT_USAGE)
+        return cls({name: tuple(rule) for name, rule in stats.items()},
+                   options.min_cos is not None, top_k, options.top_k_axis,
+                   options.min_top_k_agreement)
+
+
+def _measure_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
+                     rules: GateRules) -> list[dict]:
+    """Each (name, value) of the reference against the candidate's at the same position: its
+    entry of the answer (a shape that differs: ``"candidate_shape"`` and nothing else), with
+    the statistic and the top-K agreement where asked for."""
+    entries = []
+    for (reference_name, expected), (candidate_name, got) in zip(expected_outputs,
+                                                                 got_outputs):
+        for value, name, path in ((expected, reference_name, paths[0]),
+                                  (got, candidate_name, paths[1])):
+            _require_numeric(value, name, path)
+        entry = {"reference": reference_name, "candidate": candidate_name,
+                 "shape": list(expected.shape)}
+        entries.append(entry)
+        if expected.shape != got.shape:
+            entry["candidate_shape"] = list(got.shape)
+            continue
+        entry["_tolerance"] = None  # filled in by the judge, per output
+        entry["_values"] = (expected, got)
+        stat, quantile = rules.stats.get(reference_name, ("elemwise", 0.99))
+        if stat != "elemwise":
+            entry["error_stat"] = {"stat": stat, **({"quantile": quantile}
+                                                    if stat == "quantile" else {}),
+                                   **error_statistic(expected, got, stat, quantile)}
+        if rules.top_k is not None:
+            entry["top_k_agreement"] = top_k_agreement(expected, got, rules.top_k,
+                                                       rules.top_k_axis)
+    return entries
+
+
+def _judge_outputs(entries: list[dict], tolerance: dict, rules: GateRules,
+                   iteration: int | None = None) -> tuple[list[dict], list[dict]]:
+    """``(outputs, failures)`` of one iteration: each entry's numbers against its tolerance
+    (per element, or by its statistic), and every bound it breaks (shape, tolerance or
+    statistic, cosine, top-K agreement)."""
+    outputs, failures = [], []
+    at = {} if iteration is None else {"iteration": iteration}
+    for entry in entries:
+        name = entry["reference"]
+        if "candidate_shape" in entry:
+            failures.append({"output": name, "bound": "shape", "reference": entry["shape"],
+                             "candidate": entry["candidate_shape"], **at})
+            outputs.append({key: entry[key] for key in ("reference", "candidate", "shape")})
+            continue
+        own = {**tolerance, **tolerance.get("per_output", {}).get(name, {})}
+        expected, got = entry["_values"]
+        judged = {key: value for key, value in entry.items() if not key.startswith("_")}
+        extra = {key: judged.pop(key) for key in ("error_stat", "top_k_agreement")
+                 if key in judged}
+        judged.update(compare_outputs(expected, got, own["rtol"], own["atol"]))
+        _note_nonfinite(judged.get("nonfinite"), f"output {name!r}",
+                        {"reference": name, "candidate": entry["candidate"]})
+        statistic = extra.get("error_stat")
+        if statistic is not None:
+            statistic.update(atol=own["atol"], rtol=own["rtol"])
+        judged.update(extra)
+        outputs.append(judged)
+        failures += _broken_bounds(judged, tolerance, rules, at)
+    return outputs, failures
+
+
+def _broken_bounds(entry: dict, tolerance: dict, rules: GateRules, at: dict) -> list[dict]:
+    """The bounds one output's entry breaks, in the gate's order."""
+    name, broken = entry["reference"], []
+    statistic = entry.get("error_stat")
+    if statistic is None and entry["violations"]:
+        broken.append({"output": name, "bound": "tolerance", "violations": entry["violations"],
+                       "elements": entry["elements"], "worst": entry["worst"], **at})
+    if statistic is not None and statistic_fails(statistic, statistic["atol"],
+                                                 statistic["rtol"]):
+        broken.append({"output": name, "bound": "error_stat", **statistic, **at})
+    lost = (entry.get("nonfinite") or {}).get("candidate", 0)
+    if statistic is not None and lost:  # NaN and Inf fail whatever the tolerances
+        broken.append({"output": name, "bound": "nonfinite", "candidate": lost, **at})
+    least = tolerance["min_cos"]
+    if (statistic is None or rules.explicit_cos) and not entry["cosine"] >= least:
+        broken.append({"output": name, "bound": "min_cos", "cosine": entry["cosine"],
+                       "min_cos": least, "by": least - entry["cosine"],
+                       **({"nonfinite": entry["nonfinite"]} if "nonfinite" in entry else {}),
+                       **at})
+    agreement = entry.get("top_k_agreement")
+    if rules.min_top_k_agreement is not None and agreement is not None \
+            and agreement < rules.min_top_k_agreement:
+        broken.append({"output": name, "bound": "top_k", "k": rules.top_k,
+                       "top_k_agreement": agreement,
+                       "min_top_k_agreement": rules.min_top_k_agreement, **at})
+    return broken
+
+
+def gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
+                 tolerance: dict) -> tuple[list[dict], list[dict]]:
+    """``(outputs, failures)`` of one run under the per-element test alone (``reduce``'s):
+    each (name, value) of the reference against the candidate's at the same position."""
+    rules = GateRules.plain()
+    return _judge_outputs(_measure_outputs(expected_outputs, got_outputs, paths, rules),
+                          tolerance, rules)
+
+
+def tolerances(profile: str, rtol, atol, min_cos: float | None) -> tuple[dict, dict]:
+    """``(tolerance, per_output)``: the profile's bounds with ``--rtol``/``--atol`` given
+    without a name (and ``--min-cos``) over them, and ``{output: {"rtol"|"atol": value}}``
+    for those given as NAME:VALUE."""
+    tolerance = dict(TOLERANCE_PROFILES[profile])
+    per_output: dict[str, dict] = {}
+    for key, given in (("rtol", rtol), ("atol", atol)):
+        for name, value in ([("", given)] if isinstance(given, (int, float)) else given or ()):
+            (per_output.setdefault(name, {}) if name else tolerance)[key] = value
+    if min_cos is not None:
+        tolerance["min_cos"] = min_cos
+    return tolerance, per_output
+
+
 # == 6. Rendering ==================================================================================
 
 def failure_reasons(failures: list[dict], markdown: bool = False) -> list[str]:
@@ -7227,16 +7569,10 @@ def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dic
     return lines
 
 
-# -- Model Explorer node data --------------------------------------------------------------------
+# -- Model Explorer node data ----------------------------------------------------------------------
 
 # Colours of a number's scale, from the good end to the bad one, and of each provider or owner.
 _SCALE = ((0.0, (0x1a, 0x98, 0x50)), (0.5, (0xfe, 0xe0, 0x8b)), (1.0, (0xd7, 0x30, 0x27)))
-_OWNER_COLOURS = {"CPU": "#9e9e9e", "EP": "#6a3d9a", "OpenVINO": "#0068b5", "CUDA": "#76b900",
-                  "TensorRT": "#4c8c00", "DirectML": "#ff8c00", "Dml": "#ff8c00",
-                  "QNN": "#d62598", "CoreML": "#7f3fbf", "ROCm": "#ed1c24",
-                  "MIGraphX": "#b5179e", "WebGpu": "#00a3a3", "Azure": "#0078d4",
-                  "VitisAI": "#e05206"}
-_OTHER_COLOURS = ("#a6761d", "#66a61e", "#e7298a", "#7570b3", "#d95f02", "#1b9e77")
 
 
 def explorer_node_ids(graph) -> list[str]:
@@ -7482,9 +7818,6 @@ def _model_stem(path: str) -> str:
     return name[:-len(".onnx")] if name.lower().endswith(".onnx") else name
 
 
-
-
-
 # -- plots (matplotlib, only when asked for) -------------------------------------------------------
 
 # Boundary names shown on a plot's axis at most; a longer model shows every k-th.
@@ -7521,7 +7854,6 @@ def require_plots(save_plots: str | None, plot_format: str | None = None) -> Non
 # settings of a program that imports eprun are left as they were: no pyplot, no backend)
 PLOT_STYLE = {"svg.hashsalt": "eprun", "figure.dpi": 100, "savefig.dpi": 100, "font.size": 9,
               "font.family": "DejaVu Sans", "axes.unicode_minus": False}
-
 
 
 class PlotWriter:
@@ -7756,9 +8088,7 @@ def _draw_sensitivity(writer: PlotWriter, answer: dict) -> str:
     return writer.add("gain_db", figure)
 
 
-# -- tables --------------------------------------------------------------------------------------
-
-
+# -- tables ----------------------------------------------------------------------------------------
 
 
 def output_format(given: str | None) -> str:
@@ -7772,9 +8102,6 @@ def output_format(given: str | None) -> str:
                      "printing JSON")
         return "json"
     return text or "json"
-
-
-
 
 
 def _cell(value) -> str:
@@ -10126,7 +10453,7 @@ def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
     return measured, study.inexact([unit]), study.sessions - before[0], calls - before[1]
 
 
-# -- beyond one machine: the units as tasks on a Dask cluster ------------------------------------
+# -- beyond one machine: the units as tasks on a Dask cluster --------------------------------------
 
 # Seconds eprun waits for a Dask scheduler to answer, and for a first worker to join it.
 DASK_TIMEOUT = 10.0
@@ -10565,2105 +10892,7 @@ def _recommend(study: SensitivityStudy, ranked: list[dict], target: dict, met: b
     return excluded, steps, met
 
 
-
-# == 8. Commands ===================================================================================
-
-
-# -- providers -------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class ProvidersOptions(EpFlags):
-    """``providers``' options; each field is the flag of its name."""
-
-    nodes: bool = False
-    fail_on_fallback: bool = False
-
-
-def providers(model: str, lists: list[list[str]],
-              options: ProvidersOptions | None = None) -> dict:
-    """One session per requested list; what it actually holds, what was missing, and whether
-    it fell back. A model onnxruntime cannot open is reported per case, not as a failure.
-
-    Installed plugin EP packages and ``ep_library`` files are registered first, so
-    ``available`` lists the plugin EPs that offer a device here, and a plugin EP is asked for
-    through its devices (``ProviderRequest``). A provider that rejects its ``ep_options`` is
-    the case's ``error``, with its own words on stderr. Each case also says how many nodes
-    each provider took (``nodes_per_provider``: a listed EP may have taken none), except in
-    the contract's own call (a contract-shaped model, no option), whose answer stays exactly
-    the contract's; ``nodes`` asks for them there too."""
-    options = options or ProvidersOptions()
-    ep_library, ep_options = options.ep_library, options.ep_options
-    nodes, fail_on_fallback = options.nodes, options.fail_on_fallback
-    require_file(model)
-    ort = import_ort()
-    ep_options = ep_options or {}
-    prepare_providers(lists, ep_library, ep_options, discover=True)
-    available = list(ort.get_available_providers())
-    cases, counts, shaped = [], [], True
-    for message in dict.fromkeys(m for requested in lists
-                                 for m in provider_warnings(requested)):
-        note(message)
-    for message in plugin_notes(lists):
-        note(message)
-    for name in _missing_built_ins(lists, available):
-        note(why_missing(name, ProviderRequest([name])))
-    for requested in lists:
-        case, got, case_shaped = _provider_case(model, requested, available, ep_options)
-        shaped = shaped and case_shaped
-        cases.append(case)
-        counts.append(got.nodes)
-    if nodes or fail_on_fallback or ep_options or ep_library or not shaped:
-        for case, counted in zip(cases, counts):
-            case.update(nodes_record(counted))
-    return {"model": model, "available": available, "cases": cases}
-
-
-def _missing_built_ins(lists: list[list[str]], available: list[str]) -> list[str]:
-    """The providers asked for that onnxruntime knows but this build lacks, once each in the
-    order asked: each gets a note of the package that has it (an unknown name has its own
-    warning, a plugin EP its own note)."""
-    known = set(import_ort().get_all_providers())
-    return [name for name in dict.fromkeys(name for requested in lists for name in requested)
-            if name in known and name not in available and not plugin_notes([[name]])]
-
-
-def _provider_case(model: str, requested: list[str], available: list[str],
-                   ep_options: dict) -> tuple[dict, Got, bool]:
-    """``(case, what its session got, whether the session takes the contract's input)``: one
-    requested list opened on ``model``; a session that does not open is the case's
-    ``error`` (onnxruntime's exception class), and so is a provider onnxruntime dropped over
-    its options (asked why, on stderr)."""
-    on = ProviderRequest(requested, options=ep_options)
-    got, error, shaped = Got([], {}), None, True
-    try:
-        session = open_session(model, on=on)
-        got = Got.of(session)
-        shaped = _contract_shaped(session)
-        del session
-    except ModelChanged:
-        raise
-    except EprunError as exc:  # the contract's error: onnxruntime's exception class
-        error = type(exc.__cause__).__name__
-        if any(name in ep_options for name in requested):  # its words on what it refused
-            note(f"case {','.join(requested)}: {native_message(exc.__cause__ or exc)}")
-    case = {
-        "requested": requested,
-        "actual": got.actual,
-        "missing": [name for name in requested
-                    if name not in available and not name.startswith(POLICY_PREFIX)],
-        "fell_back": differs_from_request(requested, got.actual),
-        "error": error,
-    }
-    rejected = [name for name in fallback_of(requested, got.actual)
-                if name in ep_options and name in available]
-    if rejected and not error:  # onnxruntime dropped it and went on: ask it why
-        case["error"] = "RuntimeError"  # what a provider that will not start raises
-        for name in rejected:
-            note(f"case {','.join(requested)}: {why_missing(name, on, model)}")
-    return case, got, shaped
-
-
-def _contract_shaped(session) -> bool:
-    """Does the session take the contract's one float32 ``[batch, F]`` input? (Its metadata
-    says: a model with integer inputs is not, and needs no graph read to say so.)"""
-    inputs = session.get_inputs()
-    return (len(inputs) == 1 and inputs[0].type == "tensor(float)"
-            and is_contract_input(session_specs(session, "")))
-
-
-def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
-    """``--fail-on-fallback``: which cases did not get a provider they asked for."""
-    fell = [(index, case) for index, case in enumerate(answer["cases"])
-            if fallback_of(case["requested"], case["actual"], case.get("nodes_per_provider"))]
-    if not args.fail_on_fallback or not fell:
-        return None
-    def got(case: dict) -> str:
-        """What a fallen-back case got instead, in words: the providers that took no node, or the
-        list."""
-        nodes = case.get("nodes_per_provider") or {}
-        idle = [name for name in fallback_of(case["requested"], case["actual"], nodes or None)
-                if name in case["actual"]]
-        return (f"{', '.join(idle)} took 0 of {sum(nodes.values())} nodes" if idle else
-                f"got {','.join(case['actual']) or 'no session'}")
-
-    return "fallback: " + "; ".join(
-        f"case {index} asked for {','.join(case['requested'])} and {got(case)}"
-        for index, case in fell)
-
-
-declare(Command(
-    name="providers",
-    summary="requested vs. actual execution providers, one session per list",
-    function=providers,
-    options=ProvidersOptions,
-    positionals=("model", "lists"),
-    arguments=(MODEL,
-               arg("lists", nargs="+", type=parse_list, metavar="list",
-                   help="comma-joined provider names, e.g. "
-                        "CUDAExecutionProvider,CPUExecutionProvider, or one device policy "
-                        f"policy:NAME ({', '.join(DEVICE_POLICIES)}; onnxruntime 1.22+)"),
-               *EP_ARGS,
-               arg("--fail-on-fallback", action="store_true",
-                   help="exit 1 (after printing the answer) when a case did not get a provider "
-                        "it asked for, or the provider took no node (onnxruntime adding the "
-                        "CPU provider is not a fallback)"),
-               arg("--nodes", action="store_true",
-                   help="say how many nodes each provider took in every case, also where the "
-                        "answer would otherwise be exactly the contract's (a contract-shaped "
-                        "model and no option)"),
-               FORMAT_ARG),
-    fields=("model", "available", "cases"),
-    detail='cases: [{"requested", "actual", "missing", "fell_back", "error"}]; each case adds '
-           '"nodes_per_provider" (null and "nodes_unknown" before onnxruntime 1.24) unless the '
-           'call is the contract\'s own (a contract-shaped model, no option; --nodes adds it)',
-    example="eprun.py providers model.onnx CUDAExecutionProvider,CPUExecutionProvider "
-            "CPUExecutionProvider",
-    verdict=providers_verdict))
-
-
-# -- partition -------------------------------------------------------------------------------------
-
-def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, list[int]]]:
-    """onnxruntime's ``CreateSupportedPartitionNodeGroups``, on node indices.
-
-    A Kahn-style topological walk in waves: every supported node that becomes ready joins the
-    current group; an unsupported node that consumes a member of the group (the group's
-    border) waits for the next wave, and the group closes when a wave runs dry. Independent
-    branches therefore merge into one group whatever their order in the file. Each unsupported
-    node is emitted when it is processed and each group where it closes, which is a valid
-    execution order; the caller merges runs of unsupported nodes into CPU partitions.
-    """
-    from collections import deque
-
-    consumers, in_degree = _dependencies(nodes)
-    supported_set = set(supported)
-    ready = deque(index for index, degree in enumerate(in_degree) if degree == 0)
-    next_wave: deque = deque()
-    units: list[tuple[str, list[int]]] = []
-    group: list[int] = []
-    border: set[int] = set()
-    while ready or next_wave:
-        if not ready:
-            if group:
-                units.append(("ep", group))
-            group, border = [], set()
-            ready, next_wave = next_wave, deque()
-            continue
-        index = ready.popleft()
-        if nodes[index].op_type in supported_set:
-            group.append(index)
-            border.discard(index)
-            border.update(consumers[index])
-        elif index in border:
-            next_wave.append(index)
-            continue
-        else:
-            units.append(("cpu", [index]))
-        for consumer in consumers[index]:
-            in_degree[consumer] -= 1
-            if in_degree[consumer] == 0:
-                ready.append(consumer)
-    if group:
-        units.append(("ep", group))
-    placed = sum(len(members) for _, members in units)
-    if placed != len(nodes):
-        raise _cycle_error(next(node for index, node in enumerate(nodes)
-                                if in_degree[index] > 0))
-    return units
-
-
-def _dependencies(nodes: list) -> tuple[list[list[int]], list[int]]:
-    """``(consumers, in_degree)`` by node index: who reads each node's outputs, and how many
-    distinct nodes each reads from; a node that reads its own output is a cycle."""
-    producer_of = GraphIndex(nodes).producer_index  # "" (an omitted input) is nobody's output
-    producers = [sorted({producer_of[name] for name in _node_inputs(node)
-                         if name and name in producer_of}) for node in nodes]
-    for index, sources in enumerate(producers):
-        if index in sources:  # Add(x, a) -> a reads its own output
-            raise _cycle_error(nodes[index])
-    consumers: list[list[int]] = [[] for _ in nodes]
-    for index, sources in enumerate(producers):
-        for source in sources:
-            consumers[source].append(index)
-    return consumers, [len(sources) for sources in producers]
-
-
-def _cycle_error(stuck) -> EprunError:
-    """The error (exit 4) for a graph in which node ``stuck`` reads its own output."""
-    return EprunError(f"the graph has a cycle (node {stuck.name or stuck.op_type!r} waits on "
-                      "its own output): it is not a valid ONNX graph")
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionOptions:
-    """``partition``'s options; each field is the flag of its name (``mode``: ``--rule``)."""
-
-    mode: str = "file"
-    node_data: str | None = None
-
-
-def partition(model: str, supported: list[str], options: PartitionOptions | None = None, *,
-              parsed=None) -> dict:
-    """Which pieces an EP supporting only ``supported`` would get; needs only onnx.
-
-    ``file`` (the contract): runs of consecutive nodes in file order. ``ort``: the groups
-    onnxruntime's own partitioner forms, with the unsupported nodes between them merged; as
-    onnxruntime partitions each If/Loop/Scan body on its own (a group never crosses into a
-    subgraph), each body is partitioned alone, listed under ``subgraphs`` and added into
-    ``totals``. ``parsed`` is the already parsed graph of ``model``, when the caller has it.
-    """
-    options = options or PartitionOptions()
-    mode, node_data = options.mode, options.node_data
-    require_views(node_data, None)
-    if parsed is None:
-        parsed = load_model(model, graph_only=True)
-    _check_op_list(parsed, supported, model, mode)
-    answer = {"model": model, "supported": supported,
-              **_partition_graph(parsed.graph, supported, mode)}
-    if mode == "ort":
-        subgraphs = _partition_subgraphs(parsed.graph, supported)
-        if subgraphs:
-            answer["subgraphs"] = subgraphs
-            answer["totals"] = _partition_totals(answer)
-    if node_data:  # each node of the main graph its owner and the partition's index
-        writer = NodeDataWriter(node_data, {"model": model})
-        writer.add("model", parsed.graph, "partition", {
-            ("node", index): f"{'EP' if owner == 'ep' else 'CPU'} {number}"
-            for number, (owner, members) in enumerate(
-                _partition_members(parsed.graph.node, supported, mode))
-            for index in members})
-        answer.update(writer.write())
-    return answer
-
-
-def _check_op_list(parsed, supported: list[str], model: str, mode: str) -> None:
-    """A note when no listed op type occurs in the graphs ``mode`` partitions (the main one,
-    and with ``ort`` every If/Loop/Scan body too; op types are case-sensitive), with the near
-    misses and the op types there."""
-    import difflib
-
-    nodes = _nodes_everywhere(parsed.graph) if mode == "ort" else parsed.graph.node
-    present = list(dict.fromkeys(node.op_type for node in nodes))
-    if not supported or set(supported) & set(present):
-        return
-    lower = {op.lower(): op for op in present}
-    near = [lower.get(op.lower()) or next(iter(difflib.get_close_matches(op, present, 1, 0.7)),
-                                          None) for op in supported]
-    misses = [f"{op} -> {guess}" for op, guess in zip(supported, near) if guess]
-    note(f"no op type in {','.join(supported)!r} occurs in {model!r} (op types are "
-         f"case-sensitive){'; did you mean ' + ', '.join(misses) + '?' if misses else ''} Its "
-         f"op types: {', '.join(present) or 'none'}")
-
-
-def _partition_members(nodes, supported: list[str], mode: str) -> list[tuple[str, list]]:
-    """``(owner, node positions)`` of each partition, in the answer's order."""
-    nodes = list(nodes)
-    if mode == "ort":
-        units = ort_partition_units(nodes, supported)
-    else:
-        supported_set = set(supported)
-        units = [("ep" if node.op_type in supported_set else "cpu", [index])
-                 for index, node in enumerate(nodes)]
-    # Runs of units with one owner form one partition. onnxruntime's groups are never
-    # adjacent (a new wave starts with the unsupported nodes the last group held back), so
-    # in ort mode only unsupported nodes merge.
-    return [(owner, [index for _, members in group for index in members])
-            for owner, group in itertools.groupby(units, key=lambda unit: unit[0])]
-
-
-def _partition_graph(graph, supported: list[str], mode: str) -> dict:
-    """One graph's split (``_partition_members``): its node count, the nodes the EP claims, the
-    partitions and the hand-offs between them."""
-    nodes = list(graph.node)
-    merged = _partition_members(nodes, supported, mode)
-    partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
-                   "size": len(members)} for owner, members in merged]
-    return {
-        "nodes": len(nodes),
-        "claimed": sum(part["size"] for part in partitions if part["owner"] == "ep"),
-        "partition_count": len(partitions),
-        "handoffs": max(len(partitions) - 1, 0),
-        "partitions": partitions,
-    }
-
-
-def _nodes_everywhere(graph) -> Iterator:
-    """The graph's nodes, then those of every If branch and Loop/Scan body, depth first."""
-    for node in graph.node:
-        yield node
-    for node in graph.node:
-        for attribute in node.attribute:
-            for body in ([attribute.g] if attribute.HasField("g") else []) + \
-                    list(attribute.graphs):
-                yield from _nodes_everywhere(body)
-
-
-def _partition_subgraphs(graph, supported: list[str]) -> list[dict]:
-    """Each graph attribute of each node (If branches, Loop and Scan bodies), depth first."""
-    found = []
-    for index, node in enumerate(graph.node):
-        for attribute in node.attribute:
-            bodies = ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
-            for body in bodies:
-                entry = {"node": node.name or f"{node.op_type}_{index}", "op_type": node.op_type,
-                         "attribute": attribute.name, **_partition_graph(body, supported, "ort")}
-                inner = _partition_subgraphs(body, supported)
-                if inner:
-                    entry["subgraphs"] = inner
-                found.append(entry)
-    return found
-
-
-def _partition_totals(answer: dict) -> dict:
-    """Nodes, claimed nodes and EP partitions summed over the graph and every subgraph (the
-    counts onnxruntime's own usability checker reports)."""
-    levels, pending = [], [answer]
-    while pending:
-        level = pending.pop()
-        levels.append(level)
-        pending.extend(level.get("subgraphs", ()))
-    return {"graphs": len(levels),
-            "nodes": sum(level["nodes"] for level in levels),
-            "claimed": sum(level["claimed"] for level in levels),
-            "ep_partitions": sum(1 for level in levels for part in level["partitions"]
-                                 if part["owner"] == "ep")}
-
-
-declare(Command(
-    name="partition",
-    summary="file-order simulation of the partitions an EP supporting only the listed ops "
-            "would form (no session)",
-    function=partition,
-    options=PartitionOptions,
-    positionals=("model", "supported"),
-    onnxruntime=False,
-    arguments=(MODEL,
-               arg("supported", type=parse_list, help="comma-joined op types, e.g. MatMul,Add"),
-               arg("--rule", dest="mode", choices=("file", "ort"), default="file",
-                   help="file: runs of consecutive nodes in file order (the lab's rule, "
-                        "default); ort: the groups onnxruntime's partitioner forms "
-                        "(topological, branches merge, each If/Loop/Scan body on its own)"),
-               hidden_alias("--mode", "mode", choices=("file", "ort")),
-               FORMAT_ARG, NODE_DATA_ARG),
-    fields=("model", "supported", "nodes", "claimed", "partition_count", "handoffs",
-            "partitions"),
-    detail='partitions: [{"owner", "nodes", "size"}]; --rule ort adds "subgraphs" and '
-           '"totals" when the model has If/Loop/Scan bodies',
-    example="eprun.py partition model.onnx MatMul,Add,Relu --rule ort"))
-
-
-# -- expose ----------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class ExposeOptions:
-    """``expose``'s options; each field is the flag of its name."""
-
-    boundary_ops: tuple[str, ...] = BOUNDARY_OPS
-    force: bool = False
-
-
-def expose(model: str, out: str, options: ExposeOptions | None = None) -> dict:
-    """Save a copy of the model whose outputs include every boundary; the input is untouched.
-    An existing file at ``out`` that eprun did not write is replaced only with ``force``."""
-    options = options or ExposeOptions()
-    answer, staged = prepare_expose(model, out, options.boundary_ops, force=options.force,
-                                    say_absent=True)
-    commit(staged)
-    return answer
-
-
-def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
-                   *, force: bool = False, checked: bool = False, folder: int | None = None,
-                   say_absent: bool = False) -> tuple[dict, list[Staged]]:
-    """Everything ``expose`` writes, checked and staged but not yet visible: the answer and
-    the staged files (see ``commit``). A model keeping its weights in other files gets
-    ``"external_data"`` in the answer: how the copy reaches each file (see
-    ``plan_external_data``). The copy is marked as eprun's (``EPRUN_MARK``); an existing file
-    at ``out_path`` without that mark is replaced only with ``force`` (``checked``: the caller
-    has refused it already). ``folder``: the output's folder, already open. ``say_absent``:
-    note a ``boundary_ops`` op type the model has no node of (``expose`` itself; ``report``'s
-    measurement notes it for both models)."""
-    model = load_model(model_path, text_names=True, graph_only=True)
-    if say_absent:
-        _note_absent_ops((model,), boundary_ops)
-    require_output_path(out_path, [model_path, *external_data_files(model, model_path)])
-    own = folder is None
-    folder = open_folder(os.path.dirname(os.path.abspath(out_path))) if own else folder
-    try:
-        return _stage_expose(model, model_path, out_path, boundary_ops, force=force,
-                             checked=checked, folder=folder)
-    finally:
-        if own:
-            os.close(folder)
-
-
-def _stage_expose(model, model_path: str, out_path: str, boundary_ops: tuple[str, ...], *,
-                  force: bool, checked: bool, folder: int) -> tuple[dict, list[Staged]]:
-    """``prepare_expose`` once the output's folder is open: every check of what is at the
-    output's name and every file staged goes through ``folder``."""
-    existing = in_folder(folder, out_path)
-    replacing = os.path.isfile(existing)
-    if replacing and not force and not checked and not is_eprun_model(existing):
-        raise EprunError(f"refusing to replace {out_path!r}, which eprun did not write"
-                         f"{_swapped_hint(existing)}; choose another output path, or add "
-                         "--force to replace it")
-    boundaries = expose_in_place(model, boundary_ops)
-    mark_as_eprun(model)
-    plan = plan_external_data(model, model_path, out_path, replacing=replacing or force)
-    like = (model_path,)
-    writer = _inline_writer(model, model_path, relocate=plan)
-    staged: list[Staged] = []
-    try:
-        for entry in plan:
-            if entry["how"] == "copy":
-                how: list[str] = []
-                staged.append(stage(_copier(entry["source"], how, model_path), entry["file"],
-                                    like=(entry["source"],), folder=folder))
-                entry["how"] = how[0]
-        staged.append(stage(writer, out_path, like=like, folder=folder))
-    except BaseException:
-        discard(staged)
-        raise
-    answer = {"model": model_path, "out": out_path, "boundaries": boundaries,
-              "outputs": [value.name for value in model.graph.output]}
-    if plan:
-        answer["external_data"] = plan
-    return answer, staged
-
-
-# The metadata entry eprun sets in every model it writes (its value ends with a digest of the
-# graph's nodes): what it may replace without --force.
-EPRUN_MARK = ("eprun", "exposed: every layer boundary is a graph output")
-
-
-def mark_as_eprun(model, purpose: str = EPRUN_MARK[1]) -> None:
-    """Set ``EPRUN_MARK`` in ``model``'s metadata (once, whatever was there under its key),
-    with a digest of its graph's nodes: a model made from eprun's output by another tool (a
-    quantizer keeps the metadata) is not eprun's any more. ``purpose``: what eprun made it
-    for (an exposed copy, or ``EPRUN_REDUCED``)."""
-    kept = [entry for entry in model.metadata_props if entry.key != EPRUN_MARK[0]]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    entry = model.metadata_props.add()
-    entry.key, entry.value = EPRUN_MARK[0], _mark_value(model, purpose)
-
-
-def _mark_value(model, purpose: str = EPRUN_MARK[1]) -> str:
-    """``EPRUN_MARK``'s value: ``purpose`` and 16 hex digits of a SHA-256 of the graph's nodes and
-    its input and output names."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for node in model.graph.node:
-        digest.update(node.SerializeToString())
-    for value in (*model.graph.input, *model.graph.output):
-        digest.update(value.name.encode("utf-8", "surrogateescape") + b"\0")
-    return f"{purpose}; graph {digest.hexdigest()[:16]}"
-
-
-def is_eprun_model(path: str) -> bool:
-    """Does the model at ``path`` carry eprun's mark (so replacing it loses nothing eprun
-    cannot write again)? Reads the graph only, never the weights."""
-    try:
-        model = load_model(path, graph_only=True)
-    except (EprunError, OSError, ValueError):
-        return False
-    marks = {_mark_value(model, purpose) for purpose in (EPRUN_MARK[1], EPRUN_REDUCED)}
-    return any(entry.key == EPRUN_MARK[0] and entry.value in marks
-               for entry in model.metadata_props)
-
-
-def _swapped_hint(out_path: str) -> str:
-    """For an output that is somebody's model: the arguments may be the wrong way round."""
-    try:
-        model = load_model(out_path, graph_only=True)
-    except (EprunError, OSError, ValueError):
-        return ""
-    outputs = {value.name for value in model.graph.output}
-    if len(outputs) > 1 and set(find_boundaries(model.graph, BOUNDARY_OPS)) <= outputs:
-        return (" (it looks like an exposed copy, which eprun marks since 0.10: if an older "
-                "eprun wrote it, --force replaces it once)")
-    return (" (it is an ONNX model: are the arguments swapped? expose reads the first and "
-            "writes the second)")
-
-declare(Command(
-    name="expose",
-    summary="save a copy whose graph outputs include every layer boundary (first input of each "
-            "MatMul/Gemm, then the first float output)",
-    function=expose,
-    options=ExposeOptions,
-    positionals=("model", "out"),
-    onnxruntime=False,
-    arguments=(arg("model", help="ONNX model file (never modified)"),
-               arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG,
-               FORCE_ARG,
-               FORMAT_ARG),
-    fields=("model", "out", "boundaries", "outputs"),
-    example="eprun.py expose int8.onnx int8_exposed.onnx"))
-
-
-# -- layers and growth -----------------------------------------------------------------------------
-
-def layers(fp32: str, int8: str, seed: int, options: LayerOptions | None = None) -> dict:
-    """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
-    twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
-    options = options or LayerOptions()
-    require_file(fp32)
-    require_file(int8)
-    require_views(options.node_data, options.save_plots, options.plot_format)
-    targets = targets_from(options, options.reference_providers)
-    answer = measure_layers(fp32, int8, seed, options, targets)[0]
-    if options.node_data:
-        answer.update(_layers_node_data(options.node_data, fp32, int8, answer))
-    if options.save_plots:
-        metric = METRICS[options.metrics[0]].field if options.metrics else "rel_error"
-        writer = PlotWriter(options.save_plots, int8, "layers", options.plot_format)
-        plot_boundaries(writer, answer, metric, growth_of(answer))
-        answer["plots"] = writer.write((fp32, int8))
-    return answer
-
-
-def require_views(node_data: str | None, save_plots: str | None,
-                  plot_format: str | None = None) -> None:
-    """Before anything is measured: the folders ``--node-data`` and ``--save-plots`` name can
-    be written into, and matplotlib is there for plots."""
-    if node_data is not None:
-        if not node_data:
-            raise EprunError("--node-data needs a folder (it is empty)", EXIT_USAGE)
-        require_out_dir(node_data, "--node-data")
-    require_plots(save_plots, plot_format)
-
-
-def growth(fp32: str, int8: str, seed: int, options: LayerOptions | None = None) -> dict:
-    """The ``layers`` measurement reduced to how relative error grows."""
-    options = options or LayerOptions()
-    require_views(options.node_data, options.save_plots, options.plot_format)
-    measured = layers(fp32, int8, seed, dataclasses.replace(
-        options, metrics=(), node_data=None, save_plots=None, plot_format=None))
-    answer = growth_of(measured)
-    if options.node_data:
-        answer.update(_growth_node_data(options.node_data, fp32, int8, measured, answer))
-    if options.save_plots:
-        writer = PlotWriter(options.save_plots, int8, "growth", options.plot_format)
-        plot_boundaries(writer, measured, "rel_error", answer)
-        answer["plots"] = writer.write((fp32, int8))
-    return answer
-
-
-def _pair_node_data(folder: str, fp32: str, int8: str, quantities: dict,
-                    graphs: dict | None = None) -> dict:
-    """Write ``quantities`` (``{quantity: {"fp32": {tensor: value}, "int8": {...}}}``) for
-    both models of a pair (``graphs``: their graphs, where the caller has read them); the
-    answer's node-data fields."""
-    writer = NodeDataWriter(folder, {"fp32": fp32, "int8": int8})
-    graphs = graphs or {"fp32": load_model(fp32, graph_only=True).graph,
-                        "int8": load_model(int8, graph_only=True).graph}
-    for quantity, sides in quantities.items():
-        for role, values in sides.items():
-            writer.add(role, graphs[role], quantity, values)
-    return writer.write()
-
-
-def _layers_node_data(folder: str, fp32: str, int8: str, answer: dict) -> dict:
-    """Each boundary's numbers, on the node that writes the boundary in each model."""
-    quantities = [key for key in ("max_abs_error", "rel_error", "cos_min", *metric_fields())
-                  if answer["layers"] and key in answer["layers"][0]]
-    return _pair_node_data(folder, fp32, int8, {
-        key: {role: {entry[role]: entry[key] for entry in answer["layers"]}
-              for role in ("fp32", "int8")} for key in quantities})
-
-
-def _growth_node_data(folder: str, fp32: str, int8: str, measured: dict,
-                      answer: dict) -> dict:
-    """Ratio *i* on boundary *i + 1* (where the jump lands; null ones left out), and each
-    boundary's own error with ``--local``."""
-    entries = measured["layers"]
-    quantities = {"ratio": {role: {entries[k + 1][role]: ratio
-                                   for k, ratio in enumerate(answer["ratios"])
-                                   if ratio is not None}
-                            for role in ("fp32", "int8")}}
-    if "local_rel_error" in answer:
-        quantities["local_rel_error"] = {
-            role: {entry[role]: value for entry, value in zip(entries, answer["local_rel_error"])
-                   if value is not None} for role in ("fp32", "int8")}
-    return _pair_node_data(folder, fp32, int8, quantities)
-
-
-# What layers and growth both take.
-PAIR_ARGS = (
-    *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS, BOUNDARY_OPS_ARG, BOUNDARIES_ARG,
-    arg("--pair", choices=("auto", "position", "name"), default="auto",
-        help="auto (default): by position, the lab's rule, unless the names pair every "
-             "boundary otherwise, or the int8 model is a conversion of the fp32 one (its "
-             "computing nodes all named as fp32 nodes): then by name where the names tie, "
-             "also across different boundary counts, and the answer says \"pairing\": "
-             "\"name\"; "
-             "position: always the k-th with the k-th (a warning when the names disagree); "
-             "name: by the names quantizers keep (<t>_DequantizeLinear_Output, <node>_quant)"),
-    arg("--max-memory", type=parse_count, metavar="MB",
-        help="fetch boundaries in batches whose tensors (fp32 + int8) fit in about MB "
-             "megabytes, instead of all at once, running each model again per batch; 0 "
-             "fetches one at a time. The answer is the same"),
-    LOCAL_ARG,
-    *measure_ep_args(),
-    SWAPPED_OK_ARG,
-    arg("--output-name", dest="output", metavar="NAME",
-        help="the graph output to end with (default: the first float one), in both models: "
-             "e.g. a detector's scores rather than boxes reordered by TopK"),
-    hidden_alias("--output", "output"),
-    arg("--save-boundaries", metavar="FILE.npz",
-        help="also store the fp32 model's boundary tensors and the inputs, for "
-             "--load-boundaries on another machine"),
-    arg("--load-boundaries", metavar="FILE.npz",
-        help="take the fp32 side from a file --save-boundaries wrote (on its inputs) instead "
-             "of running the fp32 model; refused if its boundaries are not the stored ones"),
-    NODE_DATA_ARG, *PLOT_ARGS,
-)
-
-declare(Command(
-    name="layers",
-    summary="FP32 vs. INT8 error at every boundary",
-    function=layers,
-    positionals=("fp32", "int8", "seed"),
-    options=LayerOptions,
-    arguments=(*PAIR_ARGS, FORMAT_ARG,
-               arg("--metrics", type=parse_metrics, default=(),
-                   help=f"comma-joined extra metrics per boundary: {', '.join(METRICS)} "
-                        "(SQNR in dB and mean squared error)")),
-    fields=("seed", "rows", "layer_count", "layers"),
-    detail='layers: [{"index", "fp32", "int8", "max_abs_error", "scale", "rel_error", '
-           '"cos_min"}]; a model that is not one float32 [batch, F] input adds "inputs"; '
-           '--metrics adds "sqnr_db"/"mse" per entry; --local adds "local" per entry and '
-           '"local_unavailable"; --providers adds "providers": {"requested", "actual", '
-           '"fell_back", "missing", "reference"}; an answer that is not the contract\'s adds '
-           '"exposure" and "reference_exposure": {"output", "max_abs_diff"} (how far exposing '
-           'moved each side\'s final output); --save-boundaries/--load-boundaries add '
-           '"golden"',
-    example="eprun.py layers fp32.onnx int8.onnx 2026 --local --metrics sqnr"))
-
-declare(Command(
-    name="growth",
-    summary="how the relative error grows from boundary to boundary",
-    function=growth,
-    positionals=("fp32", "int8", "seed"),
-    options=LayerOptions,
-    arguments=(*PAIR_ARGS, FORMAT_ARG),
-    fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
-            "max_ratio"),
-    detail='max_ratio: {"index", "ratio"}; "inputs", "providers", "first_divergence", '
-           '"exposure" and "reference_exposure" as in layers; --local adds "local_rel_error", '
-           '"worst_local" and "local_unavailable"',
-    example="eprun.py growth fp32.onnx int8.onnx 2026"))
-
-
-# -- settings --------------------------------------------------------------------------------------
-
-class SettingsRunner:
-    """One model's first output under given session settings, always on the same inputs."""
-
-    def __init__(self, model: str, seed: int, inputs: InputOptions | None,
-                 targets: Targets | None = None) -> None:
-        """Nothing opened yet: the first ``session`` draws the feed and stamps the model file every
-        later case must read."""
-        self.model, self.seed, self.inputs = model, seed, inputs
-        self.feed: Feed | None = None
-        self.on = (targets or Targets()).candidate
-        self.got = Got([])
-        self.stamp: tuple | None = None  # the model file every case is measured on
-
-    def session(self, level: str, intra_op: int, disabled: list[str] = (),
-                optimized_path: str | None = None):
-        """A session of the model at ``level`` with ``intra_op`` threads (``disabled`` transformers
-        off), refused where the file changed since the first case; the first also draws the feed."""
-        options = session_options(level=level, threads=intra_op, optimized_path=optimized_path)
-        session = open_session(self.model, options, what=repr(self.model), disabled=disabled,
-                               on=self.on)
-        if self.stamp is None:  # each case the very file the first case read
-            self.stamp = session.eprun_stamp
-        else:
-            require_same_stamp(self.model, self.stamp, session.eprun_stamp)
-        self.got = Got.of(session)
-        if self.feed is None:  # from the first session's metadata: a float model needs no onnx
-            self.feed = make_feeds(session_specs(session, self.model), self.seed, self.inputs,
-                                   self.model)
-        return session
-
-    def run(self, session):
-        """``session``'s first output on the runner's feed; a non-numeric one is refused."""
-        output = session.get_outputs()[0].name
-        value = run_session(session, [output], self.feed.arrays, what=repr(self.model),
-                            hint=dims_hint(self.feed))[0]
-        _require_numeric(value, output, self.model, "settings")
-        return value
-
-    def output(self, level: str, intra_op: int, disabled: list[str] = ()):
-        """The first output at ``level`` with ``intra_op`` threads and ``disabled`` transformers
-        off, from a session of its own."""
-        return self.run(self.session(level, intra_op, disabled))
-
-    def output_with(self, provider: str, key: str, value: str):
-        """The output at the baseline's level and threads, with one provider option set."""
-        base_on = self.on
-        options = {**base_on.options, provider: {**base_on.options.get(provider, {}), key: value}}
-        self.on = dataclasses.replace(base_on, options=options)
-        try:
-            return self.output(*SETTINGS_BASELINE)
-        finally:
-            self.on = base_on
-
-
-def parse_option_sweep(text: str) -> tuple[str, str, list[str]]:
-    """``EP:KEY=V1,V2,...``: the values of one provider option to try, each a case."""
-    provider, key, values = parse_ep_option(text)
-    items = [value.strip() for value in values.split(",") if value.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError(f"{text!r} names no value to try (EP:KEY=V1,V2,...)")
-    return provider, key, items
-
-
-def _settings_cases(runner: SettingsRunner, base) -> list[dict]:
-    """Each of ``SETTINGS_CASES`` (a level and an intra-op thread count) against the
-    baseline's output ``base``."""
-    cases = []
-    for level, intra_op in SETTINGS_CASES:
-        y = runner.output(level, intra_op)
-        same_shape = y.shape == base.shape
-        diff = largest_of(differences(base, y)[2]) if same_shape else float("nan")
-        cases.append({"level": level, "intra_op": intra_op, "max_abs_diff": float(diff),
-                      "bitwise_equal": bitwise_equal(base, y)})
-    return cases
-
-
-def _sweep_cases(runner: SettingsRunner, base, sweep: list) -> list[dict]:
-    """One case per value of each ``--ep-option-sweep`` (provider, key, values), at the
-    baseline's level and threads."""
-    cases = []
-    for provider, key, values in sweep:
-        for value in values:
-            y = runner.output_with(provider, key, value)
-            diff = (largest_of(differences(base, y)[2]) if y.shape == base.shape
-                    else float("nan"))
-            cases.append({"level": SETTINGS_BASELINE[0], "intra_op": SETTINGS_BASELINE[1],
-                          "ep_option": {"provider": provider, "key": key, "value": value},
-                          "max_abs_diff": float(diff), "bitwise_equal": bitwise_equal(base, y),
-                          **nodes_record(runner.got.nodes)})
-    return cases
-
-
-@dataclasses.dataclass(frozen=True)
-class SettingsOptions(ProviderFlags, PlotFlags):
-    """``settings``' options; each field is the flag of its name."""
-
-    inputs: InputOptions | None = None
-    explain: bool = False
-    ep_option_sweep: list = ()
-
-
-def settings(model: str, seed: int, options: SettingsOptions | None = None) -> dict:
-    """The first output under other optimization levels and intra-op thread counts, compared
-    with the single-threaded, unoptimized baseline bit for bit.
-
-    The baseline runs twice; one that does not reproduce itself is reported (``repeatable``
-    false). With ``explain``, each case that differs is explained (``explain_case``). With
-    ``providers`` every session runs there (``reference`` in the answer's ``providers`` is
-    the baseline's session): what the settings change on the EP a model is deployed to; on
-    an EP the knobs that matter are its own options, and ``ep_option_sweep`` (provider, key,
-    values) adds a case per value, at the baseline's level and threads.
-    """
-    import numpy as np
-
-    options = options or SettingsOptions()
-    require_file(model)
-    require_plots(options.save_plots, options.plot_format)
-    for provider, key, _ in options.ep_option_sweep:
-        if provider not in (options.providers or ()):
-            raise EprunError(f"--ep-option-sweep {provider}:{key}: give {provider} in "
-                             "--providers, where the sweep runs", EXIT_USAGE)
-    targets = targets_from(options)
-    runner = SettingsRunner(model, seed, options.inputs, targets)
-    base_session = runner.session(*SETTINGS_BASELINE)
-    base_got = runner.got
-    base = runner.run(base_session)
-    repeatable = bitwise_equal(base, runner.run(base_session))
-    del base_session
-    with np.errstate(all="ignore"):
-        baseline = {"level": SETTINGS_BASELINE[0], "intra_op": SETTINGS_BASELINE[1],
-                    "max_abs_output": float(np.max(np.abs(base))) if base.size else 0.0,
-                    "mean_output": float(base.mean()) if base.size else float("nan")}
-    cases = [*_settings_cases(runner, base),
-             *_sweep_cases(runner, base, options.ep_option_sweep)]
-    answer = {"model": model, "seed": seed}
-    if not runner.feed.contract_shaped:
-        answer["inputs"] = runner.feed.fed
-    answer.update(baseline=baseline, cases=cases,
-                  all_equal=all(case["bitwise_equal"] for case in cases))
-    if targets.given:
-        answer["providers"] = targets.field(runner.got, base_got)
-    if options.explain or not repeatable:
-        answer["repeatable"] = repeatable
-    if options.explain:
-        answer["explanations"] = [explain_case(runner, base, case) for case in cases
-                                  if not case["bitwise_equal"] and "ep_option" not in case]
-    if options.save_plots:
-        writer = PlotWriter(options.save_plots, model, "settings", options.plot_format)
-        plot_settings(writer, answer)
-        answer["plots"] = writer.write((model,))
-    return answer
-
-
-# -- settings: --explain, which transformer makes the difference -----------------------------------
-
-# onnxruntime's graph transformers and rewrite rules, by the name ``disabled_optimizers``
-# matches: (name, level, first release, last release or None for "still there"). The level is
-# the lowest at which the name runs (1 BASIC, 2 EXTENDED, 3 LAYOUT, 4 ALL only). Where the
-# names are defined: onnxruntime/core/optimizer/graph_transformer_utils.cc (GenerateTransformers
-# and GenerateRewriteRules) of each release; each name is the string its class passes to
-# GraphTransformer(...) or RewriteRule(...). The README says how this list is kept up to date.
-TRANSFORMERS = (
-    ("Level1_RuleBasedTransformer", 1, (1, 16), None),
-    ("DoubleQDQPairsRemover", 1, (1, 16), None),
-    ("ConstantSharing", 1, (1, 16), None),
-    ("ShapeInputMerge", 1, (1, 18), (1, 18)),
-    ("CommonSubexpressionElimination", 1, (1, 16), None),
-    ("ConstantFolding", 1, (1, 16), None),
-    ("MatMulAddFusion", 1, (1, 16), None),
-    ("ReshapeFusion", 1, (1, 16), None),
-    ("FreeDimensionOverrideTransformer", 1, (1, 16), None),
-    ("SliceConcatToSpaceToDepthFusion", 1, (1, 25), None),
-    ("GeluFusionL1", 1, (1, 20), None),
-    ("LayerNormFusionL1", 1, (1, 20), None),
-    ("QDQPropagationTransformer", 1, (1, 16), None),
-    ("WeightBiasQuantization", 1, (1, 21), None),
-    ("EnsureUniqueDQForNodeUnit", 1, (1, 16), None),
-    ("WhereDummyDq", 1, (1, 24), None),
-    ("TransposeOptimizer", 1, (1, 16), None),
-    ("DQMatMulNBitsFusion", 1, (1, 24), None),
-    ("Level2_RuleBasedTransformer", 2, (1, 19), None),
-    ("TransposeOptimizer_CPUExecutionProvider", 2, (1, 17), None),
-    ("QDQS8ToU8Transformer", 2, (1, 16), None),
-    ("QDQSelectorActionTransformer", 2, (1, 16), None),
-    ("GemmActivationFusion", 2, (1, 16), None),
-    ("MatMulIntegerToFloatFusion", 2, (1, 16), None),
-    ("DynamicQuantizeMatMulFusion", 2, (1, 16), None),
-    ("ConvActivationFusion", 2, (1, 16), None),
-    ("GeluFusion", 2, (1, 16), (1, 19)),
-    ("LayerNormFusion", 2, (1, 16), (1, 19)),
-    ("GeluFusionL2", 2, (1, 20), None),
-    ("LayerNormFusionL2", 2, (1, 20), None),
-    ("SimplifiedLayerNormFusion", 2, (1, 16), None),
-    ("AttentionFusion", 2, (1, 16), None),
-    ("EmbedLayerNormFusion", 2, (1, 16), None),
-    ("GatherToSplitFusion", 2, (1, 16), (1, 17)),
-    ("GatherSliceToSplitFusion", 2, (1, 18), None),
-    ("GatherToSliceFusion", 2, (1, 16), None),
-    ("MatmulTransposeFusion", 2, (1, 16), None),
-    ("BiasGeluFusion", 2, (1, 16), None),
-    ("GroupQueryAttentionFusion", 2, (1, 22), None),
-    ("SkipLayerNormFusion", 2, (1, 16), None),
-    ("BiasSkipLayerNormFusion", 2, (1, 25), None),
-    ("FastGeluFusion", 2, (1, 16), None),
-    ("QuickGeluFusion", 2, (1, 16), None),
-    ("SwiGluFusion", 2, (1, 32), None),
-    ("BiasSoftmaxFusion", 2, (1, 16), None),
-    ("BiasDropoutFusion", 2, (1, 16), None),
-    ("MatMulScaleFusion", 2, (1, 16), None),
-    ("MatMulActivationFusion", 2, (1, 16), None),
-    ("MatMulNBitsFusion", 2, (1, 19), None),
-    ("GroupQueryAttentionPreNormFusion", 2, (1, 28), None),
-    ("QDQFinalCleanupTransformer", 2, (1, 16), None),
-    ("GeluApproximation", 2, (1, 16), None),
-    ("Avx2WeightS8ToU8Transformer", 2, (1, 16), None),
-    ("NchwcTransformer", 3, (1, 16), None),
-    ("NhwcTransformer", 3, (1, 16), None),
-    ("ConvAddActivationFusion", 3, (1, 16), None),
-    ("FuseFp16InitializerToFp32NodeTransformer", 4, (1, 23), None),
-)
-# The rewrite rules inside Level1_RuleBasedTransformer and Level2_RuleBasedTransformer.
-REWRITE_RULES = (
-    ("EliminateIdentity", 1, (1, 16), None), ("EliminateSlice", 1, (1, 16), None),
-    ("UnsqueezeElimination", 1, (1, 16), None), ("EliminateDropout", 1, (1, 16), None),
-    ("ExpandElimination", 1, (1, 16), None), ("CastElimination", 1, (1, 16), None),
-    ("CastChainElimination", 1, (1, 23), None), ("PreShapeNodeElimination", 1, (1, 16), None),
-    ("NoopElimination", 1, (1, 16), None), ("DivMulFusion", 1, (1, 16), None),
-    ("FuseReluClip", 1, (1, 16), None), ("GemmSumFusion", 1, (1, 16), None),
-    ("GemmTransposeFusion", 1, (1, 16), None), ("NotWhereFusion", 1, (1, 16), None),
-    ("ConvAddFusion", 1, (1, 16), None), ("ConvMulFusion", 1, (1, 16), None),
-    ("ConvBNFusion", 1, (1, 16), None), ("Pad_Fusion", 1, (1, 17), None),
-    ("MatMul_BatchNormalization_Fusion", 1, (1, 17), None),
-    ("LabelEncoderFusion", 1, (1, 18), None), ("ClipQuantRewrite", 1, (1, 16), None),
-    ("ReluQuantRewrite", 1, (1, 16), None),
-)
-# The levels a case is bisected over, in order, with the transformer level each one adds.
-OPTIMIZATION_LEVELS = (("ORT_ENABLE_BASIC", 1), ("ORT_ENABLE_EXTENDED", 2),
-                       ("ORT_ENABLE_LAYOUT", 3), ("ORT_ENABLE_ALL", 4))
-
-
-def known_names(table: tuple, up_to_level: int) -> list[str]:
-    """The names of ``table`` this onnxruntime release has, at or below ``up_to_level``."""
-    release = ort_release()
-    return [name for name, level, first, last in table
-            if level <= up_to_level and first <= release and (last is None or release <= last)]
-
-
-def ddmin(items: list[str], passes: Callable[[list[str]], bool]) -> list[str]:
-    """Zeller's delta debugging: a minimal subset of ``items`` for which ``passes`` holds,
-    given that it holds for all of them (minimal: dropping any one item makes it fail)."""
-    parts = 2
-    while len(items) >= 2:
-        size = math.ceil(len(items) / parts)
-        chunks = [items[k:k + size] for k in range(0, len(items), size)]
-        for chunk in chunks:
-            if passes(chunk):
-                items, parts = chunk, 2
-                break
-        else:
-            for chunk in chunks:
-                rest = [item for item in items if item not in chunk]
-                if len(chunks) > 2 and passes(rest):
-                    items, parts = rest, max(parts - 1, 2)
-                    break
-            else:
-                if parts >= len(items):
-                    break
-                parts = min(len(items), parts * 2)
-    return items
-
-
-# One piece: one search in two stages (at the level that introduces the difference, then at
-# the case's own), sharing one progress line and one count of tries; the complexity is the
-# explanation's outcomes, each of which returns the record it says.
-def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
-    """Why one settings case differs from the baseline, and what undoes it.
-
-    A case at ORT_DISABLE_ALL, or one whose single-threaded twin equals the baseline, differs
-    by its thread count: onnxruntime splits the work and sums in another order, no optimizer
-    involved. Otherwise the levels are bisected (BASIC, EXTENDED, LAYOUT, ALL, one thread) to
-    the one that introduces the difference; a delta-debugging search over this release's
-    transformer names at that level finds a minimal set whose disabling restores the baseline
-    bit for bit (rule containers are refined to their rules); each name is checked to change
-    the optimized graph, since onnxruntime ignores names it does not know; and the first
-    boundary that differs, with the optimized nodes that compute it, says where it starts.
-    """
-    level, intra_op = case["level"], case["intra_op"]
-    explanation = {"level": level, "intra_op": intra_op}
-    threads_reason = (f"no graph optimizer: with {intra_op} intra-op threads onnxruntime splits "
-                      "the work of a kernel (a reduction, a matrix product) and sums the parts "
-                      "in another order")
-    if level == SETTINGS_BASELINE[0] or (
-            intra_op > 1 and bitwise_equal(base, runner.output(level, 1))):
-        return {**explanation, "cause": "threads", "why": threads_reason}
-    levels = [(name, rank) for name, rank in OPTIMIZATION_LEVELS
-              if hasattr(import_ort().GraphOptimizationLevel, name)]
-    introducing, rank = next(((name, rank) for name, rank in levels
-                              if not bitwise_equal(base, runner.output(name, 1))), levels[-1])
-    explanation["introduced_by"] = introducing
-
-    progress = Progress(f"searching the transformers behind {level} x{intra_op}")
-    tries = [0]
-
-    def restores(names: list[str]) -> bool:
-        """Does disabling ``names`` at the level that introduces the difference restore the
-        baseline?"""
-        tries[0] += 1
-        progress.step(tries[0])
-        return bitwise_equal(base, runner.output(introducing, 1, names))
-
-    candidates = known_names(TRANSFORMERS, rank)
-    if not restores(candidates):
-        progress.close()
-        return {**explanation, "cause": "not an optimizer",
-                "why": "disabling every graph transformer this onnxruntime release has up to "
-                       f"{introducing} does not restore the baseline: the difference comes "
-                       "from a transformer that cannot be disabled or from kernel choice"}
-    found = _refined(ddmin(candidates, restores), restores)
-    joined_at: dict[str, str] = {}  # a name found at the case's level, not at introducing
-    # the set is the answer only if disabling it restores the baseline at the case's own
-    # level (rerun here); only then can what is left at more threads be the threads' doing
-    restored = level == introducing or bitwise_equal(base, runner.output(level, 1, found))
-    if not restored:
-        # more transformers change the numbers at the case's own level: find those too
-        case_rank = dict(levels).get(level, rank)
-
-        def restores_here(names: list[str]) -> bool:
-            """Does disabling ``names`` (with those found) at the case's own level restore the
-            baseline?"""
-            tries[0] += 1
-            progress.step(tries[0])
-            return bitwise_equal(base, runner.output(level, 1, found + names))
-
-        more = [name for name in known_names(TRANSFORMERS, case_rank) if name not in found]
-        if restores_here(more):
-            joined = _refined(ddmin(more, restores_here), restores_here)
-            found, joined_at = found + joined, dict.fromkeys(joined, level)
-            restored = bitwise_equal(base, runner.output(level, 1, found))
-    progress.close()
-    changed = {name: _changes_the_graph(runner, joined_at.get(name, introducing), name)
-               for name in found}
-    explanation.update(cause="optimizer", transformers=found,
-                       verified=[name for name in found if changed[name]],
-                       restores_baseline=restored)
-    if not restored:
-        explanation["why"] = (f"disabling these restores the baseline at {introducing} but "
-                              f"not at {level}: the rest of the difference comes from a "
-                              "transformer that cannot be disabled or from kernel choice")
-    elif intra_op > 1 and not bitwise_equal(base, runner.output(level, intra_op, found)):
-        explanation["threads_too"] = threads_reason
-    explanation["first_difference"] = _first_difference(runner, base, level, intra_op)
-    explanation["workaround"] = {
-        "disabled_optimizers": found,
-        "session_config": {"optimization.disable_specified_optimizers": ";".join(found)}
-        if ort_release() >= (1, 18) else None,
-        "graph_optimization_level": next(
-            (name for name, _ in reversed(levels[:levels.index((introducing, rank))])),
-            SETTINGS_BASELINE[0])}
-    return explanation
-
-
-def _refined(found: list[str], restores: Callable[[list[str]], bool]) -> list[str]:
-    """``found`` with each rule container in it (Level1/Level2_RuleBasedTransformer) replaced
-    by the rules inside it that make the difference, where those alone do."""
-    for container, rule_level in (("Level1_RuleBasedTransformer", 1),
-                                  ("Level2_RuleBasedTransformer", 2)):
-        if container in found:  # which rules inside it
-            others = [name for name in found if name != container]
-            rules = known_names(REWRITE_RULES, rule_level)
-            if restores(others + rules):
-                found = others + ddmin(rules, lambda subset, o=others: restores(o + subset))
-    return found
-
-
-def _optimized_nodes(runner: SettingsRunner, level: str, disabled: list[str] = ()) -> list:
-    """The nodes of the graph onnxruntime optimized at ``level`` (one thread)."""
-    with scratch_folder("eprun-optimized-") as scratch:
-        path = os.path.join(scratch, "optimized.onnx")
-        runner.session(level, 1, disabled, optimized_path=path)
-        return list(load_model(path).graph.node)
-
-
-def _changes_the_graph(runner: SettingsRunner, level: str, name: str) -> bool:
-    """Does disabling ``name`` change the optimized graph (is it a name onnxruntime uses)?"""
-    def shape(nodes: list) -> list:
-        """The nodes as op types, inputs and outputs, to compare two graphs by."""
-        return [(node.op_type, list(node.input), list(node.output)) for node in nodes]
-
-    return shape(_optimized_nodes(runner, level)) != shape(
-        _optimized_nodes(runner, level, [name]))
-
-
-def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -> dict:
-    """The first boundary (as in ``layers``) whose value differs between the baseline and the
-    case, both exposed, and the optimized nodes that compute it that the file does not have."""
-    def boundary_values(at_level: str, threads: int) -> tuple[list[str], list]:
-        """The boundaries and their values with the model exposed, at ``at_level`` and
-        ``threads``."""
-        model = load_model(runner.model)
-        boundaries = expose_in_place(model, BOUNDARY_OPS, unknown_as_float=False)
-
-        session = open_exposed(model, runner.model, {"level": at_level, "threads": threads},
-                               on=runner.on)
-        fetched = fetch(session, boundaries, runner.feed.arrays, what=repr(runner.model))
-        return boundaries, [fetched[name] for name in boundaries]
-
-    boundaries, reference = boundary_values(*SETTINGS_BASELINE)
-    _, candidate = boundary_values(level, intra_op)
-    index = next((k for k, (a, b) in enumerate(zip(reference, candidate))
-                  if not bitwise_equal(a, b)), None)
-    if index is None:
-        return {"index": None, "why": "with every boundary exposed as an output the two "
-                "settings agree: exposing them stops the fusion that makes the difference"}
-    original = {(node.name, node.op_type) for node in
-                load_model(runner.model).graph.node}
-    optimized = _optimized_nodes(runner, level)
-    optimized_index = GraphIndex(optimized)
-    stop = set(boundaries[:index]) | set(runner.feed.arrays)
-    fused, pending, seen = [], [boundaries[index]], set()
-    while pending:
-        node = optimized_index.producer(pending.pop())
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if (node.name, node.op_type) not in original:
-            fused.append({"name": node.name, "op_type": node.op_type})
-        pending += [name for name in node.input if name and name not in stop]
-    return {"index": index, "tensor": boundaries[index],
-            "max_abs_diff": largest_of(differences(reference[index], candidate[index])[2]),
-            "optimized_nodes": fused}
-
-
-declare(Command(
-    name="settings",
-    summary="the first output under other optimization levels and thread counts, compared "
-            "with a single-threaded unoptimized baseline",
-    function=settings,
-    positionals=("model", "seed"),
-    options=SettingsOptions,
-    arguments=(MODEL, SEED, SEED_OPTION, *INPUT_ARGS, FORMAT_ARG, *PLOT_ARGS,
-               arg("--explain", action="store_true",
-                   help="for each case that differs: the optimization level that introduces "
-                        "it, a minimal set of graph transformers whose disabling restores the "
-                        "baseline bit for bit, the first boundary that differs, and the "
-                        "workaround; or that the thread count (no optimizer) is the cause"),
-               arg("--ep-option-sweep", type=parse_option_sweep, action="append", default=[],
-                   metavar="EP:KEY=V1,V2",
-                   help="with --providers: one more case per value of this provider option "
-                        "(e.g. OpenVINOExecutionProvider:precision=FP32,ACCURACY), at the "
-                        "baseline's level and threads; repeatable"),
-               *measure_ep_args(reference=False)),
-    fields=("model", "seed", "baseline", "cases", "all_equal"),
-    detail='baseline: {"level", "intra_op", "max_abs_output", "mean_output"}; cases: '
-           '[{"level", "intra_op", "max_abs_diff", "bitwise_equal"}]; "inputs" as in layers; '
-           '"repeatable" when the baseline does not reproduce itself or with --explain, which '
-           'adds "explanations"; --providers adds "providers" (every session runs there; '
-           '"reference" is the baseline\'s); --ep-option-sweep adds a case per value with '
-           '"ep_option": {"provider", "key", "value"} and its "nodes_per_provider"',
-    example="eprun.py settings int8.onnx 2026"))
-
-
-# -- placement -------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class PlacementOptions(EpFlags):
-    """``placement``'s options; each field is the flag of its name (the inputs feed the one
-    profiled run of releases before 1.24, drawn with seed 0)."""
-
-    inputs: InputOptions | None = None
-    node_data: str | None = None
-
-
-def placement(model: str, providers: list[str], options: PlacementOptions | None = None
-              ) -> dict:
-    """Which execution provider each node was actually assigned to, as onnxruntime reports it.
-
-    onnxruntime 1.24+ records the assignment when asked (``session.record_ep_graph_assignment_
-    info``); older releases only show it in a profile, so there eprun runs the model once with
-    profiling on and reads each node event's provider. Both list the nodes onnxruntime
-    executes, after its graph optimizations: a fused node stands for several of the file's.
-    """
-    options = options or PlacementOptions()
-    seed, inputs, node_data = 0, options.inputs, options.node_data
-    ep_library, ep_options = options.ep_library, options.ep_options
-    require_file(model)
-    require_views(node_data, None)
-    prepare_providers([providers], ep_library, ep_options)
-    require_known_providers(providers)
-    recorded = hasattr(import_ort().InferenceSession, "get_provider_graph_assignment_info")
-    source = "graph_assignment_info" if recorded else "profiling"
-    with scratch_folder("eprun-profile-") as scratch:
-        options = session_options(
-            config={"session.record_ep_graph_assignment_info": "1"} if recorded else None,
-            profile_prefix=None if recorded else os.path.join(scratch, "profile"))
-        # an EP that fails to start (an option it rejects) is an error, not a CPU placement
-        session = open_session(model, options, repr(model),
-                               on=ProviderRequest(providers, options=ep_options or {},
-                                                  strict=True))
-        actual = list(session.get_providers())
-        nodes, subgraphs = (_recorded_placement(session, model) if recorded else
-                            _profiled_placement(session, model, seed, inputs))
-    counts = dict(collections.Counter(node["provider"] for node in nodes))
-    request = ProviderRequest(providers, options=ep_options or {})
-    rejected = [name for name in fallback_of(providers, actual)
-                if name in (ep_options or {}) and name in import_ort().get_available_providers()]
-    if rejected:  # an option it refused, not a provider this machine lacks
-        raise EprunError(f"placement of {model!r}: {why_missing(rejected[0], request, model)}")
-    missing = fallback_of(providers, actual, counts)
-    if missing:
-        note(f"the session did not get {', '.join(missing)}, or it took no node: its nodes ran "
-             f"on {', '.join(counts) or 'nothing'}")
-    answer = {"model": model, "requested": providers, "actual": actual,
-              "fell_back": differs_from_request(providers, actual), "source": source,
-              "counts": counts, "nodes_per_provider": counts, "nodes": nodes,
-              "subgraphs": dict(collections.Counter(subgraphs))}
-    if node_data:
-        answer.update(_placement_node_data(node_data, model, nodes))
-    return answer
-
-
-def _recorded_placement(session, model: str) -> tuple[list[dict], list[str]]:
-    """``(nodes, subgraphs)`` as onnxruntime 1.24+ recorded the assignment."""
-    assigned = session.get_provider_graph_assignment_info()
-    try:
-        nodes = [{"name": node.name, "op_type": node.op_type, "provider": subgraph.ep_name}
-                 for subgraph in assigned for node in subgraph.get_nodes()]
-    except UnicodeDecodeError as exc:  # onnxruntime decodes node names as UTF-8
-        raise _not_text(model, exc) from exc
-    return nodes, [subgraph.ep_name for subgraph in assigned]
-
-
-def _profiled_placement(session, model: str, seed: int, inputs: InputOptions | None
-                        ) -> tuple[list[dict], list[str]]:
-    """``(nodes, subgraphs)`` from a profile of one run (one row unless ``--rows``): each
-    node event's provider, and the runs of consecutive nodes on one provider, in the order
-    they ran."""
-    shaped = inputs or InputOptions()
-    feed = make_feeds(session_specs(session, model), seed,
-                      dataclasses.replace(shaped, rows=shaped.rows or 1), model)
-    run_session(session, None, feed.arrays, what=repr(model), hint=dims_hint(feed))
-    try:
-        nodes = _profiled_nodes(session.end_profiling())
-    except UnicodeDecodeError as exc:
-        raise _not_text(model, exc) from exc
-    return nodes, [provider for provider, _ in
-                   itertools.groupby(node["provider"] for node in nodes)]
-
-
-def _placement_node_data(folder: str, model: str, nodes: list[dict]) -> dict:
-    """Each node of the file its provider (short: ``OpenVINO``, ``CPU``), matched by name with
-    the nodes onnxruntime ran; a node it fused into another, or renamed, has none."""
-    graph = load_model(model, graph_only=True).graph
-    ran = {node["name"]: node["provider"] for node in nodes if node["name"]}
-    values = {("node", index): _short_provider(ran[node.name])
-              for index, node in enumerate(graph.node) if node.name in ran}
-    writer = NodeDataWriter(folder, {"model": model})
-    writer.add("model", graph, "provider", values)
-    writer.counts["unplaced"] += len(graph.node) - len(values)
-    return writer.write()
-
-
-def _short_provider(name: str) -> str:
-    """A provider's name as a node shows it: ``OpenVINO`` for ``OpenVINOExecutionProvider``."""
-    return name[:-len("ExecutionProvider")] if name.endswith("ExecutionProvider") else name
-
-
-def _not_text(model: str, exc: UnicodeDecodeError) -> EprunError:
-    """The error (exit 4) for a node name not UTF-8: placement reports node names as text."""
-    return EprunError(f"{model!r} has a node whose name is not UTF-8 text ({one_line(exc)}); "
-                      "placement reports node names as text: give it a UTF-8 name")
-
-
-def _profiled_nodes(profile_path: str) -> list[dict]:
-    """The kernel events of an onnxruntime profile: one per executed node, in run order."""
-    import json
-
-    with open(profile_path, encoding="utf-8") as stream:
-        events = json.load(stream)
-    suffix = "_kernel_time"
-    return [{"name": event["name"][:-len(suffix)], "op_type": event["args"].get("op_name", ""),
-             "provider": event["args"].get("provider", "")}
-            for event in events
-            if event.get("cat") == "Node" and event.get("name", "").endswith(suffix)]
-
-
-declare(Command(
-    name="placement",
-    summary="which execution provider each node was actually assigned to (onnxruntime's "
-            "graph assignment info, or a one-run profile on releases before 1.24)",
-    function=placement,
-    options=PlacementOptions,
-    positionals=("model", "providers"),
-    arguments=(MODEL, arg("providers", type=parse_list, help="comma-joined provider names"),
-               *INPUT_ARGS, *EP_ARGS, FORMAT_ARG, NODE_DATA_ARG),
-    fields=("model", "requested", "actual", "fell_back", "source", "counts",
-            "nodes_per_provider", "nodes",
-            "subgraphs"),
-    detail='nodes: [{"name", "op_type", "provider"}]; subgraphs: {provider: how many '
-           'subgraphs onnxruntime gave it} (from a profile: runs of consecutive nodes)',
-    example="eprun.py placement int8.onnx CUDAExecutionProvider,CPUExecutionProvider"))
-
-
-# -- check -----------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class CheckOptions(ReferenceProviderFlags, ToleranceFlags, PlotFlags):
-    """``check``'s options; each field is the flag of its name (``seed_given``: a seed was
-    given at all, which a golden file's inputs refuse if it did not draw them;
-    ``check_error_stat`` and ``error_quantile``: ``[(output or "", value), ...]``;
-    ``min_provider_share``: ``[(provider, fraction), ...]``)."""
-
-    inputs: InputOptions | None = None
-    seed: int = 0
-    seed_given: bool = False
-    warmup: int = 1
-    retries: int = 2
-    retry_pause: float = 2.0
-    require_providers: bool = False
-    save_outputs: str | None = None
-    load_outputs: str | None = None
-    swapped_ok: bool = False
-    check_error_stat: list | None = None
-    error_quantile: list | None = None
-    top_k: int | None = None
-    top_k_axis: int = -1
-    min_top_k_agreement: float | None = None
-    min_provider_share: list | None = None
-
-
-def check(reference: str, candidate: str, options: CheckOptions | None = None, *,
-          outputs_into: dict | None = None, reference_into: dict | None = None) -> dict:
-    """The CI gate: does the candidate (model and providers) match the reference within
-    tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
-    provider the candidate's session did not get) unless ``allow_fallback``;
-    ``require_providers`` asks for exactly the requested list. ``outputs_into`` (for
-    ``report``) receives the candidate's outputs by name, so they need not be computed again
-    (``reference_into`` the reference's).
-    ``save_outputs`` stores the reference's outputs and inputs; ``load_outputs`` takes them
-    from such a file instead of running the reference (made on another machine).
-
-    A Polygraphy inputs file of several iterations is run and gated iteration by iteration
-    (unless ``--iteration`` picks one): each output's figures are then the worst over them
-    and say which iteration was worst. ``check_error_stat`` judges an output by a statistic
-    as Polygraphy does, ``top_k`` adds each output's top-K agreement, ``min_provider_share``
-    fails a candidate whose EP took too few of its nodes."""
-    options = options or CheckOptions()
-    inputs, seed = options.inputs, options.seed
-    profile, on, reference_on = _gate_setup(reference, candidate, options)
-    providers = on.requested
-    tolerance, per_output = tolerances(profile, options.rtol, options.atol, options.min_cos)
-    iterations = _gate_iterations(inputs, options.load_outputs, options.save_outputs)
-    golden, feeds, reference_names, reference_runs, reference_got = _reference_side(
-        reference, seed, inputs, reference_on, options.load_outputs,
-        seed_given=options.seed_given, iterations=iterations)
-    _name_tolerances(tolerance, per_output, reference_names, reference)
-    rules = GateRules.of(options, reference_names, reference)
-    ran = _candidate_side(candidate, on, feeds, options, len(reference_names))
-    if outputs_into is not None:
-        outputs_into.update(zip(ran.names, ran.runs[0]))
-    if reference_into is not None and golden is None:  # (a reference run here, not loaded)
-        reference_into.update(zip(reference_names, reference_runs[0]))
-    measured = [_measure_outputs(zip(reference_names, expected), zip(ran.names, actual),
-                                 (reference, candidate), rules)
-                for expected, actual in zip(reference_runs, ran.runs)]
-    _require_top_k_fits(rules, measured[0], reference_runs[0])
-    outputs, failures = (_judge_outputs(measured[0], tolerance, rules) if len(measured) == 1
-                         else _judge_iterations(measured, tolerance, rules))
-    failures.extend(_provider_failures(providers, ran.got, options.require_providers,
-                                       options.allow_fallback))
-    share = (_provider_share(ran.op_types, options.min_provider_share)
-             if options.min_provider_share else None)
-    failures.extend(share["failures"] if share else [])
-    for name in fallback_of(providers, ran.got.actual, ran.got.nodes):
-        if name not in ran.got.actual and (why := why_missing(name, on, candidate)):
-            note(f"{name} is not in the candidate's session: {why}")
-    plots = (_check_plots(options, candidate, outputs, reference_runs, ran, reference_names)
-             if options.save_plots else None)
-    if options.save_outputs:  # only once everything ran: a failed check leaves no file
-        golden = _save_reference(options.save_outputs, reference,
-                                 [dict(zip(reference_names, run)) for run in reference_runs],
-                                 feeds, seed=seed, inputs=inputs,
-                                 reference_got=reference_got)
-    feed = feeds[0]
-    answer = {"reference": reference, "candidate": candidate, "seed": seed,
-              "rows": feed.rows}
-    if not feed.contract_shaped:
-        answer["inputs"] = feed.fed
-    if len(feeds) > 1:
-        answer["iterations"] = len(feeds)
-    return {**answer, "profile": profile, "tolerance": tolerance,
-            "providers": _gate_providers(providers, ran.got, reference_got, golden,
-                                         options.ep_options),
-            "warmup": options.warmup, "retries_used": ran.retries_used, "outputs": outputs,
-            "failures": failures, "passed": not failures,
-            **({"provider_share": share["share"]} if share else {}),
-            **({"golden": golden} if golden else {}),
-            **({"plots": plots} if plots is not None else {})}
-
-
-def _gate_setup(reference: str, candidate: str, options: CheckOptions
-                ) -> tuple[str, ProviderRequest, ProviderRequest]:
-    """Before anything runs: the files there, the outputs and plots writable, the pair in
-    order; ``(profile, candidate's request, reference's request)``, the profile chosen where
-    it was left to ``auto``."""
-    profile = options.profile
-    require_file(reference)
-    require_file(candidate)
-    golden_paths(options.save_outputs, options.load_outputs, [reference, candidate], "outputs",
-                 options.inputs)
-    require_views(None, options.save_plots, options.plot_format)
-    graphs = ([_graph_or_none(path) for path in (reference, candidate)]
-              if not options.swapped_ok or profile in (None, "auto") else [None, None])
-    if None not in graphs:  # a file that is no model gets onnxruntime's own words below
-        require_in_order(graphs, (reference, candidate), options.swapped_ok,
-                         ("reference", "candidate"))
-    on, reference_on = _gate_requests(options)
-    for provider, _ in options.min_provider_share or ():
-        if provider not in on.requested:
-            raise EprunError(f"--min-provider-share {provider}: the candidate does not ask for "
-                             f"it (--providers {','.join(on.requested)}); name a provider of "
-                             "--providers", EXIT_USAGE)
-    if profile in (None, "auto"):
-        profile = _auto_profile(graphs, candidate, told=profile == "auto")
-    return profile, on, reference_on
-
-
-def _gate_iterations(inputs: InputOptions | None, load_outputs: str | None,
-                     save_outputs: str | None) -> list[int | None]:
-    """The iterations ``check`` runs: every feed dict of a Polygraphy inputs file that holds
-    several (``--iteration`` not given), else ``[None]``: one run as before. A Polygraphy
-    results file to compare with must hold as many; a golden .npz holds one iteration."""
-    file = inputs.file if inputs is not None else None
-    if not file or not file.lower().endswith(".json") or inputs.iteration is not None:
-        return [None]
-    if load_outputs and not load_outputs.lower().endswith(".json"):
-        return [None]  # the golden file's own inputs are fed
-    require_file(file, "inputs")
-    count = len(polygraphy_feed_dicts(file))
-    if load_outputs:
-        require_file(load_outputs, "golden")
-        held = polygraphy_iterations(load_outputs)
-        if held != count:
-            raise EprunError(f"{file!r} holds {count} iterations and {load_outputs!r} "
-                             f"{held}: they must be one run's (or pick one with --iteration N)",
-                             EXIT_USAGE)
-    return list(range(count)) if count > 1 else [None]
-
-
-@dataclasses.dataclass(frozen=True)
-class GateRules:
-    """How each output is judged beyond the tolerances: ``stats`` ``{output: (statistic,
-    quantile)}`` (Polygraphy's --check-error-stat; elemwise is the per-element test), the
-    cosine bound's status where a statistic replaces the per-element test (``explicit_cos``:
-    --min-cos given), and the top-K agreement asked for."""
-
-    stats: dict
-    explicit_cos: bool
-    top_k: int | None
-    top_k_axis: int
-    min_top_k_agreement: float | None
-
-    @classmethod
-    def plain(cls) -> GateRules:
-        """The per-element test and the cosine, nothing more."""
-        return cls({}, False, None, -1, None)
-
-    @classmethod
-    def of(cls, options: CheckOptions, names: list[str], reference: str) -> GateRules:
-        """The rules of ``options`` for the reference's outputs ``names``; a NAME that is no
-        output is a usage error."""
-        stats = {name: ["elemwise", 0.99] for name in names}
-        for given, slot in ((options.check_error_stat, 0), (options.error_quantile, 1)):
-            for name, value in given or ():
-                if name and name not in stats:
-                    raise EprunError(f"--check-error-stat/--error-quantile name {name!r}, which "
-                                     f"is no output of {reference!r} (its outputs: "
-                                     f"{', '.join(names)})", EXIT_USAGE)
-                for target in [name] if name else names:
-                    stats[target][slot] = value
-        if options.error_quantile and not any(rule[0] == "quantile" for rule in stats.values()):
-            raise EprunError("--error-quantile is the quantile of --check-error-stat quantile, "
-                             "which no output is judged by", EXIT_USAGE)
-        top_k = options.top_k
-        if top_k is None and options.min_top_k_agreement is not None:
-            top_k = 1
-        if top_k is None and options.top_k_axis != -1:
-            raise EprunError("--top-k-axis is the axis --top-k ranks along: give --top-k",
-                             EXIT_USAGE)
-        return cls({name: tuple(rule) for name, rule in stats.items()},
-                   options.min_cos is not None, top_k, options.top_k_axis,
-                   options.min_top_k_agreement)
-
-
-class CandidateRun(NamedTuple):
-    """The candidate's side of a check: its output names, its outputs per iteration, what its
-    session got (and the op types each provider took), and the retries it spent."""
-
-    names: list[str]
-    runs: list[list]
-    got: Got
-    op_types: dict | None
-    retries_used: int
-
-
-def _candidate_side(candidate: str, on: ProviderRequest, feeds: list[Feed],
-                    options: CheckOptions, references: int) -> CandidateRun:
-    """One session of the candidate, warmed up once, run on each iteration's feed."""
-    attempts = _Attempts(options.retries, options.retry_pause, candidate)
-    session = attempts.make(lambda: open_session(candidate, what=repr(candidate), on=on))
-    specs = session_specs(session, candidate)
-    runs = []
-    for k, feed in enumerate(feeds):
-        arrays = feed_for(specs, candidate, feed)
-
-        def run_once(arrays: dict = arrays, feed: Feed = feed) -> list:
-            """One run of the candidate, with the retries a transient error earns."""
-            return attempts.make(lambda: run_session(session, None, arrays,
-                                                     what=repr(candidate),
-                                                     hint=dims_hint(feed)))
-
-        for _ in range(options.warmup if k == 0 else 0):
-            run_once()
-        runs.append(run_once())
-        if len(runs[-1]) < references:
-            raise EprunError(f"{candidate!r} has {len(runs[-1])} outputs, the reference "
-                             f"{references}; outputs are paired by position")
-    return CandidateRun([value.name for value in session.get_outputs()], runs,
-                        Got.of(session), assigned_op_types(session), attempts.used)
-
-
-def _provider_share(op_types: dict | None, wanted: list) -> dict:
-    """``--min-provider-share EP:FRACTION``: ``{"share": {EP: record}, "failures": [...]}``, the
-    share of the candidate's nodes each EP took (node assignment) and the op types that went
-    elsewhere; where onnxruntime does not say (before 1.24) the gate fails rather than
-    guesses."""
-    share, failures = {}, []
-    for provider, least in wanted:
-        if op_types is None:
-            record = {"share": None, "min_share": least,
-                      "unknown": f"onnxruntime {import_ort().__version__} does not say which "
-                                 "provider each node ran on (1.24+ does)"}
-            failures.append({"bound": "provider_share", "provider": provider, **record})
-        else:
-            total = sum(sum(kinds.values()) for kinds in op_types.values())
-            taken = sum(op_types.get(provider, {}).values())
-            elsewhere: dict = {}
-            for owner, kinds in op_types.items():
-                for op_type, count in kinds.items() if owner != provider else ():
-                    elsewhere[op_type] = elsewhere.get(op_type, 0) + count
-            record = {"share": taken / total if total else 0.0, "min_share": least,
-                      "nodes": taken, "total": total,
-                      "elsewhere": dict(sorted(elsewhere.items(), key=lambda item: -item[1]))}
-            if record["share"] < least:
-                failures.append({"bound": "provider_share", "provider": provider, **record})
-        share[provider] = record
-    return {"share": share, "failures": failures}
-
-
-def _measure_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
-                     rules: GateRules) -> list[dict]:
-    """Each (name, value) of the reference against the candidate's at the same position: its
-    entry of the answer (a shape that differs: ``"candidate_shape"`` and nothing else), with
-    the statistic and the top-K agreement where asked for."""
-    entries = []
-    for (reference_name, expected), (candidate_name, got) in zip(expected_outputs,
-                                                                 got_outputs):
-        for value, name, path in ((expected, reference_name, paths[0]),
-                                  (got, candidate_name, paths[1])):
-            _require_numeric(value, name, path)
-        entry = {"reference": reference_name, "candidate": candidate_name,
-                 "shape": list(expected.shape)}
-        entries.append(entry)
-        if expected.shape != got.shape:
-            entry["candidate_shape"] = list(got.shape)
-            continue
-        entry["_tolerance"] = None  # filled in by the judge, per output
-        entry["_values"] = (expected, got)
-        stat, quantile = rules.stats.get(reference_name, ("elemwise", 0.99))
-        if stat != "elemwise":
-            entry["error_stat"] = {"stat": stat, **({"quantile": quantile}
-                                                    if stat == "quantile" else {}),
-                                   **error_statistic(expected, got, stat, quantile)}
-        if rules.top_k is not None:
-            entry["top_k_agreement"] = top_k_agreement(expected, got, rules.top_k,
-                                                       rules.top_k_axis)
-    return entries
-
-
-def _require_top_k_fits(rules: GateRules, entries: list[dict], outputs: list) -> None:
-    """``--top-k`` along ``--top-k-axis``: an output that has no such axis, or fewer than K
-    values along it, is said (its agreement is null, and no gate); where no output can take
-    it, the flags are wrong: a usage error."""
-    if rules.top_k is None:
-        return
-    cannot = [(entry["reference"], list(getattr(value, "shape", ())))
-              for entry, value in zip(entries, outputs) if entry.get("top_k_agreement") is None]
-    if cannot and len(cannot) == len(entries):
-        raise EprunError(f"--top-k {rules.top_k} along axis {rules.top_k_axis}: no output "
-                         f"has {rules.top_k} values there ("
-                         + ", ".join(f"{name!r} has shape {shape}" for name, shape in cannot)
-                         + ")", EXIT_USAGE)
-    for name, shape in cannot:
-        note(f"--top-k {rules.top_k} along axis {rules.top_k_axis}: output {name!r} (shape "
-             f"{shape}) has fewer values there, or no such axis: no top_k_agreement")
-
-
-def _judge_outputs(entries: list[dict], tolerance: dict, rules: GateRules,
-                   iteration: int | None = None) -> tuple[list[dict], list[dict]]:
-    """``(outputs, failures)`` of one iteration: each entry's numbers against its tolerance
-    (per element, or by its statistic), and every bound it breaks (shape, tolerance or
-    statistic, cosine, top-K agreement)."""
-    outputs, failures = [], []
-    at = {} if iteration is None else {"iteration": iteration}
-    for entry in entries:
-        name = entry["reference"]
-        if "candidate_shape" in entry:
-            failures.append({"output": name, "bound": "shape", "reference": entry["shape"],
-                             "candidate": entry["candidate_shape"], **at})
-            outputs.append({key: entry[key] for key in ("reference", "candidate", "shape")})
-            continue
-        own = {**tolerance, **tolerance.get("per_output", {}).get(name, {})}
-        expected, got = entry["_values"]
-        judged = {key: value for key, value in entry.items() if not key.startswith("_")}
-        extra = {key: judged.pop(key) for key in ("error_stat", "top_k_agreement")
-                 if key in judged}
-        judged.update(compare_outputs(expected, got, own["rtol"], own["atol"]))
-        _note_nonfinite(judged.get("nonfinite"), f"output {name!r}",
-                        {"reference": name, "candidate": entry["candidate"]})
-        statistic = extra.get("error_stat")
-        if statistic is not None:
-            statistic.update(atol=own["atol"], rtol=own["rtol"])
-        judged.update(extra)
-        outputs.append(judged)
-        failures += _broken_bounds(judged, tolerance, rules, at)
-    return outputs, failures
-
-
-def _broken_bounds(entry: dict, tolerance: dict, rules: GateRules, at: dict) -> list[dict]:
-    """The bounds one output's entry breaks, in the gate's order."""
-    name, broken = entry["reference"], []
-    statistic = entry.get("error_stat")
-    if statistic is None and entry["violations"]:
-        broken.append({"output": name, "bound": "tolerance", "violations": entry["violations"],
-                       "elements": entry["elements"], "worst": entry["worst"], **at})
-    if statistic is not None and statistic_fails(statistic, statistic["atol"],
-                                                 statistic["rtol"]):
-        broken.append({"output": name, "bound": "error_stat", **statistic, **at})
-    lost = (entry.get("nonfinite") or {}).get("candidate", 0)
-    if statistic is not None and lost:  # NaN and Inf fail whatever the tolerances
-        broken.append({"output": name, "bound": "nonfinite", "candidate": lost, **at})
-    least = tolerance["min_cos"]
-    if (statistic is None or rules.explicit_cos) and not entry["cosine"] >= least:
-        broken.append({"output": name, "bound": "min_cos", "cosine": entry["cosine"],
-                       "min_cos": least, "by": least - entry["cosine"],
-                       **({"nonfinite": entry["nonfinite"]} if "nonfinite" in entry else {}),
-                       **at})
-    agreement = entry.get("top_k_agreement")
-    if rules.min_top_k_agreement is not None and agreement is not None \
-            and agreement < rules.min_top_k_agreement:
-        broken.append({"output": name, "bound": "top_k", "k": rules.top_k,
-                       "top_k_agreement": agreement,
-                       "min_top_k_agreement": rules.min_top_k_agreement, **at})
-    return broken
-
-
-def gate_outputs(expected_outputs, got_outputs, paths: tuple[str, str],
-                 tolerance: dict) -> tuple[list[dict], list[dict]]:
-    """``(outputs, failures)`` of one run under the per-element test alone (``reduce``'s):
-    each (name, value) of the reference against the candidate's at the same position."""
-    rules = GateRules.plain()
-    return _judge_outputs(_measure_outputs(expected_outputs, got_outputs, paths, rules),
-                          tolerance, rules)
-
-
-def _judge_iterations(measured: list[list[dict]], tolerance: dict, rules: GateRules
-                      ) -> tuple[list[dict], list[dict]]:
-    """``(outputs, failures)`` over several iterations: each iteration judged alone, then per
-    output the worst figures (the largest differences, violations and elements summed, the
-    smallest cosine and agreement) with ``iterations`` and ``worst_iteration`` (the one with the
-    most violations, then the largest difference), and its failures folded the same way."""
-    judged = [_judge_outputs(entries, tolerance, rules, k) for k, entries in enumerate(measured)]
-    outputs, failures = [], []
-    for index, first in enumerate(judged[0][0]):
-        entry = _worst_entry([outputs_k[index] for outputs_k, _ in judged])
-        outputs.append(entry)
-        for failure in _folded_failures(first["reference"],
-                                        [failures_k for _, failures_k in judged]):
-            if failure["bound"] == "tolerance":  # of every iteration, as the entry counts them
-                failure["elements"] = entry["elements"]
-            failures.append(failure)
-    return outputs, failures
-
-
-def _worst_entry(per: list[dict]) -> dict:
-    """One output's entry over its iterations' entries ``per``: the worst figures of them,
-    ``iterations`` and ``worst_iteration``."""
-    worst = max(range(len(per)), key=lambda k: _badness(per[k], k))
-    entry = dict(per[worst])
-    if "max_abs_diff" in per[0]:
-        for key in ("max_abs_diff", "mean_abs_diff", "median_abs_diff", "p99_abs_diff",
-                    "max_rel_diff"):
-            entry[key] = max((one[key] for one in per), key=_finite_or_inf)
-        entry["cosine"] = min((one["cosine"] for one in per), key=_nan_first)
-        entry["elements"] = sum(one["elements"] for one in per)
-        entry["violations"] = sum(one["violations"] for one in per)
-        entry["worst"] = ({**per[worst]["worst"], "iteration": worst} if per[worst]["worst"]
-                          else None)
-        lost = [one["nonfinite"] for one in per if "nonfinite" in one]
-        if lost:
-            entry["nonfinite"] = {side: sum(one[side] for one in lost)
-                                  for side in ("reference", "candidate")}
-        if "top_k_agreement" in per[0]:
-            agreements = [one["top_k_agreement"] for one in per]
-            entry["top_k_agreement"] = None if None in agreements else min(agreements)
-    entry.update(iterations=len(per), worst_iteration=worst)
-    return entry
-
-
-def _badness(entry: dict, k: int) -> tuple:
-    """How bad iteration ``k``'s entry of an output is, to pick the worst: by its statistic
-    (failing first, then the largest) where it is judged by one, else by its violations, then
-    by its largest difference; the earliest on ties."""
-    statistic = entry.get("error_stat")
-    if statistic is not None:
-        return (statistic_fails(statistic, statistic["atol"], statistic["rtol"]),
-                _finite_or_inf(statistic["abs"]), -k)
-    return (entry.get("violations") or 0, _finite_or_inf(entry.get("max_abs_diff")), -k)
-
-
-def _finite_or_inf(value) -> float:
-    """A number to rank by, NaN (a difference NaN made) counting as the largest."""
-    return math.inf if value is None or math.isnan(value) else value
-
-
-def _nan_first(value) -> float:
-    """A number to take the smallest of, NaN (no cosine) counting as the smallest."""
-    return -math.inf if value is None or math.isnan(value) else value
-
-
-def _folded_failures(output: str, per_iteration: list[list[dict]]) -> list[dict]:
-    """An output's failures over the iterations, one per bound: the worst iteration's (the
-    most violations, the largest statistic, the smallest cosine or agreement), tolerance
-    failures with their violations and elements summed; ``iterations_failed`` lists where."""
-    folded: dict[str, dict] = {}
-    where: dict[str, list[int]] = {}
-    for k, failures in enumerate(per_iteration):
-        for failure in failures:
-            if failure.get("output") != output:
-                continue
-            bound = failure["bound"]
-            where.setdefault(bound, []).append(k)
-            kept = folded.get(bound)
-            if kept is None or _worse_failure(failure, kept):
-                summed = ({"violations": failure["violations"] + kept["violations"],
-                           "elements": failure["elements"] + kept["elements"]}
-                          if kept is not None and bound == "tolerance" else {})
-                folded[bound] = {**failure, **summed}
-            elif bound == "tolerance":
-                kept["violations"] += failure["violations"]
-                kept["elements"] += failure["elements"]
-    return [{**failure, "iterations_failed": where[bound]}
-            for bound, failure in folded.items()]
-
-
-def _worse_failure(failure: dict, kept: dict) -> bool:
-    """Is ``failure`` the worse of two failures of one bound (in two iterations)?"""
-    bound = failure["bound"]
-    if bound == "tolerance":
-        return failure["violations"] > kept["violations"]
-    if bound == "error_stat":
-        return _finite_or_inf(failure["abs"]) > _finite_or_inf(kept["abs"])
-    if bound == "min_cos":
-        return _nan_first(failure["cosine"]) < _nan_first(kept["cosine"])
-    if bound == "top_k":
-        return _nan_first(failure["top_k_agreement"]) < _nan_first(kept["top_k_agreement"])
-    return False
-
-
-def _check_plots(options: CheckOptions, candidate: str, outputs: list[dict],
-                 reference_runs: list[list], ran: CandidateRun,
-                 reference_names: list[str]) -> list[str]:
-    """``--save-plots``: each output's pictures, of its worst iteration."""
-    writer = PlotWriter(options.save_plots, candidate, "check", options.plot_format)
-    compared = [(name, reference_runs[entry.get("worst_iteration", 0)][index],
-                 ran.runs[entry.get("worst_iteration", 0)][index])
-                for index, (name, entry) in enumerate(zip(reference_names, outputs))
-                if "max_abs_diff" in entry]
-    plot_check(writer, compared)
-    return writer.write((candidate,))
-
-
-def _gate_requests(flags: ReferenceProviderFlags) -> tuple[ProviderRequest, ProviderRequest]:
-    """``check``'s two provider requests (the CPU where none is given), once every name is
-    known. A provider that fails to start is an error (exit 4, its message), not a quiet CPU
-    run; the candidate's fallback is a verdict (exit 1), the reference's a refusal (exit 4)."""
-    providers = [CPU_EP] if flags.providers is None else flags.providers
-    reference_providers = ([CPU_EP] if flags.reference_providers is None
-                           else flags.reference_providers)
-    ep_options = flags.ep_options
-    prepare_providers([providers, reference_providers], flags.ep_library, ep_options)
-    require_known_providers(providers)
-    require_known_providers(reference_providers)
-    on = ProviderRequest(providers, options=ep_options or {}, strict=not flags.allow_fallback)
-    reference_on = ProviderRequest(reference_providers, options=ep_options or {}, strict=True,
-                                   allow_fallback=flags.allow_fallback)
-    return on, reference_on
-
-
-def _name_tolerances(tolerance: dict, per_output: dict, reference_names: list[str],
-                     reference: str) -> None:
-    """Each ``--rtol``/``--atol`` NAME:VALUE on its output (``tolerance["per_output"]``, the
-    rest from the profile or the options); a name that is no output is a usage error."""
-    unknown = sorted(set(per_output) - set(reference_names))
-    if unknown:
-        raise EprunError(f"--rtol/--atol name {', '.join(map(repr, unknown))}, which is no "
-                         f"output of {reference!r} (its outputs: {', '.join(reference_names)})",
-                         EXIT_USAGE)
-    if per_output:
-        tolerance["per_output"] = {name: {key: per_output[name].get(key, tolerance[key])
-                                          for key in ("rtol", "atol")}
-                                   for name in reference_names if name in per_output}
-
-
-class _Attempts:
-    """``check``'s retries of transient provider errors: at most ``retries`` for the whole
-    check, ``pause`` seconds apart; ``used`` counts those spent."""
-
-    def __init__(self, retries: int, pause: float, path: str) -> None:
-        """None spent yet; ``path``, the model's, is masked in an error before it is judged."""
-        self.retries, self.pause, self.path = retries, pause, path
-        self.spent = [0]
-
-    @property
-    def used(self) -> int:
-        """How many retries were spent."""
-        return self.spent[0]
-
-    def make(self, action: Callable[[], Any]) -> Any:
-        """``action``'s result, after as many retries as it needs and the budget allows."""
-        return _with_retries(action, self.retries, self.pause, self.spent, self.path)
-
-
-def _provider_failures(providers: list[str], got: Got, require_providers: bool,
-                       allow_fallback: bool) -> list[dict]:
-    """The gate's ``providers`` failure, if any: a fallback not allowed, or (with
-    ``--require-providers``) any list but the one requested."""
-    missing = fallback_of(providers, got.actual, got.nodes)
-    if (require_providers and got.actual != providers) or (missing and not allow_fallback):
-        return [{"bound": "providers", "requested": providers, "actual": got.actual,
-                 "missing": missing}]
-    return []
-
-
-def _save_reference(path: str, reference: str, outputs: list[dict], feeds: list[Feed], *,
-                    seed: int, inputs: InputOptions | None, reference_got: Got) -> dict:
-    """``--save-outputs``: Polygraphy's RunResults for a ``.json`` path (an iteration per
-    iteration run), eprun's golden file otherwise (one iteration); its record for the
-    answer."""
-    feed = feeds[0]
-    if path.lower().endswith(".json"):
-        several = len(outputs) > 1
-        return save_polygraphy(path, reference, outputs if several else outputs[0],
-                               [one.arrays for one in feeds] if several else feed.arrays,
-                               inputs)
-    return save_golden(path, "outputs", reference, outputs, [one.arrays for one in feeds],
-                       got=reference_got, seed=drawn_with(feed, seed),
-                       inputs_file=inputs.file if inputs is not None else None)
-
-
-def _gate_providers(providers: list[str], got: Got, reference_got: Got, golden: dict | None,
-                    ep_options: dict | None) -> dict:
-    """The gate's ``providers`` field: what was asked for, what each side got."""
-    polygraphy = "loaded" in (golden or {}) and golden.get("format") == "polygraphy"
-    return {"requested": providers, "actual": got.actual,
-            "fell_back": differs_from_request(providers, got.actual),
-            "reference": reference_got.actual, **nodes_record(got.nodes),
-            **nodes_record(reference_got.nodes, "reference_", (
-                "the reference ran in Polygraphy, whose results file does not say where"
-                if polygraphy else None)),
-            **({"options": ep_options} if ep_options else {})}
-
-
-def tolerances(profile: str, rtol, atol, min_cos: float | None) -> tuple[dict, dict]:
-    """``(tolerance, per_output)``: the profile's bounds with ``--rtol``/``--atol`` given
-    without a name (and ``--min-cos``) over them, and ``{output: {"rtol"|"atol": value}}``
-    for those given as NAME:VALUE."""
-    tolerance = dict(TOLERANCE_PROFILES[profile])
-    per_output: dict[str, dict] = {}
-    for key, given in (("rtol", rtol), ("atol", atol)):
-        for name, value in ([("", given)] if isinstance(given, (int, float)) else given or ()):
-            (per_output.setdefault(name, {}) if name else tolerance)[key] = value
-    if min_cos is not None:
-        tolerance["min_cos"] = min_cos
-    return tolerance, per_output
-
-
-def _auto_profile(graphs: list, candidate: str, told: bool = True) -> str:
-    """``--profile auto`` (the default): the int8 tolerances for a quantized candidate of a
-    float reference (``graphs``: theirs, None where unreadable), the int4 ones where it
-    quantizes only weights, some to 4 bits or fewer (``_weight_only_4bit``), the fp16 ones
-    otherwise. Said on stderr where it was asked for, and where the default chose a quantized
-    profile (no profile given used to mean fp16, which fails every int8 pair)."""
-    quantized = None not in graphs and bool(_quantization_ops(graphs[1])) and not \
-        _quantization_ops(graphs[0])
-    profile = ("fp16" if not quantized else "int4" if _weight_only_4bit(graphs[1])
-               else "int8")
-    why = {"int8": "quantizes and the reference does not",
-           "int4": "quantizes weights only, to 4 bits or fewer, and the reference does not",
-           "fp16": "is not a quantized twin of the reference"}[profile]
-    if told:
-        note(f"--profile auto: {profile}, as {candidate!r} {why}")
-    elif quantized:
-        note(f"profile {profile} (no --profile given: auto), as {candidate!r} {why}; "
-             "--profile fp16 holds it to the float16 tolerances")
-    return profile
-
-
-def _weight_only_4bit(model) -> bool:
-    """A weight-only twin: some weight of 4 bits or fewer dequantized in blocks
-    (``weight_only_nodes``), and no activation quantized (no QuantizeLinear, dynamic or
-    QLinear op, no DequantizeLinear of anything but an initializer)."""
-    graph = model.graph
-    initializers = {tensor.name for tensor in graph.initializer}
-    activations = [node for node in graph.node if node.op_type.startswith("QLinear")
-                   or (node.op_type in _QDQ_OPS + _INTEGER_OPS and not (
-                       node.op_type == "DequantizeLinear" and node.input[0] in initializers))]
-    return not activations and any(bits <= 4 for _, bits in weight_only_nodes(graph))
-
-
-def _graph_or_none(path: str):
-    """The graph of ``path`` (weights left on disk), or None where it is not one eprun reads."""
-    try:
-        return load_model(path)
-    except EprunError:
-        return None
-
-
-def _reference_side(reference: str, seed: int, inputs: InputOptions | None,
-                    on: ProviderRequest, load_outputs: str | None, *, seed_given: bool = True,
-                    iterations: list[int | None] = (None,)) -> tuple:
-    """``(golden, feeds, output names, outputs per iteration, providers)`` of the reference:
-    run here on ``on``, or read from the ``--load-outputs`` file made elsewhere (``golden`` its
-    record, else None), whose inputs then feed the candidate. ``iterations``: the feed dicts of
-    a Polygraphy inputs file to run (``[None]``: the one ``inputs`` names); a golden .npz
-    brings its own."""
-    if load_outputs and load_outputs.lower().endswith(".json"):  # Polygraphy's RunResults
-        return _polygraphy_reference(reference, seed, inputs, load_outputs, iterations)
-    if load_outputs:  # the reference ran elsewhere: its graph says what the file must hold
-        return _golden_reference(reference, seed if seed_given else None, inputs,
-                                 load_outputs)
-    session = open_session(reference, what=repr(reference), on=on)
-    specs = session_specs(session, reference)
-    feeds = [make_feeds(specs, seed, _iteration_inputs(inputs, k), reference)
-             for k in iterations]
-    runs = [run_session(session, None, feed.arrays, what=repr(reference), hint=dims_hint(feed))
-            for feed in feeds]
-    names = [value.name for value in session.get_outputs()]
-    # its outputs are all the rest needs: the session goes before the candidate's opens
-    return None, feeds, names, runs, Got.of(session)
-
-
-def _iteration_inputs(inputs: InputOptions | None, k: int | None) -> InputOptions | None:
-    """The input options of iteration ``k`` (None: as given)."""
-    return inputs if k is None else dataclasses.replace(inputs, iteration=k)
-
-
-def _polygraphy_reference(reference: str, seed: int, inputs: InputOptions | None,
-                          load_outputs: str, iterations: list[int | None]) -> tuple:
-    """``_reference_side`` from a ``polygraphy run --save-outputs`` file: its iterations, fed
-    with the inputs file's."""
-    graph = load_model(reference)
-    names = [value.name for value in graph.graph.output]
-    require_file(load_outputs, "golden")
-    if inputs is None or not inputs.file:
-        raise EprunError(f"{load_outputs!r} is Polygraphy's, whose outputs carry no inputs: "
-                         "give the inputs they were computed on with --inputs (the file "
-                         "polygraphy run --save-inputs wrote)", EXIT_USAGE)
-    feeds, runs = [], []
-    for k in iterations:
-        runner, stored = read_polygraphy_outputs(load_outputs, names,
-                                                 inputs.iteration or 0 if k is None else k)
-        feeds.append(make_feeds(specs_from_model(graph), seed, _iteration_inputs(inputs, k),
-                                reference))
-        runs.append([stored[name] for name in names])
-    golden = {"loaded": load_outputs, "format": "polygraphy", "runner": runner,
-              **({"iteration": inputs.iteration or 0} if iterations == [None] else
-                 {"iterations": len(iterations)})}
-    return golden, feeds, names, runs, Got([])
-
-
-def _golden_reference(reference: str, seed: int | None, inputs: InputOptions | None,
-                      load_outputs: str) -> tuple:
-    """``_reference_side`` from a golden .npz: every iteration it holds, fed with its own
-    inputs."""
-    graph = load_model(reference)
-    names = [value.name for value in graph.graph.output]
-    feeds, runs, k, golden = [], [], 0, {}
-    while k == 0 or k < golden.get("iterations", 1):
-        golden, stored_inputs, stored = load_golden(
-            load_outputs, "outputs", names, reference, seed, graph=graph,
-            given_inputs=_given_inputs(inputs, graph, reference), iteration=k)
-        feeds.append(make_feeds(specs_from_model(graph), seed or 0, dataclasses.replace(
-            inputs or InputOptions(), arrays=stored_inputs), reference))
-        runs.append([stored[name] for name in names])
-        k += 1
-    return (golden, feeds, names, runs,
-            Got(golden["providers"], golden.get("nodes_per_provider")))
-
-
-def save_polygraphy(path: str, reference: str, outputs: dict | list[dict],
-                    feed: dict | list[dict], inputs: InputOptions | None) -> dict:
-    """``check --save-outputs FILE.json``: the reference's outputs as Polygraphy's RunResults
-    (``polygraphy run MODEL --onnxrt --load-inputs ... --load-outputs FILE.json`` compares its
-    run with them), and the very inputs they were computed on beside it as FILE's stem +
-    ``.inputs.json`` (for ``--load-inputs``; an ``--inputs`` file may hold other iterations
-    first): both written, or neither."""
-    given = inputs.file if inputs is not None else None
-    sources = (reference, *([given] if given else []))
-    staged = [stage(polygraphy_run_results(f"eprun-{os.path.basename(reference)}", outputs),
-                    path, sources)]
-    inputs_path = polygraphy_inputs_path(path)
-    try:
-        staged.append(stage(polygraphy_feeds(feed), inputs_path, sources))
-    except BaseException:
-        discard(staged)
-        raise
-    commit(staged)
-    return {"saved": path, "format": "polygraphy", "inputs": inputs_path}
-
-
-declare(Command(
-    name="check",
-    summary="CI gate: candidate model and providers against a reference within "
-            "rtol/atol/cosine on the same inputs; exit 0 pass, 1 fail",
-    function=check,
-    positionals=("reference", "candidate"),
-    options=CheckOptions,
-    arguments=(
-        arg("reference", help="reference model (usually the FP32 one), run on "
-                              "--reference-providers"),
-        arg("candidate", help="candidate model, run on --providers"),
-        *measure_ep_args(), *TOLERANCE_ARGS,
-        *INPUT_ARGS,
-        SEED_POSITIONAL,
-        SEED_FLAG,
-        arg("--warmup", type=parse_count, default=1,
-            help="candidate runs before the measured one (default 1)"),
-        arg("--retries", type=parse_count, default=2,
-            help="extra tries after a transient provider error such as a timeout, never after "
-                 "a numeric failure (default 2)"),
-        arg("--retry-pause", type=parse_tolerance, default=2.0,
-            help="seconds between tries (default 2)"),
-        arg("--require-providers", action="store_true",
-            help="fail unless the candidate's session got exactly --providers"),
-        arg("--save-outputs", metavar="FILE.npz",
-            help="also store the reference's outputs and the inputs, for --load-outputs on "
-                 "another machine; FILE.json writes Polygraphy's RunResults instead (and the "
-                 "inputs as FILE.inputs.json) for polygraphy run --load-outputs"),
-        arg("--load-outputs", metavar="FILE.npz",
-            help="compare with the reference outputs stored by --save-outputs (on their "
-                 "inputs) instead of running the reference; refused if the reference model's "
-                 "outputs are not the stored ones; FILE.json: what polygraphy run "
-                 "--save-outputs wrote, fed with --inputs"),
-        arg("--check-error-stat", type=parse_error_stat, action="append",
-            metavar="[NAME:]STAT",
-            help="how an output is judged, as Polygraphy's --check-error-stat: elemwise (the "
-                 "default) per element, |c - r| <= atol + rtol*|r|; max, mean, median or "
-                 "quantile: the output fails only when that statistic of |c - r| is over atol "
-                 "and the one of |c - r|/|r| is over rtol (the profile's cosine then applies "
-                 "only when --min-cos is given); NaN or Inf in the candidate fails it all the "
-                 "same; NAME:STAT for one output; repeatable"),
-        arg("--error-quantile", type=parse_output_fraction, action="append",
-            metavar="[NAME:]Q",
-            help="the quantile --check-error-stat quantile takes (default 0.99); NAME:Q for one "
-                 "output; repeatable"),
-        arg("--top-k", type=parse_top_k, metavar="K",
-            help="add each output's top_k_agreement: the fraction of rows (every position but "
-                 "the --top-k-axis) whose K largest values sit at the same indices, as a set"),
-        arg("--top-k-axis", type=parse_axis, default=-1, metavar="AXIS",
-            help="the axis --top-k ranks along (default -1, the last)"),
-        arg("--min-top-k-agreement", type=parse_fraction, metavar="F",
-            help="fail an output whose top_k_agreement is below F (--top-k 1 unless given)"),
-        arg("--min-provider-share", type=parse_provider_share, action="append",
-            metavar="EP:FRACTION",
-            help="fail when the provider EP took fewer than FRACTION of the candidate's nodes "
-                 "(onnxruntime's node assignment, 1.24+; before it, the gate fails rather than "
-                 "guesses); the answer adds \"provider_share\" with the op types that went "
-                 "elsewhere; repeatable"),
-        SWAPPED_OK_ARG, FORMAT_ARG, *PLOT_ARGS),
-    fields=("reference", "candidate", "seed", "rows", "profile", "tolerance", "providers",
-            "warmup", "retries_used", "outputs", "failures", "passed"),
-    detail='providers: {"requested", "actual", "fell_back", "reference"}; outputs: '
-           '[{"reference", "candidate", "shape", "max_abs_diff", "mean_abs_diff", '
-           '"median_abs_diff", "p99_abs_diff", "max_rel_diff", "cosine", "elements", '
-           '"violations", "worst"}] ("nonfinite" when NaN/Inf; "error_stat" with '
-           '--check-error-stat, "top_k_agreement" with --top-k, "iterations" and '
-           '"worst_iteration" over several iterations); "inputs" as in layers; '
-           '"iterations" where a Polygraphy inputs file held several; --save-outputs and '
-           '--load-outputs add "golden", --min-provider-share "provider_share", --save-plots '
-           '"plots"',
-    example="eprun.py check fp32.onnx int8.onnx --profile int8 "
-            "--providers CUDAExecutionProvider,CPUExecutionProvider",
-    verdict=check_verdict))
-
-
-# -- reduce ----------------------------------------------------------------------------------------
+# == 8. Reduction ==================================================================================
 
 # Bytes of reference values fetched per run of the exposed model (``ReferenceValues``).
 REDUCE_BATCH_BYTES = 256 << 20
@@ -12729,20 +10958,6 @@ class ReferenceValues:
         import numpy as np
 
         return self.feed[name] if name in self.feed else np.load(self.files[name])
-
-
-def _storable(value):
-    """``value`` as an array ``numpy.save`` writes without pickling (strings as unicode),
-    or None for what is no such array (a sequence, a map, objects that are not strings)."""
-    import numpy as np
-
-    if not isinstance(value, np.ndarray):
-        return None
-    if value.dtype == object:
-        if not all(isinstance(item, str) for item in value.flat):
-            return None
-        return value.astype(str)
-    return value
 
 
 class ReduceGraph:
@@ -13167,81 +11382,6 @@ def reduce_nodes(reduction: Reduction, mode: str) -> tuple[tuple[int, ...], bool
     return kept, all(reduction.passed(tuple(i for i in kept if i != node)) for node in ends)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReduceOptions(ReferenceProviderFlags, ToleranceFlags):
-    """``reduce``'s options, but ``--output``; each field is the flag of its name (``check``:
-    the ``--check`` command line, ``{model}`` and ``{inputs}`` in it)."""
-
-    check: str | None = None
-    check_timeout: float | None = None
-    timeout_fails: bool = False
-    inputs: InputOptions | None = None
-    seed: int = 0
-    mode: str = "bisect"
-    force: bool = False
-
-
-def reduce(model: str, output: str, options: ReduceOptions | None = None) -> dict:
-    """The smallest set of ``model``'s nodes that still fails, written as ``output`` with its
-    inputs beside it (``<output stem>.inputs.npz``). Fails: the ``check`` command exits
-    non-zero (or dies by a signal) on the candidate, or, without ``check``, the candidate's
-    outputs on ``providers`` differ from the reference's beyond the tolerance."""
-    options = options or ReduceOptions()
-    check, inputs = options.check, options.inputs
-    require_file(model)
-    bounds = (options.profile, options.rtol, options.atol, options.min_cos)
-    argv = _check_words(check, options.providers, options.check_timeout,
-                        options.timeout_fails, bounds)
-    tolerance = _one_tolerance(*bounds)
-    paths = ReducedPaths.of(output)
-    graph_model = load_model(model, text_names=True)
-    sources = (model, *external_data_files(graph_model, model),
-               *([inputs.file] if inputs is not None and inputs.file else []))
-    for path in paths:
-        require_output_path(path, list(sources))
-    replacing = _replaceable(paths, options.force)  # an earlier reduce's files
-    targets = targets_from(options, options.reference_providers or [CPU_EP])
-    graph = ReduceGraph(graph_model, model)
-    if not graph.nodes:
-        raise EprunError(f"{model!r} has no node to reduce")
-    feed = make_feeds(specs_from_model(graph_model), options.seed or 0, inputs, model)
-    inferred = inferred_graph(graph_model)
-    types = {**_value_types(inferred), **tensor_types(graph_model, inferred)}
-    with scratch_folder("eprun-reduce-") as folder:
-        values = ReferenceValues(folder, feed.arrays)
-        exposed = type(graph_model)()  # a copy to expose (the weights stay in their files)
-        exposed.CopyFrom(graph_model)
-        reference_got = values.compute(exposed, model, graph.computed(), targets.reference,
-                                       types)
-        reduction = Reduction(model, graph, values, types, folder, FailureTest(
-            check=argv, timeout=options.check_timeout, timeout_fails=options.timeout_fails,
-            on=targets.candidate, reference_on=targets.reference, tolerance=tolerance))
-        everything = tuple(range(len(graph.nodes)))
-        if not reduction.fails(everything, show=False):
-            raise EprunError(f"{model!r} does not fail ({_why_it_passes(reduction, check)})"
-                             ": there is nothing to reduce; nothing written", 1)
-        reduction.strict = False
-        kept, minimal = reduce_nodes(reduction, options.mode)
-        external = _write_reduced(reduction, kept, paths, sources, replacing)
-    reduction.say_what_passed(options.providers)
-    _note_invalid(output)
-    nodes = graph.nodes
-    model_inputs, model_outputs = graph.interface(kept)
-    answer = {"model": model, "output": output, "inputs_file": paths.inputs,
-              "original_nodes": len(nodes), "nodes": len(kept),
-              "kept": [{"name": nodes[i].name, "op_type": nodes[i].op_type,
-                        "outputs": list(nodes[i].output)} for i in kept],
-              "inputs": model_inputs, "outputs": model_outputs, "tries": reduction.tries,
-              "minimal": minimal, "failure": reduction.failure(kept)}
-    if external:
-        answer["external_data"] = paths.data
-    if argv is None:
-        answer["tolerance"] = tolerance
-        answer["providers"] = {"requested": targets.candidate.requested,
-                               "reference": reference_got.actual}
-    return answer
-
-
 def _value_types(inferred) -> dict:
     """Name -> type of every value of an ``inferred_graph``, sequences and maps too
     (``tensor_types`` keeps tensors only)."""
@@ -13368,10 +11508,6 @@ def _write_reduced(reduction: Reduction, kept: tuple, paths: ReducedPaths, sourc
     return write_data is not None
 
 
-# The mark of a model ``reduce`` wrote (see ``EPRUN_MARK``).
-EPRUN_REDUCED = "reduced: the smallest part of a model that still fails"
-
-
 def _replaceable(paths: ReducedPaths, force: bool) -> set[str]:
     """The paths ``reduce`` writes that hold what an earlier ``reduce`` wrote there (a model
     with eprun's mark, the inputs file whose arrays are that model's inputs, the data file it
@@ -13423,20 +11559,1914 @@ def _note_invalid(path: str) -> None:
         note(f"onnx.checker (full_check) refuses {path!r}: {one_line(exc)}")
 
 
-def write_npz(stream, arrays: dict) -> None:
-    """``arrays`` as an uncompressed ``.npz`` whose members are named exactly by their keys
-    (``numpy.savez`` takes names as keywords: an input called ``file`` would be refused)."""
-    import zipfile
+# == 9. Optimizer explanation ======================================================================
 
+# onnxruntime's graph transformers and rewrite rules, by the name ``disabled_optimizers``
+# matches: (name, level, first release, last release or None for "still there"). The level is
+# the lowest at which the name runs (1 BASIC, 2 EXTENDED, 3 LAYOUT, 4 ALL only). Where the
+# names are defined: onnxruntime/core/optimizer/graph_transformer_utils.cc (GenerateTransformers
+# and GenerateRewriteRules) of each release; each name is the string its class passes to
+# GraphTransformer(...) or RewriteRule(...). The README says how this list is kept up to date.
+TRANSFORMERS = (
+    ("Level1_RuleBasedTransformer", 1, (1, 16), None),
+    ("DoubleQDQPairsRemover", 1, (1, 16), None),
+    ("ConstantSharing", 1, (1, 16), None),
+    ("ShapeInputMerge", 1, (1, 18), (1, 18)),
+    ("CommonSubexpressionElimination", 1, (1, 16), None),
+    ("ConstantFolding", 1, (1, 16), None),
+    ("MatMulAddFusion", 1, (1, 16), None),
+    ("ReshapeFusion", 1, (1, 16), None),
+    ("FreeDimensionOverrideTransformer", 1, (1, 16), None),
+    ("SliceConcatToSpaceToDepthFusion", 1, (1, 25), None),
+    ("GeluFusionL1", 1, (1, 20), None),
+    ("LayerNormFusionL1", 1, (1, 20), None),
+    ("QDQPropagationTransformer", 1, (1, 16), None),
+    ("WeightBiasQuantization", 1, (1, 21), None),
+    ("EnsureUniqueDQForNodeUnit", 1, (1, 16), None),
+    ("WhereDummyDq", 1, (1, 24), None),
+    ("TransposeOptimizer", 1, (1, 16), None),
+    ("DQMatMulNBitsFusion", 1, (1, 24), None),
+    ("Level2_RuleBasedTransformer", 2, (1, 19), None),
+    ("TransposeOptimizer_CPUExecutionProvider", 2, (1, 17), None),
+    ("QDQS8ToU8Transformer", 2, (1, 16), None),
+    ("QDQSelectorActionTransformer", 2, (1, 16), None),
+    ("GemmActivationFusion", 2, (1, 16), None),
+    ("MatMulIntegerToFloatFusion", 2, (1, 16), None),
+    ("DynamicQuantizeMatMulFusion", 2, (1, 16), None),
+    ("ConvActivationFusion", 2, (1, 16), None),
+    ("GeluFusion", 2, (1, 16), (1, 19)),
+    ("LayerNormFusion", 2, (1, 16), (1, 19)),
+    ("GeluFusionL2", 2, (1, 20), None),
+    ("LayerNormFusionL2", 2, (1, 20), None),
+    ("SimplifiedLayerNormFusion", 2, (1, 16), None),
+    ("AttentionFusion", 2, (1, 16), None),
+    ("EmbedLayerNormFusion", 2, (1, 16), None),
+    ("GatherToSplitFusion", 2, (1, 16), (1, 17)),
+    ("GatherSliceToSplitFusion", 2, (1, 18), None),
+    ("GatherToSliceFusion", 2, (1, 16), None),
+    ("MatmulTransposeFusion", 2, (1, 16), None),
+    ("BiasGeluFusion", 2, (1, 16), None),
+    ("GroupQueryAttentionFusion", 2, (1, 22), None),
+    ("SkipLayerNormFusion", 2, (1, 16), None),
+    ("BiasSkipLayerNormFusion", 2, (1, 25), None),
+    ("FastGeluFusion", 2, (1, 16), None),
+    ("QuickGeluFusion", 2, (1, 16), None),
+    ("SwiGluFusion", 2, (1, 32), None),
+    ("BiasSoftmaxFusion", 2, (1, 16), None),
+    ("BiasDropoutFusion", 2, (1, 16), None),
+    ("MatMulScaleFusion", 2, (1, 16), None),
+    ("MatMulActivationFusion", 2, (1, 16), None),
+    ("MatMulNBitsFusion", 2, (1, 19), None),
+    ("GroupQueryAttentionPreNormFusion", 2, (1, 28), None),
+    ("QDQFinalCleanupTransformer", 2, (1, 16), None),
+    ("GeluApproximation", 2, (1, 16), None),
+    ("Avx2WeightS8ToU8Transformer", 2, (1, 16), None),
+    ("NchwcTransformer", 3, (1, 16), None),
+    ("NhwcTransformer", 3, (1, 16), None),
+    ("ConvAddActivationFusion", 3, (1, 16), None),
+    ("FuseFp16InitializerToFp32NodeTransformer", 4, (1, 23), None),
+)
+
+
+# The rewrite rules inside Level1_RuleBasedTransformer and Level2_RuleBasedTransformer.
+REWRITE_RULES = (
+    ("EliminateIdentity", 1, (1, 16), None), ("EliminateSlice", 1, (1, 16), None),
+    ("UnsqueezeElimination", 1, (1, 16), None), ("EliminateDropout", 1, (1, 16), None),
+    ("ExpandElimination", 1, (1, 16), None), ("CastElimination", 1, (1, 16), None),
+    ("CastChainElimination", 1, (1, 23), None), ("PreShapeNodeElimination", 1, (1, 16), None),
+    ("NoopElimination", 1, (1, 16), None), ("DivMulFusion", 1, (1, 16), None),
+    ("FuseReluClip", 1, (1, 16), None), ("GemmSumFusion", 1, (1, 16), None),
+    ("GemmTransposeFusion", 1, (1, 16), None), ("NotWhereFusion", 1, (1, 16), None),
+    ("ConvAddFusion", 1, (1, 16), None), ("ConvMulFusion", 1, (1, 16), None),
+    ("ConvBNFusion", 1, (1, 16), None), ("Pad_Fusion", 1, (1, 17), None),
+    ("MatMul_BatchNormalization_Fusion", 1, (1, 17), None),
+    ("LabelEncoderFusion", 1, (1, 18), None), ("ClipQuantRewrite", 1, (1, 16), None),
+    ("ReluQuantRewrite", 1, (1, 16), None),
+)
+
+
+# The levels a case is bisected over, in order, with the transformer level each one adds.
+OPTIMIZATION_LEVELS = (("ORT_ENABLE_BASIC", 1), ("ORT_ENABLE_EXTENDED", 2),
+                       ("ORT_ENABLE_LAYOUT", 3), ("ORT_ENABLE_ALL", 4))
+
+
+def known_names(table: tuple, up_to_level: int) -> list[str]:
+    """The names of ``table`` this onnxruntime release has, at or below ``up_to_level``."""
+    release = ort_release()
+    return [name for name, level, first, last in table
+            if level <= up_to_level and first <= release and (last is None or release <= last)]
+
+
+def ddmin(items: list[str], passes: Callable[[list[str]], bool]) -> list[str]:
+    """Zeller's delta debugging: a minimal subset of ``items`` for which ``passes`` holds,
+    given that it holds for all of them (minimal: dropping any one item makes it fail)."""
+    parts = 2
+    while len(items) >= 2:
+        size = math.ceil(len(items) / parts)
+        chunks = [items[k:k + size] for k in range(0, len(items), size)]
+        for chunk in chunks:
+            if passes(chunk):
+                items, parts = chunk, 2
+                break
+        else:
+            for chunk in chunks:
+                rest = [item for item in items if item not in chunk]
+                if len(chunks) > 2 and passes(rest):
+                    items, parts = rest, max(parts - 1, 2)
+                    break
+            else:
+                if parts >= len(items):
+                    break
+                parts = min(len(items), parts * 2)
+    return items
+
+
+# One piece: one search in two stages (at the level that introduces the difference, then at
+# the case's own), sharing one progress line and one count of tries; the complexity is the
+# explanation's outcomes, each of which returns the record it says.
+def explain_case(runner: SettingsRunner, base, case: dict) -> dict:
+    """Why one settings case differs from the baseline, and what undoes it.
+
+    A case at ORT_DISABLE_ALL, or one whose single-threaded twin equals the baseline, differs
+    by its thread count: onnxruntime splits the work and sums in another order, no optimizer
+    involved. Otherwise the levels are bisected (BASIC, EXTENDED, LAYOUT, ALL, one thread) to
+    the one that introduces the difference; a delta-debugging search over this release's
+    transformer names at that level finds a minimal set whose disabling restores the baseline
+    bit for bit (rule containers are refined to their rules); each name is checked to change
+    the optimized graph, since onnxruntime ignores names it does not know; and the first
+    boundary that differs, with the optimized nodes that compute it, says where it starts.
+    """
+    level, intra_op = case["level"], case["intra_op"]
+    explanation = {"level": level, "intra_op": intra_op}
+    threads_reason = (f"no graph optimizer: with {intra_op} intra-op threads onnxruntime splits "
+                      "the work of a kernel (a reduction, a matrix product) and sums the parts "
+                      "in another order")
+    if level == SETTINGS_BASELINE[0] or (
+            intra_op > 1 and bitwise_equal(base, runner.output(level, 1))):
+        return {**explanation, "cause": "threads", "why": threads_reason}
+    levels = [(name, rank) for name, rank in OPTIMIZATION_LEVELS
+              if hasattr(import_ort().GraphOptimizationLevel, name)]
+    introducing, rank = next(((name, rank) for name, rank in levels
+                              if not bitwise_equal(base, runner.output(name, 1))), levels[-1])
+    explanation["introduced_by"] = introducing
+
+    progress = Progress(f"searching the transformers behind {level} x{intra_op}")
+    tries = [0]
+
+    def restores(names: list[str]) -> bool:
+        """Does disabling ``names`` at the level that introduces the difference restore the
+        baseline?"""
+        tries[0] += 1
+        progress.step(tries[0])
+        return bitwise_equal(base, runner.output(introducing, 1, names))
+
+    candidates = known_names(TRANSFORMERS, rank)
+    if not restores(candidates):
+        progress.close()
+        return {**explanation, "cause": "not an optimizer",
+                "why": "disabling every graph transformer this onnxruntime release has up to "
+                       f"{introducing} does not restore the baseline: the difference comes "
+                       "from a transformer that cannot be disabled or from kernel choice"}
+    found = _refined(ddmin(candidates, restores), restores)
+    joined_at: dict[str, str] = {}  # a name found at the case's level, not at introducing
+    # the set is the answer only if disabling it restores the baseline at the case's own
+    # level (rerun here); only then can what is left at more threads be the threads' doing
+    restored = level == introducing or bitwise_equal(base, runner.output(level, 1, found))
+    if not restored:
+        # more transformers change the numbers at the case's own level: find those too
+        case_rank = dict(levels).get(level, rank)
+
+        def restores_here(names: list[str]) -> bool:
+            """Does disabling ``names`` (with those found) at the case's own level restore the
+            baseline?"""
+            tries[0] += 1
+            progress.step(tries[0])
+            return bitwise_equal(base, runner.output(level, 1, found + names))
+
+        more = [name for name in known_names(TRANSFORMERS, case_rank) if name not in found]
+        if restores_here(more):
+            joined = _refined(ddmin(more, restores_here), restores_here)
+            found, joined_at = found + joined, dict.fromkeys(joined, level)
+            restored = bitwise_equal(base, runner.output(level, 1, found))
+    progress.close()
+    changed = {name: _changes_the_graph(runner, joined_at.get(name, introducing), name)
+               for name in found}
+    explanation.update(cause="optimizer", transformers=found,
+                       verified=[name for name in found if changed[name]],
+                       restores_baseline=restored)
+    if not restored:
+        explanation["why"] = (f"disabling these restores the baseline at {introducing} but "
+                              f"not at {level}: the rest of the difference comes from a "
+                              "transformer that cannot be disabled or from kernel choice")
+    elif intra_op > 1 and not bitwise_equal(base, runner.output(level, intra_op, found)):
+        explanation["threads_too"] = threads_reason
+    explanation["first_difference"] = _first_difference(runner, base, level, intra_op)
+    explanation["workaround"] = {
+        "disabled_optimizers": found,
+        "session_config": {"optimization.disable_specified_optimizers": ";".join(found)}
+        if ort_release() >= (1, 18) else None,
+        "graph_optimization_level": next(
+            (name for name, _ in reversed(levels[:levels.index((introducing, rank))])),
+            SETTINGS_BASELINE[0])}
+    return explanation
+
+
+def _refined(found: list[str], restores: Callable[[list[str]], bool]) -> list[str]:
+    """``found`` with each rule container in it (Level1/Level2_RuleBasedTransformer) replaced
+    by the rules inside it that make the difference, where those alone do."""
+    for container, rule_level in (("Level1_RuleBasedTransformer", 1),
+                                  ("Level2_RuleBasedTransformer", 2)):
+        if container in found:  # which rules inside it
+            others = [name for name in found if name != container]
+            rules = known_names(REWRITE_RULES, rule_level)
+            if restores(others + rules):
+                found = others + ddmin(rules, lambda subset, o=others: restores(o + subset))
+    return found
+
+
+def _optimized_nodes(runner: SettingsRunner, level: str, disabled: list[str] = ()) -> list:
+    """The nodes of the graph onnxruntime optimized at ``level`` (one thread)."""
+    with scratch_folder("eprun-optimized-") as scratch:
+        path = os.path.join(scratch, "optimized.onnx")
+        runner.session(level, 1, disabled, optimized_path=path)
+        return list(load_model(path).graph.node)
+
+
+def _changes_the_graph(runner: SettingsRunner, level: str, name: str) -> bool:
+    """Does disabling ``name`` change the optimized graph (is it a name onnxruntime uses)?"""
+    def shape(nodes: list) -> list:
+        """The nodes as op types, inputs and outputs, to compare two graphs by."""
+        return [(node.op_type, list(node.input), list(node.output)) for node in nodes]
+
+    return shape(_optimized_nodes(runner, level)) != shape(
+        _optimized_nodes(runner, level, [name]))
+
+
+def _first_difference(runner: SettingsRunner, base, level: str, intra_op: int) -> dict:
+    """The first boundary (as in ``layers``) whose value differs between the baseline and the
+    case, both exposed, and the optimized nodes that compute it that the file does not have."""
+    def boundary_values(at_level: str, threads: int) -> tuple[list[str], list]:
+        """The boundaries and their values with the model exposed, at ``at_level`` and
+        ``threads``."""
+        model = load_model(runner.model)
+        boundaries = expose_in_place(model, BOUNDARY_OPS, unknown_as_float=False)
+
+        session = open_exposed(model, runner.model, {"level": at_level, "threads": threads},
+                               on=runner.on)
+        fetched = fetch(session, boundaries, runner.feed.arrays, what=repr(runner.model))
+        return boundaries, [fetched[name] for name in boundaries]
+
+    boundaries, reference = boundary_values(*SETTINGS_BASELINE)
+    _, candidate = boundary_values(level, intra_op)
+    index = next((k for k, (a, b) in enumerate(zip(reference, candidate))
+                  if not bitwise_equal(a, b)), None)
+    if index is None:
+        return {"index": None, "why": "with every boundary exposed as an output the two "
+                "settings agree: exposing them stops the fusion that makes the difference"}
+    original = {(node.name, node.op_type) for node in
+                load_model(runner.model).graph.node}
+    optimized = _optimized_nodes(runner, level)
+    optimized_index = GraphIndex(optimized)
+    stop = set(boundaries[:index]) | set(runner.feed.arrays)
+    fused, pending, seen = [], [boundaries[index]], set()
+    while pending:
+        node = optimized_index.producer(pending.pop())
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if (node.name, node.op_type) not in original:
+            fused.append({"name": node.name, "op_type": node.op_type})
+        pending += [name for name in node.input if name and name not in stop]
+    return {"index": index, "tensor": boundaries[index],
+            "max_abs_diff": largest_of(differences(reference[index], candidate[index])[2]),
+            "optimized_nodes": fused}
+
+
+# == 10. Commands ==================================================================================
+
+
+# -- providers -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ProvidersOptions(EpFlags):
+    """``providers``' options; each field is the flag of its name."""
+
+    nodes: bool = False
+    fail_on_fallback: bool = False
+
+
+def providers(model: str, lists: list[list[str]],
+              options: ProvidersOptions | None = None) -> dict:
+    """One session per requested list; what it actually holds, what was missing, and whether
+    it fell back. A model onnxruntime cannot open is reported per case, not as a failure.
+
+    Installed plugin EP packages and ``ep_library`` files are registered first, so
+    ``available`` lists the plugin EPs that offer a device here, and a plugin EP is asked for
+    through its devices (``ProviderRequest``). A provider that rejects its ``ep_options`` is
+    the case's ``error``, with its own words on stderr. Each case also says how many nodes
+    each provider took (``nodes_per_provider``: a listed EP may have taken none), except in
+    the contract's own call (a contract-shaped model, no option), whose answer stays exactly
+    the contract's; ``nodes`` asks for them there too."""
+    options = options or ProvidersOptions()
+    ep_library, ep_options = options.ep_library, options.ep_options
+    nodes, fail_on_fallback = options.nodes, options.fail_on_fallback
+    require_file(model)
+    ort = import_ort()
+    ep_options = ep_options or {}
+    prepare_providers(lists, ep_library, ep_options, discover=True)
+    available = list(ort.get_available_providers())
+    cases, counts, shaped = [], [], True
+    for message in dict.fromkeys(m for requested in lists
+                                 for m in provider_warnings(requested)):
+        note(message)
+    for message in plugin_notes(lists):
+        note(message)
+    for name in _missing_built_ins(lists, available):
+        note(why_missing(name, ProviderRequest([name])))
+    for requested in lists:
+        case, got, case_shaped = _provider_case(model, requested, available, ep_options)
+        shaped = shaped and case_shaped
+        cases.append(case)
+        counts.append(got.nodes)
+    if nodes or fail_on_fallback or ep_options or ep_library or not shaped:
+        for case, counted in zip(cases, counts):
+            case.update(nodes_record(counted))
+    return {"model": model, "available": available, "cases": cases}
+
+
+def _missing_built_ins(lists: list[list[str]], available: list[str]) -> list[str]:
+    """The providers asked for that onnxruntime knows but this build lacks, once each in the
+    order asked: each gets a note of the package that has it (an unknown name has its own
+    warning, a plugin EP its own note)."""
+    known = set(import_ort().get_all_providers())
+    return [name for name in dict.fromkeys(name for requested in lists for name in requested)
+            if name in known and name not in available and not plugin_notes([[name]])]
+
+
+def _provider_case(model: str, requested: list[str], available: list[str],
+                   ep_options: dict) -> tuple[dict, Got, bool]:
+    """``(case, what its session got, whether the session takes the contract's input)``: one
+    requested list opened on ``model``; a session that does not open is the case's
+    ``error`` (onnxruntime's exception class), and so is a provider onnxruntime dropped over
+    its options (asked why, on stderr)."""
+    on = ProviderRequest(requested, options=ep_options)
+    got, error, shaped = Got([], {}), None, True
+    try:
+        session = open_session(model, on=on)
+        got = Got.of(session)
+        shaped = _contract_shaped(session)
+        del session
+    except ModelChanged:
+        raise
+    except EprunError as exc:  # the contract's error: onnxruntime's exception class
+        error = type(exc.__cause__).__name__
+        if any(name in ep_options for name in requested):  # its words on what it refused
+            note(f"case {','.join(requested)}: {native_message(exc.__cause__ or exc)}")
+    case = {
+        "requested": requested,
+        "actual": got.actual,
+        "missing": [name for name in requested
+                    if name not in available and not name.startswith(POLICY_PREFIX)],
+        "fell_back": differs_from_request(requested, got.actual),
+        "error": error,
+    }
+    rejected = [name for name in fallback_of(requested, got.actual)
+                if name in ep_options and name in available]
+    if rejected and not error:  # onnxruntime dropped it and went on: ask it why
+        case["error"] = "RuntimeError"  # what a provider that will not start raises
+        for name in rejected:
+            note(f"case {','.join(requested)}: {why_missing(name, on, model)}")
+    return case, got, shaped
+
+
+def _contract_shaped(session) -> bool:
+    """Does the session take the contract's one float32 ``[batch, F]`` input? (Its metadata
+    says: a model with integer inputs is not, and needs no graph read to say so.)"""
+    inputs = session.get_inputs()
+    return (len(inputs) == 1 and inputs[0].type == "tensor(float)"
+            and is_contract_input(session_specs(session, "")))
+
+
+def providers_verdict(args: argparse.Namespace, answer: dict) -> str | None:
+    """``--fail-on-fallback``: which cases did not get a provider they asked for."""
+    fell = [(index, case) for index, case in enumerate(answer["cases"])
+            if fallback_of(case["requested"], case["actual"], case.get("nodes_per_provider"))]
+    if not args.fail_on_fallback or not fell:
+        return None
+    def got(case: dict) -> str:
+        """What a fallen-back case got instead, in words: the providers that took no node, or the
+        list."""
+        nodes = case.get("nodes_per_provider") or {}
+        idle = [name for name in fallback_of(case["requested"], case["actual"], nodes or None)
+                if name in case["actual"]]
+        return (f"{', '.join(idle)} took 0 of {sum(nodes.values())} nodes" if idle else
+                f"got {','.join(case['actual']) or 'no session'}")
+
+    return "fallback: " + "; ".join(
+        f"case {index} asked for {','.join(case['requested'])} and {got(case)}"
+        for index, case in fell)
+
+
+declare(Command(
+    name="providers",
+    summary="requested vs. actual execution providers, one session per list",
+    function=providers,
+    options=ProvidersOptions,
+    positionals=("model", "lists"),
+    arguments=(MODEL,
+               arg("lists", nargs="+", type=parse_list, metavar="list",
+                   help="comma-joined provider names, e.g. "
+                        "CUDAExecutionProvider,CPUExecutionProvider, or one device policy "
+                        f"policy:NAME ({', '.join(DEVICE_POLICIES)}; onnxruntime 1.22+)"),
+               *EP_ARGS,
+               arg("--fail-on-fallback", action="store_true",
+                   help="exit 1 (after printing the answer) when a case did not get a provider "
+                        "it asked for, or the provider took no node (onnxruntime adding the "
+                        "CPU provider is not a fallback)"),
+               arg("--nodes", action="store_true",
+                   help="say how many nodes each provider took in every case, also where the "
+                        "answer would otherwise be exactly the contract's (a contract-shaped "
+                        "model and no option)"),
+               FORMAT_ARG),
+    fields=("model", "available", "cases"),
+    detail='cases: [{"requested", "actual", "missing", "fell_back", "error"}]; each case adds '
+           '"nodes_per_provider" (null and "nodes_unknown" before onnxruntime 1.24) unless the '
+           'call is the contract\'s own (a contract-shaped model, no option; --nodes adds it)',
+    example="eprun.py providers model.onnx CUDAExecutionProvider,CPUExecutionProvider "
+            "CPUExecutionProvider",
+    verdict=providers_verdict))
+
+
+# -- partition -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionOptions:
+    """``partition``'s options; each field is the flag of its name (``mode``: ``--rule``)."""
+
+    mode: str = "file"
+    node_data: str | None = None
+
+
+def partition(model: str, supported: list[str], options: PartitionOptions | None = None, *,
+              parsed=None) -> dict:
+    """Which pieces an EP supporting only ``supported`` would get; needs only onnx.
+
+    ``file`` (the contract): runs of consecutive nodes in file order. ``ort``: the groups
+    onnxruntime's own partitioner forms, with the unsupported nodes between them merged; as
+    onnxruntime partitions each If/Loop/Scan body on its own (a group never crosses into a
+    subgraph), each body is partitioned alone, listed under ``subgraphs`` and added into
+    ``totals``. ``parsed`` is the already parsed graph of ``model``, when the caller has it.
+    """
+    options = options or PartitionOptions()
+    mode, node_data = options.mode, options.node_data
+    require_views(node_data, None)
+    if parsed is None:
+        parsed = load_model(model, graph_only=True)
+    _check_op_list(parsed, supported, model, mode)
+    answer = {"model": model, "supported": supported,
+              **_partition_graph(parsed.graph, supported, mode)}
+    if mode == "ort":
+        subgraphs = _partition_subgraphs(parsed.graph, supported)
+        if subgraphs:
+            answer["subgraphs"] = subgraphs
+            answer["totals"] = _partition_totals(answer)
+    if node_data:  # each node of the main graph its owner and the partition's index
+        writer = NodeDataWriter(node_data, {"model": model})
+        writer.add("model", parsed.graph, "partition", {
+            ("node", index): f"{'EP' if owner == 'ep' else 'CPU'} {number}"
+            for number, (owner, members) in enumerate(
+                _partition_members(parsed.graph.node, supported, mode))
+            for index in members})
+        answer.update(writer.write())
+    return answer
+
+
+def _check_op_list(parsed, supported: list[str], model: str, mode: str) -> None:
+    """A note when no listed op type occurs in the graphs ``mode`` partitions (the main one,
+    and with ``ort`` every If/Loop/Scan body too; op types are case-sensitive), with the near
+    misses and the op types there."""
+    import difflib
+
+    nodes = _nodes_everywhere(parsed.graph) if mode == "ort" else parsed.graph.node
+    present = list(dict.fromkeys(node.op_type for node in nodes))
+    if not supported or set(supported) & set(present):
+        return
+    lower = {op.lower(): op for op in present}
+    near = [lower.get(op.lower()) or next(iter(difflib.get_close_matches(op, present, 1, 0.7)),
+                                          None) for op in supported]
+    misses = [f"{op} -> {guess}" for op, guess in zip(supported, near) if guess]
+    note(f"no op type in {','.join(supported)!r} occurs in {model!r} (op types are "
+         f"case-sensitive){'; did you mean ' + ', '.join(misses) + '?' if misses else ''} Its "
+         f"op types: {', '.join(present) or 'none'}")
+
+
+def _partition_members(nodes, supported: list[str], mode: str) -> list[tuple[str, list]]:
+    """``(owner, node positions)`` of each partition, in the answer's order."""
+    nodes = list(nodes)
+    if mode == "ort":
+        units = ort_partition_units(nodes, supported)
+    else:
+        supported_set = set(supported)
+        units = [("ep" if node.op_type in supported_set else "cpu", [index])
+                 for index, node in enumerate(nodes)]
+    # Runs of units with one owner form one partition. onnxruntime's groups are never
+    # adjacent (a new wave starts with the unsupported nodes the last group held back), so
+    # in ort mode only unsupported nodes merge.
+    return [(owner, [index for _, members in group for index in members])
+            for owner, group in itertools.groupby(units, key=lambda unit: unit[0])]
+
+
+def _partition_graph(graph, supported: list[str], mode: str) -> dict:
+    """One graph's split (``_partition_members``): its node count, the nodes the EP claims, the
+    partitions and the hand-offs between them."""
+    nodes = list(graph.node)
+    merged = _partition_members(nodes, supported, mode)
+    partitions = [{"owner": owner, "nodes": [nodes[i].op_type for i in members],
+                   "size": len(members)} for owner, members in merged]
+    return {
+        "nodes": len(nodes),
+        "claimed": sum(part["size"] for part in partitions if part["owner"] == "ep"),
+        "partition_count": len(partitions),
+        "handoffs": max(len(partitions) - 1, 0),
+        "partitions": partitions,
+    }
+
+
+def _nodes_everywhere(graph) -> Iterator:
+    """The graph's nodes, then those of every If branch and Loop/Scan body, depth first."""
+    for node in graph.node:
+        yield node
+    for node in graph.node:
+        for attribute in node.attribute:
+            for body in ([attribute.g] if attribute.HasField("g") else []) + \
+                    list(attribute.graphs):
+                yield from _nodes_everywhere(body)
+
+
+def _partition_subgraphs(graph, supported: list[str]) -> list[dict]:
+    """Each graph attribute of each node (If branches, Loop and Scan bodies), depth first."""
+    found = []
+    for index, node in enumerate(graph.node):
+        for attribute in node.attribute:
+            bodies = ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
+            for body in bodies:
+                entry = {"node": node.name or f"{node.op_type}_{index}", "op_type": node.op_type,
+                         "attribute": attribute.name, **_partition_graph(body, supported, "ort")}
+                inner = _partition_subgraphs(body, supported)
+                if inner:
+                    entry["subgraphs"] = inner
+                found.append(entry)
+    return found
+
+
+def _partition_totals(answer: dict) -> dict:
+    """Nodes, claimed nodes and EP partitions summed over the graph and every subgraph (the
+    counts onnxruntime's own usability checker reports)."""
+    levels, pending = [], [answer]
+    while pending:
+        level = pending.pop()
+        levels.append(level)
+        pending.extend(level.get("subgraphs", ()))
+    return {"graphs": len(levels),
+            "nodes": sum(level["nodes"] for level in levels),
+            "claimed": sum(level["claimed"] for level in levels),
+            "ep_partitions": sum(1 for level in levels for part in level["partitions"]
+                                 if part["owner"] == "ep")}
+
+
+declare(Command(
+    name="partition",
+    summary="file-order simulation of the partitions an EP supporting only the listed ops "
+            "would form (no session)",
+    function=partition,
+    options=PartitionOptions,
+    positionals=("model", "supported"),
+    onnxruntime=False,
+    arguments=(MODEL,
+               arg("supported", type=parse_list, help="comma-joined op types, e.g. MatMul,Add"),
+               arg("--rule", dest="mode", choices=("file", "ort"), default="file",
+                   help="file: runs of consecutive nodes in file order (the lab's rule, "
+                        "default); ort: the groups onnxruntime's partitioner forms "
+                        "(topological, branches merge, each If/Loop/Scan body on its own)"),
+               hidden_alias("--mode", "mode", choices=("file", "ort")),
+               FORMAT_ARG, NODE_DATA_ARG),
+    fields=("model", "supported", "nodes", "claimed", "partition_count", "handoffs",
+            "partitions"),
+    detail='partitions: [{"owner", "nodes", "size"}]; --rule ort adds "subgraphs" and '
+           '"totals" when the model has If/Loop/Scan bodies',
+    example="eprun.py partition model.onnx MatMul,Add,Relu --rule ort"))
+
+
+# -- expose ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ExposeOptions:
+    """``expose``'s options; each field is the flag of its name."""
+
+    boundary_ops: tuple[str, ...] = BOUNDARY_OPS
+    force: bool = False
+
+
+def expose(model: str, out: str, options: ExposeOptions | None = None) -> dict:
+    """Save a copy of the model whose outputs include every boundary; the input is untouched.
+    An existing file at ``out`` that eprun did not write is replaced only with ``force``."""
+    options = options or ExposeOptions()
+    answer, staged = prepare_expose(model, out, options.boundary_ops, force=options.force,
+                                    say_absent=True)
+    commit(staged)
+    return answer
+
+
+def prepare_expose(model_path: str, out_path: str, boundary_ops: tuple[str, ...] = BOUNDARY_OPS,
+                   *, force: bool = False, checked: bool = False, folder: int | None = None,
+                   say_absent: bool = False) -> tuple[dict, list[Staged]]:
+    """Everything ``expose`` writes, checked and staged but not yet visible: the answer and
+    the staged files (see ``commit``). A model keeping its weights in other files gets
+    ``"external_data"`` in the answer: how the copy reaches each file (see
+    ``plan_external_data``). The copy is marked as eprun's (``EPRUN_MARK``); an existing file
+    at ``out_path`` without that mark is replaced only with ``force`` (``checked``: the caller
+    has refused it already). ``folder``: the output's folder, already open. ``say_absent``:
+    note a ``boundary_ops`` op type the model has no node of (``expose`` itself; ``report``'s
+    measurement notes it for both models)."""
+    model = load_model(model_path, text_names=True, graph_only=True)
+    if say_absent:
+        _note_absent_ops((model,), boundary_ops)
+    require_output_path(out_path, [model_path, *external_data_files(model, model_path)])
+    own = folder is None
+    folder = open_folder(os.path.dirname(os.path.abspath(out_path))) if own else folder
+    try:
+        return _stage_expose(model, model_path, out_path, boundary_ops, force=force,
+                             checked=checked, folder=folder)
+    finally:
+        if own:
+            os.close(folder)
+
+
+def _stage_expose(model, model_path: str, out_path: str, boundary_ops: tuple[str, ...], *,
+                  force: bool, checked: bool, folder: int) -> tuple[dict, list[Staged]]:
+    """``prepare_expose`` once the output's folder is open: every check of what is at the
+    output's name and every file staged goes through ``folder``."""
+    existing = in_folder(folder, out_path)
+    replacing = os.path.isfile(existing)
+    if replacing and not force and not checked and not is_eprun_model(existing):
+        raise EprunError(f"refusing to replace {out_path!r}, which eprun did not write"
+                         f"{_swapped_hint(existing)}; choose another output path, or add "
+                         "--force to replace it")
+    boundaries = expose_in_place(model, boundary_ops)
+    mark_as_eprun(model)
+    plan = plan_external_data(model, model_path, out_path, replacing=replacing or force)
+    like = (model_path,)
+    writer = _inline_writer(model, model_path, relocate=plan)
+    staged: list[Staged] = []
+    try:
+        for entry in plan:
+            if entry["how"] == "copy":
+                how: list[str] = []
+                staged.append(stage(_copier(entry["source"], how, model_path), entry["file"],
+                                    like=(entry["source"],), folder=folder))
+                entry["how"] = how[0]
+        staged.append(stage(writer, out_path, like=like, folder=folder))
+    except BaseException:
+        discard(staged)
+        raise
+    answer = {"model": model_path, "out": out_path, "boundaries": boundaries,
+              "outputs": [value.name for value in model.graph.output]}
+    if plan:
+        answer["external_data"] = plan
+    return answer, staged
+
+
+def _swapped_hint(out_path: str) -> str:
+    """For an output that is somebody's model: the arguments may be the wrong way round."""
+    try:
+        model = load_model(out_path, graph_only=True)
+    except (EprunError, OSError, ValueError):
+        return ""
+    outputs = {value.name for value in model.graph.output}
+    if len(outputs) > 1 and set(find_boundaries(model.graph, BOUNDARY_OPS)) <= outputs:
+        return (" (it looks like an exposed copy, which eprun marks since 0.10: if an older "
+                "eprun wrote it, --force replaces it once)")
+    return (" (it is an ONNX model: are the arguments swapped? expose reads the first and "
+            "writes the second)")
+
+declare(Command(
+    name="expose",
+    summary="save a copy whose graph outputs include every layer boundary (first input of each "
+            "MatMul/Gemm, then the first float output)",
+    function=expose,
+    options=ExposeOptions,
+    positionals=("model", "out"),
+    onnxruntime=False,
+    arguments=(arg("model", help="ONNX model file (never modified)"),
+               arg("out", help="path of the exposed model to write"), BOUNDARY_OPS_ARG,
+               FORCE_ARG,
+               FORMAT_ARG),
+    fields=("model", "out", "boundaries", "outputs"),
+    example="eprun.py expose int8.onnx int8_exposed.onnx"))
+
+
+# -- layers and growth -----------------------------------------------------------------------------
+
+def layers(fp32: str, int8: str, seed: int, options: LayerOptions | None = None) -> dict:
+    """Boundary-by-boundary FP32 vs. INT8 error (see ``measure_layers``). The same file given
+    twice with ``providers`` is the EP-vs-CPU divergence table of that model."""
+    options = options or LayerOptions()
+    require_file(fp32)
+    require_file(int8)
+    require_views(options.node_data, options.save_plots, options.plot_format)
+    targets = targets_from(options, options.reference_providers)
+    answer = measure_layers(fp32, int8, seed, options, targets)[0]
+    if options.node_data:
+        answer.update(_layers_node_data(options.node_data, fp32, int8, answer))
+    if options.save_plots:
+        metric = METRICS[options.metrics[0]].field if options.metrics else "rel_error"
+        writer = PlotWriter(options.save_plots, int8, "layers", options.plot_format)
+        plot_boundaries(writer, answer, metric, growth_of(answer))
+        answer["plots"] = writer.write((fp32, int8))
+    return answer
+
+
+def require_views(node_data: str | None, save_plots: str | None,
+                  plot_format: str | None = None) -> None:
+    """Before anything is measured: the folders ``--node-data`` and ``--save-plots`` name can
+    be written into, and matplotlib is there for plots."""
+    if node_data is not None:
+        if not node_data:
+            raise EprunError("--node-data needs a folder (it is empty)", EXIT_USAGE)
+        require_out_dir(node_data, "--node-data")
+    require_plots(save_plots, plot_format)
+
+
+def growth(fp32: str, int8: str, seed: int, options: LayerOptions | None = None) -> dict:
+    """The ``layers`` measurement reduced to how relative error grows."""
+    options = options or LayerOptions()
+    require_views(options.node_data, options.save_plots, options.plot_format)
+    measured = layers(fp32, int8, seed, dataclasses.replace(
+        options, metrics=(), node_data=None, save_plots=None, plot_format=None))
+    answer = growth_of(measured)
+    if options.node_data:
+        answer.update(_growth_node_data(options.node_data, fp32, int8, measured, answer))
+    if options.save_plots:
+        writer = PlotWriter(options.save_plots, int8, "growth", options.plot_format)
+        plot_boundaries(writer, measured, "rel_error", answer)
+        answer["plots"] = writer.write((fp32, int8))
+    return answer
+
+
+def _pair_node_data(folder: str, fp32: str, int8: str, quantities: dict,
+                    graphs: dict | None = None) -> dict:
+    """Write ``quantities`` (``{quantity: {"fp32": {tensor: value}, "int8": {...}}}``) for
+    both models of a pair (``graphs``: their graphs, where the caller has read them); the
+    answer's node-data fields."""
+    writer = NodeDataWriter(folder, {"fp32": fp32, "int8": int8})
+    graphs = graphs or {"fp32": load_model(fp32, graph_only=True).graph,
+                        "int8": load_model(int8, graph_only=True).graph}
+    for quantity, sides in quantities.items():
+        for role, values in sides.items():
+            writer.add(role, graphs[role], quantity, values)
+    return writer.write()
+
+
+def _layers_node_data(folder: str, fp32: str, int8: str, answer: dict) -> dict:
+    """Each boundary's numbers, on the node that writes the boundary in each model."""
+    quantities = [key for key in ("max_abs_error", "rel_error", "cos_min", *metric_fields())
+                  if answer["layers"] and key in answer["layers"][0]]
+    return _pair_node_data(folder, fp32, int8, {
+        key: {role: {entry[role]: entry[key] for entry in answer["layers"]}
+              for role in ("fp32", "int8")} for key in quantities})
+
+
+def _growth_node_data(folder: str, fp32: str, int8: str, measured: dict,
+                      answer: dict) -> dict:
+    """Ratio *i* on boundary *i + 1* (where the jump lands; null ones left out), and each
+    boundary's own error with ``--local``."""
+    entries = measured["layers"]
+    quantities = {"ratio": {role: {entries[k + 1][role]: ratio
+                                   for k, ratio in enumerate(answer["ratios"])
+                                   if ratio is not None}
+                            for role in ("fp32", "int8")}}
+    if "local_rel_error" in answer:
+        quantities["local_rel_error"] = {
+            role: {entry[role]: value for entry, value in zip(entries, answer["local_rel_error"])
+                   if value is not None} for role in ("fp32", "int8")}
+    return _pair_node_data(folder, fp32, int8, quantities)
+
+
+# What layers and growth both take.
+PAIR_ARGS = (
+    *FP32_INT8, SEED, SEED_OPTION, *INPUT_ARGS, BOUNDARY_OPS_ARG, BOUNDARIES_ARG,
+    arg("--pair", choices=("auto", "position", "name"), default="auto",
+        help="auto (default): by position, the lab's rule, unless the names pair every "
+             "boundary otherwise, or the int8 model is a conversion of the fp32 one (its "
+             "computing nodes all named as fp32 nodes): then by name where the names tie, "
+             "also across different boundary counts, and the answer says \"pairing\": "
+             "\"name\"; "
+             "position: always the k-th with the k-th (a warning when the names disagree); "
+             "name: by the names quantizers keep (<t>_DequantizeLinear_Output, <node>_quant)"),
+    arg("--max-memory", type=parse_count, metavar="MB",
+        help="fetch boundaries in batches whose tensors (fp32 + int8) fit in about MB "
+             "megabytes, instead of all at once, running each model again per batch; 0 "
+             "fetches one at a time. The answer is the same"),
+    LOCAL_ARG,
+    *measure_ep_args(),
+    SWAPPED_OK_ARG,
+    arg("--output-name", dest="output", metavar="NAME",
+        help="the graph output to end with (default: the first float one), in both models: "
+             "e.g. a detector's scores rather than boxes reordered by TopK"),
+    hidden_alias("--output", "output"),
+    arg("--save-boundaries", metavar="FILE.npz",
+        help="also store the fp32 model's boundary tensors and the inputs, for "
+             "--load-boundaries on another machine"),
+    arg("--load-boundaries", metavar="FILE.npz",
+        help="take the fp32 side from a file --save-boundaries wrote (on its inputs) instead "
+             "of running the fp32 model; refused if its boundaries are not the stored ones"),
+    NODE_DATA_ARG, *PLOT_ARGS,
+)
+
+declare(Command(
+    name="layers",
+    summary="FP32 vs. INT8 error at every boundary",
+    function=layers,
+    positionals=("fp32", "int8", "seed"),
+    options=LayerOptions,
+    arguments=(*PAIR_ARGS, FORMAT_ARG,
+               arg("--metrics", type=parse_metrics, default=(),
+                   help=f"comma-joined extra metrics per boundary: {', '.join(METRICS)} "
+                        "(SQNR in dB and mean squared error)")),
+    fields=("seed", "rows", "layer_count", "layers"),
+    detail='layers: [{"index", "fp32", "int8", "max_abs_error", "scale", "rel_error", '
+           '"cos_min"}]; a model that is not one float32 [batch, F] input adds "inputs"; '
+           '--metrics adds "sqnr_db"/"mse" per entry; --local adds "local" per entry and '
+           '"local_unavailable"; --providers adds "providers": {"requested", "actual", '
+           '"fell_back", "missing", "reference"}; an answer that is not the contract\'s adds '
+           '"exposure" and "reference_exposure": {"output", "max_abs_diff"} (how far exposing '
+           'moved each side\'s final output); --save-boundaries/--load-boundaries add '
+           '"golden"',
+    example="eprun.py layers fp32.onnx int8.onnx 2026 --local --metrics sqnr"))
+
+declare(Command(
+    name="growth",
+    summary="how the relative error grows from boundary to boundary",
+    function=growth,
+    positionals=("fp32", "int8", "seed"),
+    options=LayerOptions,
+    arguments=(*PAIR_ARGS, FORMAT_ARG),
+    fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
+            "max_ratio"),
+    detail='max_ratio: {"index", "ratio"}; "inputs", "providers", "first_divergence", '
+           '"exposure" and "reference_exposure" as in layers; --local adds "local_rel_error", '
+           '"worst_local" and "local_unavailable"',
+    example="eprun.py growth fp32.onnx int8.onnx 2026"))
+
+
+# -- settings --------------------------------------------------------------------------------------
+
+class SettingsRunner:
+    """One model's first output under given session settings, always on the same inputs."""
+
+    def __init__(self, model: str, seed: int, inputs: InputOptions | None,
+                 targets: Targets | None = None) -> None:
+        """Nothing opened yet: the first ``session`` draws the feed and stamps the model file every
+        later case must read."""
+        self.model, self.seed, self.inputs = model, seed, inputs
+        self.feed: Feed | None = None
+        self.on = (targets or Targets()).candidate
+        self.got = Got([])
+        self.stamp: tuple | None = None  # the model file every case is measured on
+
+    def session(self, level: str, intra_op: int, disabled: list[str] = (),
+                optimized_path: str | None = None):
+        """A session of the model at ``level`` with ``intra_op`` threads (``disabled`` transformers
+        off), refused where the file changed since the first case; the first also draws the feed."""
+        options = session_options(level=level, threads=intra_op, optimized_path=optimized_path)
+        session = open_session(self.model, options, what=repr(self.model), disabled=disabled,
+                               on=self.on)
+        if self.stamp is None:  # each case the very file the first case read
+            self.stamp = session.eprun_stamp
+        else:
+            require_same_stamp(self.model, self.stamp, session.eprun_stamp)
+        self.got = Got.of(session)
+        if self.feed is None:  # from the first session's metadata: a float model needs no onnx
+            self.feed = make_feeds(session_specs(session, self.model), self.seed, self.inputs,
+                                   self.model)
+        return session
+
+    def run(self, session):
+        """``session``'s first output on the runner's feed; a non-numeric one is refused."""
+        output = session.get_outputs()[0].name
+        value = run_session(session, [output], self.feed.arrays, what=repr(self.model),
+                            hint=dims_hint(self.feed))[0]
+        _require_numeric(value, output, self.model, "settings")
+        return value
+
+    def output(self, level: str, intra_op: int, disabled: list[str] = ()):
+        """The first output at ``level`` with ``intra_op`` threads and ``disabled`` transformers
+        off, from a session of its own."""
+        return self.run(self.session(level, intra_op, disabled))
+
+    def output_with(self, provider: str, key: str, value: str):
+        """The output at the baseline's level and threads, with one provider option set."""
+        base_on = self.on
+        options = {**base_on.options, provider: {**base_on.options.get(provider, {}), key: value}}
+        self.on = dataclasses.replace(base_on, options=options)
+        try:
+            return self.output(*SETTINGS_BASELINE)
+        finally:
+            self.on = base_on
+
+
+def parse_option_sweep(text: str) -> tuple[str, str, list[str]]:
+    """``EP:KEY=V1,V2,...``: the values of one provider option to try, each a case."""
+    provider, key, values = parse_ep_option(text)
+    items = [value.strip() for value in values.split(",") if value.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"{text!r} names no value to try (EP:KEY=V1,V2,...)")
+    return provider, key, items
+
+
+def _settings_cases(runner: SettingsRunner, base) -> list[dict]:
+    """Each of ``SETTINGS_CASES`` (a level and an intra-op thread count) against the
+    baseline's output ``base``."""
+    cases = []
+    for level, intra_op in SETTINGS_CASES:
+        y = runner.output(level, intra_op)
+        same_shape = y.shape == base.shape
+        diff = largest_of(differences(base, y)[2]) if same_shape else float("nan")
+        cases.append({"level": level, "intra_op": intra_op, "max_abs_diff": float(diff),
+                      "bitwise_equal": bitwise_equal(base, y)})
+    return cases
+
+
+def _sweep_cases(runner: SettingsRunner, base, sweep: list) -> list[dict]:
+    """One case per value of each ``--ep-option-sweep`` (provider, key, values), at the
+    baseline's level and threads."""
+    cases = []
+    for provider, key, values in sweep:
+        for value in values:
+            y = runner.output_with(provider, key, value)
+            diff = (largest_of(differences(base, y)[2]) if y.shape == base.shape
+                    else float("nan"))
+            cases.append({"level": SETTINGS_BASELINE[0], "intra_op": SETTINGS_BASELINE[1],
+                          "ep_option": {"provider": provider, "key": key, "value": value},
+                          "max_abs_diff": float(diff), "bitwise_equal": bitwise_equal(base, y),
+                          **nodes_record(runner.got.nodes)})
+    return cases
+
+
+@dataclasses.dataclass(frozen=True)
+class SettingsOptions(ProviderFlags, PlotFlags):
+    """``settings``' options; each field is the flag of its name."""
+
+    inputs: InputOptions | None = None
+    explain: bool = False
+    ep_option_sweep: list = ()
+
+
+def settings(model: str, seed: int, options: SettingsOptions | None = None) -> dict:
+    """The first output under other optimization levels and intra-op thread counts, compared
+    with the single-threaded, unoptimized baseline bit for bit.
+
+    The baseline runs twice; one that does not reproduce itself is reported (``repeatable``
+    false). With ``explain``, each case that differs is explained (``explain_case``). With
+    ``providers`` every session runs there (``reference`` in the answer's ``providers`` is
+    the baseline's session): what the settings change on the EP a model is deployed to; on
+    an EP the knobs that matter are its own options, and ``ep_option_sweep`` (provider, key,
+    values) adds a case per value, at the baseline's level and threads.
+    """
     import numpy as np
 
-    with zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for name, array in arrays.items():
-            value = np.asanyarray(array)
-            if value.dtype == object and _storable(value) is not None:  # strings: unicode
-                value = _storable(value)
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, value, allow_pickle=False)
+    options = options or SettingsOptions()
+    require_file(model)
+    require_plots(options.save_plots, options.plot_format)
+    for provider, key, _ in options.ep_option_sweep:
+        if provider not in (options.providers or ()):
+            raise EprunError(f"--ep-option-sweep {provider}:{key}: give {provider} in "
+                             "--providers, where the sweep runs", EXIT_USAGE)
+    targets = targets_from(options)
+    runner = SettingsRunner(model, seed, options.inputs, targets)
+    base_session = runner.session(*SETTINGS_BASELINE)
+    base_got = runner.got
+    base = runner.run(base_session)
+    repeatable = bitwise_equal(base, runner.run(base_session))
+    del base_session
+    with np.errstate(all="ignore"):
+        baseline = {"level": SETTINGS_BASELINE[0], "intra_op": SETTINGS_BASELINE[1],
+                    "max_abs_output": float(np.max(np.abs(base))) if base.size else 0.0,
+                    "mean_output": float(base.mean()) if base.size else float("nan")}
+    cases = [*_settings_cases(runner, base),
+             *_sweep_cases(runner, base, options.ep_option_sweep)]
+    answer = {"model": model, "seed": seed}
+    if not runner.feed.contract_shaped:
+        answer["inputs"] = runner.feed.fed
+    answer.update(baseline=baseline, cases=cases,
+                  all_equal=all(case["bitwise_equal"] for case in cases))
+    if targets.given:
+        answer["providers"] = targets.field(runner.got, base_got)
+    if options.explain or not repeatable:
+        answer["repeatable"] = repeatable
+    if options.explain:
+        answer["explanations"] = [explain_case(runner, base, case) for case in cases
+                                  if not case["bitwise_equal"] and "ep_option" not in case]
+    if options.save_plots:
+        writer = PlotWriter(options.save_plots, model, "settings", options.plot_format)
+        plot_settings(writer, answer)
+        answer["plots"] = writer.write((model,))
+    return answer
+
+
+declare(Command(
+    name="settings",
+    summary="the first output under other optimization levels and thread counts, compared "
+            "with a single-threaded unoptimized baseline",
+    function=settings,
+    positionals=("model", "seed"),
+    options=SettingsOptions,
+    arguments=(MODEL, SEED, SEED_OPTION, *INPUT_ARGS, FORMAT_ARG, *PLOT_ARGS,
+               arg("--explain", action="store_true",
+                   help="for each case that differs: the optimization level that introduces "
+                        "it, a minimal set of graph transformers whose disabling restores the "
+                        "baseline bit for bit, the first boundary that differs, and the "
+                        "workaround; or that the thread count (no optimizer) is the cause"),
+               arg("--ep-option-sweep", type=parse_option_sweep, action="append", default=[],
+                   metavar="EP:KEY=V1,V2",
+                   help="with --providers: one more case per value of this provider option "
+                        "(e.g. OpenVINOExecutionProvider:precision=FP32,ACCURACY), at the "
+                        "baseline's level and threads; repeatable"),
+               *measure_ep_args(reference=False)),
+    fields=("model", "seed", "baseline", "cases", "all_equal"),
+    detail='baseline: {"level", "intra_op", "max_abs_output", "mean_output"}; cases: '
+           '[{"level", "intra_op", "max_abs_diff", "bitwise_equal"}]; "inputs" as in layers; '
+           '"repeatable" when the baseline does not reproduce itself or with --explain, which '
+           'adds "explanations"; --providers adds "providers" (every session runs there; '
+           '"reference" is the baseline\'s); --ep-option-sweep adds a case per value with '
+           '"ep_option": {"provider", "key", "value"} and its "nodes_per_provider"',
+    example="eprun.py settings int8.onnx 2026"))
+
+
+# -- placement -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PlacementOptions(EpFlags):
+    """``placement``'s options; each field is the flag of its name (the inputs feed the one
+    profiled run of releases before 1.24, drawn with seed 0)."""
+
+    inputs: InputOptions | None = None
+    node_data: str | None = None
+
+
+def placement(model: str, providers: list[str], options: PlacementOptions | None = None
+              ) -> dict:
+    """Which execution provider each node was actually assigned to, as onnxruntime reports it.
+
+    onnxruntime 1.24+ records the assignment when asked (``session.record_ep_graph_assignment_
+    info``); older releases only show it in a profile, so there eprun runs the model once with
+    profiling on and reads each node event's provider. Both list the nodes onnxruntime
+    executes, after its graph optimizations: a fused node stands for several of the file's.
+    """
+    options = options or PlacementOptions()
+    seed, inputs, node_data = 0, options.inputs, options.node_data
+    ep_library, ep_options = options.ep_library, options.ep_options
+    require_file(model)
+    require_views(node_data, None)
+    prepare_providers([providers], ep_library, ep_options)
+    require_known_providers(providers)
+    recorded = hasattr(import_ort().InferenceSession, "get_provider_graph_assignment_info")
+    source = "graph_assignment_info" if recorded else "profiling"
+    with scratch_folder("eprun-profile-") as scratch:
+        options = session_options(
+            config={"session.record_ep_graph_assignment_info": "1"} if recorded else None,
+            profile_prefix=None if recorded else os.path.join(scratch, "profile"))
+        # an EP that fails to start (an option it rejects) is an error, not a CPU placement
+        session = open_session(model, options, repr(model),
+                               on=ProviderRequest(providers, options=ep_options or {},
+                                                  strict=True))
+        actual = list(session.get_providers())
+        nodes, subgraphs = (_recorded_placement(session, model) if recorded else
+                            _profiled_placement(session, model, seed, inputs))
+    counts = dict(collections.Counter(node["provider"] for node in nodes))
+    request = ProviderRequest(providers, options=ep_options or {})
+    rejected = [name for name in fallback_of(providers, actual)
+                if name in (ep_options or {}) and name in import_ort().get_available_providers()]
+    if rejected:  # an option it refused, not a provider this machine lacks
+        raise EprunError(f"placement of {model!r}: {why_missing(rejected[0], request, model)}")
+    missing = fallback_of(providers, actual, counts)
+    if missing:
+        note(f"the session did not get {', '.join(missing)}, or it took no node: its nodes ran "
+             f"on {', '.join(counts) or 'nothing'}")
+    answer = {"model": model, "requested": providers, "actual": actual,
+              "fell_back": differs_from_request(providers, actual), "source": source,
+              "counts": counts, "nodes_per_provider": counts, "nodes": nodes,
+              "subgraphs": dict(collections.Counter(subgraphs))}
+    if node_data:
+        answer.update(_placement_node_data(node_data, model, nodes))
+    return answer
+
+
+def _recorded_placement(session, model: str) -> tuple[list[dict], list[str]]:
+    """``(nodes, subgraphs)`` as onnxruntime 1.24+ recorded the assignment."""
+    assigned = session.get_provider_graph_assignment_info()
+    try:
+        nodes = [{"name": node.name, "op_type": node.op_type, "provider": subgraph.ep_name}
+                 for subgraph in assigned for node in subgraph.get_nodes()]
+    except UnicodeDecodeError as exc:  # onnxruntime decodes node names as UTF-8
+        raise _not_text(model, exc) from exc
+    return nodes, [subgraph.ep_name for subgraph in assigned]
+
+
+def _profiled_placement(session, model: str, seed: int, inputs: InputOptions | None
+                        ) -> tuple[list[dict], list[str]]:
+    """``(nodes, subgraphs)`` from a profile of one run (one row unless ``--rows``): each
+    node event's provider, and the runs of consecutive nodes on one provider, in the order
+    they ran."""
+    shaped = inputs or InputOptions()
+    feed = make_feeds(session_specs(session, model), seed,
+                      dataclasses.replace(shaped, rows=shaped.rows or 1), model)
+    run_session(session, None, feed.arrays, what=repr(model), hint=dims_hint(feed))
+    try:
+        nodes = _profiled_nodes(session.end_profiling())
+    except UnicodeDecodeError as exc:
+        raise _not_text(model, exc) from exc
+    return nodes, [provider for provider, _ in
+                   itertools.groupby(node["provider"] for node in nodes)]
+
+
+def _placement_node_data(folder: str, model: str, nodes: list[dict]) -> dict:
+    """Each node of the file its provider (short: ``OpenVINO``, ``CPU``), matched by name with
+    the nodes onnxruntime ran; a node it fused into another, or renamed, has none."""
+    graph = load_model(model, graph_only=True).graph
+    ran = {node["name"]: node["provider"] for node in nodes if node["name"]}
+    values = {("node", index): _short_provider(ran[node.name])
+              for index, node in enumerate(graph.node) if node.name in ran}
+    writer = NodeDataWriter(folder, {"model": model})
+    writer.add("model", graph, "provider", values)
+    writer.counts["unplaced"] += len(graph.node) - len(values)
+    return writer.write()
+
+
+def _short_provider(name: str) -> str:
+    """A provider's name as a node shows it: ``OpenVINO`` for ``OpenVINOExecutionProvider``."""
+    return name[:-len("ExecutionProvider")] if name.endswith("ExecutionProvider") else name
+
+
+def _not_text(model: str, exc: UnicodeDecodeError) -> EprunError:
+    """The error (exit 4) for a node name not UTF-8: placement reports node names as text."""
+    return EprunError(f"{model!r} has a node whose name is not UTF-8 text ({one_line(exc)}); "
+                      "placement reports node names as text: give it a UTF-8 name")
+
+
+def _profiled_nodes(profile_path: str) -> list[dict]:
+    """The kernel events of an onnxruntime profile: one per executed node, in run order."""
+    import json
+
+    with open(profile_path, encoding="utf-8") as stream:
+        events = json.load(stream)
+    suffix = "_kernel_time"
+    return [{"name": event["name"][:-len(suffix)], "op_type": event["args"].get("op_name", ""),
+             "provider": event["args"].get("provider", "")}
+            for event in events
+            if event.get("cat") == "Node" and event.get("name", "").endswith(suffix)]
+
+
+declare(Command(
+    name="placement",
+    summary="which execution provider each node was actually assigned to (onnxruntime's "
+            "graph assignment info, or a one-run profile on releases before 1.24)",
+    function=placement,
+    options=PlacementOptions,
+    positionals=("model", "providers"),
+    arguments=(MODEL, arg("providers", type=parse_list, help="comma-joined provider names"),
+               *INPUT_ARGS, *EP_ARGS, FORMAT_ARG, NODE_DATA_ARG),
+    fields=("model", "requested", "actual", "fell_back", "source", "counts",
+            "nodes_per_provider", "nodes",
+            "subgraphs"),
+    detail='nodes: [{"name", "op_type", "provider"}]; subgraphs: {provider: how many '
+           'subgraphs onnxruntime gave it} (from a profile: runs of consecutive nodes)',
+    example="eprun.py placement int8.onnx CUDAExecutionProvider,CPUExecutionProvider"))
+
+
+# -- check -----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class CheckOptions(ReferenceProviderFlags, ToleranceFlags, PlotFlags):
+    """``check``'s options; each field is the flag of its name (``seed_given``: a seed was
+    given at all, which a golden file's inputs refuse if it did not draw them;
+    ``check_error_stat`` and ``error_quantile``: ``[(output or "", value), ...]``;
+    ``min_provider_share``: ``[(provider, fraction), ...]``)."""
+
+    inputs: InputOptions | None = None
+    seed: int = 0
+    seed_given: bool = False
+    warmup: int = 1
+    retries: int = 2
+    retry_pause: float = 2.0
+    require_providers: bool = False
+    save_outputs: str | None = None
+    load_outputs: str | None = None
+    swapped_ok: bool = False
+    check_error_stat: list | None = None
+    error_quantile: list | None = None
+    top_k: int | None = None
+    top_k_axis: int = -1
+    min_top_k_agreement: float | None = None
+    min_provider_share: list | None = None
+
+
+def check(reference: str, candidate: str, options: CheckOptions | None = None, *,
+          outputs_into: dict | None = None, reference_into: dict | None = None) -> dict:
+    """The CI gate: does the candidate (model and providers) match the reference within
+    tolerance on the same inputs? Fails on any broken bound, and on a fallback (a requested
+    provider the candidate's session did not get) unless ``allow_fallback``;
+    ``require_providers`` asks for exactly the requested list. ``outputs_into`` (for
+    ``report``) receives the candidate's outputs by name, so they need not be computed again
+    (``reference_into`` the reference's).
+    ``save_outputs`` stores the reference's outputs and inputs; ``load_outputs`` takes them
+    from such a file instead of running the reference (made on another machine).
+
+    A Polygraphy inputs file of several iterations is run and gated iteration by iteration
+    (unless ``--iteration`` picks one): each output's figures are then the worst over them
+    and say which iteration was worst. ``check_error_stat`` judges an output by a statistic
+    as Polygraphy does, ``top_k`` adds each output's top-K agreement, ``min_provider_share``
+    fails a candidate whose EP took too few of its nodes."""
+    options = options or CheckOptions()
+    inputs, seed = options.inputs, options.seed
+    profile, on, reference_on = _gate_setup(reference, candidate, options)
+    providers = on.requested
+    tolerance, per_output = tolerances(profile, options.rtol, options.atol, options.min_cos)
+    iterations = _gate_iterations(inputs, options.load_outputs, options.save_outputs)
+    golden, feeds, reference_names, reference_runs, reference_got = _reference_side(
+        reference, seed, inputs, reference_on, options.load_outputs,
+        seed_given=options.seed_given, iterations=iterations)
+    _name_tolerances(tolerance, per_output, reference_names, reference)
+    rules = GateRules.of(options, reference_names, reference)
+    ran = _candidate_side(candidate, on, feeds, options, len(reference_names))
+    if outputs_into is not None:
+        outputs_into.update(zip(ran.names, ran.runs[0]))
+    if reference_into is not None and golden is None:  # (a reference run here, not loaded)
+        reference_into.update(zip(reference_names, reference_runs[0]))
+    measured = [_measure_outputs(zip(reference_names, expected), zip(ran.names, actual),
+                                 (reference, candidate), rules)
+                for expected, actual in zip(reference_runs, ran.runs)]
+    _require_top_k_fits(rules, measured[0], reference_runs[0])
+    outputs, failures = (_judge_outputs(measured[0], tolerance, rules) if len(measured) == 1
+                         else _judge_iterations(measured, tolerance, rules))
+    failures.extend(_provider_failures(providers, ran.got, options.require_providers,
+                                       options.allow_fallback))
+    share = (_provider_share(ran.op_types, options.min_provider_share)
+             if options.min_provider_share else None)
+    failures.extend(share["failures"] if share else [])
+    for name in fallback_of(providers, ran.got.actual, ran.got.nodes):
+        if name not in ran.got.actual and (why := why_missing(name, on, candidate)):
+            note(f"{name} is not in the candidate's session: {why}")
+    plots = (_check_plots(options, candidate, outputs, reference_runs, ran, reference_names)
+             if options.save_plots else None)
+    if options.save_outputs:  # only once everything ran: a failed check leaves no file
+        golden = _save_reference(options.save_outputs, reference,
+                                 [dict(zip(reference_names, run)) for run in reference_runs],
+                                 feeds, seed=seed, inputs=inputs,
+                                 reference_got=reference_got)
+    feed = feeds[0]
+    answer = {"reference": reference, "candidate": candidate, "seed": seed,
+              "rows": feed.rows}
+    if not feed.contract_shaped:
+        answer["inputs"] = feed.fed
+    if len(feeds) > 1:
+        answer["iterations"] = len(feeds)
+    return {**answer, "profile": profile, "tolerance": tolerance,
+            "providers": _gate_providers(providers, ran.got, reference_got, golden,
+                                         options.ep_options),
+            "warmup": options.warmup, "retries_used": ran.retries_used, "outputs": outputs,
+            "failures": failures, "passed": not failures,
+            **({"provider_share": share["share"]} if share else {}),
+            **({"golden": golden} if golden else {}),
+            **({"plots": plots} if plots is not None else {})}
+
+
+def _gate_setup(reference: str, candidate: str, options: CheckOptions
+                ) -> tuple[str, ProviderRequest, ProviderRequest]:
+    """Before anything runs: the files there, the outputs and plots writable, the pair in
+    order; ``(profile, candidate's request, reference's request)``, the profile chosen where
+    it was left to ``auto``."""
+    profile = options.profile
+    require_file(reference)
+    require_file(candidate)
+    golden_paths(options.save_outputs, options.load_outputs, [reference, candidate], "outputs",
+                 options.inputs)
+    require_views(None, options.save_plots, options.plot_format)
+    graphs = ([_graph_or_none(path) for path in (reference, candidate)]
+              if not options.swapped_ok or profile in (None, "auto") else [None, None])
+    if None not in graphs:  # a file that is no model gets onnxruntime's own words below
+        require_in_order(graphs, (reference, candidate), options.swapped_ok,
+                         ("reference", "candidate"))
+    on, reference_on = _gate_requests(options)
+    for provider, _ in options.min_provider_share or ():
+        if provider not in on.requested:
+            raise EprunError(f"--min-provider-share {provider}: the candidate does not ask for "
+                             f"it (--providers {','.join(on.requested)}); name a provider of "
+                             "--providers", EXIT_USAGE)
+    if profile in (None, "auto"):
+        profile = _auto_profile(graphs, candidate, told=profile == "auto")
+    return profile, on, reference_on
+
+
+def _gate_iterations(inputs: InputOptions | None, load_outputs: str | None,
+                     save_outputs: str | None) -> list[int | None]:
+    """The iterations ``check`` runs: every feed dict of a Polygraphy inputs file that holds
+    several (``--iteration`` not given), else ``[None]``: one run as before. A Polygraphy
+    results file to compare with must hold as many; a golden .npz holds one iteration."""
+    file = inputs.file if inputs is not None else None
+    if not file or not file.lower().endswith(".json") or inputs.iteration is not None:
+        return [None]
+    if load_outputs and not load_outputs.lower().endswith(".json"):
+        return [None]  # the golden file's own inputs are fed
+    require_file(file, "inputs")
+    count = len(polygraphy_feed_dicts(file))
+    if load_outputs:
+        require_file(load_outputs, "golden")
+        held = polygraphy_iterations(load_outputs)
+        if held != count:
+            raise EprunError(f"{file!r} holds {count} iterations and {load_outputs!r} "
+                             f"{held}: they must be one run's (or pick one with --iteration N)",
+                             EXIT_USAGE)
+    return list(range(count)) if count > 1 else [None]
+
+
+class CandidateRun(NamedTuple):
+    """The candidate's side of a check: its output names, its outputs per iteration, what its
+    session got (and the op types each provider took), and the retries it spent."""
+
+    names: list[str]
+    runs: list[list]
+    got: Got
+    op_types: dict | None
+    retries_used: int
+
+
+def _candidate_side(candidate: str, on: ProviderRequest, feeds: list[Feed],
+                    options: CheckOptions, references: int) -> CandidateRun:
+    """One session of the candidate, warmed up once, run on each iteration's feed."""
+    attempts = _Attempts(options.retries, options.retry_pause, candidate)
+    session = attempts.make(lambda: open_session(candidate, what=repr(candidate), on=on))
+    specs = session_specs(session, candidate)
+    runs = []
+    for k, feed in enumerate(feeds):
+        arrays = feed_for(specs, candidate, feed)
+
+        def run_once(arrays: dict = arrays, feed: Feed = feed) -> list:
+            """One run of the candidate, with the retries a transient error earns."""
+            return attempts.make(lambda: run_session(session, None, arrays,
+                                                     what=repr(candidate),
+                                                     hint=dims_hint(feed)))
+
+        for _ in range(options.warmup if k == 0 else 0):
+            run_once()
+        runs.append(run_once())
+        if len(runs[-1]) < references:
+            raise EprunError(f"{candidate!r} has {len(runs[-1])} outputs, the reference "
+                             f"{references}; outputs are paired by position")
+    return CandidateRun([value.name for value in session.get_outputs()], runs,
+                        Got.of(session), assigned_op_types(session), attempts.used)
+
+
+def _provider_share(op_types: dict | None, wanted: list) -> dict:
+    """``--min-provider-share EP:FRACTION``: ``{"share": {EP: record}, "failures": [...]}``, the
+    share of the candidate's nodes each EP took (node assignment) and the op types that went
+    elsewhere; where onnxruntime does not say (before 1.24) the gate fails rather than
+    guesses."""
+    share, failures = {}, []
+    for provider, least in wanted:
+        if op_types is None:
+            record = {"share": None, "min_share": least,
+                      "unknown": f"onnxruntime {import_ort().__version__} does not say which "
+                                 "provider each node ran on (1.24+ does)"}
+            failures.append({"bound": "provider_share", "provider": provider, **record})
+        else:
+            total = sum(sum(kinds.values()) for kinds in op_types.values())
+            taken = sum(op_types.get(provider, {}).values())
+            elsewhere: dict = {}
+            for owner, kinds in op_types.items():
+                for op_type, count in kinds.items() if owner != provider else ():
+                    elsewhere[op_type] = elsewhere.get(op_type, 0) + count
+            record = {"share": taken / total if total else 0.0, "min_share": least,
+                      "nodes": taken, "total": total,
+                      "elsewhere": dict(sorted(elsewhere.items(), key=lambda item: -item[1]))}
+            if record["share"] < least:
+                failures.append({"bound": "provider_share", "provider": provider, **record})
+        share[provider] = record
+    return {"share": share, "failures": failures}
+
+
+def _require_top_k_fits(rules: GateRules, entries: list[dict], outputs: list) -> None:
+    """``--top-k`` along ``--top-k-axis``: an output that has no such axis, or fewer than K
+    values along it, is said (its agreement is null, and no gate); where no output can take
+    it, the flags are wrong: a usage error."""
+    if rules.top_k is None:
+        return
+    cannot = [(entry["reference"], list(getattr(value, "shape", ())))
+              for entry, value in zip(entries, outputs) if entry.get("top_k_agreement") is None]
+    if cannot and len(cannot) == len(entries):
+        raise EprunError(f"--top-k {rules.top_k} along axis {rules.top_k_axis}: no output "
+                         f"has {rules.top_k} values there ("
+                         + ", ".join(f"{name!r} has shape {shape}" for name, shape in cannot)
+                         + ")", EXIT_USAGE)
+    for name, shape in cannot:
+        note(f"--top-k {rules.top_k} along axis {rules.top_k_axis}: output {name!r} (shape "
+             f"{shape}) has fewer values there, or no such axis: no top_k_agreement")
+
+
+def _judge_iterations(measured: list[list[dict]], tolerance: dict, rules: GateRules
+                      ) -> tuple[list[dict], list[dict]]:
+    """``(outputs, failures)`` over several iterations: each iteration judged alone, then per
+    output the worst figures (the largest differences, violations and elements summed, the
+    smallest cosine and agreement) with ``iterations`` and ``worst_iteration`` (the one with the
+    most violations, then the largest difference), and its failures folded the same way."""
+    judged = [_judge_outputs(entries, tolerance, rules, k) for k, entries in enumerate(measured)]
+    outputs, failures = [], []
+    for index, first in enumerate(judged[0][0]):
+        entry = _worst_entry([outputs_k[index] for outputs_k, _ in judged])
+        outputs.append(entry)
+        for failure in _folded_failures(first["reference"],
+                                        [failures_k for _, failures_k in judged]):
+            if failure["bound"] == "tolerance":  # of every iteration, as the entry counts them
+                failure["elements"] = entry["elements"]
+            failures.append(failure)
+    return outputs, failures
+
+
+def _worst_entry(per: list[dict]) -> dict:
+    """One output's entry over its iterations' entries ``per``: the worst figures of them,
+    ``iterations`` and ``worst_iteration``."""
+    worst = max(range(len(per)), key=lambda k: _badness(per[k], k))
+    entry = dict(per[worst])
+    if "max_abs_diff" in per[0]:
+        for key in ("max_abs_diff", "mean_abs_diff", "median_abs_diff", "p99_abs_diff",
+                    "max_rel_diff"):
+            entry[key] = max((one[key] for one in per), key=_finite_or_inf)
+        entry["cosine"] = min((one["cosine"] for one in per), key=_nan_first)
+        entry["elements"] = sum(one["elements"] for one in per)
+        entry["violations"] = sum(one["violations"] for one in per)
+        entry["worst"] = ({**per[worst]["worst"], "iteration": worst} if per[worst]["worst"]
+                          else None)
+        lost = [one["nonfinite"] for one in per if "nonfinite" in one]
+        if lost:
+            entry["nonfinite"] = {side: sum(one[side] for one in lost)
+                                  for side in ("reference", "candidate")}
+        if "top_k_agreement" in per[0]:
+            agreements = [one["top_k_agreement"] for one in per]
+            entry["top_k_agreement"] = None if None in agreements else min(agreements)
+    entry.update(iterations=len(per), worst_iteration=worst)
+    return entry
+
+
+def _badness(entry: dict, k: int) -> tuple:
+    """How bad iteration ``k``'s entry of an output is, to pick the worst: by its statistic
+    (failing first, then the largest) where it is judged by one, else by its violations, then
+    by its largest difference; the earliest on ties."""
+    statistic = entry.get("error_stat")
+    if statistic is not None:
+        return (statistic_fails(statistic, statistic["atol"], statistic["rtol"]),
+                _finite_or_inf(statistic["abs"]), -k)
+    return (entry.get("violations") or 0, _finite_or_inf(entry.get("max_abs_diff")), -k)
+
+
+def _finite_or_inf(value) -> float:
+    """A number to rank by, NaN (a difference NaN made) counting as the largest."""
+    return math.inf if value is None or math.isnan(value) else value
+
+
+def _nan_first(value) -> float:
+    """A number to take the smallest of, NaN (no cosine) counting as the smallest."""
+    return -math.inf if value is None or math.isnan(value) else value
+
+
+def _folded_failures(output: str, per_iteration: list[list[dict]]) -> list[dict]:
+    """An output's failures over the iterations, one per bound: the worst iteration's (the
+    most violations, the largest statistic, the smallest cosine or agreement), tolerance
+    failures with their violations and elements summed; ``iterations_failed`` lists where."""
+    folded: dict[str, dict] = {}
+    where: dict[str, list[int]] = {}
+    for k, failures in enumerate(per_iteration):
+        for failure in failures:
+            if failure.get("output") != output:
+                continue
+            bound = failure["bound"]
+            where.setdefault(bound, []).append(k)
+            kept = folded.get(bound)
+            if kept is None or _worse_failure(failure, kept):
+                summed = ({"violations": failure["violations"] + kept["violations"],
+                           "elements": failure["elements"] + kept["elements"]}
+                          if kept is not None and bound == "tolerance" else {})
+                folded[bound] = {**failure, **summed}
+            elif bound == "tolerance":
+                kept["violations"] += failure["violations"]
+                kept["elements"] += failure["elements"]
+    return [{**failure, "iterations_failed": where[bound]}
+            for bound, failure in folded.items()]
+
+
+def _worse_failure(failure: dict, kept: dict) -> bool:
+    """Is ``failure`` the worse of two failures of one bound (in two iterations)?"""
+    bound = failure["bound"]
+    if bound == "tolerance":
+        return failure["violations"] > kept["violations"]
+    if bound == "error_stat":
+        return _finite_or_inf(failure["abs"]) > _finite_or_inf(kept["abs"])
+    if bound == "min_cos":
+        return _nan_first(failure["cosine"]) < _nan_first(kept["cosine"])
+    if bound == "top_k":
+        return _nan_first(failure["top_k_agreement"]) < _nan_first(kept["top_k_agreement"])
+    return False
+
+
+def _check_plots(options: CheckOptions, candidate: str, outputs: list[dict],
+                 reference_runs: list[list], ran: CandidateRun,
+                 reference_names: list[str]) -> list[str]:
+    """``--save-plots``: each output's pictures, of its worst iteration."""
+    writer = PlotWriter(options.save_plots, candidate, "check", options.plot_format)
+    compared = [(name, reference_runs[entry.get("worst_iteration", 0)][index],
+                 ran.runs[entry.get("worst_iteration", 0)][index])
+                for index, (name, entry) in enumerate(zip(reference_names, outputs))
+                if "max_abs_diff" in entry]
+    plot_check(writer, compared)
+    return writer.write((candidate,))
+
+
+def _gate_requests(flags: ReferenceProviderFlags) -> tuple[ProviderRequest, ProviderRequest]:
+    """``check``'s two provider requests (the CPU where none is given), once every name is
+    known. A provider that fails to start is an error (exit 4, its message), not a quiet CPU
+    run; the candidate's fallback is a verdict (exit 1), the reference's a refusal (exit 4)."""
+    providers = [CPU_EP] if flags.providers is None else flags.providers
+    reference_providers = ([CPU_EP] if flags.reference_providers is None
+                           else flags.reference_providers)
+    ep_options = flags.ep_options
+    prepare_providers([providers, reference_providers], flags.ep_library, ep_options)
+    require_known_providers(providers)
+    require_known_providers(reference_providers)
+    on = ProviderRequest(providers, options=ep_options or {}, strict=not flags.allow_fallback)
+    reference_on = ProviderRequest(reference_providers, options=ep_options or {}, strict=True,
+                                   allow_fallback=flags.allow_fallback)
+    return on, reference_on
+
+
+def _name_tolerances(tolerance: dict, per_output: dict, reference_names: list[str],
+                     reference: str) -> None:
+    """Each ``--rtol``/``--atol`` NAME:VALUE on its output (``tolerance["per_output"]``, the
+    rest from the profile or the options); a name that is no output is a usage error."""
+    unknown = sorted(set(per_output) - set(reference_names))
+    if unknown:
+        raise EprunError(f"--rtol/--atol name {', '.join(map(repr, unknown))}, which is no "
+                         f"output of {reference!r} (its outputs: {', '.join(reference_names)})",
+                         EXIT_USAGE)
+    if per_output:
+        tolerance["per_output"] = {name: {key: per_output[name].get(key, tolerance[key])
+                                          for key in ("rtol", "atol")}
+                                   for name in reference_names if name in per_output}
+
+
+class _Attempts:
+    """``check``'s retries of transient provider errors: at most ``retries`` for the whole
+    check, ``pause`` seconds apart; ``used`` counts those spent."""
+
+    def __init__(self, retries: int, pause: float, path: str) -> None:
+        """None spent yet; ``path``, the model's, is masked in an error before it is judged."""
+        self.retries, self.pause, self.path = retries, pause, path
+        self.spent = [0]
+
+    @property
+    def used(self) -> int:
+        """How many retries were spent."""
+        return self.spent[0]
+
+    def make(self, action: Callable[[], Any]) -> Any:
+        """``action``'s result, after as many retries as it needs and the budget allows."""
+        return _with_retries(action, self.retries, self.pause, self.spent, self.path)
+
+
+def _provider_failures(providers: list[str], got: Got, require_providers: bool,
+                       allow_fallback: bool) -> list[dict]:
+    """The gate's ``providers`` failure, if any: a fallback not allowed, or (with
+    ``--require-providers``) any list but the one requested."""
+    missing = fallback_of(providers, got.actual, got.nodes)
+    if (require_providers and got.actual != providers) or (missing and not allow_fallback):
+        return [{"bound": "providers", "requested": providers, "actual": got.actual,
+                 "missing": missing}]
+    return []
+
+
+def _save_reference(path: str, reference: str, outputs: list[dict], feeds: list[Feed], *,
+                    seed: int, inputs: InputOptions | None, reference_got: Got) -> dict:
+    """``--save-outputs``: Polygraphy's RunResults for a ``.json`` path (an iteration per
+    iteration run), eprun's golden file otherwise (one iteration); its record for the
+    answer."""
+    feed = feeds[0]
+    if path.lower().endswith(".json"):
+        several = len(outputs) > 1
+        return save_polygraphy(path, reference, outputs if several else outputs[0],
+                               [one.arrays for one in feeds] if several else feed.arrays,
+                               inputs)
+    return save_golden(path, "outputs", reference, outputs, [one.arrays for one in feeds],
+                       got=reference_got, seed=drawn_with(feed, seed),
+                       inputs_file=inputs.file if inputs is not None else None)
+
+
+def _gate_providers(providers: list[str], got: Got, reference_got: Got, golden: dict | None,
+                    ep_options: dict | None) -> dict:
+    """The gate's ``providers`` field: what was asked for, what each side got."""
+    polygraphy = "loaded" in (golden or {}) and golden.get("format") == "polygraphy"
+    return {"requested": providers, "actual": got.actual,
+            "fell_back": differs_from_request(providers, got.actual),
+            "reference": reference_got.actual, **nodes_record(got.nodes),
+            **nodes_record(reference_got.nodes, "reference_", (
+                "the reference ran in Polygraphy, whose results file does not say where"
+                if polygraphy else None)),
+            **({"options": ep_options} if ep_options else {})}
+
+
+def _auto_profile(graphs: list, candidate: str, told: bool = True) -> str:
+    """``--profile auto`` (the default): the int8 tolerances for a quantized candidate of a
+    float reference (``graphs``: theirs, None where unreadable), the int4 ones where it
+    quantizes only weights, some to 4 bits or fewer (``_weight_only_4bit``), the fp16 ones
+    otherwise. Said on stderr where it was asked for, and where the default chose a quantized
+    profile (no profile given used to mean fp16, which fails every int8 pair)."""
+    quantized = None not in graphs and bool(_quantization_ops(graphs[1])) and not \
+        _quantization_ops(graphs[0])
+    profile = ("fp16" if not quantized else "int4" if _weight_only_4bit(graphs[1])
+               else "int8")
+    why = {"int8": "quantizes and the reference does not",
+           "int4": "quantizes weights only, to 4 bits or fewer, and the reference does not",
+           "fp16": "is not a quantized twin of the reference"}[profile]
+    if told:
+        note(f"--profile auto: {profile}, as {candidate!r} {why}")
+    elif quantized:
+        note(f"profile {profile} (no --profile given: auto), as {candidate!r} {why}; "
+             "--profile fp16 holds it to the float16 tolerances")
+    return profile
+
+
+def _weight_only_4bit(model) -> bool:
+    """A weight-only twin: some weight of 4 bits or fewer dequantized in blocks
+    (``weight_only_nodes``), and no activation quantized (no QuantizeLinear, dynamic or
+    QLinear op, no DequantizeLinear of anything but an initializer)."""
+    graph = model.graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    activations = [node for node in graph.node if node.op_type.startswith("QLinear")
+                   or (node.op_type in _QDQ_OPS + _INTEGER_OPS and not (
+                       node.op_type == "DequantizeLinear" and node.input[0] in initializers))]
+    return not activations and any(bits <= 4 for _, bits in weight_only_nodes(graph))
+
+
+def _graph_or_none(path: str):
+    """The graph of ``path`` (weights left on disk), or None where it is not one eprun reads."""
+    try:
+        return load_model(path)
+    except EprunError:
+        return None
+
+
+def _reference_side(reference: str, seed: int, inputs: InputOptions | None,
+                    on: ProviderRequest, load_outputs: str | None, *, seed_given: bool = True,
+                    iterations: list[int | None] = (None,)) -> tuple:
+    """``(golden, feeds, output names, outputs per iteration, providers)`` of the reference:
+    run here on ``on``, or read from the ``--load-outputs`` file made elsewhere (``golden`` its
+    record, else None), whose inputs then feed the candidate. ``iterations``: the feed dicts of
+    a Polygraphy inputs file to run (``[None]``: the one ``inputs`` names); a golden .npz
+    brings its own."""
+    if load_outputs and load_outputs.lower().endswith(".json"):  # Polygraphy's RunResults
+        return _polygraphy_reference(reference, seed, inputs, load_outputs, iterations)
+    if load_outputs:  # the reference ran elsewhere: its graph says what the file must hold
+        return _golden_reference(reference, seed if seed_given else None, inputs,
+                                 load_outputs)
+    session = open_session(reference, what=repr(reference), on=on)
+    specs = session_specs(session, reference)
+    feeds = [make_feeds(specs, seed, _iteration_inputs(inputs, k), reference)
+             for k in iterations]
+    runs = [run_session(session, None, feed.arrays, what=repr(reference), hint=dims_hint(feed))
+            for feed in feeds]
+    names = [value.name for value in session.get_outputs()]
+    # its outputs are all the rest needs: the session goes before the candidate's opens
+    return None, feeds, names, runs, Got.of(session)
+
+
+def _iteration_inputs(inputs: InputOptions | None, k: int | None) -> InputOptions | None:
+    """The input options of iteration ``k`` (None: as given)."""
+    return inputs if k is None else dataclasses.replace(inputs, iteration=k)
+
+
+def _polygraphy_reference(reference: str, seed: int, inputs: InputOptions | None,
+                          load_outputs: str, iterations: list[int | None]) -> tuple:
+    """``_reference_side`` from a ``polygraphy run --save-outputs`` file: its iterations, fed
+    with the inputs file's."""
+    graph = load_model(reference)
+    names = [value.name for value in graph.graph.output]
+    require_file(load_outputs, "golden")
+    if inputs is None or not inputs.file:
+        raise EprunError(f"{load_outputs!r} is Polygraphy's, whose outputs carry no inputs: "
+                         "give the inputs they were computed on with --inputs (the file "
+                         "polygraphy run --save-inputs wrote)", EXIT_USAGE)
+    feeds, runs = [], []
+    for k in iterations:
+        runner, stored = read_polygraphy_outputs(load_outputs, names,
+                                                 inputs.iteration or 0 if k is None else k)
+        feeds.append(make_feeds(specs_from_model(graph), seed, _iteration_inputs(inputs, k),
+                                reference))
+        runs.append([stored[name] for name in names])
+    golden = {"loaded": load_outputs, "format": "polygraphy", "runner": runner,
+              **({"iteration": inputs.iteration or 0} if iterations == [None] else
+                 {"iterations": len(iterations)})}
+    return golden, feeds, names, runs, Got([])
+
+
+def _golden_reference(reference: str, seed: int | None, inputs: InputOptions | None,
+                      load_outputs: str) -> tuple:
+    """``_reference_side`` from a golden .npz: every iteration it holds, fed with its own
+    inputs."""
+    graph = load_model(reference)
+    names = [value.name for value in graph.graph.output]
+    feeds, runs, k, golden = [], [], 0, {}
+    while k == 0 or k < golden.get("iterations", 1):
+        golden, stored_inputs, stored = load_golden(
+            load_outputs, "outputs", names, reference, seed, graph=graph,
+            given_inputs=_given_inputs(inputs, graph, reference), iteration=k)
+        feeds.append(make_feeds(specs_from_model(graph), seed or 0, dataclasses.replace(
+            inputs or InputOptions(), arrays=stored_inputs), reference))
+        runs.append([stored[name] for name in names])
+        k += 1
+    return (golden, feeds, names, runs,
+            Got(golden["providers"], golden.get("nodes_per_provider")))
+
+
+def save_polygraphy(path: str, reference: str, outputs: dict | list[dict],
+                    feed: dict | list[dict], inputs: InputOptions | None) -> dict:
+    """``check --save-outputs FILE.json``: the reference's outputs as Polygraphy's RunResults
+    (``polygraphy run MODEL --onnxrt --load-inputs ... --load-outputs FILE.json`` compares its
+    run with them), and the very inputs they were computed on beside it as FILE's stem +
+    ``.inputs.json`` (for ``--load-inputs``; an ``--inputs`` file may hold other iterations
+    first): both written, or neither."""
+    given = inputs.file if inputs is not None else None
+    sources = (reference, *([given] if given else []))
+    staged = [stage(polygraphy_run_results(f"eprun-{os.path.basename(reference)}", outputs),
+                    path, sources)]
+    inputs_path = polygraphy_inputs_path(path)
+    try:
+        staged.append(stage(polygraphy_feeds(feed), inputs_path, sources))
+    except BaseException:
+        discard(staged)
+        raise
+    commit(staged)
+    return {"saved": path, "format": "polygraphy", "inputs": inputs_path}
+
+
+declare(Command(
+    name="check",
+    summary="CI gate: candidate model and providers against a reference within "
+            "rtol/atol/cosine on the same inputs; exit 0 pass, 1 fail",
+    function=check,
+    positionals=("reference", "candidate"),
+    options=CheckOptions,
+    arguments=(
+        arg("reference", help="reference model (usually the FP32 one), run on "
+                              "--reference-providers"),
+        arg("candidate", help="candidate model, run on --providers"),
+        *measure_ep_args(), *TOLERANCE_ARGS,
+        *INPUT_ARGS,
+        SEED_POSITIONAL,
+        SEED_FLAG,
+        arg("--warmup", type=parse_count, default=1,
+            help="candidate runs before the measured one (default 1)"),
+        arg("--retries", type=parse_count, default=2,
+            help="extra tries after a transient provider error such as a timeout, never after "
+                 "a numeric failure (default 2)"),
+        arg("--retry-pause", type=parse_tolerance, default=2.0,
+            help="seconds between tries (default 2)"),
+        arg("--require-providers", action="store_true",
+            help="fail unless the candidate's session got exactly --providers"),
+        arg("--save-outputs", metavar="FILE.npz",
+            help="also store the reference's outputs and the inputs, for --load-outputs on "
+                 "another machine; FILE.json writes Polygraphy's RunResults instead (and the "
+                 "inputs as FILE.inputs.json) for polygraphy run --load-outputs"),
+        arg("--load-outputs", metavar="FILE.npz",
+            help="compare with the reference outputs stored by --save-outputs (on their "
+                 "inputs) instead of running the reference; refused if the reference model's "
+                 "outputs are not the stored ones; FILE.json: what polygraphy run "
+                 "--save-outputs wrote, fed with --inputs"),
+        arg("--check-error-stat", type=parse_error_stat, action="append",
+            metavar="[NAME:]STAT",
+            help="how an output is judged, as Polygraphy's --check-error-stat: elemwise (the "
+                 "default) per element, |c - r| <= atol + rtol*|r|; max, mean, median or "
+                 "quantile: the output fails only when that statistic of |c - r| is over atol "
+                 "and the one of |c - r|/|r| is over rtol (the profile's cosine then applies "
+                 "only when --min-cos is given); NaN or Inf in the candidate fails it all the "
+                 "same; NAME:STAT for one output; repeatable"),
+        arg("--error-quantile", type=parse_output_fraction, action="append",
+            metavar="[NAME:]Q",
+            help="the quantile --check-error-stat quantile takes (default 0.99); NAME:Q for one "
+                 "output; repeatable"),
+        arg("--top-k", type=parse_top_k, metavar="K",
+            help="add each output's top_k_agreement: the fraction of rows (every position but "
+                 "the --top-k-axis) whose K largest values sit at the same indices, as a set"),
+        arg("--top-k-axis", type=parse_axis, default=-1, metavar="AXIS",
+            help="the axis --top-k ranks along (default -1, the last)"),
+        arg("--min-top-k-agreement", type=parse_fraction, metavar="F",
+            help="fail an output whose top_k_agreement is below F (--top-k 1 unless given)"),
+        arg("--min-provider-share", type=parse_provider_share, action="append",
+            metavar="EP:FRACTION",
+            help="fail when the provider EP took fewer than FRACTION of the candidate's nodes "
+                 "(onnxruntime's node assignment, 1.24+; before it, the gate fails rather than "
+                 "guesses); the answer adds \"provider_share\" with the op types that went "
+                 "elsewhere; repeatable"),
+        SWAPPED_OK_ARG, FORMAT_ARG, *PLOT_ARGS),
+    fields=("reference", "candidate", "seed", "rows", "profile", "tolerance", "providers",
+            "warmup", "retries_used", "outputs", "failures", "passed"),
+    detail='providers: {"requested", "actual", "fell_back", "reference"}; outputs: '
+           '[{"reference", "candidate", "shape", "max_abs_diff", "mean_abs_diff", '
+           '"median_abs_diff", "p99_abs_diff", "max_rel_diff", "cosine", "elements", '
+           '"violations", "worst"}] ("nonfinite" when NaN/Inf; "error_stat" with '
+           '--check-error-stat, "top_k_agreement" with --top-k, "iterations" and '
+           '"worst_iteration" over several iterations); "inputs" as in layers; '
+           '"iterations" where a Polygraphy inputs file held several; --save-outputs and '
+           '--load-outputs add "golden", --min-provider-share "provider_share", --save-plots '
+           '"plots"',
+    example="eprun.py check fp32.onnx int8.onnx --profile int8 "
+            "--providers CUDAExecutionProvider,CPUExecutionProvider",
+    verdict=check_verdict))
+
+
+# -- reduce ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceOptions(ReferenceProviderFlags, ToleranceFlags):
+    """``reduce``'s options, but ``--output``; each field is the flag of its name (``check``:
+    the ``--check`` command line, ``{model}`` and ``{inputs}`` in it)."""
+
+    check: str | None = None
+    check_timeout: float | None = None
+    timeout_fails: bool = False
+    inputs: InputOptions | None = None
+    seed: int = 0
+    mode: str = "bisect"
+    force: bool = False
+
+
+def reduce(model: str, output: str, options: ReduceOptions | None = None) -> dict:
+    """The smallest set of ``model``'s nodes that still fails, written as ``output`` with its
+    inputs beside it (``<output stem>.inputs.npz``). Fails: the ``check`` command exits
+    non-zero (or dies by a signal) on the candidate, or, without ``check``, the candidate's
+    outputs on ``providers`` differ from the reference's beyond the tolerance."""
+    options = options or ReduceOptions()
+    check, inputs = options.check, options.inputs
+    require_file(model)
+    bounds = (options.profile, options.rtol, options.atol, options.min_cos)
+    argv = _check_words(check, options.providers, options.check_timeout,
+                        options.timeout_fails, bounds)
+    tolerance = _one_tolerance(*bounds)
+    paths = ReducedPaths.of(output)
+    graph_model = load_model(model, text_names=True)
+    sources = (model, *external_data_files(graph_model, model),
+               *([inputs.file] if inputs is not None and inputs.file else []))
+    for path in paths:
+        require_output_path(path, list(sources))
+    replacing = _replaceable(paths, options.force)  # an earlier reduce's files
+    targets = targets_from(options, options.reference_providers or [CPU_EP])
+    graph = ReduceGraph(graph_model, model)
+    if not graph.nodes:
+        raise EprunError(f"{model!r} has no node to reduce")
+    feed = make_feeds(specs_from_model(graph_model), options.seed or 0, inputs, model)
+    inferred = inferred_graph(graph_model)
+    types = {**_value_types(inferred), **tensor_types(graph_model, inferred)}
+    with scratch_folder("eprun-reduce-") as folder:
+        values = ReferenceValues(folder, feed.arrays)
+        exposed = type(graph_model)()  # a copy to expose (the weights stay in their files)
+        exposed.CopyFrom(graph_model)
+        reference_got = values.compute(exposed, model, graph.computed(), targets.reference,
+                                       types)
+        reduction = Reduction(model, graph, values, types, folder, FailureTest(
+            check=argv, timeout=options.check_timeout, timeout_fails=options.timeout_fails,
+            on=targets.candidate, reference_on=targets.reference, tolerance=tolerance))
+        everything = tuple(range(len(graph.nodes)))
+        if not reduction.fails(everything, show=False):
+            raise EprunError(f"{model!r} does not fail ({_why_it_passes(reduction, check)})"
+                             ": there is nothing to reduce; nothing written", 1)
+        reduction.strict = False
+        kept, minimal = reduce_nodes(reduction, options.mode)
+        external = _write_reduced(reduction, kept, paths, sources, replacing)
+    reduction.say_what_passed(options.providers)
+    _note_invalid(output)
+    nodes = graph.nodes
+    model_inputs, model_outputs = graph.interface(kept)
+    answer = {"model": model, "output": output, "inputs_file": paths.inputs,
+              "original_nodes": len(nodes), "nodes": len(kept),
+              "kept": [{"name": nodes[i].name, "op_type": nodes[i].op_type,
+                        "outputs": list(nodes[i].output)} for i in kept],
+              "inputs": model_inputs, "outputs": model_outputs, "tries": reduction.tries,
+              "minimal": minimal, "failure": reduction.failure(kept)}
+    if external:
+        answer["external_data"] = paths.data
+    if argv is None:
+        answer["tolerance"] = tolerance
+        answer["providers"] = {"requested": targets.candidate.requested,
+                               "reference": reference_got.actual}
+    return answer
 
 
 declare(Command(
@@ -13695,7 +13725,7 @@ def weight_error(reference, dequantized) -> dict:
             "max_abs_error": float(np.abs(diff).max()) if diff.size else 0.0}
 
 
-# -- weights: the weight-only forms, in blocks of 2 to 8 bits ------------------------------------
+# -- weights: the weight-only forms, in blocks of 2 to 8 bits --------------------------------------
 
 class BlockwiseWeight(NamedTuple):
     """A weight that a weight-only op reads in blocks: the initializer (``name``), the node that
@@ -14316,9 +14346,6 @@ declare(Command(
 
 # -- report ----------------------------------------------------------------------------------------
 
-REPORT_REQUESTS = (["CPUExecutionProvider"], ["AzureExecutionProvider"],
-                   ["CUDAExecutionProvider", "CPUExecutionProvider"],
-                   ["NoSuchExecutionProvider"], [])
 REPORT_NOTE = ("A requested provider list is a wish, not a guarantee: onnxruntime drops providers "
                "it does not have without raising and runs on what is left (CPU at the end); "
                "'actual' is session.get_providers(), the only reliable answer.")
@@ -14639,25 +14666,6 @@ def _write_deliverables(out_dir: str, paths: dict, models: dict, boundary_ops: t
     return external
 
 
-@contextlib.contextmanager
-def locked_folder(folder: str) -> Iterator[int]:
-    """Hold an exclusive ``flock`` on ``folder`` itself (no lock file is left in it) for the
-    block, and yield its descriptor, for every check and write of the block to go through;
-    a second eprun writing into the same folder waits, and says so."""
-    import fcntl
-
-    descriptor = open_folder(folder)
-    try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            note(f"waiting for another eprun writing into {folder!r}")
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield descriptor
-    finally:
-        os.close(descriptor)  # which releases the lock
-
-
 def _optional_sensitivity(fp32: str, int8: str, seed: int, inputs: InputOptions | None,
                           swapped_ok: bool, *, calibration: str | None = None,
                           extra_options: dict | None = None,
@@ -14803,7 +14811,7 @@ def _exposure_effect(int8_path: str, seed: int, output: str, exposed, *,
             "max_abs_diff": largest_of(differences(plain, exposed)[2])}
 
 
-# == 9. Command line ===============================================================================
+# == 11. Command line ==============================================================================
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """argparse's formatter, asking for the terminal's width only when it formats. argparse

@@ -1,4 +1,4 @@
-"""Layer 7, ``check``: the gate passes, fails and says which bounds failed and where, by profile
+"""Layer 10, ``check``: the gate passes, fails and says which bounds failed and where, by profile
 and per output, requires the providers asked for, and retries transient errors only."""
 from __future__ import annotations
 

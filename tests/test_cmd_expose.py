@@ -1,4 +1,4 @@
-"""Layer 7, ``expose``: the exposed model opens, runs and declares real types; its weights go
+"""Layer 10, ``expose``: the exposed model opens, runs and declares real types; its weights go
 beside it byte for byte, copied or referenced, and nothing is left on failure."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Layer 7, ``inspect``: what a model is, from its graph, as onnx reads it."""
+"""Layer 10, ``inspect``: what a model is, from its graph, as onnx reads it."""
 from __future__ import annotations
 
 import models

@@ -1,4 +1,4 @@
-"""Layer 7, ``layers`` and ``growth``: every number recomputed independently (numpy, sessions
+"""Layer 10, ``layers`` and ``growth``: every number recomputed independently (numpy, sessions
 opened here, graph surgery), named boundaries, --local, --metrics, --rows, --boundary-ops, what
 exposing a boundary moves, and the properties every pair keeps."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Layer 7, ``partition``: hand-made graphs, and ``--mode ort`` against onnxruntime's own
+"""Layer 10, ``partition``: hand-made graphs, and ``--mode ort`` against onnxruntime's own
 partitioner, subgraphs included."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Layer 7, ``placement``: every node's provider, and a session that fell back said so."""
+"""Layer 10, ``placement``: every node's provider, and a session that fell back said so."""
 from __future__ import annotations
 
 import os

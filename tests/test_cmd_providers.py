@@ -1,4 +1,4 @@
-"""Layer 7, ``providers``: requested, actual, missing and fell back per case, and
+"""Layer 10, ``providers``: requested, actual, missing and fell back per case, and
 --fail-on-fallback by the gate's rule."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``reduce``: the smallest part of a model that still fails.
+"""Layers 8 and 10, ``reduce``: the smallest part of a model that still fails.
 
 The oracle is the graph itself: with a ``--check`` that fails exactly when the candidate still
 computes two chosen tensors A and B, the smallest failing part is the set of nodes on the

@@ -1,4 +1,4 @@
-"""Layer 7, ``report``: the deliverables, the command that made them, the chart, the prose, and
+"""Layer 10, ``report``: the deliverables, the command that made them, the chart, the prose, and
 an exposure that changes the int8 output."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Layer 7, ``settings`` and ``settings --explain``: which optimizer changes the numbers, where,
+"""Layers 9 and 10, ``settings`` and ``settings --explain``: which optimizer changes the numbers, where,
 and whether a run repeats.
 
 The cases are real on every supported stack: onnxruntime's MatMulAddFusion turns MatMul + Add

@@ -1,4 +1,4 @@
-"""Layer 7, ``weights``: each quantized weight against its float original, as qdq_loss_debug
+"""Layer 10, ``weights``: each quantized weight against its float original, as qdq_loss_debug
 computes it, for QDQ and QOperator models and every channel layout."""
 from __future__ import annotations
 

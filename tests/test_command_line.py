@@ -1,4 +1,4 @@
-"""Layer 8, command line: ``main(argv)`` and the parser. Every bad input gets its exit code, an
+"""Layer 11, command line: ``main(argv)`` and the parser. Every bad input gets its exit code, an
 empty stdout and one ``eprun: error:`` line; random argv never tracebacks; near misses get a
 suggestion; the seed is taken in both forms; main runs in any thread and gives the previous
 run back."""

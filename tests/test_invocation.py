@@ -1,4 +1,4 @@
-"""What one call of main() holds, and what it hands down (eprun.py, layers 2 and 9).
+"""What one call of main() holds, and what it hands down (eprun.py, layers 2 and 11).
 
 A command's inputs are its arguments: main() parses the words and passes them down (the
 report's own command line, the parser's hints); onnxruntime's process-wide log level is set

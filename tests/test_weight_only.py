@@ -1,4 +1,4 @@
-"""Layers 5 and 8 on weight-only twins (MatMulNBits, MatMulBnb4, opset 21's blockwise
+"""Layers 5 and 10 on weight-only twins (MatMulNBits, MatMulBnb4, opset 21's blockwise
 DequantizeLinear of INT4/UINT4 weights, GatherBlockQuantized): their boundaries in layers, --local, growth, expose and
 --boundaries; weights; inspect's weight_only; check's int4 profile; and the refusal on an
 onnxruntime too old to run them. Every number is recomputed here: numpy on tests/int4.py's

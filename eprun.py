@@ -151,7 +151,7 @@ import functools
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 __version__ = "0.14.0"
@@ -722,7 +722,8 @@ MODEL = arg("model", help="ONNX model file")
 SEED = arg("seed", type=parse_seed, nargs="?",
            help="non-negative integer; the inputs are drawn by numpy.random.default_rng(seed) "
                 "(or give it as --seed)")
-_SEED_HELP = "the input seed, as the positional one (default 0)"
+_SEED_HELP = ("the input seed, for numpy.random.default_rng; a command with a positional "
+              "seed requires one of the two, the others take 0 when it is not given")
 SEED_OPTION = arg("--seed", dest="seed_option", type=parse_seed, metavar="SEED",
                   help=_SEED_HELP)
 # Where --seed is the usual form (default 0), a positional seed after the models is taken too.
@@ -2516,6 +2517,53 @@ def weight_only_nodes(graph) -> list[tuple[Any, int]]:
             continue
         found.append((node, bits))
     return found
+
+
+# What a twin's quantized weight adds to its float weight's name: W_Q4, W_DQ_Q4, W_Q4G32.
+_QUANTIZED_WEIGHT_SUFFIX = re.compile(r"_(DQ_)?Q\d+(G-?\d+)?$")
+
+
+class FloatWeightReaders:
+    """The float model's MatMuls and Gathers of a constant weight, found by what a weight-only
+    twin keeps of them: a quantizer renames the weight and the node, not the activation a
+    MatMul multiplies, the output it writes or a Gather's output. How ``weights`` and
+    sensitivity's units pair a weight-only op with the float node it stands for."""
+
+    def __init__(self, graph) -> None:
+        """Index every MatMul and Gather of ``graph`` that reads an initializer as its weight."""
+        weights = {tensor.name for tensor in graph.initializer}
+        self.nodes = list(graph.node)
+        self.matmuls: dict[str, list[int]] = {}  # activation -> the MatMuls' positions
+        self.gathers: dict[str, int] = {}  # output -> the Gather's position
+        for position, node in enumerate(self.nodes):
+            if node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] in weights:
+                self.matmuls.setdefault(node.input[0], []).append(position)
+            elif node.op_type == "Gather" and node.input and node.input[0] in weights:
+                self.gathers.setdefault(node.output[0], position)
+
+    def matmul_of(self, activation: str, output: str, weight: str,
+                  taken: Iterable[int] = ()) -> int | None:
+        """The position of the float MatMul that a weight-only MatMul reading ``activation``,
+        writing ``output`` and quantizing ``weight`` stands for: of the MatMuls reading that
+        activation (less those ``taken``), where several do (a query, a key and a value
+        projection), the one writing ``output`` (or it less ``_pre_reshape``, where the
+        quantizer reshapes an N-D weight's product), then the one whose weight ``weight`` is
+        named after; None unless exactly one is left."""
+        taken = set(taken)
+        candidates = [position for position in self.matmuls.get(activation, ())
+                      if position not in taken]
+        writes = {output, output.removesuffix("_pre_reshape")}
+        named = _QUANTIZED_WEIGHT_SUFFIX.sub("", weight)
+        for keeps in (lambda node: node.output[0] in writes,
+                      lambda node: node.input[1] == named):
+            narrower = [position for position in candidates if keeps(self.nodes[position])]
+            if len(candidates) > 1 and narrower:
+                candidates = narrower
+        return candidates[0] if len(candidates) == 1 else None
+
+    def gather_of(self, output: str) -> int | None:
+        """The position of the float Gather writing ``output`` (a GatherBlockQuantized's)."""
+        return self.gathers.get(output)
 
 
 # -- external data ---------------------------------------------------------------------------------
@@ -6616,20 +6664,33 @@ class Segment(NamedTuple):
     reason: str | None
 
 
+class Feedable(NamedTuple):
+    """What a segment may be fed rather than compute: the fp32 model's tensor names
+    (``fp32_names``), the graph inputs (``input_names``) and what the int8 model computes for
+    the earlier boundaries (``earlier``; None: whatever does not descend from the start)."""
+
+    fp32_names: set
+    input_names: set
+    earlier: set | None = None
+
+
 def cut_segment(model, start: str, end: str, *, index: GraphIndex, types: dict,
-                fp32_names: set, input_names: set, extra_outputs: list[str] = ()) -> Segment:
+                feedable: Feedable, extra_outputs: list[str] = ()) -> Segment:
     """The nodes that compute ``end`` from ``start`` and from fp32 values of what else they read.
 
-    Walking back from ``end``, a tensor that does not descend from ``start`` is not the
-    segment's to compute: it is fed its fp32 value, taken in front of the QuantizeLinear ->
-    DequantizeLinear pair that quantizes it (the pair stays in the segment) or where it is
-    (a graph input, a float tensor both models have). Only what has no fp32 counterpart is
-    computed by the segment itself (shape arithmetic, dequantized weights). ``index`` is
+    Walking back from ``end``, a tensor that does not descend from ``start`` but the int8
+    model computes for an earlier boundary (``feedable.earlier``: the earlier boundaries and
+    what they are computed from) is not the segment's to compute: it is fed its
+    fp32 value, taken in front of the QuantizeLinear -> DequantizeLinear pair that quantizes
+    it (the pair stays in the segment) or where it is (a graph input, a float tensor both
+    models have). What has no fp32 counterpart is computed by the segment itself (shape
+    arithmetic, dequantized weights), and so is a branch no earlier boundary needs (the key
+    and value projections beside a query's): its own error is this segment's. ``index`` is
     ``model``'s graph index.
     """
     outputs = [end, *extra_outputs]
     taken, sides, reason = _segment_nodes(index, start, outputs, types=types,
-                                          fp32_names=fp32_names, input_names=input_names)
+                                          feedable=feedable)
     members = [index.nodes[i] for i in sorted(taken)]
     used = {name for node in members for name in _node_inputs(node)}
     if start not in used:  # a parallel branch: its inputs are all sides
@@ -6637,6 +6698,20 @@ def cut_segment(model, start: str, end: str, *, index: GraphIndex, types: dict,
     segment = _segment_model(model, index, members, [start, *sorted(sides)], outputs,
                              used=used, types=types)
     return Segment(segment, start, outputs, sides, reason)
+
+
+def _add_ancestors(index: GraphIndex, name: str, found: set[str]) -> None:
+    """Add ``name`` and every tensor it is computed from (through subgraphs' outer reads) to
+    ``found``; a tensor already there is not walked again."""
+    frontier = [name]
+    while frontier:
+        tensor = frontier.pop()
+        if not tensor or tensor in found:
+            continue
+        found.add(tensor)
+        node = index.producer(tensor)
+        if node is not None:
+            frontier.extend(_node_inputs(node))
 
 
 def _descendants(index: GraphIndex, start: str) -> set[str]:
@@ -6655,9 +6730,10 @@ def _descendants(index: GraphIndex, start: str) -> set[str]:
 # computed before the previous boundary) share one stack and one seen set, and each decides
 # whether the walk goes on; split, every piece would take and hand back all of that state.
 def _segment_nodes(index: GraphIndex, start: str, outputs: list[str], *, types: dict,
-                   fp32_names: set, input_names: set) -> tuple[set[int], dict, str | None]:
+                   feedable: Feedable) -> tuple[set[int], dict, str | None]:
     """``(node indices, sides, reason)``: the walk back from ``outputs`` (the segment's end
     first) that ``cut_segment`` describes; ``reason`` says where it had to stop."""
+    fp32_names, input_names, earlier = feedable
     end, extra_outputs = outputs[0], outputs[1:]
     descendants = _descendants(index, start)
     taken: set[int] = set()
@@ -6671,7 +6747,8 @@ def _segment_nodes(index: GraphIndex, start: str, outputs: list[str], *, types: 
         if name in seen or name == start or name in index.initializers:
             continue
         seen.add(name)
-        if name != end and name not in descendants and name not in extra_outputs:
+        before = name != end and name not in descendants and name not in extra_outputs
+        if before and (earlier is None or name in earlier or name in input_names):
             fed_at, chain = quantizing_chain(name, index)
             if chain and (fed_at in fp32_names or fed_at in input_names):
                 fed_through.update(index_of[id(node)] for node in chain)
@@ -6688,7 +6765,7 @@ def _segment_nodes(index: GraphIndex, start: str, outputs: list[str], *, types: 
             reason = f"{end!r} reads {name!r}, which no node computes"
             break
         node = index.nodes[index.producer_index[name]]
-        if name not in descendants and name != end and _quantizes(node):
+        if before and (earlier is None or name in earlier) and _quantizes(node):
             reason = (f"{end!r} reads {name!r}, which the int8 model computes before the "
                       "previous boundary and the fp32 model has no tensor of that name for")
             break
@@ -6734,9 +6811,12 @@ class LocalSegments:
     For boundary k >= 1 the int8 nodes between boundary k-1 and k are cut out (``cut_segment``)
     and fed the fp32 tensor of boundary k-1 where the int8 model quantizes it (the input of the
     QuantizeLinear in front of that boundary's DequantizeLinear), so the segment's own input
-    quantization counts as its error; a skip connection or second branch is fed its fp32 value
-    the same way. Boundary 0 has no earlier boundary: its local error is its error. A segment
-    that cannot be cut gets null and a reason in ``unavailable``.
+    quantization counts as its error; what an earlier boundary is computed from (a skip
+    connection) is fed its fp32 value the same way, and a branch no earlier boundary needs (a
+    key projection beside the query's) is computed in the segment from the fp32 values of the
+    earlier boundaries it reads, so its own error is born there. Boundary 0 has no earlier
+    boundary: its local error is its error. A segment that cannot be cut gets null and a
+    reason in ``unavailable``.
     """
 
     def __init__(self, int8: PairedModel, boundaries: list[str], *, fp32_names: set,
@@ -6751,11 +6831,13 @@ class LocalSegments:
         model = load_model(int8.path)
         index = GraphIndex.of(model.graph, int8.types)
         self.segments: dict[int, Segment] = {}
+        earlier: set[str] = set()  # the earlier boundaries and what they are computed from
         for k in range(1, len(boundaries)):
+            _add_ancestors(index, boundaries[k - 1], earlier)
             start = _before_cast(quantizing_chain(boundaries[k - 1], index)[0], index,
                                  {*fp32_names, *input_names})
             segment = cut_segment(model, start, boundaries[k], index=index, types=int8.types,
-                                  fp32_names=fp32_names, input_names=input_names,
+                                  feedable=Feedable(fp32_names, input_names, earlier),
                                   extra_outputs=int8.quantization.runtime(boundaries[k]))
             if segment.reason:
                 self.unavailable.append({"index": k, "reason": f"cannot cut: {segment.reason}"})
@@ -6842,6 +6924,19 @@ def growth_from(rel_errors: list[float]) -> dict:
     }
 
 
+def growth_since_first_error(rel_errors: list) -> dict | None:
+    """Where the first relative error is 0 (a weight-only twin's first boundaries are the float
+    model's): ``{"index", "total_growth"}``, the last error over the first that is not 0, from
+    the boundary that has it; None where there is none, or a number is NaN or infinite."""
+    if not rel_errors or rel_errors[0] != 0 or any(
+            value is None or not math.isfinite(value) for value in rel_errors):
+        return None
+    first = next((k for k, value in enumerate(rel_errors) if value != 0), None)
+    if first is None:
+        return None
+    return {"index": first, "total_growth": rel_errors[-1] / rel_errors[first]}
+
+
 def _largest(values: list, start: int = 0) -> tuple[int, float] | None:
     """``(index, value)`` of the largest finite value, the earliest on ties (``max`` keeps the
     first of equal keys); None if there is none."""
@@ -6861,6 +6956,9 @@ def growth_of(measured: dict) -> dict:
     if "inputs" in measured:
         answer["inputs"] = measured["inputs"]
     answer.update(growth_from([entry["rel_error"] for entry in measured["layers"]]))
+    since = growth_since_first_error(answer["rel_error"])
+    if answer["total_growth"] is None and since is not None:
+        answer["growth_from_first_error"] = since
     if "local_unavailable" in measured:
         local_rel = [entry["local"]["rel_error"] if entry["local"] else None
                      for entry in measured["layers"]]
@@ -7181,12 +7279,14 @@ def _sensitivity_missing(why: str) -> str:
 def _sensitivity_section(ranked: dict) -> str:
     """The optional fifth section of ``ep_report.md`` (``report --sensitivity``)."""
     quantized = ranked["quantized"]
+    quantizer = (ranked.get("quantizer") or {}).get("class") or "quantize_static"
     lines = ["", REPORT_SENSITIVITY_HEADING, "",
              ("Each quantized unit restored to float alone ("
               + ("the graph the installed quantize_static writes with it in nodes_to_exclude"
                  if ranked.get("predicted_by") == "quantize_static" else
-                 "the int8 graph edited as quantize_static's nodes_to_exclude would leave it; "
-                 "the quantizer itself could not be used here")
+                 f"the int8 graph edited as {quantizer}'s nodes_to_exclude would leave it"
+                 + ("" if quantizer != "quantize_static" else
+                    "; the quantizer itself could not be used here"))
               + "), measured on the final output "
              f"`{ranked['output']}` against the fp32 model; the fully quantized model has "
              f"SQNR {_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}."),
@@ -7204,7 +7304,8 @@ def _sensitivity_section(ranked: dict) -> str:
                        "eprun does not have (the unit's `inexact` in the sensitivity answer says "
                        "which; `--calibration` with the int8 model's calibration data makes it "
                        "exact).")]
-    lines += ["", f"Recommended `nodes_to_exclude` ({len(recommendation['nodes_to_exclude'])}): "
+    lines += ["", f"Recommended `nodes_to_exclude` ({len(recommendation['nodes_to_exclude'])}"
+              + ("" if quantizer == "quantize_static" else f", for {quantizer}") + "): "
               f"{_ops(recommendation['nodes_to_exclude'])}; the combined graph reaches "
               + (f"SQNR {_num(reached['sqnr_db'])} dB" if reached["sqnr_db"] is not None
                  else "the fp32 output exactly")
@@ -7328,15 +7429,18 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
     """The error at every boundary, how it grew, and its chart."""
     rel_error = growth_answer["rel_error"]
     ratios = [None] + growth_answer["ratios"]
+    drawn = [item for item in measured.get("inputs", ()) if item["source"] != "file"]
     fed = (f"`default_rng({measured['seed']}).standard_normal(({measured['rows']}, F))`"
            if "inputs" not in measured else
-           f"one `default_rng({measured['seed']})` in input order: " + "; ".join(
+           (f"one `default_rng({measured['seed']})` in input order: " if drawn else
+            "the inputs file's arrays: ") + "; ".join(
                f"`{item['name']}` {item['dtype']} {item['shape']} from {item['source']}"
                for item in measured["inputs"]))
+    paired = ("the int8 tensor of the fp32 one's name" if measured.get("pairing") == "name" else
+              f"the k-th tensor of each model{'' if facts['in_order'] else ' named after it'}")
     lines = [REPORT_GROWTH_HEADING, "",
               (f"Input: {fed}, both models exposed in memory and run {_where_ran(measured)} "
-              "with default session options; boundary k pairs the k-th tensor of each model"
-              f"{'' if facts['in_order'] else ' named after it'} (`growth.json`)."), "",
+              f"with default session options; boundary k pairs {paired} (`growth.json`)."), "",
               ("| boundary | fp32 tensor | int8 tensor | max abs error | scale | rel error | "
               "cos min | ratio to previous | clipped |"),
               "|---|---|---|---|---|---|---|---|---|"]
@@ -7345,7 +7449,7 @@ def _growth_section(measured: dict, growth_answer: dict, facts: dict) -> list[st
         lines.append(f"| {entry['index']} | `{entry['fp32']}` | `{entry['int8']}` | "
                      f"{_num(entry['max_abs_error'])} | {_num(entry['scale'])} | "
                      f"{_num(entry['rel_error'])} | {_num(entry['cos_min'], 6)} | "
-                     f"{'—' if entry['index'] == 0 else _num(ratio)} | "
+                     f"{'—' if entry['index'] == 0 or ratio is None else _num(ratio)} | "
                      f"{'—' if clipped is None else f'{clipped:.2%}'} |")
     lines += ["", _clipping_prose(measured["layers"])]
     lines += _growth_prose(measured, growth_answer, facts)
@@ -7359,13 +7463,17 @@ def _growth_prose(measured: dict, growth_answer: dict, facts: dict) -> list[str]
     """How the error grew, in words: the total, the largest jump, monotone or where not."""
     rel_error = growth_answer["rel_error"]
     total = growth_answer["total_growth"]
+    since = growth_answer.get("growth_from_first_error")
     jump = growth_answer["max_ratio"]
     drops = [k for k in range(1, len(rel_error)) if not rel_error[k] >= rel_error[k - 1]]
     lines = ["", f"Total growth factor, last relative error over the first: **{_num(total)}** "
              f"(`total_growth` = {total!r} in `growth.json`): the error "
              f"{'grew' if total > 1 else 'shrank' if total < 1 else 'stayed the same'}."
              if total is not None else
-             f"Total growth factor: null ({_no_growth_why(rel_error)}).", ""]
+             f"Total growth factor: null ({_no_growth_why(rel_error)})"
+             + (f"; from boundary {since['index']}, the first with an error, the last relative "
+                f"error is **{_num(since['total_growth'])}** times that one "
+                "(`growth_from_first_error` in `growth.json`)." if since else "."), ""]
     if jump:
         lines.append(f"Largest jump: into boundary {jump['index']} "
                      f"(`{measured['layers'][jump['index']]['fp32']}`), ×{_num(jump['ratio'])}.")
@@ -7495,6 +7603,11 @@ def _nice_ceiling(value: float) -> float:
 def _clipping_prose(entries: list[dict]) -> str:
     """What the ``clipped`` column says: where the int8 range first cuts off fp32 values."""
     clipping = [entry for entry in entries if entry.get("clipped")]
+    if all(entry.get("clipped") is None for entry in entries):
+        return ("`clipped` is the share of the fp32 values outside the range the int8 model's "
+                "QuantizeLinear at that boundary can represent; no boundary here has one with "
+                "a scale and zero point eprun reads (a weight-only twin quantizes no "
+                "activation), so nothing was measured.")
     if not clipping:
         return ("`clipped` is the share of the fp32 values outside the range the int8 model's "
                 "QuantizeLinear at that boundary can represent (its calibration range); none "
@@ -7558,7 +7671,8 @@ def _machine_section(provider_answer: dict, settings_answer: dict, exposure: dic
                  "baseline here. That is a measurement of this machine, not a guarantee."
                  if not differing else
                  "these cases differed from the single-threaded unoptimized baseline: "
-                 + "; ".join(f"{case['level']} with {case['intra_op']} threads (max abs diff "
+                 + "; ".join(f"{case['level']} with {case['intra_op']} "
+                             f"thread{'' if case['intra_op'] == 1 else 's'} (max abs diff "
                              f"{_num(case['max_abs_diff'])})" for case in differing) + "."),
               (f"  Baseline output: max |y| = {_num(base['max_abs_output'])}, "
               f"mean = {_num(base['mean_output'])}."),
@@ -8272,8 +8386,11 @@ def _growth_table(answer: dict, colour: bool) -> list[str]:
                      jump["index"] if jump else None, colour)
     lines += _divergence_lines(answer)
     total = answer["total_growth"]
+    since = answer.get("growth_from_first_error")
     if total is None:
-        lines.append(f"total growth: none ({_no_growth_why(answer['rel_error'])})")
+        lines.append(f"total growth: none ({_no_growth_why(answer['rel_error'])})"
+                     + (f"; {_num(since['total_growth'])} from boundary {since['index']}, the "
+                        "first with an error" if since else ""))
     else:
         said = ("the error grew" if total > 1 else "the error shrank" if total < 1
                 else "the error stayed the same")
@@ -8888,8 +9005,6 @@ _BLOCKWISE_BITS = {2: 8, 3: 8, 21: 4, 22: 4, 25: 2, 26: 2}
 # The weight names of MatMulNBitsQuantizer's neural-compressor algorithms (RTN, k_quant, GPTQ):
 # ``W_Q4G32`` (bits, then block size), where its default algorithm and HQQ write ``W_Q4``.
 _NEURAL_COMPRESSOR_WEIGHT = re.compile(r"_Q\d+G-?\d+$")
-# What a twin's quantized weight adds to its float weight's name: W_Q4, W_DQ_Q4, W_Q4G32.
-_QUANTIZED_WEIGHT_SUFFIX = re.compile(r"_(DQ_)?Q\d+(G-?\d+)?$")
 # What algorithm a twin's weights show (``BlockwiseMatMul.algorithm``) when neural-compressor's
 # names them: GPTQ among those, which a weight's values cannot tell from RTN's.
 _NEURAL_COMPRESSOR = "RTN, k_quant or GPTQ"
@@ -9012,27 +9127,13 @@ def _weight_only_units(fp32_model, index: GraphIndex,
     (``<op>#<k>`` where it has none, ``_named_nodes``). A MatMul with no such float node is
     no unit: there is no float weight to restore."""
     fp32_nodes = list(_named_nodes(fp32_model.graph))
-    weights = {tensor.name for tensor in fp32_model.graph.initializer}
-    by_activation: dict[str, list[int]] = {}
-    for position, node in enumerate(fp32_nodes):
-        if node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] in weights:
-            by_activation.setdefault(node.input[0], []).append(position)
+    readers = FloatWeightReaders(fp32_model.graph)
     units, taken = [], set()
     for matmul in matmuls:
-        output = index.nodes[matmul.index].output[0]
-        writes = {output, output[:-len("_pre_reshape")] if output.endswith("_pre_reshape")
-                  else output}
-        candidates = [position for position in by_activation.get(matmul.activation, ())
-                      if position not in taken]
-        for narrower in ([position for position in candidates
-                          if fp32_nodes[position].output[0] in writes],
-                         [position for position in candidates if fp32_nodes[position].input[1]
-                          == _QUANTIZED_WEIGHT_SUFFIX.sub("", matmul.weight)]):
-            if len(candidates) > 1 and narrower:
-                candidates = [position for position in candidates if position in narrower]
-        if len(candidates) != 1:
+        position = readers.matmul_of(matmul.activation, index.nodes[matmul.index].output[0],
+                                     matmul.weight, taken)
+        if position is None:
             continue
-        position = candidates[0]
         taken.add(position)
         units.append(Unit(fp32_nodes[position].name, "MatMul",
                           bool(fp32_model.graph.node[position].name), matmul.index, position))
@@ -10787,14 +10888,29 @@ class Ranking:
     @classmethod
     def of(cls, target_sqnr: float | None, target_rel_error: float | None,
            profile: str | None, max_units: int | None, units: list[str] | None) -> Ranking:
-        """The ranking ``sensitivity``'s options ask for (the int8 profile by default)."""
+        """The ranking ``sensitivity``'s options ask for; without a target, ``{"profile":
+        None}`` until ``for_study`` knows the twin."""
         if target_sqnr is not None:
             target = {"sqnr_db": target_sqnr}
         elif target_rel_error is not None:
             target = {"rel_error": target_rel_error}
         else:
-            target = {"profile": profile or "int8", **TOLERANCE_PROFILES[profile or "int8"]}
+            target = {"profile": profile, **TOLERANCE_PROFILES.get(profile, {})}
         return cls(target, max_units, units)
+
+    def for_study(self, study: SensitivityStudy) -> Ranking:
+        """The target profile where none was given, as ``check``'s auto profile picks it: int4
+        for a weight-only twin of 4 bits or fewer (said on stderr), int8 otherwise."""
+        if "profile" not in self.target or self.target["profile"] is not None:
+            return self
+        twin = study.weight_only
+        profile = "int4" if twin is not None and twin.arguments["bits"] <= 4 else "int8"
+        if profile == "int4":
+            note(f"target profile int4 (no --target-profile given), as {study.int8!r} quantizes "
+                 "weights only, to 4 bits or fewer; --target-profile int8 holds it to the int8 "
+                 "tolerances")
+        return dataclasses.replace(self, target={"profile": profile,
+                                                 **TOLERANCE_PROFILES[profile]})
 
     def chosen(self, study: SensitivityStudy) -> list[Unit]:
         """The study's units ``units`` names, in the study's order; a name it does not quantize
@@ -10816,6 +10932,7 @@ def _rank_units(study: SensitivityStudy, seed: int, targets: Targets, ranking: R
     then the recommendation, each step measured on the graph quantize_static writes (for a
     weight-only twin, MatMulNBitsQuantizer: ``quantizer`` then holds its arguments, and the
     recommendation's ``nodes_to_exclude`` is for it)."""
+    ranking = ranking.for_study(study)
     chosen = ranking.chosen(study)
     quantized = study.measure([])
     base = study.last
@@ -12414,7 +12531,9 @@ declare(Command(
     arguments=(*PAIR_ARGS, FORMAT_ARG),
     fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
             "max_ratio"),
-    detail='max_ratio: {"index", "ratio"}; "inputs", "providers", "first_divergence", '
+    detail='max_ratio: {"index", "ratio"}; "growth_from_first_error": {"index", '
+           '"total_growth"} where total_growth is null over a first error of 0; "inputs", '
+           '"providers", "first_divergence", '
            '"exposure" and "reference_exposure" as in layers; --local adds "local_rel_error", '
            '"worst_local" and "local_unavailable"',
     example="eprun.py growth fp32.onnx int8.onnx 2026"))
@@ -12621,8 +12740,10 @@ def placement(model: str, providers: list[str], options: PlacementOptions | None
 
     onnxruntime 1.24+ records the assignment when asked (``session.record_ep_graph_assignment_
     info``); older releases only show it in a profile, so there eprun runs the model once with
-    profiling on and reads each node event's provider. Both list the nodes onnxruntime
-    executes, after its graph optimizations: a fused node stands for several of the file's.
+    profiling on and reads each node event's provider. The recorded assignment lists the
+    nodes as onnxruntime partitioned them among its EPs (after its basic optimizations; an
+    EP's own fusions come later, so the nodes of a kernel the CPU fuses are each listed, on
+    the EP that took them); a profile lists the kernels that ran, a fused one once.
     """
     options = options or PlacementOptions()
     seed, inputs, node_data = 0, options.inputs, options.node_data
@@ -13611,7 +13732,8 @@ declare(Command(
         arg("--target-rel-error", type=parse_tolerance, metavar="X",
             help="stop once the final output's rel_error is at most X"),
         arg("--target-profile", dest="profile", choices=sorted(TOLERANCE_PROFILES),
-            help="stop once the final output passes check's profile (default int8)"),
+            help="stop once the final output passes check's profile (default int8; int4 "
+                 "for a weight-only twin of 4 bits or fewer, as check's auto profile)"),
         hidden_alias("--profile", "profile", choices=sorted(TOLERANCE_PROFILES)),
         arg("--max-units", type=parse_count, metavar="N",
             help="recommend at most N units"),
@@ -13928,38 +14050,6 @@ def worst_block(difference, axis: int, block_size: int) -> tuple[int, int, float
     return int(row), int(block), float(per_block[row, block])
 
 
-class _FloatWeightReaders:
-    """The float model's MatMuls and Gathers with a constant weight, by the names a weight-only
-    twin keeps: a MatMul by its activation and output, and by its activation alone; a Gather by
-    its output."""
-
-    def __init__(self, graph) -> None:
-        """Index every MatMul and Gather that reads an initializer as its weight."""
-        initializers = {tensor.name for tensor in graph.initializer}
-        self.by_both: dict[tuple[str, str], str] = {}
-        self.by_activation: dict[str, list[str]] = {}
-        self.gathers: dict[str, str] = {}
-        for node in graph.node:
-            if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in initializers:
-                self.by_both.setdefault((node.input[0], node.output[0]), node.input[1])
-                self.by_activation.setdefault(node.input[0], []).append(node.input[1])
-            elif node.op_type == "Gather" and node.input and node.input[0] in initializers:
-                self.gathers.setdefault(node.output[0], node.input[0])
-
-    def weight_of(self, weight: BlockwiseWeight) -> str | None:
-        """The float weight ``weight`` quantizes: that of the MatMul reading the same activation
-        and writing the same output (or its ``_pre_reshape`` form, where the quantizer reshapes
-        an N-D weight's product), else of the only MatMul reading that activation; that of the
-        Gather writing the same output. None where no node says."""
-        if weight.node.op_type == "GatherBlockQuantized":
-            return self.gathers.get(weight.output)
-        for output in (weight.output, weight.output.removesuffix("_pre_reshape")):
-            if (weight.activation, output) in self.by_both:
-                return self.by_both[(weight.activation, output)]
-        candidates = set(self.by_activation.get(weight.activation, ()))
-        return candidates.pop() if len(candidates) == 1 and weight.activation else None
-
-
 def _nibble_codes(tensor, model_path: str):
     """An INT4 or UINT4 initializer's codes (int64, in its dims), from the bytes ONNX packs them
     in (two a byte, the first in the low nibble), inline or external: ``_map_external`` reads
@@ -14035,6 +14125,10 @@ def weights(fp32: str, int8: str, options: WeightsOptions | None = None) -> dict
     if blocked:
         entries = _in_reading_order(int8_model.graph, entries + [
             entry for entry in map(pairing.blockwise_entry, blocked) if entry is not None])
+    if not entries and not pairing.unread and not pairing.unsupported:
+        raise EprunError(f"no quantized weight of {int8!r} pairs with a weight of {fp32!r} (by "
+                         "name and shape, or through the node that reads it): is it that "
+                         "model's quantized twin?")
     pairing.note_left_out(entries)
     worst = min(entries, key=lambda entry: entry["sqnr_db"], default=None)
     answer = {"fp32": fp32, "int8": int8, "weight_count": len(entries), "weights": entries,
@@ -14072,7 +14166,7 @@ class _WeightPairing:
         self.int8_tensors = {tensor.name: tensor for tensor in int8_model.graph.initializer}
         self.unpaired: list[str] = []  # no float weight of the same name and shape
         self.unread: list[str] = []  # neither one scale per tensor nor one per channel
-        self.readers = _FloatWeightReaders(fp32_model.graph)
+        self.readers = FloatWeightReaders(fp32_model.graph)
         self.tensors = _Tensors(self.int8_tensors, int8)
         self.unmatched: list[str] = []  # weight-only: no float node reads the same names
         self.unsupported: list[str] = []  # weight-only: a layout eprun does not read
@@ -14116,11 +14210,18 @@ class _WeightPairing:
 
     def blockwise_entry(self, weight: BlockwiseWeight) -> dict | None:
         """A weight-only op's weight against the weight of the float node it stands for
-        (``_FloatWeightReaders``), dequantized as onnxruntime computes it, or None where it is
-        left out: with its bits, block size, symmetry, accuracy level and its worst block."""
+        (``FloatWeightReaders``; ``node`` names it, as MatMulNBitsQuantizer's
+        ``nodes_to_exclude`` takes it), dequantized as onnxruntime computes it, or None where it
+        is left out: with its bits, block size, symmetry, accuracy level and its worst block."""
         import numpy as np
 
-        name = self.readers.weight_of(weight)
+        readers = self.readers
+        position = (readers.gather_of(weight.output)
+                    if weight.node.op_type == "GatherBlockQuantized" else
+                    readers.matmul_of(weight.activation, weight.output, weight.name)
+                    if weight.activation else None)
+        node = None if position is None else readers.nodes[position]
+        name = None if node is None else node.input[1 if node.op_type == "MatMul" else 0]
         if name not in self.floats:
             self.unmatched.append(weight.name)
             return None
@@ -14140,6 +14241,7 @@ class _WeightPairing:
         axis = fields.pop("axis")
         row, block, largest = worst_block(reference - dequantized, axis, fields["block_size"])
         return {"name": name, "quantized": weight.name, "op_type": weight.node.op_type,
+                "node": node.name,
                 "shape": list(reference.shape), "axis": axis,
                 **weight_error(reference, dequantized), **fields,
                 "worst_block": {"column" if weight.activation else "row": row, "block": block,
@@ -14192,7 +14294,9 @@ declare(Command(
            '"qdq_loss_debug_sqnr_db" where its int8 arithmetic wraps around (see stderr); a '
            'weight-only one (MatMulNBits, MatMulBnb4, GatherBlockQuantized, a DequantizeLinear '
            'with a block_size), paired through the float MatMul reading the same activation and '
-           'writing the same output, adds "bits", "block_size", "symmetric", "accuracy_level" '
+           'writing the same output, adds "node" (that float node\'s name, as '
+           'MatMulNBitsQuantizer\'s nodes_to_exclude takes it), "bits", "block_size", '
+           '"symmetric", "accuracy_level" '
            'and "worst_block": {"column" (or a table\'s "row"), "block", "max_abs_error"}, '
            '"axis" the one its blocks run along; worst: {"name", "sqnr_db"} of the lowest '
            'SQNR; --format table sorts worst first',

@@ -73,6 +73,19 @@ def test_growth_from(rel_errors, expected):
     matches(tool.growth_from(rel_errors), expected)
 
 
+@pytest.mark.parametrize(("rel_errors", "expected"), [
+    ([0.0, 0.1, 0.3], {"index": 1, "total_growth": 0.3 / 0.1}),
+    ([0.0, 0.0, 0.25, 0.5], {"index": 2, "total_growth": 2.0}),
+    ([0.0, 0.5, 0.0], {"index": 1, "total_growth": 0.0}),
+    ([0.2, 0.4], None),  # total_growth is a number: nothing to add
+    ([0.0, 0.0], None),  # no error anywhere
+    ([0.0, NAN, 0.5], None),
+    ([], None),
+])
+def test_growth_since_the_first_error(rel_errors, expected):
+    assert tool.growth_since_first_error(rel_errors) == expected
+
+
 @pytest.mark.parametrize(("values", "start", "expected"), [
     ([], 0, None),
     ([None, None], 0, None),

@@ -236,6 +236,44 @@ def test_the_verified_recommendation_is_what_the_excluded_twin_gives(eprun, tmp_
     assert reached == pytest.approx(first["recommendation"]["steps"][-1]["sqnr_db"], rel=1e-9)
 
 
+def passes(reference, candidate, rtol: float, atol: float, min_cos: float) -> bool:
+    """check's bounds, worked out here: every element within atol + rtol * |reference|, and
+    the cosine of the whole outputs at least min_cos."""
+    reference, candidate = reference.astype(np.float64), candidate.astype(np.float64)
+    within = np.abs(candidate - reference) <= atol + rtol * np.abs(reference)
+    cosine = (reference * candidate).sum() / (np.linalg.norm(reference)
+                                              * np.linalg.norm(candidate))
+    return bool(within.all() and cosine >= min_cos)
+
+
+@pytest.mark.parametrize("case, profile", [("nbits_symmetric", "int4"), ("nbits_8bit", "int8")])
+def test_without_a_target_a_4bit_twin_is_held_to_the_int4_profile(run_eprun_here, tmp_path,
+                                                                  case, profile):
+    """As check's auto profile: a twin of 4-bit weights is held to the int4 tolerances (said
+    on stderr), an 8-bit one to the int8 ones; the recommendation is the shortest prefix of the
+    ranking whose twin passes them, worked out here with the quantizer's exclusions."""
+    model = int4.mlp(widths=(64, 64, 64, 16))
+    form, settings = twin_case(case)
+    fp32 = models.save(model, tmp_path / "f.onnx")
+    twin = models.save(twin_of(model, form, settings), tmp_path / "q.onnx")
+    result = run_eprun_here("sensitivity", fp32, twin, "5")
+    assert result.code == 0, result.stderr
+    answer = result.answer
+    bounds = {"int4": (0.2, 0.5, 0.96), "int8": (0.1, 0.05, 0.99)}[profile]
+    assert answer["target"] == {"profile": profile, "rtol": bounds[0], "atol": bounds[1],
+                                "min_cos": bounds[2]}
+    assert ("target profile int4" in result.stderr) == (profile == "int4")
+    x = models.contract_input(5, 32)
+    reference = int4.run(model, x)
+    ranked = [unit["name"] for unit in answer["units"]]
+    chosen = answer["recommendation"]["nodes_to_exclude"]
+    assert chosen == ranked[:len(chosen)]
+    for k in range(len(chosen) + 1):
+        excluded = twin_of(model, form, settings, exclude=ranked[:k])
+        assert passes(reference, int4.run(excluded, x), *bounds) == (
+            k == len(chosen) and answer["recommendation"]["met"])
+
+
 def test_neural_compressor_names_make_every_figure_an_estimate(tmp_path):
     """Weights named W_Q4G32 come from MatMulNBitsQuantizer's neural-compressor algorithms, GPTQ
     among them, which fits the weights to calibration data: restoring is then an estimate, and

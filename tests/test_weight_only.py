@@ -130,6 +130,58 @@ def test_local_segments_cut_at_a_matmul_nbits(capfd, float_mlp):
     growth, _ = answer_of(capfd, "growth", fp32, twin(fp32, "local", model), "3", "--local")
     assert growth["rel_error"] == [entry["rel_error"] for entry in answer["layers"]]
     assert growth["local_rel_error"] == [entry["local"]["rel_error"] for entry in answer["layers"]]
+    rel = growth["rel_error"]  # x is the float model's own input: no error at boundary 0
+    assert rel[0] == 0 and growth["total_growth"] is None
+    assert growth["growth_from_first_error"] == {"index": 1, "total_growth": rel[-1] / rel[1]}
+
+
+def branched(features: int = 32, width: int = 48, seed: int = 3) -> onnx.ModelProto:
+    """x -> MatMul Wq -> Relu -> r -> MatMul W2 -> Add -> z -> MatMul W3 -> y, where the Add's
+    other input is k = MatMul(x, Wk): a key projection beside a query's, read by no boundary
+    before z. Boundaries: x (Wq's and Wk's), r, z."""
+    from onnx import helper
+
+    rng = np.random.default_rng(seed)
+
+    def weight(name, rows, cols):
+        return numpy_helper.from_array(
+            (rng.standard_normal((rows, cols)) / np.sqrt(rows)).astype(np.float32), name)
+
+    nodes = [helper.make_node("MatMul", ["x", "Wq"], ["q"], name="q_proj"),
+             helper.make_node("MatMul", ["x", "Wk"], ["k"], name="k_proj"),
+             helper.make_node("Relu", ["q"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "W2"], ["m"], name="mix"),
+             helper.make_node("Add", ["m", "k"], ["z"], name="add"),
+             helper.make_node("MatMul", ["z", "W3"], ["y"], name="out")]
+    graph = helper.make_graph(
+        nodes, "branched", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                          ["N", features])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 16])],
+        [weight("Wq", features, width), weight("Wk", features, width),
+         weight("W2", width, width), weight("W3", width, 16)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@every_form
+def test_local_counts_a_branch_that_no_earlier_boundary_needs(capfd, tmp_path):
+    """The key projection k feeds z's segment from beside the previous boundary r: its 4-bit
+    error is born there, so that segment computes k from the fp32 x (an earlier boundary) with
+    the twin's weight. numpy's oracle feeds the twin the fp32 r and x and computes the rest."""
+    fp32_model = branched()
+    model = int4.to_matmul_nbits(fp32_model, block_size=16)
+    fp32 = save(fp32_model, tmp_path / "f.onnx")
+    answer, _ = answer_of(capfd, "layers", fp32, save(model, tmp_path / "q.onnx"), "3",
+                          "--local")
+    assert [entry["fp32"] for entry in answer["layers"]] == ["x", "r", "z", "y"]
+    x = models.contract_input(3, 32)
+    a = int4.tensors(fp32_model, {"x": x})
+    segment = int4.tensors(model, {"x": x, "r": a["r"]})["z"]
+    local = answer["layers"][2]["local"]
+    assert local["max_abs_error"] == pytest.approx(np.abs(a["z"] - segment).max(), rel=1e-4)
+    k_fed = int4.tensors(model, {"x": x, "r": a["r"], "k": a["k"]})["z"]  # k's error unseen
+    assert local["max_abs_error"] != pytest.approx(np.abs(a["z"] - k_fed).max(), rel=1e-2)
 
 
 @every_form
@@ -211,6 +263,8 @@ def test_weights_of_a_weight_only_twin_are_onnxruntimes(capfd, tmp_path, form):
         weight = int4.weight_by_onnxruntime(model, node.name)
         reference = floats[entry["name"]]
         assert entry["op_type"] == node.op_type and entry["shape"] == list(reference.shape)
+        assert entry["node"] == next(n.name for n in fp32_model.graph.node
+                                     if entry["name"] in n.input)  # nodes_to_exclude's name
         assert entry["sqnr_db"] == pytest.approx(sqnr(reference, weight), rel=1e-5)
         assert entry["max_abs_error"] == pytest.approx(
             float(np.abs(reference.astype(np.float64) - weight).max()), rel=1e-6)
@@ -286,6 +340,39 @@ def test_weights_pair_by_the_node_never_by_the_initializers_name(capfd, tmp_path
     assert code == 0, err
     assert [entry["name"] for entry in json.loads(out)["weights"]] == ["W0", "W2"]
     assert "1 weight-only weight of" in err and "'W1_Q4'" in err and "left out" in err
+
+
+@every_form
+def test_weights_of_a_twin_of_another_model_is_a_failure(capfd, tmp_path):
+    """No weight of the twin pairs with one of the float model: exit 4 and one line, not an
+    answer of 0 weights a CI job would pass."""
+    fp32 = save(int4.mlp(), tmp_path / "f.onnx")
+    other = save(int4.to_matmul_nbits(int4.tiny_lm()), tmp_path / "lm_q4.onnx")
+    code, out, err = in_process(capfd, "weights", fp32, other)
+    assert (code, out) == (4, "")
+    assert err.count("\n") == 1 and "pairs with a weight of" in err
+
+
+@every_form
+def test_the_report_of_a_weight_only_twin_says_what_was_measured(capfd, tmp_path):
+    """No clipping sentence about QuantizeLinear ranges that are not there, no "null" ratio in
+    the table, the growth from the first error, and a recommendation for the quantizer that
+    made the twin."""
+    fp32_model = int4.mlp()
+    fp32 = save(fp32_model, tmp_path / "f.onnx")
+    q4 = save(int4.to_matmul_nbits(fp32_model, block_size=16), tmp_path / "q.onnx")
+    code, _, err = in_process(capfd, "report", fp32, q4, "--out-dir", tmp_path / "out",
+                              "--sensitivity")
+    assert code == 0, err
+    report = (tmp_path / "out" / "ep_report.md").read_text(encoding="utf-8")
+    growth = json.loads((tmp_path / "out" / "growth.json").read_text(encoding="utf-8"))
+    assert "none is clipped here" not in report and "so nothing was measured" in report
+    table = [line for line in report.splitlines() if line.startswith("| 1 | `relu0`")]
+    assert len(table) == 1 and "null" not in table[0]
+    since = growth["growth_from_first_error"]
+    assert since["index"] == 1 and "from boundary 1, the first with an error" in report
+    assert "for MatMulNBitsQuantizer)" in report and "quantize_static" not in report.split(
+        "Recommended")[-1].split("\n")[0]
 
 
 def test_int8_answers_keep_their_fields(capfd, lab_pair):

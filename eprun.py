@@ -8487,12 +8487,14 @@ def _settings_table(answer: dict, colour: bool) -> list[str]:
     return lines
 
 
-def _undoes_most(kept: int, units: int) -> str:
-    """The warning for a recommendation that keeps ``kept`` of ``units`` quantized units in float
-    (its callers give it past half)."""
-    return (f"the recommendation keeps {kept} of the {units} quantized units in float: that "
-            "undoes most of the quantization (its speed and size gains go with it); a looser "
-            "target, --max-units, or calibrating again may serve better")
+def _undoes_most(kept: int, units: int, where: str = "float") -> str:
+    """The warning for a recommendation that keeps ``kept`` of ``units`` quantized units in
+    float (or, ``where`` "int8", at 8 bits; its callers give it past half)."""
+    return (f"the recommendation keeps {kept} of the {units} quantized units "
+            + ("in float: that undoes most of the quantization (its speed and size gains go "
+               "with it)" if where == "float" else
+               "at 8 bits: most of the model is then an 8-bit one, at twice the 4-bit size")
+            + "; a looser target, --max-units, or calibrating again may serve better")
 
 
 def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
@@ -8505,7 +8507,7 @@ def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
             for rank, unit in enumerate(answer["units"], start=1)]
     lines = [(f"sensitivity: output {answer['output']}, quantized SQNR "
               f"{_num(quantized['sqnr_db'])} dB, rel error {_num(quantized['rel_error'])}; "
-              "each unit restored to float alone")]
+              f"each unit restored to {answer.get('restore_to', 'float')} alone")]
     lines += aligned(["rank", "unit", "op", "SQNR dB", "gain dB", "rel error",
                       *(["exact?"] if estimates else [])], rows, None, colour)
     recommendation = answer["recommendation"]
@@ -8514,9 +8516,12 @@ def _sensitivity_table(answer: dict, colour: bool) -> list[str]:
                  f"{', '.join(recommendation['nodes_to_exclude']) or 'none'}; target "
                  f"{'met' if recommendation['met'] else 'not met'}"
                  f"{' (an estimate)' if 'inexact' in last else ''}")
+    if "nodes_to_include" in recommendation:
+        lines.append("then at 8 bits, nodes_to_include: "
+                     f"{', '.join(recommendation['nodes_to_include']) or 'none'}")
     added = len(recommendation["steps"])
     if added * 2 > len(answer["units"]):
-        lines.append(_undoes_most(added, len(answer["units"])))
+        lines.append(_undoes_most(added, len(answer["units"]), answer.get("restore_to", "float")))
     if estimates or "inexact" in last:
         lines.append("estimate: quantize_static would calibrate a range from data eprun does "
                      "not have (the JSON's inexact says which); --calibration makes it exact")
@@ -9178,13 +9183,17 @@ def _quantizable_weight(tensor) -> bool:
             and all(dim == 1 for dim in tensor.dims[:-2]))
 
 
-def restore_weight_only(twin_model, fp32_model, units: list[Unit], fp32_path: str):
+def restore_weight_only(twin_model, fp32_model, units: list[Unit], fp32_path: str,
+                        to_int8: dict | None = None):
     """The twin's graph with ``units`` back in float, as ``MatMulNBitsQuantizer(...,
     nodes_to_exclude=[...])`` writes it (checked against it in the tests): each blockwise
     MatMul is the float model's MatMul again (its name, its float weight), and what only it
     read goes with it: the QDQ form's DequantizeLinear, the Reshape chain the quantizer puts
     after a MatMulNBits of a weight with leading 1-dims, their initializers. That is exact
     where each weight was quantized alone (the quantizer's default round to nearest, HQQ).
+    With ``to_int8`` (the twin's ``BlockwiseMatMul`` by node index) each restored MatMul is
+    then quantized to 8 bits as ``MatMulNBitsQuantizer(bits=8, nodes_to_include=[...])``
+    writes it on that graph (``_int8_matmul``): the mixed precision LLM builds keep.
     Returns ``(model, float weights by name)``, as ``restore_to_float`` does; ``twin_model``
     is not changed, and the weights are read as arrays, never copied through protobuf."""
     from onnx import ModelProto, NodeProto
@@ -9204,7 +9213,10 @@ def restore_weight_only(twin_model, fp32_model, units: list[Unit], fp32_path: st
         restored.CopyFrom(original)
         unread += list(replaced.input)
         weight = original.input[1]
-        if weight not in present and weight not in arrays:
+        if to_int8 is not None:
+            restored.CopyFrom(_int8_matmul(original, _initializer_array(
+                fp32_weights[weight], fp32_path), to_int8[unit.int8_index], arrays))
+        elif weight not in present and weight not in arrays:
             arrays[weight] = _initializer_array(fp32_weights[weight], fp32_path)
         if replaced.output[0] != original.output[0]:  # a Reshape after it wrote the output
             dropped.update(k for k, node in enumerate(nodes)
@@ -9216,10 +9228,65 @@ def restore_weight_only(twin_model, fp32_model, units: list[Unit], fp32_path: st
     graph.node.extend(kept)
     used = {name for node in kept for name in _node_inputs(node)}
     used.update(value.name for value in graph.input)
-    initializers = [tensor for tensor in graph.initializer if tensor.name in used]
+    initializers = [tensor for tensor in graph.initializer
+                    if tensor.name in used and tensor.name not in arrays]
     del graph.initializer[:]
     graph.initializer.extend(initializers)
     return model, arrays
+
+
+def _int8_matmul(original, weight, matmul: BlockwiseMatMul, arrays: dict):
+    """The 8-bit MatMulNBits that ``MatMulNBitsQuantizer(bits=8, block_size, is_symmetric,
+    accuracy_level)`` of the twin's ``matmul`` writes for the float MatMul ``original`` of
+    2-D ``weight``: its blocks quantized by onnxruntime's own kernel (``quantize_matmul_8bits``,
+    the one that quantizer calls), its initializers (``<W>_Q8``, ``<W>_scales``, and
+    ``<W>_zero_points`` where asymmetric) added to ``arrays``."""
+    import numpy as np
+    from onnx import helper
+
+    if weight.ndim != 2:
+        raise EprunError(f"--restore-to int8: {original.input[1]!r} is a {weight.ndim}-D weight, "
+                         "which eprun restores to float only")
+    rows, cols = weight.shape
+    block = matmul.block_size
+    blocks = -(-rows // block)
+    padded = np.zeros((blocks * block, cols), np.float32)
+    padded[:rows] = weight
+    packed = np.zeros((cols, blocks, block), np.uint8)
+    scales = np.zeros((cols, blocks), np.float32)
+    zero = np.zeros((cols, blocks), np.uint8)
+    import_ort().capi._pybind_state.quantize_matmul_8bits(
+        packed, padded, scales, zero, block, cols, rows, matmul.symmetric)
+    name = original.input[1]
+    inputs = [original.input[0], f"{name}_Q8", f"{name}_scales"]
+    arrays.update({f"{name}_Q8": packed, f"{name}_scales": scales})
+    if not matmul.symmetric:
+        inputs.append(f"{name}_zero_points")
+        arrays[f"{name}_zero_points"] = zero
+    level = {"accuracy_level": matmul.accuracy_level} if matmul.accuracy_level else {}
+    return helper.make_node("MatMulNBits", inputs, list(original.output),
+                            name=f"{original.name}_Q8" if original.name else "",
+                            domain="com.microsoft", K=rows, N=cols, bits=8, block_size=block,
+                            **level)
+
+
+def _require_int8_restore(twin: WeightOnlyTwin | None, int8: str) -> None:
+    """``--restore-to int8`` needs a twin of MatMulNBits below 8 bits, and an onnxruntime that
+    quantizes and runs 8-bit MatMulNBits (1.23 and newer)."""
+    if twin is None:
+        raise EprunError(f"--restore-to int8 is for a weight-only twin (MatMulNBits); {int8!r} "
+                         "is none: its units are restored to float", EXIT_USAGE)
+    forms = {matmul.form for matmul in twin.matmuls.values()}
+    if forms != {"QOperator"} or any(m.bits >= 8 for m in twin.matmuls.values()):
+        raise EprunError(f"--restore-to int8: {int8!r} has "
+                         + ("MatMuls of blockwise DequantizeLinear weights (the QDQ form, which "
+                            "MatMulNBitsQuantizer writes at 4 bits only)" if forms != {"QOperator"}
+                            else "MatMulNBits of 8 bits already")
+                         + "; restore its units to float")
+    if not hasattr(import_ort().capi._pybind_state, "quantize_matmul_8bits") or \
+            ort_release() < (1, 23):
+        raise EprunError(f"--restore-to int8 needs onnxruntime 1.23 or newer (8-bit "
+                         f"MatMulNBits); this is {import_ort().__version__}")
 
 
 def _drop_unread(graph, nodes: list, dropped: set[int], unread: list[str]) -> None:
@@ -9940,10 +10007,13 @@ class StudyOptions:
     model was calibrated on; ``extra_options``: quantize_static options it was made with that
     it may not show. A worker's own: ``settled`` (op types, nodes left in float, calibrated:
     what its parent found and checked), ``folder`` (inside the parent's own) and
-    ``session_config`` (config entries for every session it opens)."""
+    ``session_config`` (config entries for every session it opens). ``restore_to``: what a
+    weight-only twin's restored MatMul becomes, ``float`` or ``int8`` (an 8-bit MatMulNBits
+    of the float weight, ``restore_weight_only``)."""
 
     swapped_ok: bool = False
     requantize: bool = True
+    restore_to: str = "float"
     calibration: str | None = None
     extra_options: dict | None = None
     settled: tuple | None = None
@@ -9978,6 +10048,7 @@ class SensitivityStudy:
         self._stack = contextlib.ExitStack()
         self._settled, self._folder = options.settled, options.folder
         self.calibration = options.calibration
+        self.restore_to = options.restore_to
         self.given_options = dict(options.extra_options or {})
         # session_options' keywords for every session the study opens (None: the defaults)
         self._session_options = ({"config": options.session_config}
@@ -10020,6 +10091,8 @@ class SensitivityStudy:
         self.batches = (calibration_batches(self.fp32_model, self.calibration, fp32)
                         if self.calibration else None)
         self.weight_only = weight_only_twin(self.fp32_model, self.int8_model)
+        if self.restore_to != "float":
+            _require_int8_restore(self.weight_only, int8)
         if self.weight_only is None:
             require_qdq_form(self.int8_model, int8)
         self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
@@ -10218,7 +10291,9 @@ class SensitivityStudy:
             path = requantizer.output_path
         else:
             model, arrays = (
-                restore_weight_only(self.int8_model, self.fp32_model, restored, self.fp32)
+                restore_weight_only(self.int8_model, self.fp32_model, restored, self.fp32,
+                                    self.weight_only.matmuls if self.restore_to == "int8"
+                                    else None)
                 if self.weight_only is not None else
                 restore_to_float(self.int8_model, self.fp32_model, restored, self.fp32,
                                  self.units))
@@ -10272,7 +10347,15 @@ class SensitivityStudy:
         "block_size", "is_symmetric", "accuracy_level", "nodes_to_exclude", "quant_format",
         "op_types_to_quantize"}`` (``_nbits_arguments``)."""
         if self.weight_only is not None:
-            return dict(self.weight_only.arguments)
+            arguments = dict(self.weight_only.arguments)
+            if self.restore_to == "int8":  # a second call, on what the first one writes
+                arguments["then"] = {
+                    "class": "MatMulNBitsQuantizer", "algorithm": "DEFAULT", "bits": 8,
+                    "block_size": arguments["block_size"],
+                    "is_symmetric": arguments["is_symmetric"],
+                    "accuracy_level": arguments["accuracy_level"],
+                    "nodes_to_include": "the recommendation's nodes_to_include"}
+            return arguments
         requantizer = self.requantizer
         if requantizer is None:
             return None
@@ -10520,6 +10603,7 @@ def _worker_start(spec: dict) -> None:
         study = SensitivityStudy(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
                                  targets=targets, options=StudyOptions(
                                      swapped_ok=True, requantize=spec["requantize"],
+                                     restore_to=spec["restore_to"],
                                      calibration=spec["calibration"],
                                      extra_options=spec["extra_options"],
                                      settled=spec["settled"], folder=folder,
@@ -10840,6 +10924,7 @@ def _open_on_worker(spec: dict) -> SensitivityStudy:
     study = SensitivityStudy(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
                              targets=targets_from(*spec["targets"]), options=StudyOptions(
                                  swapped_ok=True, requantize=spec["requantize"],
+                                 restore_to=spec["restore_to"],
                                  calibration=spec["calibration"],
                                  extra_options=spec["extra_options"], settled=spec["settled"],
                                  folder=folder, session_config=WORKER_SESSION_CONFIG))
@@ -10949,12 +11034,14 @@ def _rank_units(study: SensitivityStudy, seed: int, targets: Targets, ranking: R
              f"type and position; {study.quantizer_name} can only exclude named nodes")
     already = study.already_excluded
     if len(excluded) * 2 > len(ranked):
-        note(_undoes_most(len(excluded), len(ranked)))
+        note(_undoes_most(len(excluded), len(ranked), study.restore_to))
+    recommendation = {"nodes_to_exclude": [*already, *excluded], "steps": steps, "met": met}
+    if study.restore_to == "int8":  # the second quantizer call's: back at 8 bits
+        answer["restore_to"] = "int8"
+        recommendation["nodes_to_include"] = list(excluded)
     return {**answer, "output": study.output, "quantized": {
                 key: quantized[key] for key in ("rel_error", "cos_min", "sqnr_db")},
-            "units": ranked, "target": ranking.target,
-            "recommendation": {"nodes_to_exclude": [*already, *excluded], "steps": steps,
-                               "met": met},
+            "units": ranked, "target": ranking.target, "recommendation": recommendation,
             "predicted_by": study.predicted_by,
             "quantizer": study.quantizer_arguments(),
             "sessions": study.sessions,
@@ -13645,6 +13732,7 @@ class SensitivityOptions(ReferenceProviderFlags, PlotFlags, DaskFlags):
     units: list[str] | None = None
     swapped_ok: bool = False
     jobs: int | None = None
+    restore_to: str = "float"
     calibration: str | None = None
     extra_options: dict | None = None
     node_data: str | None = None
@@ -13682,6 +13770,7 @@ def sensitivity(fp32: str, int8: str, seed: int,
     parallel = Parallel(jobs=options.jobs, dask=cluster, spec={
         "fp32": fp32, "int8": int8, "seed": seed, "inputs": inputs,
         "calibration": options.calibration, "extra_options": options.extra_options,
+        "restore_to": options.restore_to,
         "targets": (ProviderFlags(providers=options.providers,
                                   allow_fallback=options.allow_fallback,
                                   ep_library=list(options.ep_library),
@@ -13690,7 +13779,8 @@ def sensitivity(fp32: str, int8: str, seed: int,
     ranking = Ranking.of(options.target_sqnr, options.target_rel_error, options.profile,
                          options.max_units, options.units)
     with SensitivityStudy(fp32, int8, seed, inputs, targets=targets, options=StudyOptions(
-            swapped_ok=options.swapped_ok, calibration=options.calibration,
+            swapped_ok=options.swapped_ok, restore_to=options.restore_to,
+            calibration=options.calibration,
             extra_options=options.extra_options)) as study:
         answer = _rank_units(study, seed, targets, ranking, parallel)
         if node_data:  # each unit's gain on its node in both models
@@ -13739,6 +13829,11 @@ declare(Command(
             help="recommend at most N units"),
         arg("--units", type=parse_list, metavar="NAME,...",
             help="restore only these units (float node names) one at a time"),
+        arg("--restore-to", choices=("float", "int8"), default="float",
+            help="what a weight-only twin's restored MatMul becomes: float (default), or an "
+                 "8-bit MatMulNBits of its float weight, as MatMulNBitsQuantizer(bits=8, "
+                 "nodes_to_include=...) writes it on the 4-bit twin (the mixed precision LLM "
+                 "builds keep)"),
         arg("--jobs", type=parse_count, metavar="N",
             help="measure the units in N processes (default: one per core, once the units "
                  "would take more than a few seconds one after another)"),
@@ -13757,7 +13852,9 @@ declare(Command(
            'MatMulNBitsQuantizer arguments its graph shows, {"class": "MatMulNBitsQuantizer", '
            '"algorithm", "bits", "block_size", "is_symmetric", "accuracy_level", '
            '"nodes_to_exclude", "quant_format", "op_types_to_quantize"}, which the '
-           'recommendation\'s nodes_to_exclude is for; "providers" as in layers',
+           'recommendation\'s nodes_to_exclude is for; --restore-to int8 adds "restore_to", '
+           'the quantizer\'s "then" (a second call at 8 bits) and the recommendation\'s '
+           '"nodes_to_include" for it; "providers" as in layers',
     example="eprun.py sensitivity fp32.onnx int8.onnx 2026 --target-sqnr 30"))
 
 

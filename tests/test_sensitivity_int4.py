@@ -127,9 +127,10 @@ def test_a_restored_unit_is_the_twin_with_that_matmul_in_float(tmp_path, case):
             assert np.array_equal(study.last, int4.run(excluded, study.int8_feed["x"])), names
 
 
-def matmul_nbits_quantizer(model, exclude=(), **settings) -> onnx.ModelProto:
+def matmul_nbits_quantizer(model, exclude=(), include=None, **settings) -> onnx.ModelProto:
     """onnxruntime's MatMulNBitsQuantizer (default RTN) on a copy of ``model`` (it changes the
-    model it is given), with ``exclude`` as nodes_to_exclude."""
+    model it is given), with ``exclude`` as nodes_to_exclude and ``include`` (None: every
+    MatMul) as nodes_to_include."""
     import logging
 
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -137,7 +138,8 @@ def matmul_nbits_quantizer(model, exclude=(), **settings) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
-    quantizer = MatMulNBitsQuantizer(copy, nodes_to_exclude=list(exclude), **settings)
+    quantizer = MatMulNBitsQuantizer(copy, nodes_to_exclude=list(exclude),
+                                     nodes_to_include=include, **settings)
     quantizer.process()
     return quantizer.model.model
 
@@ -194,6 +196,62 @@ def test_restoring_equals_matmul_nbits_quantizer_with_nodes_to_exclude(tmp_path,
             real = models.run(excluded, study.int8_feed)[0]
             assert np.array_equal(study.last, real), names
             assert study.inexact(chosen) is None
+
+
+@pytest.mark.parametrize("settings", [{"block_size": 32, "is_symmetric": False},
+                                      {"block_size": 16, "is_symmetric": True,
+                                       "accuracy_level": 4}])
+def test_restoring_to_int8_is_the_quantizer_run_again_at_8_bits(eprun, tmp_path, settings):
+    """--restore-to int8: a unit restored is what MatMulNBitsQuantizer writes with it excluded,
+    then again at 8 bits with it included (the mixed precision LLM builds keep), bit for bit;
+    the answer's figures are that twin's, and its recommendation's two lists write the last
+    step's twin."""
+    pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer",
+                        reason="MatMulNBitsQuantizer needs onnx_ir")
+    if tool.ort_release() < (1, 23):
+        pytest.skip("8-bit MatMulNBits run from onnxruntime 1.23")
+    model = int4.mlp(widths=(64, 64, 64, 16))
+    fp32 = models.save(model, tmp_path / "f.onnx")
+    twin = models.save(matmul_nbits_quantizer(model, **settings), tmp_path / "q4.onnx")
+
+    def mixed(names):
+        first = matmul_nbits_quantizer(model, exclude=names, **settings)
+        return matmul_nbits_quantizer(first, include=names, **{**settings, "bits": 8})
+
+    with tool.SensitivityStudy(str(fp32), str(twin), 5, None,
+                               options=tool.StudyOptions(restore_to="int8")) as study:
+        for chosen in [study.units[1:2], study.units[:3]]:
+            names = [unit.name for unit in chosen]
+            study.measure(chosen)
+            assert np.array_equal(study.last, models.run(mixed(names), study.int8_feed)[0])
+    answer = eprun("sensitivity", fp32, twin, "5", "--restore-to", "int8", "--target-sqnr", "35")
+    assert answer["restore_to"] == "int8" and answer["quantizer"]["then"]["bits"] == 8
+    x = models.contract_input(5, 32)
+    reference = int4.run(model, x).astype(np.float64)
+
+    def sqnr(candidate):
+        error = reference - candidate.astype(np.float64)
+        return float(10 * np.log10((reference ** 2).sum() / (error ** 2).sum()))
+
+    for unit in answer["units"]:
+        assert unit["sqnr_db"] == pytest.approx(sqnr(int4.run(mixed([unit["name"]]), x)),
+                                                rel=1e-9)
+    recommendation = answer["recommendation"]
+    assert recommendation["nodes_to_include"] == recommendation["nodes_to_exclude"]
+    assert recommendation["steps"][-1]["sqnr_db"] == pytest.approx(
+        sqnr(int4.run(mixed(recommendation["nodes_to_include"]), x)), rel=1e-9)
+
+
+def test_restoring_to_int8_is_refused_where_the_quantizer_cannot(run_eprun_here, tmp_path,
+                                                                 lab_pair):
+    """The QDQ form (MatMulNBitsQuantizer writes it at 4 bits only) and a quantize_static twin
+    (no MatMulNBits: a usage error) are refused in one line, before anything is measured."""
+    fp32, qdq = saved_pair(tmp_path, "qdq_signed")
+    for pair, code, said in (((fp32, qdq), 4, "the QDQ form"),
+                             (lab_pair, 2, "is for a weight-only twin")):
+        result = run_eprun_here("sensitivity", *pair, "5", "--restore-to", "int8")
+        assert (result.code, result.stdout) == (code, "") and said in result.stderr
+        assert result.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("case", ["nbits_symmetric", "qdq_signed"])

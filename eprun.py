@@ -40,7 +40,7 @@ the top, so a command loads only what it uses.
        where they do not do
     4. Sessions and providers  import_ort and OrtLog, execution providers and plugin EPs,
        session_options and open_session (the only places options and sessions are made),
-       what an EP takes (ort_partition_units), its colour, what the report asks for
+       what an EP takes (ort_partition_groups), its colour, what the report asks for
     5. Measurement core  feeds, golden files, boundaries, comparison and METRICS, paired
        boundaries, local error, growth, the gate (outputs judged against tolerances); numpy
     6. Rendering  answers into text: a verdict's line, the report's markdown, Model
@@ -73,7 +73,7 @@ Where to change what:
     an EP rule   layer 4: how an EP is asked for (ProviderRequest: by name, by device, by
                  policy), what counts as not getting it (fallback_of, require_got), what it
                  needs (PROVIDER_PACKAGES, PROVIDER_OPTION_KEYS), what it takes
-                 (ort_partition_units)
+                 (ort_partition_groups)
     sensitivity  layer 7 alone (units, requantization, measurement, ranking), and the
                  command's own section in layer 10; reduce and settings --explain likewise
                  (layers 8 and 9)
@@ -4254,7 +4254,7 @@ _OWNER_COLOURS = {"CPU": "#9e9e9e", "EP": "#6a3d9a", "OpenVINO": "#0068b5", "CUD
 _OTHER_COLOURS = ("#a6761d", "#66a61e", "#e7298a", "#7570b3", "#d95f02", "#1b9e77")
 
 
-def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, list[int]]]:
+def ort_partition_groups(nodes: list, supported: list[str]) -> list[tuple[str, list[int]]]:
     """onnxruntime's ``CreateSupportedPartitionNodeGroups``, on node indices.
 
     A Kahn-style topological walk in waves: every supported node that becomes ready joins the
@@ -4270,13 +4270,13 @@ def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, li
     supported_set = set(supported)
     ready = deque(index for index, degree in enumerate(in_degree) if degree == 0)
     next_wave: deque = deque()
-    units: list[tuple[str, list[int]]] = []
+    groups: list[tuple[str, list[int]]] = []
     group: list[int] = []
     border: set[int] = set()
     while ready or next_wave:
         if not ready:
             if group:
-                units.append(("ep", group))
+                groups.append(("ep", group))
             group, border = [], set()
             ready, next_wave = next_wave, deque()
             continue
@@ -4289,18 +4289,18 @@ def ort_partition_units(nodes: list, supported: list[str]) -> list[tuple[str, li
             next_wave.append(index)
             continue
         else:
-            units.append(("cpu", [index]))
+            groups.append(("cpu", [index]))
         for consumer in consumers[index]:
             in_degree[consumer] -= 1
             if in_degree[consumer] == 0:
                 ready.append(consumer)
     if group:
-        units.append(("ep", group))
-    placed = sum(len(members) for _, members in units)
+        groups.append(("ep", group))
+    placed = sum(len(members) for _, members in groups)
     if placed != len(nodes):
         raise _cycle_error(next(node for index, node in enumerate(nodes)
                                 if in_degree[index] > 0))
-    return units
+    return groups
 
 
 def _dependencies(nodes: list) -> tuple[list[list[int]], list[int]]:
@@ -12269,16 +12269,16 @@ def _partition_members(nodes, supported: list[str], mode: str) -> list[tuple[str
     """``(owner, node positions)`` of each partition, in the answer's order."""
     nodes = list(nodes)
     if mode == "ort":
-        units = ort_partition_units(nodes, supported)
+        groups = ort_partition_groups(nodes, supported)
     else:
         supported_set = set(supported)
-        units = [("ep" if node.op_type in supported_set else "cpu", [index])
-                 for index, node in enumerate(nodes)]
-    # Runs of units with one owner form one partition. onnxruntime's groups are never
+        groups = [("ep" if node.op_type in supported_set else "cpu", [index])
+                  for index, node in enumerate(nodes)]
+    # Runs of groups with one owner form one partition. onnxruntime's groups are never
     # adjacent (a new wave starts with the unsupported nodes the last group held back), so
     # in ort mode only unsupported nodes merge.
-    return [(owner, [index for _, members in group for index in members])
-            for owner, group in itertools.groupby(units, key=lambda unit: unit[0])]
+    return [(owner, [index for _, members in run for index in members])
+            for owner, run in itertools.groupby(groups, key=lambda group: group[0])]
 
 
 def _partition_graph(graph, supported: list[str], mode: str) -> dict:

@@ -100,16 +100,16 @@ def test_ort_mode_matches_onnxruntimes_own_partitioner(tmp_path, eprun, seed, su
     path = models.save(model, tmp_path / "dag.onnx")
     answer = eprun("partition", path, supported, "--rule", "ort")
     nodes = list(model.graph.node)
-    units = tool.ort_partition_units(nodes, supported.split(","))
-    ours = [sorted(nodes[i].name for i in members) for owner, members in units if owner == "ep"]
+    groups = tool.ort_partition_groups(nodes, supported.split(","))
+    ours = [sorted(nodes[i].name for i in members) for owner, members in groups if owner == "ep"]
     assert ours == ort_groups(model, supported.split(","))
     assert [p["nodes"] for p in answer["partitions"] if p["owner"] == "ep"] == [
-        [nodes[i].op_type for i in members] for owner, members in units if owner == "ep"]
+        [nodes[i].op_type for i in members] for owner, members in groups if owner == "ep"]
     assert answer["claimed"] == sum(n.op_type in supported.split(",") for n in nodes)
     assert sum(p["size"] for p in answer["partitions"]) == answer["nodes"] == len(nodes)
     assert answer["handoffs"] == answer["partition_count"] - 1
     # the partitions list every node once, in a valid run order
-    order = [i for owner, members in units for i in members]
+    order = [i for owner, members in groups for i in members]
     assert sorted(order) == list(range(len(nodes)))
     produced = {"x"}
     for i in order:

@@ -722,8 +722,8 @@ MODEL = arg("model", help="ONNX model file")
 SEED = arg("seed", type=parse_seed, nargs="?",
            help="non-negative integer; the inputs are drawn by numpy.random.default_rng(seed) "
                 "(or give it as --seed)")
-_SEED_HELP = ("the input seed, for numpy.random.default_rng; a command with a positional "
-              "seed requires one of the two, the others take 0 when it is not given")
+_SEED_HELP = ("the input seed, for numpy.random.default_rng, the same as a positional seed; "
+              "0 when neither is given, where the command allows that")
 SEED_OPTION = arg("--seed", dest="seed_option", type=parse_seed, metavar="SEED",
                   help=_SEED_HELP)
 # Where --seed is the usual form (default 0), a positional seed after the models is taken too.
@@ -5538,13 +5538,29 @@ def _quantized_readers(index: GraphIndex) -> dict[str, tuple[str, str]]:
     return readers
 
 
+# Where a quantized op's result scale and zero point are among its inputs (QGemm's are
+# optional: without them it writes float), by op type.
+_QUANTIZED_RESULT = {"QLinearMatMul": (6, 7), "QLinearConv": (6, 7), "QLinearAdd": (6, 7),
+                     "QLinearMul": (6, 7), "QGemm": (7, 8), "QLinearSigmoid": (3, 4),
+                     "QLinearLeakyRelu": (3, 4), "QLinearSoftmax": (3, 4),
+                     "QLinearGlobalAveragePool": (3, 4), "QLinearAveragePool": (3, 4),
+                     "QLinearConcat": (0, 1)}
+
+
 def _quantization_source(producer, reader: tuple[str, str] | None) -> tuple[str, str] | None:
     """A quantized tensor's ``(scale, zero point)``: its QuantizeLinear's or
-    DynamicQuantizeLinear's, else a reading op's (``reader``); None where neither says."""
+    DynamicQuantizeLinear's, else a reading op's (``reader``), else the result scale of the
+    quantized op that wrote it (a fused projection only a Split reads); None where none
+    says."""
     if producer is not None and producer.op_type == "QuantizeLinear":
         return (producer.input[1], producer.input[2] if len(producer.input) > 2 else "")
     if producer is not None and producer.op_type == "DynamicQuantizeLinear":
         return (producer.output[1], producer.output[2])
+    if reader is None and producer is not None and producer.op_type in _QUANTIZED_RESULT:
+        scale, zero = _QUANTIZED_RESULT[producer.op_type]
+        if scale < len(producer.input) and producer.input[scale]:
+            return (producer.input[scale],
+                    producer.input[zero] if zero < len(producer.input) else "")
     return reader
 
 
@@ -6957,7 +6973,8 @@ def growth_of(measured: dict) -> dict:
         answer["inputs"] = measured["inputs"]
     answer.update(growth_from([entry["rel_error"] for entry in measured["layers"]]))
     since = growth_since_first_error(answer["rel_error"])
-    if answer["total_growth"] is None and since is not None:
+    # beyond the contract's fields only where the answer already is (first_divergence says so)
+    if answer["total_growth"] is None and since is not None and "first_divergence" in measured:
         answer["growth_from_first_error"] = since
     if "local_unavailable" in measured:
         local_rel = [entry["local"]["rel_error"] if entry["local"] else None
@@ -7463,7 +7480,7 @@ def _growth_prose(measured: dict, growth_answer: dict, facts: dict) -> list[str]
     """How the error grew, in words: the total, the largest jump, monotone or where not."""
     rel_error = growth_answer["rel_error"]
     total = growth_answer["total_growth"]
-    since = growth_answer.get("growth_from_first_error")
+    since = growth_since_first_error(rel_error) if total is None else None
     jump = growth_answer["max_ratio"]
     drops = [k for k in range(1, len(rel_error)) if not rel_error[k] >= rel_error[k - 1]]
     lines = ["", f"Total growth factor, last relative error over the first: **{_num(total)}** "
@@ -7472,8 +7489,10 @@ def _growth_prose(measured: dict, growth_answer: dict, facts: dict) -> list[str]
              if total is not None else
              f"Total growth factor: null ({_no_growth_why(rel_error)})"
              + (f"; from boundary {since['index']}, the first with an error, the last relative "
-                f"error is **{_num(since['total_growth'])}** times that one "
-                "(`growth_from_first_error` in `growth.json`)." if since else "."), ""]
+                f"error is **{_num(since['total_growth'])}** times that one"
+                + (" (`growth_from_first_error` in `growth.json`)."
+                   if "growth_from_first_error" in growth_answer else ".")
+                if since else "."), ""]
     if jump:
         lines.append(f"Largest jump: into boundary {jump['index']} "
                      f"(`{measured['layers'][jump['index']]['fp32']}`), ×{_num(jump['ratio'])}.")
@@ -9238,22 +9257,20 @@ def restore_weight_only(twin_model, fp32_model, units: list[Unit], fp32_path: st
 def _int8_matmul(original, weight, matmul: BlockwiseMatMul, arrays: dict):
     """The 8-bit MatMulNBits that ``MatMulNBitsQuantizer(bits=8, block_size, is_symmetric,
     accuracy_level)`` of the twin's ``matmul`` writes for the float MatMul ``original`` of
-    2-D ``weight``: its blocks quantized by onnxruntime's own kernel (``quantize_matmul_8bits``,
-    the one that quantizer calls), its initializers (``<W>_Q8``, ``<W>_scales``, and
-    ``<W>_zero_points`` where asymmetric) added to ``arrays``."""
+    2-D float32 or float16 ``weight``: its blocks quantized by onnxruntime's own kernel
+    (``quantize_matmul_8bits``, the one that quantizer calls), its initializers (``<W>_Q8``,
+    ``<W>_scales`` in the weight's type, and ``<W>_zero_points`` where asymmetric) added to
+    ``arrays``."""
     import numpy as np
     from onnx import helper
 
-    if weight.ndim != 2:
-        raise EprunError(f"--restore-to int8: {original.input[1]!r} is a {weight.ndim}-D weight, "
-                         "which eprun restores to float only")
-    rows, cols = weight.shape
+    rows, cols = weight.shape  # 2-D, float32 or float16 (_require_int8_restore)
     block = matmul.block_size
     blocks = -(-rows // block)
-    padded = np.zeros((blocks * block, cols), np.float32)
+    padded = np.zeros((blocks * block, cols), weight.dtype)  # the scales take its type
     padded[:rows] = weight
     packed = np.zeros((cols, blocks, block), np.uint8)
-    scales = np.zeros((cols, blocks), np.float32)
+    scales = np.zeros((cols, blocks), weight.dtype)
     zero = np.zeros((cols, blocks), np.uint8)
     import_ort().capi._pybind_state.quantize_matmul_8bits(
         packed, padded, scales, zero, block, cols, rows, matmul.symmetric)
@@ -9270,9 +9287,12 @@ def _int8_matmul(original, weight, matmul: BlockwiseMatMul, arrays: dict):
                             **level)
 
 
-def _require_int8_restore(twin: WeightOnlyTwin | None, int8: str) -> None:
-    """``--restore-to int8`` needs a twin of MatMulNBits below 8 bits, and an onnxruntime that
-    quantizes and runs 8-bit MatMulNBits (1.23 and newer)."""
+def _require_int8_restore(twin: WeightOnlyTwin | None, int8: str, fp32_model,
+                          fp32: str) -> None:
+    """``--restore-to int8`` needs a twin of MatMulNBits below 8 bits whose units each read a
+    2-D float32 or float16 weight of their own (a weight two MatMuls share, MatMulNBitsQuantizer
+    writes under clashing names; an N-D one it reshapes, which eprun does not write), and an
+    onnxruntime that quantizes and runs 8-bit MatMulNBits (1.23 and newer)."""
     if twin is None:
         raise EprunError(f"--restore-to int8 is for a weight-only twin (MatMulNBits); {int8!r} "
                          "is none: its units are restored to float", EXIT_USAGE)
@@ -9283,6 +9303,20 @@ def _require_int8_restore(twin: WeightOnlyTwin | None, int8: str) -> None:
                             "MatMulNBitsQuantizer writes at 4 bits only)" if forms != {"QOperator"}
                             else "MatMulNBits of 8 bits already")
                          + "; restore its units to float")
+    graph = fp32_model.graph
+    readers = collections.Counter(node.input[1] for node in graph.node
+                                  if node.op_type == "MatMul" and len(node.input) == 2)
+    weights = {tensor.name: tensor for tensor in graph.initializer}
+    for unit in twin.units:
+        weight = weights[graph.node[unit.fp32_index].input[1]]
+        why = ("is read by several MatMuls, whose 8-bit weights MatMulNBitsQuantizer would "
+               "write under one name" if readers[weight.name] > 1 else
+               f"is {len(weight.dims)}-D, which MatMulNBitsQuantizer reshapes" if
+               len(weight.dims) != 2 else
+               "is neither float32 nor float16" if weight.data_type not in (1, 10) else None)
+        if why:
+            raise EprunError(f"--restore-to int8: the weight {weight.name!r} of {fp32!r} (unit "
+                             f"{unit.name!r}) {why}; restore the units to float")
     if not hasattr(import_ort().capi._pybind_state, "quantize_matmul_8bits") or \
             ort_release() < (1, 23):
         raise EprunError(f"--restore-to int8 needs onnxruntime 1.23 or newer (8-bit "
@@ -10092,7 +10126,7 @@ class SensitivityStudy:
                         if self.calibration else None)
         self.weight_only = weight_only_twin(self.fp32_model, self.int8_model)
         if self.restore_to != "float":
-            _require_int8_restore(self.weight_only, int8)
+            _require_int8_restore(self.weight_only, int8, self.fp32_model, fp32)
         if self.weight_only is None:
             require_qdq_form(self.int8_model, int8)
         self.feed = make_feeds(specs_from_model(self.fp32_model), seed, inputs, fp32)
@@ -10988,8 +11022,8 @@ class Ranking:
         for a weight-only twin of 4 bits or fewer (said on stderr), int8 otherwise."""
         if "profile" not in self.target or self.target["profile"] is not None:
             return self
-        twin = study.weight_only
-        profile = "int4" if twin is not None and twin.arguments["bits"] <= 4 else "int8"
+        profile = ("int4" if study.weight_only is not None
+                   and _weight_only_4bit(study.int8_model) else "int8")
         if profile == "int4":
             note(f"target profile int4 (no --target-profile given), as {study.int8!r} quantizes "
                  "weights only, to 4 bits or fewer; --target-profile int8 holds it to the int8 "
@@ -12619,7 +12653,8 @@ declare(Command(
     fields=("seed", "layer_count", "rel_error", "ratios", "monotone", "total_growth",
             "max_ratio"),
     detail='max_ratio: {"index", "ratio"}; "growth_from_first_error": {"index", '
-           '"total_growth"} where total_growth is null over a first error of 0; "inputs", '
+           '"total_growth"} where total_growth is null over a first error of 0 (beyond the '
+           'contract: not for its models at default options); "inputs", '
            '"providers", "first_divergence", '
            '"exposure" and "reference_exposure" as in layers; --local adds "local_rel_error", '
            '"worst_local" and "local_unavailable"',
@@ -13755,6 +13790,8 @@ def sensitivity(fp32: str, int8: str, seed: int,
     twin, and the recommendation's list is for that quantizer."""
     options = options or SensitivityOptions()
     inputs, node_data = options.inputs, options.node_data
+    if options.restore_to not in ("float", "int8"):
+        raise EprunError(f"restore_to {options.restore_to!r}: float or int8", EXIT_USAGE)
     require_file(fp32)
     require_file(int8)
     require_views(node_data, options.save_plots, options.plot_format)
@@ -14264,6 +14301,8 @@ class _WeightPairing:
         self.unpaired: list[str] = []  # no float weight of the same name and shape
         self.unread: list[str] = []  # neither one scale per tensor nor one per channel
         self.readers = FloatWeightReaders(fp32_model.graph)
+        # each float node's name as sensitivity names its unit (<op>#<k> where it has none)
+        self.node_names = [node.name for node in _named_nodes(fp32_model.graph)]
         self.tensors = _Tensors(self.int8_tensors, int8)
         self.unmatched: list[str] = []  # weight-only: no float node reads the same names
         self.unsupported: list[str] = []  # weight-only: a layout eprun does not read
@@ -14319,6 +14358,7 @@ class _WeightPairing:
                     if weight.activation else None)
         node = None if position is None else readers.nodes[position]
         name = None if node is None else node.input[1 if node.op_type == "MatMul" else 0]
+        named = None if position is None else self.node_names[position]
         if name not in self.floats:
             self.unmatched.append(weight.name)
             return None
@@ -14338,7 +14378,7 @@ class _WeightPairing:
         axis = fields.pop("axis")
         row, block, largest = worst_block(reference - dequantized, axis, fields["block_size"])
         return {"name": name, "quantized": weight.name, "op_type": weight.node.op_type,
-                "node": node.name,
+                "node": named,
                 "shape": list(reference.shape), "axis": axis,
                 **weight_error(reference, dequantized), **fields,
                 "worst_block": {"column" if weight.activation else "row": row, "block": block,

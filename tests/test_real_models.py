@@ -430,6 +430,17 @@ def test_local_cuts_every_segment_of_real_models(run_eprun_here, real_pairs, nam
     assert qdq["local_rel_error"][0] == qdq["rel_error"][0]
 
 
+def test_local_feeds_a_fused_projection_by_the_scale_of_the_op_that_wrote_it(run_eprun_here,
+                                                                             tmp_path):
+    """A QOperator twin's fused QKV projection is read only by a Split: where a segment is fed
+    at it, its scale is the QLinearAdd's result scale (no quantized op reads the tensor)."""
+    fp32 = models.save(real_models.distilbert_like(1), tmp_path / "dbert.onnx")
+    qop = tmp_path / "dbert.qop.onnx"
+    models.quantize(fp32, qop, 1, route="qoperator", rows=4)
+    answer = run_eprun_here("growth", fp32, qop, "1", "--local").answer
+    assert answer["local_unavailable"] == [] and None not in answer["local_rel_error"]
+
+
 # -- other commands on real models -------------------------------------------------------------
 
 def test_settings_check_and_placement_feed_every_input(run_eprun_here, eprun, real_pairs):

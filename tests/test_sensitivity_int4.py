@@ -242,6 +242,86 @@ def test_restoring_to_int8_is_the_quantizer_run_again_at_8_bits(eprun, tmp_path,
         sqnr(int4.run(mixed(recommendation["nodes_to_include"]), x)), rel=1e-9)
 
 
+def float16_mlp() -> onnx.ModelProto:
+    """int4.mlp() in float16: weights, input and output (MatMulNBits then scales in float16)."""
+    model = int4.mlp()
+    for tensor in model.graph.initializer:
+        tensor.CopyFrom(numpy_helper.from_array(
+            numpy_helper.to_array(tensor).astype(np.float16), tensor.name))
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
+    return model
+
+
+def test_restoring_a_float16_twin_to_int8_keeps_its_scales_in_float16(tmp_path):
+    """The quantizer writes a float16 weight's 8-bit scales in float16: so does eprun, bit for
+    bit (float32 scales beside float16 activations do not even open)."""
+    pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer",
+                        reason="MatMulNBitsQuantizer needs onnx_ir")
+    if tool.ort_release() < (1, 23):
+        pytest.skip("8-bit MatMulNBits run from onnxruntime 1.23")
+    model = float16_mlp()
+    settings = {"block_size": 32, "is_symmetric": True}
+    fp32 = models.save(model, tmp_path / "f16.onnx")
+    twin = models.save(matmul_nbits_quantizer(model, **settings), tmp_path / "q4.onnx")
+    with tool.SensitivityStudy(str(fp32), str(twin), 5, None,
+                               options=tool.StudyOptions(restore_to="int8")) as study:
+        for unit in study.units:
+            study.measure([unit])
+            first = matmul_nbits_quantizer(model, exclude=[unit.name], **settings)
+            mixed = matmul_nbits_quantizer(first, include=[unit.name], **{**settings, "bits": 8})
+            assert np.array_equal(study.last, models.run(mixed, study.int8_feed)[0]), unit.name
+
+
+def tied_mlp() -> onnx.ModelProto:
+    """int4.mlp() whose layer1 reads layer0's weight W0 too (a 32-wide MLP, so both fit)."""
+    model = int4.mlp(features=32, widths=(32, 32, 16))
+    for node in model.graph.node:
+        if node.name == "layer1/MatMul":
+            node.input[1] = "W0"
+    kept = [t for t in model.graph.initializer if t.name != "W1"]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return model
+
+
+def test_restoring_to_int8_refuses_what_the_quantizer_would_write_otherwise(run_eprun_here,
+                                                                           tmp_path):
+    """A weight two MatMuls share (the quantizer's 8-bit initializers would clash) and a 3-D
+    weight (the quantizer reshapes it): one line each, exit 4, before anything is measured; an
+    options record with another value is a usage error."""
+    pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer",
+                        reason="MatMulNBitsQuantizer (it needs onnx_ir) squeezes the 3-D weight")
+    for name, model in (("tied", tied_mlp()), ("nd", leading_one_mlp())):
+        fp32 = models.save(model, tmp_path / f"{name}.onnx")
+        twin = models.save(matmul_nbits_quantizer(model, block_size=32, is_symmetric=True),
+                           tmp_path / f"{name}4.onnx")
+        result = run_eprun_here("sensitivity", fp32, twin, "5", "--restore-to", "int8")
+        assert (result.code, result.stdout) == (4, "") and result.stderr.count("\n") == 1
+        assert ("read by several MatMuls" if name == "tied" else "is 3-D") in result.stderr
+    with pytest.raises(tool.EprunError, match="float or int8") as raised:
+        tool.sensitivity(str(fp32), str(twin), 5, tool.SensitivityOptions(restore_to="fp16"))
+    assert raised.value.code == tool.EXIT_USAGE
+
+
+def test_a_twin_with_any_4bit_weight_is_held_to_the_int4_profile_as_check_holds_it(
+        run_eprun_here, tmp_path):
+    """Two MatMuls at 8 bits and one at 4 (what a --restore-to int8 recommendation writes):
+    check's auto profile and sensitivity's default target are both int4."""
+    if not EIGHT_BITS:
+        pytest.skip("8-bit MatMulNBits run from onnxruntime 1.23")
+    model = int4.mlp()
+    four = int4.to_matmul_nbits(model, block_size=32, exclude=["layer0/MatMul", "layer1/MatMul"])
+    mixed = int4.to_matmul_nbits(four, bits=8, block_size=32)  # the MatMuls still in float
+    fp32 = models.save(model, tmp_path / "f.onnx")
+    twin = models.save(mixed, tmp_path / "mixed.onnx")
+    checked = run_eprun_here("check", fp32, twin)
+    assert "--profile auto: int4" in checked.stderr or "profile int4" in checked.stderr
+    ranked = run_eprun_here("sensitivity", fp32, twin, "5")
+    assert ranked.code == 0, ranked.stderr
+    assert ranked.answer["target"]["profile"] == "int4"
+
+
 def test_restoring_to_int8_is_refused_where_the_quantizer_cannot(run_eprun_here, tmp_path,
                                                                  lab_pair):
     """The QDQ form (MatMulNBitsQuantizer writes it at 4 bits only) and a quantize_static twin

@@ -133,6 +133,9 @@ def test_local_segments_cut_at_a_matmul_nbits(capfd, float_mlp):
     rel = growth["rel_error"]  # x is the float model's own input: no error at boundary 0
     assert rel[0] == 0 and growth["total_growth"] is None
     assert growth["growth_from_first_error"] == {"index": 1, "total_growth": rel[-1] / rel[1]}
+    plain, _ = answer_of(capfd, "growth", fp32, twin(fp32, "local", model), "3")
+    assert list(plain) == ["seed", "layer_count", "rel_error", "ratios", "monotone",
+                           "total_growth", "max_ratio"]  # the contract's input: its fields only
 
 
 def branched(features: int = 32, width: int = 48, seed: int = 3) -> onnx.ModelProto:
@@ -342,6 +345,17 @@ def test_weights_pair_by_the_node_never_by_the_initializers_name(capfd, tmp_path
     assert "1 weight-only weight of" in err and "'W1_Q4'" in err and "left out" in err
 
 
+def test_an_unnamed_float_node_is_named_as_sensitivity_names_its_unit(capfd, tmp_path):
+    """``node`` of a weight whose float MatMul has no name: ``MatMul#<k>``, the k-th MatMul."""
+    fp32_model = int4.mlp()
+    model = int4.to_matmul_nbits(fp32_model)
+    for node in (*fp32_model.graph.node, *model.graph.node):
+        node.name = ""
+    fp32 = save(fp32_model, tmp_path / "f.onnx")
+    answer, _ = answer_of(capfd, "weights", fp32, save(model, tmp_path / "q.onnx"))
+    assert [entry["node"] for entry in answer["weights"]] == ["MatMul#0", "MatMul#1", "MatMul#2"]
+
+
 @every_form
 def test_weights_of_a_twin_of_another_model_is_a_failure(capfd, tmp_path):
     """No weight of the twin pairs with one of the float model: exit 4 and one line, not an
@@ -369,8 +383,10 @@ def test_the_report_of_a_weight_only_twin_says_what_was_measured(capfd, tmp_path
     assert "none is clipped here" not in report and "so nothing was measured" in report
     table = [line for line in report.splitlines() if line.startswith("| 1 | `relu0`")]
     assert len(table) == 1 and "null" not in table[0]
-    since = growth["growth_from_first_error"]
-    assert since["index"] == 1 and "from boundary 1, the first with an error" in report
+    rel = growth["rel_error"]  # growth.json keeps the contract's fields for its input
+    assert "growth_from_first_error" not in growth and rel[0] == 0 < rel[1]
+    assert (f"from boundary 1, the first with an error, the last relative error is "
+            f"**{rel[-1] / rel[1]:.4g}** times that one.") in report
     assert "for MatMulNBitsQuantizer)" in report and "quantize_static" not in report.split(
         "Recommended")[-1].split("\n")[0]
 

@@ -6554,6 +6554,18 @@ def _quantization_ops(model) -> int:
                or node.op_type.startswith("QLinear") for node in model.graph.node)
 
 
+def _weight_only_4bit(model) -> bool:
+    """A weight-only twin: some weight of 4 bits or fewer dequantized in blocks
+    (``weight_only_nodes``), and no activation quantized (no QuantizeLinear, dynamic or
+    QLinear op, no DequantizeLinear of anything but an initializer)."""
+    graph = model.graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    activations = [node for node in graph.node if node.op_type.startswith("QLinear")
+                   or (node.op_type in _QDQ_OPS + _INTEGER_OPS and not (
+                       node.op_type == "DequantizeLinear" and node.input[0] in initializers))]
+    return not activations and any(bits <= 4 for _, bits in weight_only_nodes(graph))
+
+
 SWAPPED_OK_ARG = arg(
     "--swapped-ok", action="store_true",
     help="compare the pair as given even when the first model is quantized and the second is "
@@ -13444,18 +13456,6 @@ def _auto_profile(graphs: list, candidate: str, told: bool = True) -> str:
         note(f"profile {profile} (no --profile given: auto), as {candidate!r} {why}; "
              "--profile fp16 holds it to the float16 tolerances")
     return profile
-
-
-def _weight_only_4bit(model) -> bool:
-    """A weight-only twin: some weight of 4 bits or fewer dequantized in blocks
-    (``weight_only_nodes``), and no activation quantized (no QuantizeLinear, dynamic or
-    QLinear op, no DequantizeLinear of anything but an initializer)."""
-    graph = model.graph
-    initializers = {tensor.name for tensor in graph.initializer}
-    activations = [node for node in graph.node if node.op_type.startswith("QLinear")
-                   or (node.op_type in _QDQ_OPS + _INTEGER_OPS and not (
-                       node.op_type == "DequantizeLinear" and node.input[0] in initializers))]
-    return not activations and any(bits <= 4 for _, bits in weight_only_nodes(graph))
 
 
 def _graph_or_none(path: str):

@@ -42,7 +42,8 @@ the top, so a command loads only what it uses.
        session_options and open_session (the only places options and sessions are made),
        what an EP takes (ort_partition_groups), its colour, what the report asks for
     5. Measurement core  feeds, golden files, boundaries, comparison and METRICS, paired
-       boundaries, local error, growth, the gate (outputs judged against tolerances); numpy
+       boundaries, local error, growth, the gate (outputs judged against tolerances),
+       weights read back as onnxruntime dequantizes them; numpy
     6. Rendering  answers into text: a verdict's line, the report's markdown, Model
        Explorer node data, plots (matplotlib, only when asked for), tables
     7. Sensitivity  sensitivity's machinery: the quantized units, quantize_static run again,
@@ -52,8 +53,9 @@ the top, so a command loads only what it uses.
        the failure test and the bisection
     9. Optimizer explanation  settings --explain's machinery: onnxruntime's transformers by
        release, the search for a minimal set whose disabling restores the baseline
-    10. Commands  each command's function and then its declaration, in the order listed
-       above; nothing else
+    10. Commands  each command's options record, its function, what only it uses (a
+       command's own runner, its table of words) and its declaration, in the order listed
+       above
     11. Command line  the parser, main() (which makes the Invocation and passes the words it
        parsed down), the one failure report
 
@@ -7161,6 +7163,344 @@ def tolerances(profile: str, rtol, atol, min_cos: float | None) -> tuple[dict, d
     return tolerance, per_output
 
 
+# -- weights, read back as onnxruntime dequantizes them --------------------------------------------
+
+class QuantizedWeight(NamedTuple):
+    """An integer initializer a quantized op reads as a weight, with where its scale and zero
+    point are (initializer names; ``zero`` "" where the op gives none) and its channel axis
+    (None: one scale for the whole tensor)."""
+
+    name: str
+    scale: str
+    zero: str
+    axis: int | None
+    op_type: str
+
+
+# The axis of a per-channel weight scale, where an op's (``_QUANTIZED_OPERANDS``) is not the
+# last one: QLinearConv's output channels (a DequantizeLinear says its own, QGemm's turns with
+# transB).
+_WEIGHT_AXIS = {"QLinearConv": 0}
+
+
+def quantized_weights(graph) -> list[QuantizedWeight]:
+    """Every integer initializer read back as float, in file order: the input of a
+    DequantizeLinear (its ``axis``, 1 by default as ONNX says, where the scale has one value
+    per channel), and every operand of a quantized op that is a constant (the weight of
+    QLinearConv, QLinearMatMul and QGemm, the bias QLinearAdd and QLinearMul add). Each
+    once. (An int32 bias that a QLinearConv or QGemm scales by its inputs' scales has no
+    scale of its own: not listed.)"""
+    initializers = {tensor.name for tensor in graph.initializer}
+    found: dict[str, QuantizedWeight] = {}
+    for node in graph.node:
+        attributes = {attribute.name: attribute.i for attribute in node.attribute}
+        if node.op_type == "DequantizeLinear" and attributes.get("block_size"):
+            continue  # a blocked weight: blockwise_weights
+        axis = (attributes.get("axis", 1) if node.op_type == "DequantizeLinear" else
+                0 if node.op_type == "QGemm" and attributes.get("transB") else
+                _WEIGHT_AXIS.get(node.op_type, -1))
+        inputs = list(node.input) + [""] * 6
+        for weight, scale, zero in _QUANTIZED_OPERANDS.get(node.op_type, ()):
+            if inputs[weight] in initializers and inputs[scale] in initializers \
+                    and inputs[weight] not in found:
+                found[inputs[weight]] = QuantizedWeight(
+                    inputs[weight], inputs[scale],
+                    inputs[zero] if inputs[zero] in initializers else "", axis, node.op_type)
+    return list(found.values())
+
+
+def dequantize_weight(values, scale, zero, axis: int | None) -> tuple:
+    """``(values - zero) * scale`` as numpy computes it for qdq_loss_debug, in the types it
+    gives (int8 weights come back float32, int32 biases float64), so the SQNR is the one it
+    reports; but an integer difference that wraps around in the weight's own type (an int8
+    bias with a zero point, a uint8 weight far from its own) is taken in 64 bits, where it is
+    right. Returns (dequantized, what qdq_loss_debug computes where that differs, else None).
+    """
+    import numpy as np
+
+    if scale.size == 1 and zero.size == 1:
+        scale, zero = scale.reshape(()), zero.reshape(())
+    elif axis is not None and scale.ndim == 1 and values.ndim:
+        shape = [1] * values.ndim
+        shape[axis] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    with np.errstate(over="ignore"):
+        narrow = values - zero
+    if not np.issubdtype(narrow.dtype, np.integer):  # float8 weights: nothing wraps
+        return narrow * scale, None
+    wide = values.astype(np.int64) - zero.astype(np.int64)
+    if np.array_equal(narrow, wide):
+        return narrow * scale, None
+    return wide * scale, narrow * scale
+
+
+def weight_error(reference, dequantized) -> dict:
+    """``sqnr_db`` as ``qdq_loss_debug.compute_signal_to_quantization_noice_ratio`` computes
+    it (norms floored at the float epsilon, so an exact weight gets a large finite number),
+    and the largest absolute difference."""
+    import numpy as np
+
+    left, right = reference.flatten(), dequantized.flatten()
+    epsilon = np.finfo(float).eps
+    diff = left - right
+    signal = max(np.linalg.norm(left), epsilon)
+    noise = max(np.linalg.norm(diff), epsilon)
+    return {"sqnr_db": 20 * math.log10(signal / noise),
+            "max_abs_error": float(np.abs(diff).max()) if diff.size else 0.0}
+
+
+class BlockwiseWeight(NamedTuple):
+    """A weight that a weight-only op reads in blocks: the initializer (``name``), the node that
+    dequantizes it (MatMulNBits, MatMulBnb4, GatherBlockQuantized, or a DequantizeLinear with a
+    ``block_size``), and what the float model's node must share with it to be the one whose
+    weight it quantizes: the activation the MatMul multiplies (for a DequantizeLinear, that of
+    the MatMul reading its output) and the output it writes; for GatherBlockQuantized, the
+    Gather's output. Quantizers rename the weight and the node, but keep those two names."""
+
+    name: str
+    node: Any
+    activation: str
+    output: str
+
+
+def blockwise_weights(graph) -> list[BlockwiseWeight]:
+    """Every initializer a weight-only op reads in blocks, in file order, each once: B of
+    MatMulNBits and MatMulBnb4, the table of GatherBlockQuantized, and the input of a
+    DequantizeLinear with a ``block_size`` (opset 21's blocked form, MatMulNBitsQuantizer's QDQ
+    format), paired with the MatMul that reads what it dequantizes where exactly one does."""
+    initializers = {tensor.name for tensor in graph.initializer}
+    matmuls: dict[str, list] = {}
+    for node in graph.node:
+        if node.op_type == "MatMul" and len(node.input) > 1:
+            matmuls.setdefault(node.input[1], []).append(node)
+    found: dict[str, BlockwiseWeight] = {}
+    for node in graph.node:
+        inputs = [*node.input, "", ""]
+        if node.op_type in ("MatMulNBits", "MatMulBnb4"):
+            name, activation, output = inputs[1], inputs[0], node.output[0]
+        elif node.op_type == "GatherBlockQuantized":
+            name, activation, output = inputs[0], "", node.output[0]
+        elif (node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx")
+              and int_attributes(node).get("block_size")):
+            readers = matmuls.get(node.output[0], [])
+            name = inputs[0]
+            activation, output = ((readers[0].input[0], readers[0].output[0])
+                                  if len(readers) == 1 else ("", ""))
+        else:
+            continue
+        if name in initializers and name not in found:
+            found[name] = BlockwiseWeight(name, node, activation, output)
+    return list(found.values())
+
+
+def _unpack_codes(data, bits: int, count: int):
+    """The first ``count`` codes of ``bits`` bits packed along the last axis of uint8 ``data``,
+    the first in a byte's lowest bits (MatMulNBits' blobs and zero points, a uint8
+    GatherBlockQuantized table), as int64."""
+    import numpy as np
+
+    data = np.asarray(data, np.uint8)
+    shifts = np.arange(8 // bits, dtype=np.uint8) * bits
+    codes = (data[..., None] >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(*data.shape[:-1], -1)[..., :count].astype(np.int64)
+
+
+def _is_midpoint(zero, bits: int, signed: bool) -> bool:
+    """Symmetric quantization: every zero point in the middle of the codes' range (0 for signed
+    codes, 2^(bits-1) for unsigned ones), so the grid is symmetric around 0."""
+    import numpy as np
+
+    return bool(np.all(np.asarray(zero) == (0 if signed else 1 << (bits - 1))))
+
+
+def _dequantize_nbits(node, tensors) -> tuple:
+    """MatMulNBits' B as the [K, N] weight it multiplies by, as onnxruntime's kernel computes
+    it in float32: column n, row k in block b = k // block_size, (code - zero point) * scale,
+    the code the (k % block_size)-th of the blob B[n, b] (lowest bits first), K padded to a
+    whole block; the zero point 2^(bits-1) where none is given, else packed like the codes
+    (uint8) or one float per block (unpacked)."""
+    import numpy as np
+
+    attributes = int_attributes(node)
+    k, n, block = attributes["K"], attributes["N"], attributes["block_size"]
+    bits = attributes.get("bits", 4)
+    inputs = [*node.input, "", "", ""]
+    if bits not in (2, 4, 8) or attributes.get("weight_prepacked") or inputs[4]:
+        raise ValueError(f"bits {bits}, weight_prepacked {attributes.get('weight_prepacked', 0)}"
+                         + (", g_idx" if inputs[4] else "") + " is a layout eprun does not read")
+    blocks = -(-k // block)
+    packed = tensors.array(inputs[1]).reshape(n, blocks, block * bits // 8)
+    codes = _unpack_codes(packed, bits, block)
+    scales = tensors.array(inputs[2]).astype(np.float32).reshape(n, blocks)
+    zero = tensors.array(inputs[3]) if inputs[3] else np.full((n, blocks), 1 << (bits - 1))
+    if zero.dtype == np.uint8 and inputs[3]:
+        zero = _unpack_codes(zero.reshape(n, -1), bits, blocks)
+    zero = zero.reshape(n, blocks)
+    values = (codes.astype(np.float32) - zero[..., None].astype(np.float32)) * scales[..., None]
+    return values.reshape(n, -1)[:, :k].T, {
+        "bits": bits, "block_size": block, "symmetric": _is_midpoint(zero, bits, False),
+        "accuracy_level": attributes.get("accuracy_level", 0)}
+
+
+# bitsandbytes' 4-bit codes as onnxruntime's MatMulBnb4 kernel maps them
+# (blockwise_quant_block_bnb4.h): quant_type 0 FP4, 1 NF4; a value is its code's entry times
+# its block's absmax.
+_BNB4_VALUES = {
+    0: (0.0, 5.208333333e-03, 0.66666667, 1.0, 0.33333333, 0.5, 0.16666667, 0.25,
+        -0.0, -5.208333333e-03, -0.66666667, -1.0, -0.33333333, -0.5, -0.16666667, -0.25),
+    1: (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+        0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+        0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)}
+
+
+def _dequantize_bnb4(node, tensors) -> tuple:
+    """MatMulBnb4's B as the [K, N] weight it multiplies by: the transposed weight [N, K]
+    flattened, in blocks of block_size, each code (the first of a byte in its high nibble,
+    bitsandbytes' order) mapped through the FP4 or NF4 table times its block's absmax."""
+    import numpy as np
+
+    attributes = int_attributes(node)
+    k, n, block = attributes["K"], attributes["N"], attributes["block_size"]
+    kind = attributes.get("quant_type")
+    if kind not in _BNB4_VALUES or attributes.get("transB", 1) != 1:
+        raise ValueError(f"quant_type {kind}, transB {attributes.get('transB', 1)} is a layout "
+                         "eprun does not read")
+    packed = tensors.array(node.input[1]).reshape(-1)
+    codes = np.stack([packed >> 4, packed & 0xF], axis=-1).reshape(-1)[:k * n]
+    absmax = tensors.array(node.input[2]).astype(np.float32).reshape(-1)
+    if codes.size != k * n or absmax.size != -(-k * n // block):
+        raise ValueError(f"{packed.size} bytes and {absmax.size} absmax for K {k}, N {n}")
+    values = np.asarray(_BNB4_VALUES[kind], np.float32)[codes] * absmax[np.arange(k * n) // block]
+    return values.reshape(n, k).T, {"bits": 4, "block_size": block, "symmetric": True,
+                                    "accuracy_level": None,
+                                    "quant_type": "fp4" if kind == 0 else "nf4"}
+
+
+# onnx element type -> (bits, signed) of the integer codes a blocked weight holds.
+_CODE_TYPES = {21: (4, False), 22: (4, True), 2: (8, False), 3: (8, True), 4: (16, False),
+               5: (16, True)}
+
+
+def _dequantize_blocked(node, tensors, shape: tuple) -> tuple:
+    """A DequantizeLinear with a block_size (``(x - zero point) * scale``, one scale and zero
+    point per block_size consecutive elements along ``axis``, zero points 0 where none are
+    given), or a GatherBlockQuantized table (the same along quantize_axis; a uint8 table packs
+    codes of ``bits`` bits along its last axis, lowest first, as MatMulNBits does, with
+    2^(bits-1) the zero point where none is given), in float32 and the float weight's
+    ``shape``."""
+    import numpy as np
+
+    attributes = int_attributes(node)
+    gather = node.op_type == "GatherBlockQuantized"
+    inputs = [*node.input, "", "", ""]
+    data, scale, zero = (inputs[0], inputs[2], inputs[3]) if gather else inputs[:3]
+    bits, signed = _CODE_TYPES.get(tensors.elem(data), (None, False))
+    if bits is None:
+        raise ValueError(f"{_ELEMENT_NAMES.get(tensors.elem(data))} codes are not integers")
+    packed = gather and tensors.elem(data) == 2  # MatMulNBits' layout, bits as the attribute
+    bits = attributes.get("bits", 4) if packed else bits
+    codes = tensors.array(data)
+    if packed:
+        codes = _unpack_codes(codes, bits, shape[-1])
+    codes = codes.astype(np.int64).reshape(shape)
+    scales = tensors.array(scale).astype(np.float32)
+    zeros = (np.full(scales.shape, 1 << (bits - 1) if packed else 0) if not zero else
+             _unpack_codes(tensors.array(zero), bits, scales.shape[-1]) if packed else
+             tensors.array(zero))
+    zeros = zeros.astype(np.int64).reshape(scales.shape)
+    axis = attributes.get("quantize_axis" if gather else "axis", 1) % len(shape)
+    block = attributes.get("block_size", 128)
+    rows = np.arange(shape[axis]) // block
+    values = ((codes - np.take(zeros, rows, axis=axis)).astype(np.float32)
+              * np.take(scales, rows, axis=axis))
+    return values, {"bits": bits, "block_size": block,
+                    "symmetric": _is_midpoint(zeros, bits, signed), "accuracy_level": None,
+                    "axis": axis}
+
+
+def dequantize_blockwise(node, tensors, shape: tuple) -> tuple:
+    """``(weight, fields)``: what a weight-only node's weight dequantizes to, as onnxruntime
+    computes it, in the float weight's layout (``shape``), and the entry's fields that say how
+    it is quantized (``bits``, ``block_size``, ``symmetric``, ``accuracy_level``, ``axis``: the
+    one its blocks run along). ``tensors``: the model's initializers (``_Tensors``). A
+    ValueError says why a layout is not one eprun reads."""
+    if node.op_type == "MatMulNBits":
+        values, fields = _dequantize_nbits(node, tensors)
+    elif node.op_type == "MatMulBnb4":
+        values, fields = _dequantize_bnb4(node, tensors)
+    else:
+        return _dequantize_blocked(node, tensors, shape)
+    return values, {**fields, "axis": 0}
+
+
+def worst_block(difference, axis: int, block_size: int) -> tuple[int, int, float]:
+    """``(row, block, largest |difference|)`` of the block holding the largest difference:
+    ``row`` the index over the other axes (flattened; for a MatMul's [K, N] weight, the output
+    column), ``block`` the block's index along ``axis``."""
+    import numpy as np
+
+    moved = np.moveaxis(np.abs(np.asarray(difference, np.float64)), axis, -1)
+    rows = moved.reshape(-1, moved.shape[-1])
+    blocks = -(-rows.shape[1] // block_size)
+    padded = np.zeros((rows.shape[0], blocks * block_size))
+    padded[:, :rows.shape[1]] = rows
+    per_block = padded.reshape(rows.shape[0], blocks, block_size).max(axis=-1)
+    row, block = np.unravel_index(int(np.argmax(per_block)), per_block.shape)
+    return int(row), int(block), float(per_block[row, block])
+
+
+def _nibble_codes(tensor, model_path: str):
+    """An INT4 or UINT4 initializer's codes (int64, in its dims), from the bytes ONNX packs them
+    in (two a byte, the first in the low nibble), inline or external: ``_map_external`` reads
+    whole bytes per element."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return np.asarray(numpy_helper.to_array(tensor)).astype(np.int64)
+    count = math.prod(tensor.dims)
+    location = _external_location(tensor)
+    path = _safe_location(location.location, model_path)
+    require_file(path, "external data")
+    data = np.fromfile(path, np.uint8, count=(count + 1) // 2, offset=int(location.offset or 0))
+    if data.size != (count + 1) // 2:
+        raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: the file "
+                         "is shorter than its reference says")
+    codes = _unpack_codes(data, 4, count)
+    if tensor.data_type == TensorProto.INT4:
+        codes = np.where(codes >= 8, codes - 16, codes)
+    return codes.reshape(tuple(tensor.dims))
+
+
+class _Tensors:
+    """A model's initializers by name, read when asked for: ``array`` their values (an INT4 or
+    UINT4 one's codes), ``elem`` their element type."""
+
+    def __init__(self, tensors: dict, model_path: str) -> None:
+        """``tensors``: name -> TensorProto of the model at ``model_path``."""
+        self.tensors, self.path = tensors, model_path
+
+    def elem(self, name: str) -> int:
+        """The element type of initializer ``name``."""
+        return self.tensors[name].data_type
+
+    def array(self, name: str):
+        """The values of initializer ``name``; its codes where it packs 4-bit integers."""
+        tensor = self.tensors[name]
+        if tensor.data_type in (21, 22):
+            return _nibble_codes(tensor, self.path)
+        return _initializer_array(tensor, self.path)
+
+
+# onnx element type -> the name numpy (or ml_dtypes) gives it.
+_ELEMENT_NAMES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32",
+                  7: "int64", 8: "string", 9: "bool", 10: "float16", 11: "float64",
+                  12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
+                  16: "bfloat16", 17: "float8e4m3fn", 18: "float8e4m3fnuz", 19: "float8e5m2",
+                  20: "float8e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4e2m1"}
+
+
 # == 6. Rendering ==================================================================================
 
 def failure_reasons(failures: list[dict], markdown: bool = False) -> list[str]:
@@ -13897,336 +14237,6 @@ declare(Command(
 
 # -- weights ---------------------------------------------------------------------------------------
 
-class QuantizedWeight(NamedTuple):
-    """An integer initializer a quantized op reads as a weight, with where its scale and zero
-    point are (initializer names; ``zero`` "" where the op gives none) and its channel axis
-    (None: one scale for the whole tensor)."""
-
-    name: str
-    scale: str
-    zero: str
-    axis: int | None
-    op_type: str
-
-
-# The axis of a per-channel weight scale, where an op's (``_QUANTIZED_OPERANDS``) is not the
-# last one: QLinearConv's output channels (a DequantizeLinear says its own, QGemm's turns with
-# transB).
-_WEIGHT_AXIS = {"QLinearConv": 0}
-
-
-def quantized_weights(graph) -> list[QuantizedWeight]:
-    """Every integer initializer read back as float, in file order: the input of a
-    DequantizeLinear (its ``axis``, 1 by default as ONNX says, where the scale has one value
-    per channel), and every operand of a quantized op that is a constant (the weight of
-    QLinearConv, QLinearMatMul and QGemm, the bias QLinearAdd and QLinearMul add). Each
-    once. (An int32 bias that a QLinearConv or QGemm scales by its inputs' scales has no
-    scale of its own: not listed.)"""
-    initializers = {tensor.name for tensor in graph.initializer}
-    found: dict[str, QuantizedWeight] = {}
-    for node in graph.node:
-        attributes = {attribute.name: attribute.i for attribute in node.attribute}
-        if node.op_type == "DequantizeLinear" and attributes.get("block_size"):
-            continue  # a blocked weight: blockwise_weights
-        axis = (attributes.get("axis", 1) if node.op_type == "DequantizeLinear" else
-                0 if node.op_type == "QGemm" and attributes.get("transB") else
-                _WEIGHT_AXIS.get(node.op_type, -1))
-        inputs = list(node.input) + [""] * 6
-        for weight, scale, zero in _QUANTIZED_OPERANDS.get(node.op_type, ()):
-            if inputs[weight] in initializers and inputs[scale] in initializers \
-                    and inputs[weight] not in found:
-                found[inputs[weight]] = QuantizedWeight(
-                    inputs[weight], inputs[scale],
-                    inputs[zero] if inputs[zero] in initializers else "", axis, node.op_type)
-    return list(found.values())
-
-
-def dequantize_weight(values, scale, zero, axis: int | None) -> tuple:
-    """``(values - zero) * scale`` as numpy computes it for qdq_loss_debug, in the types it
-    gives (int8 weights come back float32, int32 biases float64), so the SQNR is the one it
-    reports; but an integer difference that wraps around in the weight's own type (an int8
-    bias with a zero point, a uint8 weight far from its own) is taken in 64 bits, where it is
-    right. Returns (dequantized, what qdq_loss_debug computes where that differs, else None).
-    """
-    import numpy as np
-
-    if scale.size == 1 and zero.size == 1:
-        scale, zero = scale.reshape(()), zero.reshape(())
-    elif axis is not None and scale.ndim == 1 and values.ndim:
-        shape = [1] * values.ndim
-        shape[axis] = -1
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
-    with np.errstate(over="ignore"):
-        narrow = values - zero
-    if not np.issubdtype(narrow.dtype, np.integer):  # float8 weights: nothing wraps
-        return narrow * scale, None
-    wide = values.astype(np.int64) - zero.astype(np.int64)
-    if np.array_equal(narrow, wide):
-        return narrow * scale, None
-    return wide * scale, narrow * scale
-
-
-def weight_error(reference, dequantized) -> dict:
-    """``sqnr_db`` as ``qdq_loss_debug.compute_signal_to_quantization_noice_ratio`` computes
-    it (norms floored at the float epsilon, so an exact weight gets a large finite number),
-    and the largest absolute difference."""
-    import numpy as np
-
-    left, right = reference.flatten(), dequantized.flatten()
-    epsilon = np.finfo(float).eps
-    diff = left - right
-    signal = max(np.linalg.norm(left), epsilon)
-    noise = max(np.linalg.norm(diff), epsilon)
-    return {"sqnr_db": 20 * math.log10(signal / noise),
-            "max_abs_error": float(np.abs(diff).max()) if diff.size else 0.0}
-
-
-# -- weights: the weight-only forms, in blocks of 2 to 8 bits --------------------------------------
-
-class BlockwiseWeight(NamedTuple):
-    """A weight that a weight-only op reads in blocks: the initializer (``name``), the node that
-    dequantizes it (MatMulNBits, MatMulBnb4, GatherBlockQuantized, or a DequantizeLinear with a
-    ``block_size``), and what the float model's node must share with it to be the one whose
-    weight it quantizes: the activation the MatMul multiplies (for a DequantizeLinear, that of
-    the MatMul reading its output) and the output it writes; for GatherBlockQuantized, the
-    Gather's output. Quantizers rename the weight and the node, but keep those two names."""
-
-    name: str
-    node: Any
-    activation: str
-    output: str
-
-
-def blockwise_weights(graph) -> list[BlockwiseWeight]:
-    """Every initializer a weight-only op reads in blocks, in file order, each once: B of
-    MatMulNBits and MatMulBnb4, the table of GatherBlockQuantized, and the input of a
-    DequantizeLinear with a ``block_size`` (opset 21's blocked form, MatMulNBitsQuantizer's QDQ
-    format), paired with the MatMul that reads what it dequantizes where exactly one does."""
-    initializers = {tensor.name for tensor in graph.initializer}
-    matmuls: dict[str, list] = {}
-    for node in graph.node:
-        if node.op_type == "MatMul" and len(node.input) > 1:
-            matmuls.setdefault(node.input[1], []).append(node)
-    found: dict[str, BlockwiseWeight] = {}
-    for node in graph.node:
-        inputs = [*node.input, "", ""]
-        if node.op_type in ("MatMulNBits", "MatMulBnb4"):
-            name, activation, output = inputs[1], inputs[0], node.output[0]
-        elif node.op_type == "GatherBlockQuantized":
-            name, activation, output = inputs[0], "", node.output[0]
-        elif (node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx")
-              and int_attributes(node).get("block_size")):
-            readers = matmuls.get(node.output[0], [])
-            name = inputs[0]
-            activation, output = ((readers[0].input[0], readers[0].output[0])
-                                  if len(readers) == 1 else ("", ""))
-        else:
-            continue
-        if name in initializers and name not in found:
-            found[name] = BlockwiseWeight(name, node, activation, output)
-    return list(found.values())
-
-
-def _unpack_codes(data, bits: int, count: int):
-    """The first ``count`` codes of ``bits`` bits packed along the last axis of uint8 ``data``,
-    the first in a byte's lowest bits (MatMulNBits' blobs and zero points, a uint8
-    GatherBlockQuantized table), as int64."""
-    import numpy as np
-
-    data = np.asarray(data, np.uint8)
-    shifts = np.arange(8 // bits, dtype=np.uint8) * bits
-    codes = (data[..., None] >> shifts) & ((1 << bits) - 1)
-    return codes.reshape(*data.shape[:-1], -1)[..., :count].astype(np.int64)
-
-
-def _is_midpoint(zero, bits: int, signed: bool) -> bool:
-    """Symmetric quantization: every zero point in the middle of the codes' range (0 for signed
-    codes, 2^(bits-1) for unsigned ones), so the grid is symmetric around 0."""
-    import numpy as np
-
-    return bool(np.all(np.asarray(zero) == (0 if signed else 1 << (bits - 1))))
-
-
-def _dequantize_nbits(node, tensors) -> tuple:
-    """MatMulNBits' B as the [K, N] weight it multiplies by, as onnxruntime's kernel computes
-    it in float32: column n, row k in block b = k // block_size, (code - zero point) * scale,
-    the code the (k % block_size)-th of the blob B[n, b] (lowest bits first), K padded to a
-    whole block; the zero point 2^(bits-1) where none is given, else packed like the codes
-    (uint8) or one float per block (unpacked)."""
-    import numpy as np
-
-    attributes = int_attributes(node)
-    k, n, block = attributes["K"], attributes["N"], attributes["block_size"]
-    bits = attributes.get("bits", 4)
-    inputs = [*node.input, "", "", ""]
-    if bits not in (2, 4, 8) or attributes.get("weight_prepacked") or inputs[4]:
-        raise ValueError(f"bits {bits}, weight_prepacked {attributes.get('weight_prepacked', 0)}"
-                         + (", g_idx" if inputs[4] else "") + " is a layout eprun does not read")
-    blocks = -(-k // block)
-    packed = tensors.array(inputs[1]).reshape(n, blocks, block * bits // 8)
-    codes = _unpack_codes(packed, bits, block)
-    scales = tensors.array(inputs[2]).astype(np.float32).reshape(n, blocks)
-    zero = tensors.array(inputs[3]) if inputs[3] else np.full((n, blocks), 1 << (bits - 1))
-    if zero.dtype == np.uint8 and inputs[3]:
-        zero = _unpack_codes(zero.reshape(n, -1), bits, blocks)
-    zero = zero.reshape(n, blocks)
-    values = (codes.astype(np.float32) - zero[..., None].astype(np.float32)) * scales[..., None]
-    return values.reshape(n, -1)[:, :k].T, {
-        "bits": bits, "block_size": block, "symmetric": _is_midpoint(zero, bits, False),
-        "accuracy_level": attributes.get("accuracy_level", 0)}
-
-
-# bitsandbytes' 4-bit codes as onnxruntime's MatMulBnb4 kernel maps them
-# (blockwise_quant_block_bnb4.h): quant_type 0 FP4, 1 NF4; a value is its code's entry times
-# its block's absmax.
-_BNB4_VALUES = {
-    0: (0.0, 5.208333333e-03, 0.66666667, 1.0, 0.33333333, 0.5, 0.16666667, 0.25,
-        -0.0, -5.208333333e-03, -0.66666667, -1.0, -0.33333333, -0.5, -0.16666667, -0.25),
-    1: (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-        0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-        0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)}
-
-
-def _dequantize_bnb4(node, tensors) -> tuple:
-    """MatMulBnb4's B as the [K, N] weight it multiplies by: the transposed weight [N, K]
-    flattened, in blocks of block_size, each code (the first of a byte in its high nibble,
-    bitsandbytes' order) mapped through the FP4 or NF4 table times its block's absmax."""
-    import numpy as np
-
-    attributes = int_attributes(node)
-    k, n, block = attributes["K"], attributes["N"], attributes["block_size"]
-    kind = attributes.get("quant_type")
-    if kind not in _BNB4_VALUES or attributes.get("transB", 1) != 1:
-        raise ValueError(f"quant_type {kind}, transB {attributes.get('transB', 1)} is a layout "
-                         "eprun does not read")
-    packed = tensors.array(node.input[1]).reshape(-1)
-    codes = np.stack([packed >> 4, packed & 0xF], axis=-1).reshape(-1)[:k * n]
-    absmax = tensors.array(node.input[2]).astype(np.float32).reshape(-1)
-    if codes.size != k * n or absmax.size != -(-k * n // block):
-        raise ValueError(f"{packed.size} bytes and {absmax.size} absmax for K {k}, N {n}")
-    values = np.asarray(_BNB4_VALUES[kind], np.float32)[codes] * absmax[np.arange(k * n) // block]
-    return values.reshape(n, k).T, {"bits": 4, "block_size": block, "symmetric": True,
-                                    "accuracy_level": None,
-                                    "quant_type": "fp4" if kind == 0 else "nf4"}
-
-
-# onnx element type -> (bits, signed) of the integer codes a blocked weight holds.
-_CODE_TYPES = {21: (4, False), 22: (4, True), 2: (8, False), 3: (8, True), 4: (16, False),
-               5: (16, True)}
-
-
-def _dequantize_blocked(node, tensors, shape: tuple) -> tuple:
-    """A DequantizeLinear with a block_size (``(x - zero point) * scale``, one scale and zero
-    point per block_size consecutive elements along ``axis``, zero points 0 where none are
-    given), or a GatherBlockQuantized table (the same along quantize_axis; a uint8 table packs
-    codes of ``bits`` bits along its last axis, lowest first, as MatMulNBits does, with
-    2^(bits-1) the zero point where none is given), in float32 and the float weight's
-    ``shape``."""
-    import numpy as np
-
-    attributes = int_attributes(node)
-    gather = node.op_type == "GatherBlockQuantized"
-    inputs = [*node.input, "", "", ""]
-    data, scale, zero = (inputs[0], inputs[2], inputs[3]) if gather else inputs[:3]
-    bits, signed = _CODE_TYPES.get(tensors.elem(data), (None, False))
-    if bits is None:
-        raise ValueError(f"{_ELEMENT_NAMES.get(tensors.elem(data))} codes are not integers")
-    packed = gather and tensors.elem(data) == 2  # MatMulNBits' layout, bits as the attribute
-    bits = attributes.get("bits", 4) if packed else bits
-    codes = tensors.array(data)
-    if packed:
-        codes = _unpack_codes(codes, bits, shape[-1])
-    codes = codes.astype(np.int64).reshape(shape)
-    scales = tensors.array(scale).astype(np.float32)
-    zeros = (np.full(scales.shape, 1 << (bits - 1) if packed else 0) if not zero else
-             _unpack_codes(tensors.array(zero), bits, scales.shape[-1]) if packed else
-             tensors.array(zero))
-    zeros = zeros.astype(np.int64).reshape(scales.shape)
-    axis = attributes.get("quantize_axis" if gather else "axis", 1) % len(shape)
-    block = attributes.get("block_size", 128)
-    rows = np.arange(shape[axis]) // block
-    values = ((codes - np.take(zeros, rows, axis=axis)).astype(np.float32)
-              * np.take(scales, rows, axis=axis))
-    return values, {"bits": bits, "block_size": block,
-                    "symmetric": _is_midpoint(zeros, bits, signed), "accuracy_level": None,
-                    "axis": axis}
-
-
-def dequantize_blockwise(node, tensors, shape: tuple) -> tuple:
-    """``(weight, fields)``: what a weight-only node's weight dequantizes to, as onnxruntime
-    computes it, in the float weight's layout (``shape``), and the entry's fields that say how
-    it is quantized (``bits``, ``block_size``, ``symmetric``, ``accuracy_level``, ``axis``: the
-    one its blocks run along). ``tensors``: the model's initializers (``_Tensors``). A
-    ValueError says why a layout is not one eprun reads."""
-    if node.op_type == "MatMulNBits":
-        values, fields = _dequantize_nbits(node, tensors)
-    elif node.op_type == "MatMulBnb4":
-        values, fields = _dequantize_bnb4(node, tensors)
-    else:
-        return _dequantize_blocked(node, tensors, shape)
-    return values, {**fields, "axis": 0}
-
-
-def worst_block(difference, axis: int, block_size: int) -> tuple[int, int, float]:
-    """``(row, block, largest |difference|)`` of the block holding the largest difference:
-    ``row`` the index over the other axes (flattened; for a MatMul's [K, N] weight, the output
-    column), ``block`` the block's index along ``axis``."""
-    import numpy as np
-
-    moved = np.moveaxis(np.abs(np.asarray(difference, np.float64)), axis, -1)
-    rows = moved.reshape(-1, moved.shape[-1])
-    blocks = -(-rows.shape[1] // block_size)
-    padded = np.zeros((rows.shape[0], blocks * block_size))
-    padded[:, :rows.shape[1]] = rows
-    per_block = padded.reshape(rows.shape[0], blocks, block_size).max(axis=-1)
-    row, block = np.unravel_index(int(np.argmax(per_block)), per_block.shape)
-    return int(row), int(block), float(per_block[row, block])
-
-
-def _nibble_codes(tensor, model_path: str):
-    """An INT4 or UINT4 initializer's codes (int64, in its dims), from the bytes ONNX packs them
-    in (two a byte, the first in the low nibble), inline or external: ``_map_external`` reads
-    whole bytes per element."""
-    import numpy as np
-    from onnx import TensorProto, numpy_helper
-
-    if tensor.data_location != TensorProto.EXTERNAL:
-        return np.asarray(numpy_helper.to_array(tensor)).astype(np.int64)
-    count = math.prod(tensor.dims)
-    location = _external_location(tensor)
-    path = _safe_location(location.location, model_path)
-    require_file(path, "external data")
-    data = np.fromfile(path, np.uint8, count=(count + 1) // 2, offset=int(location.offset or 0))
-    if data.size != (count + 1) // 2:
-        raise EprunError(f"cannot read the weights of {tensor.name!r} from {path!r}: the file "
-                         "is shorter than its reference says")
-    codes = _unpack_codes(data, 4, count)
-    if tensor.data_type == TensorProto.INT4:
-        codes = np.where(codes >= 8, codes - 16, codes)
-    return codes.reshape(tuple(tensor.dims))
-
-
-class _Tensors:
-    """A model's initializers by name, read when asked for: ``array`` their values (an INT4 or
-    UINT4 one's codes), ``elem`` their element type."""
-
-    def __init__(self, tensors: dict, model_path: str) -> None:
-        """``tensors``: name -> TensorProto of the model at ``model_path``."""
-        self.tensors, self.path = tensors, model_path
-
-    def elem(self, name: str) -> int:
-        """The element type of initializer ``name``."""
-        return self.tensors[name].data_type
-
-    def array(self, name: str):
-        """The values of initializer ``name``; its codes where it packs 4-bit integers."""
-        tensor = self.tensors[name]
-        if tensor.data_type in (21, 22):
-            return _nibble_codes(tensor, self.path)
-        return _initializer_array(tensor, self.path)
-
-
 @dataclasses.dataclass(frozen=True)
 class WeightsOptions:
     """``weights``' options; each field is the flag of its name."""
@@ -14441,13 +14451,6 @@ declare(Command(
 
 
 # -- inspect ---------------------------------------------------------------------------------------
-
-# onnx element type -> the name numpy (or ml_dtypes) gives it.
-_ELEMENT_NAMES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32",
-                  7: "int64", 8: "string", 9: "bool", 10: "float16", 11: "float64",
-                  12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
-                  16: "bfloat16", 17: "float8e4m3fn", 18: "float8e4m3fnuz", 19: "float8e5m2",
-                  20: "float8e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4e2m1"}
 
 
 def _value_entry(value) -> dict:

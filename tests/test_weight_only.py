@@ -305,6 +305,33 @@ def test_a_quantized_table_and_weights_that_share_an_activation_pair_by_their_no
                                     "max_abs_error": pytest.approx(largest, rel=1e-6)}
 
 
+@pytest.mark.parametrize("disguise", ["weights", "outputs"])
+def test_projections_sharing_an_activation_pair_by_output_or_else_by_weight_name(capfd,
+                                                                                 tmp_path,
+                                                                                 disguise):
+    """q, k and v projections read one activation: their twin's weights renamed to say
+    nothing (A_Q4, B_Q4, C_Q4) still pair by the output each writes; their outputs renamed
+    instead (q2, k2, v2) still pair by the names the quantizer gave their weights."""
+    lm = int4.tiny_lm()
+    model = int4.to_matmul_nbits(lm)
+    if disguise == "weights":
+        for old, new in (("Wq", "A"), ("Wk", "B"), ("Wv", "C")):
+            for suffix in ("_Q4", "_scales"):
+                rename(model, old + suffix, new + suffix)
+    else:
+        for name in ("q", "k", "v"):
+            rename(model, name, name + "2")
+    fp32 = save(lm, tmp_path / "lm.onnx")
+    answer, _ = answer_of(capfd, "weights", fp32, save(model, tmp_path / "lm_q4.onnx"))
+    floats = {t.name: numpy_helper.to_array(t) for t in lm.graph.initializer}
+    by_name = {entry["name"]: entry for entry in answer["weights"]}
+    assert sorted(by_name) == ["Wk", "Wo", "Wq", "Wv"]
+    for name, node in (("Wq", "q_proj"), ("Wk", "k_proj"), ("Wv", "v_proj")):
+        assert by_name[name]["node"] == node
+        weight = int4.weight_by_onnxruntime(model, node + "_Q4")
+        assert by_name[name]["sqnr_db"] == pytest.approx(sqnr(floats[name], weight), rel=1e-5)
+
+
 def rename(model, old: str, new: str):
     """``model`` with tensor ``old`` called ``new`` wherever it appears."""
     for tensor in model.graph.initializer:

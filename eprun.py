@@ -10985,21 +10985,27 @@ def _worker_start(spec: dict) -> None:
     try:
         folder = (tempfile.mkdtemp(prefix="worker-", dir=spec["folder"]) if spec["folder"]
                   else None)
-        targets = targets_from(*spec["targets"])
-        study = SensitivityStudy(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
-                                 targets=targets, options=StudyOptions(
-                                     swapped_ok=True, requantize=spec["requantize"],
-                                     restore_to=spec["restore_to"],
-                                     calibration=spec["calibration"],
-                                     extra_options=spec["extra_options"],
-                                     settled=spec["settled"], folder=folder,
-                                     session_config=WORKER_SESSION_CONFIG))
+        study = _worker_study(spec, folder)
     except Exception as exc:  # said by the first measurement asked of this worker
         _WORKER["error"] = exc
         return
-    study.fallback = spec["fallback"]  # graph edits because the parent's quantizer failed
     _WORKER["study"] = study
     _WORKER["units"] = {unit.name: unit for unit in study.units}
+
+
+def _worker_study(spec: dict, folder: str | None) -> SensitivityStudy:
+    """The study a worker (a process of the pool or a Dask worker) opens from its parent's
+    ``spec`` (``_worker_spec``): the same models, inputs, providers and restoring, what the
+    parent settled taken over, scratch files in ``folder``, sessions that do not spin."""
+    study = SensitivityStudy(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
+                             targets=targets_from(*spec["targets"]), options=StudyOptions(
+                                 swapped_ok=True, requantize=spec["requantize"],
+                                 restore_to=spec["restore_to"],
+                                 calibration=spec["calibration"],
+                                 extra_options=spec["extra_options"], settled=spec["settled"],
+                                 folder=folder, session_config=WORKER_SESSION_CONFIG))
+    study.fallback = spec["fallback"]  # graph edits because the parent's quantizer failed
+    return study
 
 
 def _watch_parent(parent: int) -> None:
@@ -11307,14 +11313,7 @@ def _open_on_worker(spec: dict) -> SensitivityStudy:
                              "they must see the same files)")
     folder = (tempfile.mkdtemp(prefix="eprun-worker-", dir=_dask_worker()[1])
               if spec["requantize"] else None)
-    study = SensitivityStudy(spec["fp32"], spec["int8"], spec["seed"], spec["inputs"],
-                             targets=targets_from(*spec["targets"]), options=StudyOptions(
-                                 swapped_ok=True, requantize=spec["requantize"],
-                                 restore_to=spec["restore_to"],
-                                 calibration=spec["calibration"],
-                                 extra_options=spec["extra_options"], settled=spec["settled"],
-                                 folder=folder, session_config=WORKER_SESSION_CONFIG))
-    study.fallback = spec["fallback"]
+    study = _worker_study(spec, folder)
     study.dask_folder = folder
     return study
 

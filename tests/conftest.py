@@ -22,6 +22,28 @@ EPRUN = ROOT / "eprun.py"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# What ``python eprun.py`` does with the file, from its bytecode: ``sys.argv[0]``'s code runs
+# as a fresh ``__main__`` module, as runpy.run_path runs it, and the real ``__main__`` is back
+# after. The interpreter compiles a script on every run (0.3 s for this 800 KB file, and
+# PYTHONDONTWRITEBYTECODE keeps even imports from caching it): the test run compiles it once
+# (pytest_configure) and each process the tests start loads that. A script of a test's own
+# (a wrapper that patches something first) ends with this; ``PROGRAM`` is the command line.
+RUN_ARGV0 = (
+    "import importlib.machinery as _machinery, sys as _sys, types as _types\n"
+    "_main, _saved = _types.ModuleType('__main__'), _sys.modules['__main__']\n"
+    "_main.__file__ = _sys.argv[0]\n"
+    "_sys.modules['__main__'] = _main\n"
+    "try:\n"
+    "    exec(_machinery.SourceFileLoader('__main__', _sys.argv[0]).get_code('__main__'),\n"
+    "         vars(_main))\n"
+    "finally:\n"
+    "    _sys.modules['__main__'] = _saved\n")
+# ``python eprun.py ARGS`` is ``[*PROGRAM, *ARGS]``: argv[0] and the first folder on sys.path
+# are the script's, as they are for the script typed.
+PROGRAM = [sys.executable, "-c",
+           "import os, sys\nsys.argv = sys.argv[1:]\nsys.path[0] = os.path.dirname(sys.argv[0])\n"
+           + RUN_ARGV0, str(EPRUN)]
+
 
 # The note layers gives where exposing the int8 boundaries moved the final output. Whether it
 # does is the CPU's: where the fused int8 kernel agrees bit for bit with the float path (AVX-512
@@ -91,6 +113,9 @@ if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
 
 
 def pytest_configure(config):
+    import py_compile
+
+    py_compile.compile(str(EPRUN), doraise=True)  # what PROGRAM and every import of eprun load
     config.addinivalue_line(
         "markers", "byte_exact_on_deliverables_cpu: compares bit for bit what the CPU's int8 "
         "kernel decides: with the committed values (deliverables, README examples, the facts "
@@ -161,7 +186,7 @@ def own_code_runs(proc: subprocess.Popen, timeout: float = 60) -> None:
 
 def run_eprun(*args: str, env: dict | None = None, cwd: str | None = None,
               prefix: list[str] | None = None) -> Result:
-    command = (prefix or [sys.executable, str(EPRUN)]) + [str(arg) for arg in args]
+    command = (prefix or PROGRAM) + [str(arg) for arg in args]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})}, cwd=cwd)
     return Result(proc)
@@ -170,12 +195,12 @@ def run_eprun(*args: str, env: dict | None = None, cwd: str | None = None,
 # Run eprun.py as typed, then say which of these modules the run imported (stderr's last line,
 # from an atexit handler: eprun's exit runs those, then may end the process at once).
 _IMPORTED = (
-    "import atexit, runpy, sys\n"
+    "import atexit, sys\n"
     f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
     "watched = ('onnx', 'onnxruntime', 'numpy', 'importlib.metadata')\n"
     "atexit.register(lambda: print(','.join(name for name in watched if name in sys.modules),"
     " file=sys.stderr, flush=True))\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    + RUN_ARGV0)
 
 
 def imported_by(*argv) -> tuple[int, str, set[str]]:

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import EPRUN, run_eprun
+from conftest import EPRUN, RUN_ARGV0, run_eprun
 from onnx import TensorProto, helper, numpy_helper
 from test_rendering import table_rows
 from test_sessions import AVAILABLE
@@ -112,7 +112,7 @@ def test_check_require_providers_asks_for_exactly_the_list(run_eprun_here, lab_p
 
 
 FLAKY = (
-    "import runpy, sys, onnxruntime\n"
+    "import sys, onnxruntime\n"
     "original = onnxruntime.InferenceSession.run\n"
     "calls = {'n': 0}\n"
     "def flaky(self, *args, **kwargs):\n"
@@ -126,7 +126,7 @@ FLAKY = (
     "    return original(self, *args, **kwargs)\n"
     "onnxruntime.InferenceSession.run = flaky\n"
     "sys.argv = [EPRUN] + sys.argv[1:]\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    + RUN_ARGV0)
 
 
 @pytest.mark.parametrize("fails, message, code, retries_used", [

@@ -671,7 +671,7 @@ def test_a_check_command_gets_the_users_environment_not_eprun_s_own(lab_pair, tm
     --check command it runs for the user gets the environment the user gave (here: neither)."""
     import subprocess
 
-    from conftest import EPRUN
+    from conftest import PROGRAM
 
     fp32, _ = lab_pair
     seen = tmp_path / "seen.txt"
@@ -682,7 +682,7 @@ def test_a_check_command_gets_the_users_environment_not_eprun_s_own(lab_pair, tm
                       "sys.exit(1)\n")
     env = {name: value for name, value in os.environ.items()
            if name not in ("OPENBLAS_NUM_THREADS", "ORT_DISABLE_TELEMETRY")}
-    done = subprocess.run([sys.executable, str(EPRUN), "reduce", str(fp32), "--output",
+    done = subprocess.run([*PROGRAM, "reduce", str(fp32), "--output",
                            str(tmp_path / "small.onnx"), "--check",
                            f"{sys.executable} {script} {{model}}"],
                           capture_output=True, text=True, env=env, timeout=300)

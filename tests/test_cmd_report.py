@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import models
 import numpy as np
 import onnx
 import pytest
-from conftest import EPRUN
+from conftest import PROGRAM
 from cpu import DELIVERABLES_CPU
 from onnx import numpy_helper
 from test_cmd_layers import oracle_boundaries
@@ -198,7 +197,7 @@ def test_report_says_when_exposure_changed_the_int8_output(tmp_path):
     assert diff > 0
 
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, str(EPRUN), "report", str(fp32), str(int8), "--seed",
+    proc = subprocess.run([*PROGRAM, "report", str(fp32), str(int8), "--seed",
                            str(seed), "--out-dir", str(out)], check=False,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

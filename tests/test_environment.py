@@ -17,7 +17,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import EPRUN, without_exposure_note
+from conftest import EPRUN, PROGRAM, RUN_ARGV0, without_exposure_note
 
 # -- a temporary folder of its own -------------------------------------------------------------
 
@@ -40,7 +40,7 @@ def test_every_test_has_its_own_temporary_folder(tmp_path, tmp_path_factory):
 # -- stdout stays one line, with a block-buffered stdout ---------------------------------------
 
 NOISY = """\
-import ctypes, os, runpy, sys
+import ctypes, os, sys
 import onnxruntime
 original = onnxruntime.InferenceSession.__init__
 libc = ctypes.CDLL(None)
@@ -52,8 +52,7 @@ def noisy(self, *args, **kwargs):
     original(self, *args, **kwargs)
 onnxruntime.InferenceSession.__init__ = noisy
 sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name='__main__')
-"""
+""" + RUN_ARGV0
 
 
 def refuse(constant: str) -> None:
@@ -93,7 +92,7 @@ def test_stdout_is_one_json_line_without_pythonunbuffered(lab_pair, tmp_path, ar
 # for as long as the test needs to look at it. NO_O_TMPFILE takes O_TMPFILE away, as on a
 # system without it.
 SLOW_SYNC = """\
-import os, runpy, sys, time
+import os, sys, time
 real_fsync = os.fsync
 def slow_fsync(fd):
     for _ in range(1200):  # short sleeps: a signal for the main thread is handled at once
@@ -103,8 +102,7 @@ os.fsync = slow_fsync
 if os.environ.get("NO_O_TMPFILE") and hasattr(os, "O_TMPFILE"):
     del os.O_TMPFILE
 sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name='__main__')
-"""
+""" + RUN_ARGV0
 
 
 def supports_unnamed_files(folder: Path) -> bool:
@@ -204,7 +202,7 @@ def umask() -> int:
 
 def reference_copy(model: Path, tmp_path: Path) -> bytes:
     reference = tmp_path / "reference.onnx"
-    proc = subprocess.run([sys.executable, str(EPRUN), "expose", str(model), str(reference)],
+    proc = subprocess.run([*PROGRAM, "expose", str(model), str(reference)],
                           check=False, capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     data = reference.read_bytes()
@@ -233,7 +231,7 @@ def test_kill_9_leaves_an_existing_output_as_it_was(lab_pair, tmp_path):
     fp32, int8 = lab_pair
     with output_folder(tmp_path) as folder:
         out = folder / "out.onnx"
-        first = subprocess.run([sys.executable, str(EPRUN), "expose", str(int8), str(out)],
+        first = subprocess.run([*PROGRAM, "expose", str(int8), str(out)],
                                check=False, capture_output=True, timeout=120)
         assert first.returncode == 0, first.stderr
         before = out.read_bytes()
@@ -286,7 +284,7 @@ def test_nothing_is_left_in_home_or_tmpdir(lab_pair, tmp_path):
     for argv in (["settings", int8, "1"], ["layers", fp32, int8, "1"],
                  ["providers", fp32, "CPUExecutionProvider"],
                  ["layers", fp32, int8, "1", "--providers", "CUDAExecutionProvider"]):
-        codes.append(subprocess.run([sys.executable, str(EPRUN), *map(str, argv)], env=env,
+        codes.append(subprocess.run([*PROGRAM, *map(str, argv)], env=env,
                                     capture_output=True, timeout=120).returncode)
     assert codes == [0, 0, 0, 4]  # they ran: a crash at start-up would write nothing either
     assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == [
@@ -299,11 +297,11 @@ def test_strict_warnings_change_nothing(lab_pair):
     fp32, int8 = lab_pair
     for extra in ({"PYTHONWARNINGS": "error"}, {"PYTHONDEVMODE": "1"}):
         env = {**os.environ, **extra}
-        ok = subprocess.run([sys.executable, str(EPRUN), "growth", str(fp32), str(int8), "1"],
+        ok = subprocess.run([*PROGRAM, "growth", str(fp32), str(int8), "1"],
                             env=env, capture_output=True, text=True, timeout=120)
         assert (ok.returncode, without_exposure_note(ok.stderr)) == (0, ""), extra
         assert json.loads(ok.stdout)["layer_count"] >= 2
-        failed = subprocess.run([sys.executable, str(EPRUN), "layers", str(fp32),
+        failed = subprocess.run([*PROGRAM, "layers", str(fp32),
                                  str(int8) + ".missing", "1"],
                                 env=env, capture_output=True, text=True, timeout=120)
         assert failed.returncode == 3, extra
@@ -320,7 +318,7 @@ def test_a_signal_removes_every_scratch_folder(lab_pair, tmp_path):
     wide = models.save(wide_layers(), tmp_path / "wide.onnx")
     wrapper = tmp_path / "wrapper.py"
     wrapper.write_text(
-        "import os, runpy, signal, sys\n"
+        "import os, signal, sys\n"
         "import onnxruntime\n"
         "original = onnxruntime.InferenceSession.__init__\n"
         "def stopped(self, *args, **kwargs):\n"
@@ -329,7 +327,7 @@ def test_a_signal_removes_every_scratch_folder(lab_pair, tmp_path):
         "    original(self, *args, **kwargs)\n"
         "onnxruntime.InferenceSession.__init__ = stopped\n"
         "sys.argv = sys.argv[1:]\n"
-        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+        + RUN_ARGV0)
     for argv in (["placement", str(int8), "CPUExecutionProvider"],
                  ["settings", str(wide), "3", "--explain"]):
         folder = tmp_path / argv[0]

@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import EPRUN, Result, one_error_line, own_code_runs, run_eprun
+from conftest import EPRUN, PROGRAM, Result, one_error_line, own_code_runs, run_eprun
 from onnx import TensorProto, helper, numpy_helper
 
 import eprun as tool
@@ -454,7 +454,7 @@ def test_a_second_report_replaces_its_own_set_without_force(capfd, lab_pair, tmp
 # == W5 two runs, one folder ====================================================================
 
 def report_command(fp32, int8, out, seed: int) -> list[str]:
-    return [sys.executable, str(EPRUN), "report", str(fp32), str(int8), "--out-dir", str(out),
+    return [*PROGRAM, "report", str(fp32), str(int8), "--out-dir", str(out),
             "--seed", str(seed)]
 
 
@@ -482,7 +482,7 @@ def test_two_reports_into_one_folder_leave_one_run_s_set(lab_pair, tmp_path):
     out = tmp_path / "shared"
     out.mkdir()
     slow = report_command(fp32, int8, out, 1)
-    slow[1:2] = ["-c", PAUSED_AFTER_GROWTH, str(EPRUN)]
+    slow[:len(PROGRAM)] = [sys.executable, "-c", PAUSED_AFTER_GROWTH, str(EPRUN)]
     runs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for argv in (slow, report_command(fp32, int8, out, 2))]
     finished = [run.communicate(timeout=60) for run in runs]
@@ -548,7 +548,7 @@ def sensitivity_pair(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def sensitivity_argv(pair) -> list[str]:
-    return [sys.executable, str(EPRUN), "sensitivity", str(pair[0]), str(pair[1]), "5",
+    return [*PROGRAM, "sensitivity", str(pair[0]), str(pair[1]), "5",
             "--max-units", "2", "--jobs", "2"]
 
 
@@ -666,7 +666,7 @@ def test_what_a_kill_leaves_is_swept_by_the_next_run(sensitivity_pair, own_tmpdi
     left = set(os.listdir(scratch)) - names
     assert any(name.startswith("eprun-") for name in left), left  # the kill left its scratch
 
-    again = run_eprun(*sensitivity_argv(sensitivity_pair)[2:])
+    again = run_eprun(*sensitivity_argv(sensitivity_pair)[len(PROGRAM):])
     assert again.code == 0, again.stderr
     assert set(os.listdir(scratch)) == names
     assert snapshot(scratch) == decoys
@@ -680,7 +680,7 @@ def test_a_folder_name_that_is_not_utf8_under_the_c_locale(lab_pair, tmp_path):
     model = folder + b"/fp32.onnx"
     shutil.copyfile(fp32, model)
     before = snapshot(tmp_path)
-    proc = subprocess.run([sys.executable, str(EPRUN), "settings", model, "1"],
+    proc = subprocess.run([*PROGRAM, "settings", model, "1"],
                           capture_output=True, timeout=120, env={**os.environ, "LC_ALL": "C"})
     err = proc.stderr.decode("utf-8", "backslashreplace")
     assert proc.returncode in (0, 4), err
@@ -885,7 +885,7 @@ def test_a_report_in_a_folder_whose_name_is_not_utf8(lab_pair, tmp_path):
     os.mkdir(folder)
     for source in (fp32, int8):
         shutil.copyfile(source, folder + b"/" + os.fsencode(source.name))
-    proc = subprocess.run([sys.executable, str(EPRUN), "report", folder + b"/fp32.onnx",
+    proc = subprocess.run([*PROGRAM, "report", folder + b"/fp32.onnx",
                            folder + b"/int8.onnx", "--out-dir", folder + b"/report"],
                           capture_output=True, timeout=120, env={**os.environ, "LC_ALL": "C"})
     assert proc.returncode == 0, proc.stderr.decode("utf-8", "backslashreplace")
@@ -1029,7 +1029,7 @@ def test_nothing_under_dev_or_proc_is_ever_written(lab_pair, tmp_path):
     to_stdout.symlink_to("/proc/self/fd/1")
     answer = tmp_path / "answer.txt"
     with open(answer, "wb") as stream:
-        result = subprocess.run([sys.executable, EPRUN, "expose", str(fp32), str(to_stdout)],
+        result = subprocess.run([*PROGRAM, "expose", str(fp32), str(to_stdout)],
                                 stdout=stream, stderr=subprocess.PIPE, text=True)
     assert result.returncode == 4, result.stderr
     assert "under /proc, which eprun never writes to" in result.stderr
@@ -1082,7 +1082,7 @@ def test_a_write_error_leaves_the_previous_deliverables(run_eprun_here, lab_pair
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    proc = subprocess.run([sys.executable, str(EPRUN), "report", str(fp32), str(int8),
+    proc = subprocess.run([*PROGRAM, "report", str(fp32), str(int8),
                            "--out-dir", str(out), "--seed", "2"], capture_output=True,
                           text=True, preexec_fn=small_files, timeout=120)
     assert proc.returncode == 4 and proc.stdout == ""
@@ -1091,7 +1091,7 @@ def test_a_write_error_leaves_the_previous_deliverables(run_eprun_here, lab_pair
     assert report_files(out) == before  # no new file, no temporary, no half set
     # into folders it had to create: they go too, and only they
     fresh = tmp_path / "fresh" / "deeper"
-    proc = subprocess.run([sys.executable, str(EPRUN), "report", str(fp32), str(int8),
+    proc = subprocess.run([*PROGRAM, "report", str(fp32), str(int8),
                            "--out-dir", str(fresh)], capture_output=True, text=True,
                           preexec_fn=small_files, timeout=120)
     assert proc.returncode == 4 and "cannot write" in proc.stderr
@@ -1142,7 +1142,7 @@ def test_killed_report_leaves_old_or_new_sets_and_no_stray_files(run_eprun_here,
     old = report_files(out)
     codes = []
     for delay in np.linspace(0.0, 0.24, 9):
-        proc = subprocess.Popen([sys.executable, str(EPRUN), "report", str(fp32), str(int8),
+        proc = subprocess.Popen([*PROGRAM, "report", str(fp32), str(int8),
                                  "--out-dir", str(out), "--seed", "2"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         own_code_runs(proc)
@@ -1208,7 +1208,7 @@ def test_killed_expose_leaves_nothing_or_a_complete_model(heavy_model, tmp_path,
     out = tmp_path / "out.onnx"
     unfinished = 0
     for delay in np.linspace(0.0, 0.2, 9):
-        proc = subprocess.Popen([sys.executable, str(EPRUN), "expose", str(heavy_model), str(out)],
+        proc = subprocess.Popen([*PROGRAM, "expose", str(heavy_model), str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         own_code_runs(proc)
         time.sleep(delay)
@@ -1227,7 +1227,7 @@ def test_killed_expose_leaves_nothing_or_a_complete_model(heavy_model, tmp_path,
 
 def test_two_writers_of_one_path_leave_one_complete_model(heavy_model, tmp_path):
     out = tmp_path / "out.onnx"
-    procs = [subprocess.Popen([sys.executable, str(EPRUN), "expose", str(heavy_model), str(out)],
+    procs = [subprocess.Popen([*PROGRAM, "expose", str(heavy_model), str(out)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     for proc in procs:
         proc.communicate(timeout=120)

@@ -16,14 +16,23 @@ from pathlib import Path
 
 import models
 import pytest
-from conftest import EPRUN, ROOT, imported_by, own_code_runs, run_eprun, without_exposure_note
+from conftest import (
+    EPRUN,
+    PROGRAM,
+    ROOT,
+    RUN_ARGV0,
+    imported_by,
+    own_code_runs,
+    run_eprun,
+    without_exposure_note,
+)
 
 import eprun as tool
 
 # -- streams -----------------------------------------------------------------------------------
 
 def run_raw(argv, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(EPRUN), *map(str, argv)], timeout=120, **kwargs)
+    return subprocess.run([*PROGRAM, *map(str, argv)], timeout=120, **kwargs)
 
 
 def test_a_full_or_closed_stdout_is_exit_4_with_one_line(lab_pair):
@@ -106,7 +115,7 @@ def test_ctrl_c_at_any_moment_is_interrupted(lab_pair, moment):
     """While numpy is imported (it turns the interrupt into an ImportError), while onnxruntime
     loads, and later; Python's own start-up, before eprun's first line, is the interpreter's."""
     fp32, int8 = lab_pair
-    proc = subprocess.Popen([sys.executable, str(EPRUN), "growth", str(fp32), str(int8), "1",
+    proc = subprocess.Popen([*PROGRAM, "growth", str(fp32), str(int8), "1",
                              "--local"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 60
@@ -128,7 +137,7 @@ def test_ctrl_c_while_eprun_imports_its_first_modules_is_one_line(lab_pair):
     """A SIGINT sent while eprun's own module imports argparse (its first instants): the
     handler is installed before any other import, so it is exit 130 and one line."""
     fp32, int8 = lab_pair
-    code = ("import builtins, os, runpy, signal, sys\n"
+    code = ("import builtins, os, signal, sys\n"
             "real = builtins.__import__\n"
             "def hooked(name, *args, **kwargs):\n"
             "    if name == 'argparse':\n"
@@ -136,7 +145,7 @@ def test_ctrl_c_while_eprun_imports_its_first_modules_is_one_line(lab_pair):
             "    return real(name, *args, **kwargs)\n"
             "builtins.__import__ = hooked\n"
             "sys.argv = sys.argv[1:]\n"
-            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+            + RUN_ARGV0)
     result = subprocess.run([sys.executable, "-c", code, str(EPRUN), "growth", str(fp32),
                              str(int8), "1"], capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (
@@ -151,7 +160,7 @@ def test_sigterm_at_any_moment_never_crashes(tmp_path):
     codes = []
     for step in range(20):
         out = tmp_path / "out.onnx"
-        proc = subprocess.Popen([sys.executable, str(EPRUN), "expose", str(heavy), str(out)],
+        proc = subprocess.Popen([*PROGRAM, "expose", str(heavy), str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         # from the moment eprun starts loading onnx (its C extension is mapped), however
         # slow the machine's start-up is, through the parse and the write
@@ -178,9 +187,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError("No module named 'onnx'", name="onnx")
 sys.meta_path.insert(0, Block())
 sys.argv = sys.argv[1:]
-import runpy
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+""" + RUN_ARGV0
 
 
 def test_a_missing_package_names_itself_and_the_fix(lab_pair):
@@ -210,7 +217,7 @@ def test_progress_goes_to_a_terminal_only(lab_pair):
     import pty
 
     fp32, int8 = lab_pair
-    argv = [sys.executable, str(EPRUN), "layers", str(fp32), str(int8), "1"]
+    argv = [*PROGRAM, "layers", str(fp32), str(int8), "1"]
     env = {**os.environ, "EPRUN_PROGRESS_AFTER": "0"}
     leader, follower = pty.openpty()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=follower, env=env)
@@ -314,12 +321,12 @@ def test_only_partition_and_expose_read_messages_apart_from_onnx(lab_pair, tmp_p
 
 def test_a_run_imports_no_shutil_or_tempfile_unless_it_copies(lab_pair):
     """argparse's width and the held chatter cost a short command neither module."""
-    script = ("import sys, runpy\n"
+    script = ("import sys\n"
               f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
               "import atexit\n"
               "atexit.register(lambda: print('shutil' in sys.modules, 'tempfile' in "
               "sys.modules, file=sys.stderr, flush=True))\n"
-              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+              + RUN_ARGV0)
     result = subprocess.run([sys.executable, "-c", script, "providers", str(lab_pair[0]),
                              "CPUExecutionProvider"], capture_output=True, text=True,
                             timeout=120)
@@ -331,14 +338,14 @@ def test_a_run_imports_no_shutil_or_tempfile_unless_it_copies(lab_pair):
 # eprun.py run as typed, from a script that leaves an object for the interpreter to finalize
 # (it says so on fd 2 when it is) and an atexit handler.
 _ENDING = (
-    "import atexit, os, runpy, sys\n"
+    "import atexit, os, sys\n"
     f"sys.argv = [{str(EPRUN)!r}] + sys.argv[1:]\n"
     "if os.environ.get('WITH_MULTIPROCESSING'):\n    import multiprocessing\n"
     "class Finalized:\n    def __del__(self, write=os.write):\n"
     "        write(2, b'finalized\\n')\n"
     "left = Finalized()\n"
     "atexit.register(lambda: os.write(2, b'atexit\\n'))\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    + RUN_ARGV0)
 
 
 @pytest.mark.parametrize("argv, code", [(["providers", "{fp32}", "CPUExecutionProvider"], 0),
@@ -428,7 +435,7 @@ def test_ctrl_c_while_layers_starts_is_one_line(lab_pair):
     fp32, int8 = lab_pair
     interrupted = 0
     for delay in (0.0, 0.03, 0.08):
-        proc = subprocess.Popen([sys.executable, str(EPRUN), "layers", str(fp32), str(int8),
+        proc = subprocess.Popen([*PROGRAM, "layers", str(fp32), str(int8),
                                  "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         own_code_runs(proc)
@@ -487,7 +494,7 @@ def test_a_small_address_space_is_an_answer_or_one_line(lab_pair, limit_mb):
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    proc = subprocess.run([sys.executable, str(EPRUN), "layers", str(fp32), str(int8), "1"],
+    proc = subprocess.run([*PROGRAM, "layers", str(fp32), str(int8), "1"],
                           capture_output=True, text=True, timeout=120, preexec_fn=cap)
     assert proc.returncode in (0, 4), (proc.returncode, proc.stderr)
     if proc.returncode == 4:

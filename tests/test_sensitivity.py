@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 import models
 import numpy as np
@@ -167,13 +168,13 @@ def quantized_without(oracles, case: str, fp32, options: dict, unit: str):
 
 
 def deviations(tmp_path, oracles, case, requantize: bool, calibrated: bool = False,
-               told: dict | None = None, only: set | None = None
+               told: dict | None = None, only: Callable[[str], bool] | None = None
                ) -> tuple[dict, tool.SensitivityStudy]:
     """For every unit: the final output eprun predicts for nodes_to_exclude=[unit] against the
     one quantize_static gives when rerun with that exclusion, the int8 model's settings and
     calibration data, as a fraction of the output's range; and the study (closed).
     ``calibrated``: eprun is given that calibration data; ``told``: these extra options;
-    ``only``: these units alone."""
+    ``only``: the units whose name it holds true alone."""
     build, options = {**CASES, **QUANTIZER_CASES, **TOLD_CASES}[case]
     fp32 = models.save(build(), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
@@ -184,7 +185,7 @@ def deviations(tmp_path, oracles, case, requantize: bool, calibrated: bool = Fal
             requantize=requantize, calibration=calibration, extra_options=told)) as study:
         assert study.units
         for unit in study.units:
-            if only is not None and unit.name not in only:
+            if only is not None and not only(unit.name):
                 continue
             excluded = quantized_without(oracles, case, fp32, options, unit.name)
             found[unit.name] = deviation_from(study, [unit.name], excluded)
@@ -235,9 +236,23 @@ def exact_or_said(found: dict, case: str, requantized: bool = True) -> None:
     assert DATA_DEPENDENT & set(found) <= said <= anew | DATA_DEPENDENT, said
 
 
+# Two encoders differ from the encoder case in one place: for them the test reads the units
+# around it (the two LayerNorms that share a bias and the Adds before them; the feed-forward
+# block whose fc2 MatMul the int8 model leaves in float), where the encoder case reads all 37.
+# Every requantization passes the whole model through the quantizer, so each unit's meets the
+# change too.
+AROUND_THE_CHANGE = {
+    "encoder_shared_bias": {"/embeddings/Add", "/embeddings/LayerNorm/LayerNormalization",
+                            "/layer0/attn/output/Add_1",
+                            "/layer0/attn/LayerNorm/LayerNormalization"}.__contains__,
+    "encoder_one_left_float": lambda name: "/ffn/" in name}
+
+
 @pytest.mark.parametrize("case", [*CASES, *QUANTIZER_CASES])
 def test_what_quantize_static_writes_for_every_unit_is_predicted(tmp_path, case, oracle_folder):
-    found, study = deviations(tmp_path, oracle_folder, case, requantize=True)
+    around = AROUND_THE_CHANGE.get(case)
+    found, study = deviations(tmp_path, oracle_folder, case, requantize=True, only=around)
+    assert around is None or 2 <= len(found) < len(study.units)
     assert study.predicted_by == "quantize_static"
     exact_or_said(found, case)
     build, options = QUANTIZER_CASES.get(case, CASES.get(case))
@@ -262,7 +277,7 @@ def test_with_the_calibration_data_every_unit_is_exact(tmp_path, case, oracle_fo
     every unit exact, none said to be otherwise."""
     # (the encoder: the units whose range is otherwise calibrated from data eprun lacks)
     found, study = deviations(tmp_path, oracle_folder, case, requantize=True, calibrated=True,
-                            only=DATA_DEPENDENT if case == "encoder" else None)
+                            only=DATA_DEPENDENT.__contains__ if case == "encoder" else None)
     assert found and study.predicted_by == "quantize_static" and study.requantizer.calibrated
     assert all(inexact is None for _, inexact in found.values())
     assert max(deviation for deviation, _ in found.values()) < 1e-5, found
@@ -674,12 +689,13 @@ def test_a_file_beside_the_fp32_model_is_left_alone(eprun, tmp_path):
 def test_units_measured_in_worker_processes_give_the_same_answer(run_eprun_here, tmp_path,
                                                                  own_tmpdir):
     """--jobs 2 spreads the units over two spawned processes: the answer is the one of a
-    single process, byte for byte (sessions and quantizer calls counted across processes),
-    and nothing is left in the temporary folder."""
-    fp32 = models.save(real_models.transformer_encoder(1), tmp_path / "f.onnx")
+    single process, byte for byte (sessions and quantizer calls counted across processes,
+    the estimates' reasons), and nothing is left in the temporary folder."""
+    fp32 = models.save(real_models.pass_through_head(1), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
     alone = run_eprun_here("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "1")
+    assert "--calibration makes it exact" in alone.stdout  # estimates cross processes too
     together = run_eprun("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "2")
     assert alone.code == together.code == 0, together.stderr
     assert together.stdout == alone.stdout

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import models
 import pytest
-from conftest import EPRUN, run_eprun
+from conftest import PROGRAM, run_eprun
 
 import eprun as tool
 
@@ -34,6 +34,16 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
     fp32 = models.save(models.chain(features=8, widths=[12, 10, 10, 8, 8, 8, 8, 6], seed=3),
                        folder / "fp32.onnx")
     return fp32.resolve(), models.quantize(fp32, folder / "int8.onnx", seed=4).resolve()
+
+
+@pytest.fixture(scope="module")
+def alone(pair) -> str:
+    """The answer of ``sensitivity`` on the pair in one process (``--jobs 1``): stdout."""
+    fp32, int8 = pair
+    result = run_eprun("sensitivity", fp32, int8, "5", "--jobs", "1")
+    assert result.code == 0, result.stderr
+    assert len(result.answer["units"]) == 16  # a MatMul and an Add each layer
+    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +69,15 @@ def opened_per_worker(address: str) -> dict:
         return monitor.run(lambda: getattr(sys.modules.get("_eprun_dask_state"), "opened", 0))
 
 
-def test_a_local_cluster_gives_the_answer_of_one_process(capfd, pair, local_cluster):
+def test_a_local_cluster_gives_the_answer_of_one_process(pair, alone, local_cluster):
     fp32, int8 = pair
     argv = ["sensitivity", fp32, int8, "5"]
-    alone = run_eprun(*argv, "--jobs", "1")
-    assert alone.code == 0, alone.stderr
-    units = len(alone.answer["units"])
-    assert units == 16  # a MatMul and an Add each layer
+    units = 16
     before = finished_units(local_cluster.scheduler_address)
     opened = sum(opened_per_worker(local_cluster.scheduler_address).values())
     spread = run_eprun(*argv, "--dask-scheduler", local_cluster.scheduler_address)
     assert spread.code == 0, spread.stderr
-    assert spread.stdout == alone.stdout
+    assert spread.stdout == alone
     assert finished_units(local_cluster.scheduler_address) - before == units
     said = f"the units run as tasks on the Dask cluster at {local_cluster.scheduler_address}"
     assert f"{said} (2 workers)" in spread.stderr
@@ -148,22 +155,18 @@ def busy_with_a_unit(address: str, name: str) -> bool:
             for worker in dask_scheduler.workers.values()))
 
 
-def test_a_scheduler_file_of_dask_processes_and_a_killed_worker(pair, processes, tmp_path):
+def test_a_scheduler_file_of_dask_processes_and_a_killed_worker(pair, alone, processes,
+                                                               tmp_path):
     """The scheduler file names the cluster; a worker killed (SIGKILL) while it computes a
-    unit is the cluster's business: its task runs again on another, the answer is the same."""
+    unit is the cluster's business: its task runs again on the other, the answer is the same."""
     fp32, int8 = pair
-    address, schedule = scheduler_and_workers(processes, tmp_path)
-    argv = ["sensitivity", str(fp32), str(int8), "5"]
-    alone = run_eprun(*argv, "--jobs", "1")
-    by_file = run_eprun(*argv, "--dask-scheduler-file", schedule)
-    assert by_file.code == 0, by_file.stderr
-    assert by_file.stdout == alone.stdout
+    address, schedule = scheduler_and_workers(processes, tmp_path, workers=1)
     victim = add_worker(processes, address, "victim", tmp_path)
     with distributed.Client(address, timeout=30, set_as_default=False) as client:
-        client.wait_for_workers(3, timeout=60)
-    running = subprocess.Popen([sys.executable, str(EPRUN), *argv, "--dask-scheduler",
-                                address], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+        client.wait_for_workers(2, timeout=60)
+    running = subprocess.Popen([*PROGRAM, "sensitivity", str(fp32), str(int8), "5",
+                                "--dask-scheduler-file", str(schedule)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not busy_with_a_unit(address, "victim") and running.poll() is None \
             and time.monotonic() < deadline:
@@ -172,12 +175,12 @@ def test_a_scheduler_file_of_dask_processes_and_a_killed_worker(pair, processes,
     os.killpg(victim.pid, signal.SIGKILL)
     out, err = running.communicate(timeout=300)
     assert running.returncode == 0, err
-    assert out == alone.stdout
+    assert out == alone
 
 
 def test_a_dead_address_is_one_line_within_a_bounded_time(run_eprun_here, pair, monkeypatch):
     fp32, int8 = pair
-    monkeypatch.setattr(tool, "DASK_TIMEOUT", 1.0)
+    monkeypatch.setattr(tool, "DASK_TIMEOUT", 0.3)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)  # accepts, never answers: distributed's own client would wait for ever

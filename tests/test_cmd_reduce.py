@@ -589,7 +589,7 @@ def test_a_full_model_past_the_timeout_says_so(capfd, tmp_path):
     and the check's own child (a shell's sleep) is ended with it."""
     marker = tmp_path / "still-running"
     script = tmp_path / "slow.sh"
-    script.write_text(f"#!/bin/sh\n(sleep 3; touch {marker}) &\nsleep 30\n")
+    script.write_text(f"#!/bin/sh\n(sleep 1; touch {marker}) &\nsleep 30\n")
     script.chmod(0o755)
     model = models.save(chain_model(), tmp_path / "chain.onnx")
     code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
@@ -598,7 +598,7 @@ def test_a_full_model_past_the_timeout_says_so(capfd, tmp_path):
     assert "ran past --check-timeout 0.5 s" in stderr
     import time
 
-    time.sleep(4)
+    time.sleep(1.5)  # past the moment the child would have touched the marker
     assert not marker.exists()
 
 

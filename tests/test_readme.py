@@ -103,7 +103,7 @@ def printed_by(command: str, monkeypatch) -> str:
     """What ``command`` prints, stdout and stderr together in the order written. On the pinned
     stack (the ``.venv`` the examples name) an example of the ``PLAIN`` forms is main(argv) in
     this process, both streams written through one file as a shell's ``2>&1`` makes them; any
-    other, or on another stack, runs through bash as typed."""
+    other runs through bash as typed (on another stack, only those reach here)."""
     import shlex
     import tempfile
 
@@ -143,6 +143,9 @@ def printed_by(command: str, monkeypatch) -> str:
 @pytest.mark.byte_exact_on_deliverables_cpu
 @pytest.mark.parametrize("command, shown", examples(), ids=lambda value: value[:50])
 def test_readme_example_output_is_real(command, shown, monkeypatch):
+    if not PINNED_STACK and PLAIN.fullmatch(command):
+        pytest.skip("the example runs .venv/bin/python, the pinned stack: make test-current "
+                    "compares it exactly, and this stack would only rerun that interpreter")
     printed = printed_by(command, monkeypatch).rstrip("\n")
     if not DELIVERABLES_CPU:  # the plain int8 model's fused kernel moves y here, not there
         printed = "\n".join(line for line in printed.splitlines() if not line.startswith(

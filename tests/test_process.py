@@ -158,7 +158,7 @@ def test_sigterm_at_any_moment_never_crashes(tmp_path):
     heavy = models.save(models.chain(features=512, widths=(512, 512, 512, 512), seed=1),
                         tmp_path / "heavy.onnx")
     codes = []
-    for step in range(20):
+    for step in range(10):
         out = tmp_path / "out.onnx"
         proc = subprocess.Popen([*PROGRAM, "expose", str(heavy), str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -168,7 +168,7 @@ def test_sigterm_at_any_moment_never_crashes(tmp_path):
         while (not loaded(proc.pid, "onnx_cpp2py_export") and proc.poll() is None
                and time.monotonic() < deadline):
             time.sleep(0.001)
-        time.sleep(0.005 * step)
+        time.sleep(0.01 * step)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         codes.append(proc.returncode)

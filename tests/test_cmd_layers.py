@@ -221,6 +221,32 @@ def test_an_exposure_that_moved_the_output_is_said_with_its_side(capfd, lab_pair
     assert capfd.readouterr().err == ""
 
 
+@pytest.mark.parametrize("extra", [(), ("--output", "y", "--metrics", "sqnr")])
+def test_the_exposure_record_is_paid_once(capfd, monkeypatch, lab_pair, extra):
+    """Each model runs exposed once and plain once, and a model's session is opened only
+    once the previous one of that model is gone: never two in memory at once."""
+    import weakref
+
+    fp32, int8 = lab_pair
+    alive = {str(fp32): weakref.WeakSet(), str(int8): weakref.WeakSet()}
+    opened, overlapping = [], []
+    original = tool.PairedModel.session
+
+    def tracked(self, names, exposed=True):
+        overlapping.extend((self.path, exposed) for _ in alive[self.path])
+        session = original(self, names, exposed)
+        alive[self.path].add(session)
+        opened.append((self.path, exposed))
+        return session
+
+    monkeypatch.setattr(tool.PairedModel, "session", tracked)
+    code, _, err = in_process(capfd, "layers", fp32, int8, "4", *extra)
+    assert code == 0, err
+    assert sorted(opened) == sorted((str(path), exposed) for path in (fp32, int8)
+                                    for exposed in (True, False))
+    assert overlapping == []
+
+
 def test_the_exposure_record_follows_the_final_output_not_the_last_boundary(capfd, tmp_path):
     """The first output also feeds a MatMul, so the last boundary is no output: the record
     still measures the final output. An output holding NaN in the same places in both runs

@@ -40,9 +40,10 @@ RUN_ARGV0 = (
     "    _sys.modules['__main__'] = _saved\n")
 # ``python eprun.py ARGS`` is ``[*PROGRAM, *ARGS]``: argv[0] and the first folder on sys.path
 # are the script's, as they are for the script typed.
+# (Under PYTHONSAFEPATH neither -c nor a script puts a folder first: nothing is replaced.)
 PROGRAM = [sys.executable, "-c",
-           "import os, sys\nsys.argv = sys.argv[1:]\nsys.path[0] = os.path.dirname(sys.argv[0])\n"
-           + RUN_ARGV0, str(EPRUN)]
+           "import os, sys\nsys.argv = sys.argv[1:]\nif sys.path[:1] == ['']:\n"
+           "    sys.path[0] = os.path.dirname(sys.argv[0])\n" + RUN_ARGV0, str(EPRUN)]
 
 
 # The note layers gives where exposing the int8 boundaries moved the final output. Whether it
@@ -115,7 +116,13 @@ if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
 def pytest_configure(config):
     import py_compile
 
-    py_compile.compile(str(EPRUN), doraise=True)  # what PROGRAM and every import of eprun load
+    if not hasattr(config, "workerinput"):  # xdist's workers start after this, and load it
+        # What PROGRAM and every import of eprun load; checked against the source's hash, so
+        # an edit in the same second is never missed. A checkout that cannot be written
+        # leaves each process to compile the source.
+        with contextlib.suppress(OSError):
+            py_compile.compile(str(EPRUN), doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
     config.addinivalue_line(
         "markers", "byte_exact_on_deliverables_cpu: compares bit for bit what the CPU's int8 "
         "kernel decides: with the committed values (deliverables, README examples, the facts "

@@ -587,19 +587,35 @@ def test_a_missing_inputs_file_beside_an_existing_output_is_a_missing_path(capfd
 def test_a_full_model_past_the_timeout_says_so(capfd, tmp_path):
     """A check that ran past --check-timeout on the full model: the line says it timed out,
     and the check's own child (a shell's sleep) is ended with it."""
-    marker = tmp_path / "still-running"
+    pid_file = tmp_path / "child"
     script = tmp_path / "slow.sh"
-    script.write_text(f"#!/bin/sh\n(sleep 1; touch {marker}) &\nsleep 30\n")
+    script.write_text(f"#!/bin/sh\nsh -c 'echo $$ > {pid_file}; exec sleep 60' &\nsleep 30\n")
     script.chmod(0o755)
     model = models.save(chain_model(), tmp_path / "chain.onnx")
     code, stdout, stderr = in_process(capfd, "reduce", model, "-o", tmp_path / "small.onnx",
                                       "--check", f"{script} {{model}}", "--check-timeout", "0.5")
     assert (code, stdout) == (1, "")
     assert "ran past --check-timeout 0.5 s" in stderr
+    assert not still_running(pid_file, within=10)  # a child left alone outlives the check
+
+
+def still_running(pid_file: Path, within: float) -> bool:
+    """Is the process whose pid ``pid_file`` holds alive (not a zombie) after ``within``
+    seconds? False as soon as it is gone, and when it never wrote the file."""
     import time
 
-    time.sleep(1.5)  # past the moment the child would have touched the marker
-    assert not marker.exists()
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        pid = pid_file.read_text().strip() if pid_file.exists() else ""
+        if pid.isdigit():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except FileNotFoundError:
+                return False
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        time.sleep(0.02)
+    return pid_file.exists()
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -594,25 +594,29 @@ def gone_within(tag: str, seconds: float) -> list[int]:
     return alive
 
 
-def test_workers_run_no_module_from_the_working_directory_nor_pythonstartup(sensitivity_pair,
-                                                                             tmp_path):
+def test_workers_run_no_module_from_the_working_directory_nor_pythonpath(sensitivity_pair,
+                                                                         tmp_path):
     """multiprocessing starts a worker as ``python -c ...``, which would put the working
-    directory first on its path and run PYTHONSTARTUP: neither happens."""
+    directory first on its path and honour ``PYTHON*`` variables (a ``sitecustomize`` on
+    PYTHONPATH runs in every process Python starts): in a worker neither happens."""
     markers = tmp_path / "markers"
     markers.mkdir()
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     for name in ("copyreg", "numpy", "onnx"):
         (cwd / f"{name}.py").write_text(f"open({str(markers / name)!r}, 'w').write('ran')\n")
-    startup = tmp_path / "startup.py"
-    startup.write_text(f"open({str(markers / 'startup')!r}, 'w').write('ran')\n")
+    path = tmp_path / "path"
+    path.mkdir()
+    (path / "sitecustomize.py").write_text(  # eprun itself runs it: only a worker's counts
+        "import sys\nif '--multiprocessing-fork' in sys.argv:\n"
+        f"    open({str(markers / 'sitecustomize')!r}, 'w').write('ran')\n")
     tag = uuid.uuid4().hex
     run = start_tagged(sensitivity_argv(sensitivity_pair), tag, cwd=cwd,
-                       env={"PYTHONSTARTUP": str(startup)})
+                       env={"PYTHONPATH": str(path)})
     worked = wait_for_a_child(run, tag)
     out, err = run.communicate(timeout=60)
     assert worked, "no worker process was started"
-    assert os.listdir(markers) == [], "a module from the working directory or PYTHONSTARTUP ran"
+    assert os.listdir(markers) == [], "a module from the working directory or PYTHONPATH ran"
     assert run.returncode == 0, err
     assert json.loads(out)["units"]
 

@@ -238,14 +238,14 @@ def exact_or_said(found: dict, case: str, requantized: bool = True) -> None:
 
 # Two encoders differ from the encoder case in one place: for them the test reads the units
 # around it (the two LayerNorms that share a bias and the Adds before them; the feed-forward
-# block whose fc2 MatMul the int8 model leaves in float), where the encoder case reads all 37.
-# Every requantization passes the whole model through the quantizer, so each unit's meets the
-# change too.
+# block, GELU included, whose fc2 MatMul the int8 model leaves in float), where the encoder
+# case reads all 37. Every requantization passes the whole model through the quantizer, so
+# each unit's meets the change too.
+SHARED_BIAS_UNITS = {"/embeddings/Add", "/embeddings/LayerNorm/LayerNormalization",
+                     "/layer0/attn/output/Add_1", "/layer0/attn/LayerNorm/LayerNormalization"}
 AROUND_THE_CHANGE = {
-    "encoder_shared_bias": {"/embeddings/Add", "/embeddings/LayerNorm/LayerNormalization",
-                            "/layer0/attn/output/Add_1",
-                            "/layer0/attn/LayerNorm/LayerNormalization"}.__contains__,
-    "encoder_one_left_float": lambda name: "/ffn/" in name}
+    "encoder_shared_bias": SHARED_BIAS_UNITS.__contains__,
+    "encoder_one_left_float": lambda name: "/ffn/" in name or "/gelu/" in name}
 
 
 @pytest.mark.parametrize("case", [*CASES, *QUANTIZER_CASES])
@@ -396,10 +396,10 @@ def test_graph_edits_of_a_shared_bias_define_each_name_once(tmp_path, oracle_fol
     float bias under the name the first one's DequantizeLinear writes. Now every unit around
     the shared bias runs; only the quantizer knows that, excluding the first, it reads the
     second's dequantized bias (a few percent off there, exact with quantize_static above)."""
-    around = AROUND_THE_CHANGE["encoder_shared_bias"]
     found, _ = deviations(tmp_path, oracle_folder, "encoder_shared_bias", requantize=False,
-                          only=around)
-    assert len(found) >= 2 and max(deviation for deviation, _ in found.values()) < 0.05
+                          only=AROUND_THE_CHANGE["encoder_shared_bias"])
+    assert set(found) == SHARED_BIAS_UNITS
+    assert max(deviation for deviation, _ in found.values()) < 0.05
 
 
 def test_graph_edits_miss_what_only_the_quantizer_knows(tmp_path, oracle_folder):

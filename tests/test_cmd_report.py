@@ -266,10 +266,24 @@ def test_report_runs_no_plain_model_twice(run_eprun_here, monkeypatch, lab_pair,
         return original(self, names, exposed)
 
     monkeypatch.setattr(tool.PairedModel, "session", counted)
+    # what exposing changed: the plain int8 output is the gate's run's too
+    effects, inside = [], []
+    effect, open_session = tool._exposure_effect, tool.open_session
+
+    def watched(*args, **kwargs):
+        before = len(inside)
+        answer = effect(*args, **kwargs)
+        effects.append(len(inside) - before)
+        return answer
+
+    monkeypatch.setattr(tool, "_exposure_effect", watched)
+    monkeypatch.setattr(tool, "open_session", lambda *args, **kwargs: (
+        inside.append(args[0]), open_session(*args, **kwargs))[1])
     result = run_eprun_here("report", fp32, int8, "--seed", "3", "--out-dir", tmp_path,
                             "--local")
     assert result.code == 0, result.stderr
     assert plain_sessions == []
+    assert effects == [0] and inside  # it ran, and opened no session
     growth = __import__("json").loads((tmp_path / "growth.json").read_text())
     alone = run_eprun_here("growth", fp32, int8, "3", "--local").answer
     assert plain_sessions  # growth alone runs them

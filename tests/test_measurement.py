@@ -782,6 +782,28 @@ def test_a_deeply_nested_golden_record_is_one_clean_line(capfd, lab_pair, tmp_pa
     assert snapshot(tmp_path) == before
 
 
+def test_a_golden_record_is_read_up_to_16_mib_and_refused_past_it(capfd, lab_pair, tmp_path):
+    """The record is names and versions, not data: one of 16 MiB (4 Mi characters as numpy
+    stores text, 4 bytes each) is read, one character more is refused from its header."""
+    fp32, _ = lab_pair
+    golden = tmp_path / "golden.npz"
+    assert in_process(capfd, "check", fp32, fp32, "--save-outputs", golden).code == 0
+    with np.load(golden, allow_pickle=False) as archive:
+        members = {name: archive[name] for name in archive.files}
+    (record,) = [name for name, value in members.items()
+                 if value.dtype.kind == "U" and value.ndim == 0]
+    text = str(members[record])
+    for length in (4 << 20, (4 << 20) + 1):
+        members[record] = np.array(text.ljust(length))  # JSON ends in blanks as well
+        assert members[record].nbytes == 4 * length
+        np.savez(golden, **members)
+        result = in_process(capfd, "check", fp32, fp32, "--load-outputs", golden)
+        if length == 4 << 20:
+            assert result.code == 0, result.stderr
+        else:
+            assert "more than such a member ever holds (16777216)" in refused(result)
+
+
 def test_a_member_the_input_cannot_take_is_never_inflated(capfd, monkeypatch, lab_pair,
                                                           tmp_path):
     """Its header says (1, 2**28) floats where the model takes [N, 8]: refused from the

@@ -688,18 +688,31 @@ def test_a_file_beside_the_fp32_model_is_left_alone(eprun, tmp_path):
     assert mine.read_text() == "precious" and sorted(os.listdir(tmp_path)) == before
 
 
-def test_units_measured_in_worker_processes_give_the_same_answer(run_eprun_here, tmp_path,
-                                                                 own_tmpdir):
+def test_units_measured_in_worker_processes_give_the_same_answer(run_eprun_here, monkeypatch,
+                                                                 tmp_path, own_tmpdir):
     """--jobs 2 spreads the units over two spawned processes: the answer is the one of a
     single process, byte for byte (sessions and quantizer calls counted across processes,
-    the estimates' reasons), and nothing is left in the temporary folder."""
+    the estimates' reasons), the progress counts every unit either way, and nothing is left
+    in the temporary folder."""
     fp32 = models.save(real_models.pass_through_head(1), tmp_path / "f.onnx")
     int8 = tmp_path / "q.onnx"
     models.quantize(fp32, int8, **CALIBRATION)
-    alone = run_eprun_here("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "1")
+    monkeypatch.setenv("ORT_DISABLE_TELEMETRY", "1")  # as the command (cli) sets it
+    steps = []
+    step = tool.Progress.step
+    monkeypatch.setattr(tool.Progress, "step", lambda self, done: (
+        steps.append((self.what, done, self.total)), step(self, done))[1])
+    runs = {}
+    for jobs in ("1", "2"):
+        steps.clear()
+        runs[jobs] = run_eprun_here("sensitivity", fp32, int8, "5", "--max-units", "2",
+                                    "--jobs", jobs)
+        assert runs[jobs].code == 0, runs[jobs].stderr
+        units = len(runs[jobs].answer["units"])
+        assert [done for what, done, total in steps if what.startswith("restoring units")
+                and total == units] == list(range(1, units + 1))
+    alone, together = runs["1"], runs["2"]
     assert "--calibration makes it exact" in alone.stdout  # estimates cross processes too
-    together = run_eprun("sensitivity", fp32, int8, "5", "--max-units", "2", "--jobs", "2")
-    assert alone.code == together.code == 0, together.stderr
     assert together.stdout == alone.stdout
     # each unit, each of the 2 steps, and the check against the int8 model (whose requantized
     # model is the quantized one too)

@@ -234,6 +234,22 @@ def test_a_link_planted_between_stage_and_commit_is_replaced_itself(tmp_path, vi
 
 # == W2 external data: eprun chooses the written names =========================================
 
+@pytest.mark.parametrize("missing", [(), ("copy_file_range",), ("copy_file_range", "sendfile")],
+                         ids=["copy_file_range", "sendfile", "slices"])
+def test_a_copy_holds_every_byte_whichever_way_the_kernel_offers(tmp_path, monkeypatch,
+                                                                  missing):
+    """External data is copied by copy_file_range where the kernel has it, else sendfile,
+    else read and written in slices: the same bytes every way (here, several slices)."""
+    data = os.urandom(3 << 20) + b"the end"
+    (tmp_path / "source").write_bytes(data)
+    for name in missing:
+        monkeypatch.delattr(os, name, raising=False)
+    monkeypatch.setattr(tool, "_COPY_SLICE", 1 << 20)
+    with open(tmp_path / "source", "rb") as source, open(tmp_path / "copy", "wb") as copy:
+        copy.write(b"head ")
+        tool._copy_bytes(source.fileno(), copy)
+    assert (tmp_path / "copy").read_bytes() == b"head " + data
+
 def test_exposed_weights_get_eprun_s_own_name(capfd, tmp_path):
     model = external_model(tmp_path / "model", "sub/w.bin")
     out = tmp_path / "out"

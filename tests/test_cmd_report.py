@@ -70,6 +70,25 @@ def test_the_report_says_where_the_int8_range_clips(run_eprun_here, lab_pair, tm
     assert "`clipped` is the share of the fp32 values outside the range" in table
 
 
+def test_the_partition_prose_blames_q_dq_only_where_they_split_the_int8_model(
+        run_eprun_here, lab_pair, tmp_path):
+    """A quantization-aware model holds the Q/DQ pairs in its float form too: claiming the
+    float model's op types already keeps the int8 model in one piece, and the prose says
+    that instead of blaming the pairs (it does blame them for the lab pair)."""
+    fp32, int8 = lab_pair
+    said = {}
+    for name, reference in (("lab", fp32), ("qat", int8)):
+        assert run_eprun_here("report", reference, int8, "--seed", "3", "--out-dir",
+                              tmp_path / name).code == 0
+        said[name] = (tmp_path / name / "ep_report.md").read_text(encoding="utf-8")
+    blamed = "QDQ puts a QuantizeLinear/DequantizeLinear pair between every two compute ops"
+    assert blamed in said["lab"]
+    assert blamed not in said["qat"]
+    assert ("Claiming every op type of the float model leaves the float model in 1 and the int8 "
+            "model in 1 partitions; adding the int8 model's own quantization ops gives 1."
+            ) in said["qat"]
+
+
 def test_report_writes_beside_the_fp32_model_by_default(run_eprun_here, lab_pair, tmp_path):
     """Without --out-dir the deliverables go to the fp32 model's own folder, not the working
     directory (the README's 'default: the fp32 model's folder')."""

@@ -396,9 +396,11 @@ def test_graph_edits_of_a_shared_bias_define_each_name_once(tmp_path, oracle_fol
     float bias under the name the first one's DequantizeLinear writes. Now every unit around
     the shared bias runs; only the quantizer knows that, excluding the first, it reads the
     second's dequantized bias (a few percent off there, exact with quantize_static above)."""
-    found, _ = deviations(tmp_path, oracle_folder, "encoder_shared_bias", requantize=False,
-                          only=AROUND_THE_CHANGE["encoder_shared_bias"])
-    assert set(found) == SHARED_BIAS_UNITS
+    found, study = deviations(tmp_path, oracle_folder, "encoder_shared_bias",
+                              requantize=False, only=AROUND_THE_CHANGE["encoder_shared_bias"])
+    # each of them that is a unit (onnxruntime 1.16 quantizes no LayerNormalization)
+    assert set(found) == SHARED_BIAS_UNITS & {unit.name for unit in study.units}
+    assert len(found) >= 2
     assert max(deviation for deviation, _ in found.values()) < 0.05
 
 

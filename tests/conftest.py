@@ -178,6 +178,12 @@ class Result:
         return value
 
 
+def process_state(pid: int) -> str:
+    """The state letter /proc gives process ``pid`` (``R``, ``S``, ``T``, ``Z``, ...)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
 def own_code_runs(proc: subprocess.Popen, timeout: float = 60) -> None:
     """Wait until eprun's own code runs in ``proc`` (it has a SIGTERM handler of its own,
     /proc's SigCgt mask) or the process ended: moments counted from here do not depend on how

@@ -160,23 +160,13 @@ def test_a_named_boundary_the_int8_model_lacks_is_wrong_usage(capfd, tmp_path):
 def test_a_named_boundary_of_another_width_is_refused_by_its_shapes(capfd, tmp_path):
     """A twin whose tensor of the same name is another width: its rows cannot be compared,
     though the row count divides both sizes; said in one line with both shapes."""
-    def chain(width: int) -> onnx.ModelProto:
-        rng = np.random.default_rng(width)
-        weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
-                   for name, shape in (("W0", (4, width)), ("W1", (width, 2)))]
-        graph = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "W0"], ["t"], name="mm0"),
-             helper.make_node("MatMul", ["t", "W1"], ["y"], name="mm1")], "chain",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])], weights)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-    fp32, other = (models.save(chain(width), tmp_path / f"w{width}.onnx") for width in (6, 3))
-    code, out, err = in_process(capfd, "layers", fp32, other, "1", "--boundaries", "t")
+    fp32, other = (models.save(models.chain(features=4, widths=(width, 2), seed=width),
+                               tmp_path / f"w{width}.onnx") for width in (6, 3))
+    code, out, err = in_process(capfd, "layers", fp32, other, "1", "--boundaries", "relu0")
     assert (code, out) == (4, ""), err
     (line,) = err.splitlines()
-    assert line.startswith("eprun: error: boundary 0 ('t' vs. 't'): shapes [64, 6] and "
-                           "[64, 3] cannot be compared row by row over 64 rows"), line
+    assert line.startswith("eprun: error: boundary 0 ('relu0' vs. 'relu0'): shapes [64, 6] "
+                           "and [64, 3] cannot be compared row by row over 64 rows"), line
 
 
 def test_an_empty_or_weight_boundary_list_is_wrong_usage(capfd, tmp_path, lab_pair):

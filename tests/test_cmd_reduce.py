@@ -17,7 +17,7 @@ import models
 import numpy as np
 import onnx
 import pytest
-from conftest import in_process
+from conftest import in_process, process_state
 from onnx import TensorProto, helper, numpy_helper
 
 # Exit 1 (fails) when the candidate model still computes both tensors named after it. The
@@ -609,10 +609,9 @@ def still_running(pid_file: Path, within: float) -> bool:
         pid = pid_file.read_text().strip() if pid_file.exists() else ""
         if pid.isdigit():
             try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
+                if process_state(int(pid)) == "Z":
+                    return False
             except FileNotFoundError:
-                return False
-            if stat.rsplit(")", 1)[1].split()[0] == "Z":
                 return False
         time.sleep(0.02)
     return pid_file.exists()

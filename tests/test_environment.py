@@ -17,7 +17,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import EPRUN, PROGRAM, RUN_ARGV0, without_exposure_note
+from conftest import EPRUN, PROGRAM, RUN_ARGV0, process_state, without_exposure_note
 
 # -- a temporary folder of its own -------------------------------------------------------------
 
@@ -155,11 +155,6 @@ def staged_file(proc: subprocess.Popen, folder: Path, size: int,
                          f"{descriptors(proc.pid)}")
 
 
-def state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2]
-
-
 @contextlib.contextmanager
 def slow_expose(model: Path, out: Path, **env: str) -> Iterator[subprocess.Popen]:
     """``eprun expose`` with a slow fsync; killed at the end whatever the test did."""
@@ -181,9 +176,9 @@ def stop_at_the_staged_copy(proc: subprocess.Popen, folder: Path, pattern: str, 
     fd, seen = staged_file(proc, folder, size)
     os.kill(proc.pid, signal.SIGSTOP)
     deadline = time.monotonic() + 10
-    while state(proc.pid) != "T" and time.monotonic() < deadline:
+    while process_state(proc.pid) != "T" and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert state(proc.pid) == "T"
+    assert process_state(proc.pid) == "T"
     # frozen: what is checked now is what the kill will meet
     now = descriptors(proc.pid)
     assert now[fd][0] == seen, now

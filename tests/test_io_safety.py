@@ -250,6 +250,7 @@ def test_a_copy_holds_every_byte_whichever_way_the_kernel_offers(tmp_path, monke
         tool._copy_bytes(source.fileno(), copy)
     assert (tmp_path / "copy").read_bytes() == b"head " + data
 
+
 def test_exposed_weights_get_eprun_s_own_name(capfd, tmp_path):
     model = external_model(tmp_path / "model", "sub/w.bin")
     out = tmp_path / "out"

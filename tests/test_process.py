@@ -494,7 +494,7 @@ def test_a_small_address_space_is_an_answer_or_one_line(lab_pair, limit_mb):
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    # as typed: the script's syntax tree (about 40 MB, kept while it runs) sets where each
+    # as typed: the script's syntax tree (about 35 MB, kept while it runs) sets where each
     # limit lands
     proc = subprocess.run([sys.executable, str(EPRUN), "layers", str(fp32), str(int8), "1"],
                           capture_output=True, text=True, timeout=120, preexec_fn=cap)

@@ -885,38 +885,57 @@ def captured_chatter() -> Iterator[Any]:
         store = _unnamed_file()
     except OSError:  # no writable temporary folder: at least keep stdout clean
         store = None
-    saved = {}
+    # A signal's handler writes its last word to real_stderr() between any two of these steps:
+    # the copy of the real stderr is remembered before fd 2 is moved to the store, and
+    # forgotten only once fd 2 is back.
     target = store.fileno() if store is not None else None
-    for fd in ((1, 2) if target is not None else (1,)):
-        try:
-            saved[fd] = os.dup(fd)
-        except OSError:
-            saved[fd] = None  # closed
-        with contextlib.suppress(OSError):
-            os.dup2(target if target is not None else 2, fd)
+    held = (1, 2) if target is not None else (1,)
+    saved = _copied(held)
     terminal = saved.get(2)
     invocation = current_invocation()
     invocation.terminals.append(terminal if terminal is not None and os.isatty(terminal) else None)
     if invocation.stderr is None and terminal is not None:
         invocation.stderr = terminal
     try:
+        for fd in held:
+            with contextlib.suppress(OSError):
+                os.dup2(target if target is not None else 2, fd)
         with contextlib.redirect_stdout(sys.stderr):
             yield store
     finally:
         invocation.terminals.pop()
-        if invocation.stderr == terminal and not invocation.terminals:  # the outermost capture ends
-            invocation.stderr = None
         for stream in (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__):
             with contextlib.suppress(Exception):  # what was buffered goes to the store too
                 stream.flush()
         _flush_c_stdio()
-        for fd, copy in saved.items():
-            if copy is None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            else:
-                os.dup2(copy, fd)
+        _put_back(saved)
+        if invocation.stderr == terminal and not invocation.terminals:  # the outermost capture ends
+            invocation.stderr = None
+        for copy in saved.values():
+            if copy is not None:
                 os.close(copy)
+
+
+def _copied(fds) -> dict:
+    """A copy of each of the descriptors ``fds`` (None for one that is closed)."""
+    saved = {}
+    for fd in fds:
+        try:
+            saved[fd] = os.dup(fd)
+        except OSError:
+            saved[fd] = None
+    return saved
+
+
+def _put_back(saved: dict) -> None:
+    """Each descriptor ``_copied`` copied is again what the copy holds (closed if it was); the
+    copies stay open."""
+    for fd, copy in saved.items():
+        if copy is None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        else:
+            os.dup2(copy, fd)
 
 
 def replay(store) -> None:

@@ -1193,6 +1193,43 @@ def test_the_real_stderr_is_remembered_only_while_the_outermost_capture_holds_it
         assert tool.real_stderr() == 2
 
 
+def test_a_signal_at_any_step_of_a_capture_finds_the_real_stderr(monkeypatch):
+    """A signal's last word ("interrupted") is written to ``real_stderr()`` from the handler,
+    which runs between any two steps of captured_chatter: before and after each descriptor it
+    copies, moves or closes, that is the stderr the run began with, never the held file (a
+    Ctrl-C just as a command began or ended was exit 130 with nothing said)."""
+    import eprun as tool
+
+    def where(fd: int) -> tuple:
+        stat = os.fstat(fd)
+        return stat.st_dev, stat.st_ino
+
+    real = where(2)
+    steps = []
+
+    def checked(name: str):
+        call = getattr(os, name)
+
+        def step(*args):
+            steps.append((name, where(tool.real_stderr()) == real))
+            result = call(*args)
+            steps.append((name, where(tool.real_stderr()) == real))
+            return result
+        return step
+
+    for name in ("dup", "dup2", "close"):
+        monkeypatch.setattr(os, name, checked(name))
+    invocation = tool.Invocation()
+    with tool.installed(invocation), tool.captured_chatter() as store:
+        os.write(2, b"held")
+    monkeypatch.undo()
+    assert {name for name, _ in steps} == {"dup", "dup2", "close"}
+    assert [name for name, found in steps if not found] == []
+    with store:
+        store.seek(0)
+        assert store.read() == b"held"  # and the store did hold fd 2 meanwhile
+
+
 @pytest.fixture(scope="module")
 def heavy_model(tmp_path_factory):
     """~64 MB of weights, so that writing the exposed copy takes a while."""

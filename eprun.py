@@ -10991,6 +10991,10 @@ def _worker_start(spec: dict) -> None:
     import ctypes
     import tempfile
 
+    # numpy's BLAS: one thread, as in eprun's own process (cli) and for the reason of
+    # WORKER_SESSION_CONFIG (read when numpy loads, which the study does)
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with contextlib.suppress(Exception):  # Linux: die with the parent, whatever ends it
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != spec["parent"]:  # the parent died before that could take effect

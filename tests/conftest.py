@@ -66,6 +66,30 @@ def pinned(package: str) -> str:
     raise LookupError(package)
 
 
+def _one_blas_thread() -> None:
+    """numpy's BLAS runs one thread in a test process, as it does in eprun's own (``cli``).
+
+    After a call it shared out, an idle OpenBLAS thread spins for a while; pytest-xdist runs
+    two workers on a machine of two cores, so it spins on the core the other worker computes
+    on: the whole suite took a third more CPU time with it (the same waste as a session's
+    spinning threads, below). OpenBLAS reads the variable when numpy loads it, so it is set for
+    that import only: the processes the tests start get the environment as it was."""
+    if "numpy" in sys.modules:
+        return
+    saved = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        if saved is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = saved
+
+
+_one_blas_thread()
+
+
 def _on_pinned_stack() -> bool:
     import numpy
     import onnxruntime

@@ -46,9 +46,11 @@ def alone(pair) -> str:
     return result.stdout
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def local_cluster():
-    """Two worker processes of one thread each, on loopback."""
+    """Two worker processes of one thread each, on loopback; closed after the test that asked
+    for it (idle, its scheduler, nannies and workers still take a sixth of a core from the
+    tests beside it)."""
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   host="127.0.0.1", dashboard_address=":0",
                                   silence_logs=logging.CRITICAL) as cluster:

@@ -1251,6 +1251,7 @@ def leftovers(folder, keep: set[str]) -> list[str]:
     return sorted(name for name in os.listdir(folder) if name not in keep)
 
 
+@pytest.mark.xdist_group("heavy_model")  # one worker writes the 64 MB model for both
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_killed_expose_leaves_nothing_or_a_complete_model(heavy_model, tmp_path, signum):
     """The signal swept over the 0.2 s from eprun's first line (on an idle machine its answer

@@ -8,6 +8,7 @@ section, turns this red.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 import pytest
@@ -16,11 +17,18 @@ from conftest import EPRUN
 LAYER = re.compile(r"^# == (\d+)\. (.+?) =+$")
 
 
+@functools.lru_cache(maxsize=2)
+def parsed(path) -> tuple[str, ast.Module]:
+    """The text and syntax tree of ``path`` (eprun.py), parsed once per process (a third of a
+    second each time; the tests only read the tree)."""
+    source = path.read_text(encoding="utf-8")
+    return source, ast.parse(source)
+
+
 def layered() -> tuple[list[tuple[int, str]], list[tuple[int, ast.stmt]], str]:
     """The layer banners (number, title), each top-level statement with its layer number (0
     before the first banner), and the module docstring."""
-    source = EPRUN.read_text(encoding="utf-8")
-    tree = ast.parse(source)
+    source, tree = parsed(EPRUN)
     starts = {}  # line number -> layer number
     banners = []
     for number, line in enumerate(source.splitlines(), start=1):
@@ -171,7 +179,7 @@ def test_the_complexity_check_sees_a_tangle():
 def test_no_module_level_name_is_defined_twice():
     """A second ``def _worse`` far below the first replaced it for every caller (node data
     then called the gate's): ruff does not see a redefinition once the first is used."""
-    tree = ast.parse(EPRUN.read_text())
+    _, tree = parsed(EPRUN)
     seen: dict[str, int] = {}
     twice = []
     for node in tree.body:

@@ -887,19 +887,23 @@ def captured_chatter() -> Iterator[Any]:
         store = None
     # A signal's handler writes its last word to real_stderr() between any two of these steps:
     # the copy of the real stderr is remembered before fd 2 is moved to the store, and
-    # forgotten only once fd 2 is back.
+    # forgotten only once fd 2 is back. fd 1 is held first, so that where it was closed the
+    # copy of fd 2 cannot take its number.
     target = store.fileno() if store is not None else None
-    held = (1, 2) if target is not None else (1,)
-    saved = _copied(held)
+    saved = _copied((1,))
+    with contextlib.suppress(OSError):
+        os.dup2(target if target is not None else 2, 1)
+    if target is not None:
+        saved.update(_copied((2,)))
     terminal = saved.get(2)
     invocation = current_invocation()
     invocation.terminals.append(terminal if terminal is not None and os.isatty(terminal) else None)
     if invocation.stderr is None and terminal is not None:
         invocation.stderr = terminal
     try:
-        for fd in held:
+        if target is not None:
             with contextlib.suppress(OSError):
-                os.dup2(target if target is not None else 2, fd)
+                os.dup2(target, 2)
         with contextlib.redirect_stdout(sys.stderr):
             yield store
     finally:
@@ -10932,9 +10936,10 @@ def _in_workers(study: SensitivityStudy, units: list[Unit], parallel: Parallel, 
             "folder": study.folder if study.requantizer is not None else None}
     context = multiprocessing.get_context("spawn")
     spec["parent"] = os.getpid()
-    with _isolated_spawning(), concurrent.futures.ProcessPoolExecutor(
-            max_workers=jobs, mp_context=context, initializer=_worker_start,
-            initargs=(spec,)) as pool:
+    with _isolated_spawning(), _one_blas_thread_spawned(), \
+            concurrent.futures.ProcessPoolExecutor(
+                max_workers=jobs, mp_context=context, initializer=_worker_start,
+                initargs=(spec,)) as pool:
         futures = [pool.submit(_worker_measure, unit.name) for unit in units]
         try:
             for future in futures:
@@ -10950,6 +10955,24 @@ def _in_workers(study: SensitivityStudy, units: list[Unit], parallel: Parallel, 
         finally:
             for future in futures:
                 future.cancel()
+
+
+@contextlib.contextmanager
+def _one_blas_thread_spawned() -> Iterator[None]:
+    """Worker processes started in the block run numpy's BLAS on one thread, as eprun's own
+    process does (``cli``), for the reason of WORKER_SESSION_CONFIG: an idle OpenBLAS thread
+    spins on the core the next worker computes on. Also when eprun is called from Python,
+    whose process keeps its own (the variable is read when a worker loads numpy, which may be
+    as it starts: by the caller's main module, or by arrays in its spec); a user's
+    ``OPENBLAS_NUM_THREADS`` stays."""
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 @contextlib.contextmanager
@@ -10991,10 +11014,6 @@ def _worker_start(spec: dict) -> None:
     import ctypes
     import tempfile
 
-    # numpy's BLAS: one thread, as in eprun's own process (cli) and for the reason of
-    # WORKER_SESSION_CONFIG (read when numpy loads, which the study does)
-    if "numpy" not in sys.modules:
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with contextlib.suppress(Exception):  # Linux: die with the parent, whatever ends it
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != spec["parent"]:  # the parent died before that could take effect

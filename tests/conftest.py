@@ -17,8 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # pytest keeps the test modules whose assertions it rewrites (tests/__pycache__, git-ignored)
 # only where Python may write bytecode: under PYTHONDONTWRITEBYTECODE each worker rewrote every
-# one of them on every run (3 s of a worker's start). The processes the tests start keep the
-# variable.
+# one of them on every run (3 s of a worker's start). So the test processes write bytecode for
+# whatever they import (the helper modules, a test's temporary package); the processes the
+# tests start keep the variable.
 sys.dont_write_bytecode = False
 # tests/test_viz.py needs make test-viz's venv (Model Explorer, matplotlib, selenium) and a
 # browser: that target sets EPRUN_TEST_VIZ=1; every other run leaves the file out.

@@ -286,7 +286,6 @@ def oracle_iteration(fp32, int8, feed: dict, rtol: float, atol: float) -> dict:
             "elements": int(r.size), "r": r, "c": c}
 
 
-@pytest.mark.xdist_group("five_iterations")  # its fixture made once
 def test_every_iteration_of_a_polygraphy_inputs_file_is_gated(run_eprun_here, five_iterations,
                                                                 tmp_path):
     """check --inputs in5.json measured the first iteration only; it runs all five, the figures
@@ -351,7 +350,6 @@ def test_saved_outputs_of_several_iterations_are_polygraphys_and_load_back(
     assert from_npz.answer["iterations"] == 5 and from_npz.answer["golden"]["iterations"] == 5
 
 
-@pytest.mark.xdist_group("five_iterations")  # its fixture made once
 def test_layers_says_which_iteration_it_measures(run_eprun_here, five_iterations):
     fp32, int8, inputs, feeds = five_iterations
     first = run_eprun_here("layers", fp32, int8, "1", "--inputs", inputs)
@@ -520,7 +518,6 @@ def test_the_share_of_the_graph_on_an_ep_gates_or_says_it_cannot_be_known(run_ep
     assert "AzureExecutionProvider took 0 of" in none.stderr.splitlines()[-1]
 
 
-@pytest.mark.xdist_group("five_iterations")  # its fixture made once
 def test_the_table_shows_iterations_statistic_and_top_k(run_eprun_here, five_iterations):
     fp32, int8, inputs, _ = five_iterations
     result = run_eprun_here("check", fp32, int8, "--inputs", inputs, "--check-error-stat", "mean",

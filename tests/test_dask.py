@@ -25,9 +25,6 @@ import eprun as tool
 
 distributed = pytest.importorskip("distributed", reason="Dask's distributed is a dev "
                                   "requirement (make test installs it)")
-# One worker runs them all: the pair and the answer of one process are made once, and no two
-# clusters start at once.
-pytestmark = pytest.mark.xdist_group("dask")
 
 
 @pytest.fixture(scope="module")

@@ -638,6 +638,39 @@ def test_workers_run_no_module_from_the_working_directory_nor_pythonpath(sensiti
     assert json.loads(out)["units"]
 
 
+@pytest.mark.parametrize(("user", "workers"), [(None, b"1"), (b"3", b"3")])
+def test_workers_run_numpys_blas_on_one_thread_when_eprun_is_called_from_python(
+        sensitivity_pair, user, workers):
+    """From Python (main), in a process that loaded numpy before eprun (its BLAS keeps its
+    threads), the worker processes start with OPENBLAS_NUM_THREADS=1, as eprun's own process
+    runs (an idle OpenBLAS thread spins on the core the next worker computes on); a user's
+    setting stays."""
+    tag = uuid.uuid4().hex
+    script = (f"import numpy, sys\nsys.path.insert(0, {str(EPRUN.parent)!r})\nimport eprun\n"
+              "sys.exit(eprun.main(sys.argv[1:]))")
+    env = {name: value for name, value in os.environ.items() if name != "OPENBLAS_NUM_THREADS"}
+    if user is not None:
+        env["OPENBLAS_NUM_THREADS"] = user.decode()
+    argv = sensitivity_argv(sensitivity_pair)[len(PROGRAM):]
+    run = subprocess.Popen([sys.executable, "-c", script, *argv],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**env, "EPRUN_TEST_TAG": tag})
+    assert wait_for_a_child(run, tag), "no worker process was started"
+    settings = []
+    for pid in tagged(tag):
+        with contextlib.suppress(OSError):  # (one that ended meanwhile)
+            environ = Path("/proc", str(pid), "environ").read_bytes().split(b"\0")
+            settings.append((pid == run.pid, [entry for entry in environ
+                                              if entry.startswith(b"OPENBLAS_NUM_THREADS=")]))
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    assert json.loads(out)["units"]
+    expected = [] if user is None else [b"OPENBLAS_NUM_THREADS=" + user]
+    assert (True, expected) in settings  # the caller's own process: as it was
+    assert [found for parent, found in settings if not parent] and all(
+        found == [b"OPENBLAS_NUM_THREADS=" + workers] for parent, found in settings if not parent)
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_ends_every_worker_and_leaves_no_scratch(sensitivity_pair, own_tmpdir,
                                                           signum, code):
@@ -1230,6 +1263,27 @@ def test_a_signal_at_any_step_of_a_capture_finds_the_real_stderr(monkeypatch):
         assert store.read() == b"held"  # and the store did hold fd 2 meanwhile
 
 
+def test_a_capture_with_stdin_and_stdout_closed_gives_stderr_back():
+    """Where fds 0 and 1 are closed, the store takes fd 0 and fd 1 is held first: the copy of
+    the real stderr takes neither number, the real stderr is remembered while the capture
+    holds fd 2, and fd 2 is the real stderr again after it."""
+    script = (
+        f"import os, sys\nsys.path.insert(0, {str(EPRUN.parent)!r})\nimport eprun\n"
+        "real = os.fstat(2)\n"
+        "os.close(0); os.close(1)\n"
+        "with eprun.installed(eprun.Invocation()):\n"
+        "    with eprun.captured_chatter() as store:\n"
+        "        os.write(2, b'held')\n"
+        "        inside = os.fstat(eprun.real_stderr())\n"
+        "    after = os.fstat(2)\n"
+        "same = {(stat.st_dev, stat.st_ino) for stat in (real, inside, after)}\n"
+        "store.seek(0)\n"
+        "os.write(2, f'{len(same)} '.encode() + store.read())\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert (result.returncode, result.stderr) == (0, "1 held")
+
+
 @pytest.fixture(scope="module")
 def heavy_model(tmp_path_factory):
     """~64 MB of weights, so that writing the exposed copy takes a while."""
@@ -1251,7 +1305,6 @@ def leftovers(folder, keep: set[str]) -> list[str]:
     return sorted(name for name in os.listdir(folder) if name not in keep)
 
 
-@pytest.mark.xdist_group("heavy_model")  # one worker writes the 64 MB model for both
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_killed_expose_leaves_nothing_or_a_complete_model(heavy_model, tmp_path, signum):
     """The signal swept over the 0.2 s from eprun's first line (on an idle machine its answer

@@ -32,8 +32,6 @@ PIP_ENV = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1",
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info",
                                     "__pycache__", ".pytest_cache", ".hypothesis")
 COPY = "eprun-src"  # the copy's folder, next to the wheel's
-# One worker builds the wheel for both tests (each worker would build its own module fixture).
-pytestmark = pytest.mark.xdist_group("packaging")
 
 
 def run(*command, **kwargs) -> subprocess.CompletedProcess:

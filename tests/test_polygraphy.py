@@ -54,7 +54,6 @@ def polygraphy_outputs(path, iteration: int) -> dict:
     return {name: np.asarray(value) for name, value in iterations[iteration].items()}
 
 
-@pytest.mark.xdist_group("polygraphy_run")  # one worker runs Polygraphy for both
 @pytest.mark.parametrize("iteration", [0, 1])
 def test_check_compares_with_polygraphys_outputs_on_its_inputs(capfd, polygraphy_run, iteration):
     fp32, int8, inputs, outputs = polygraphy_run

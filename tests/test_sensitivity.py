@@ -8,10 +8,7 @@ nodes_to_exclude, applied with quantize_static, reaches the error eprun promised
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 
 import models
@@ -19,7 +16,7 @@ import numpy as np
 import onnx
 import pytest
 import real_models
-from conftest import EPRUN, run_eprun
+from conftest import run_eprun
 from onnx import helper, numpy_helper
 from test_rendering import table_rows
 
@@ -734,32 +731,6 @@ def test_an_error_from_a_worker_keeps_its_exit_code():
     assert str(error) == "bad --units" and error.code == tool.EXIT_USAGE
     failure = pickle.loads(pickle.dumps(tool.QuantizerFailure("quantize_static fails")))
     assert isinstance(failure, tool.QuantizerFailure) and failure.code == tool.EXIT_FAILURE
-
-
-@pytest.mark.parametrize(("environment", "start", "threads"), [
-    ({}, True, "1"), ({"OPENBLAS_NUM_THREADS": "3"}, True, "3"), ({}, False, None)])
-def test_a_worker_loads_numpy_with_one_blas_thread(tmp_path, environment, start, threads):
-    """A worker process runs numpy's BLAS with one thread, as eprun's own process does (after
-    a call it shared out, an idle OpenBLAS thread spins on the core another worker computes
-    on), also when eprun is called from Python, whose process keeps its own; a user's setting
-    stays. What the variable says when numpy loads is what counts (the last case: without
-    the worker's start, the variable is as it was)."""
-    seen = tmp_path / "seen.json"
-    script = (
-        "import json, os, sys\n"
-        "seen = []\n"
-        "sys.addaudithook(lambda event, args: event == 'import' and args[0] == 'numpy' and not"
-        " seen and seen.append(os.environ.get('OPENBLAS_NUM_THREADS')))\n"
-        f"sys.path.insert(0, {str(EPRUN.parent)!r})\n"
-        "import eprun\n"
-        f"if {start}:\n"
-        "    eprun._worker_start({'parent': os.getppid(), 'folder': None})  # (no study: fails)\n"
-        "import numpy\n"
-        f"open({str(seen)!r}, 'w').write(json.dumps(seen))\n")
-    env = {name: value for name, value in os.environ.items() if name != "OPENBLAS_NUM_THREADS"}
-    subprocess.run([sys.executable, "-c", script], env={**env, **environment}, check=True,
-                   timeout=60)
-    assert json.loads(seen.read_text()) == [threads]
 
 
 def test_a_recommendation_takes_exact_units_first_and_says_which_steps_are_estimates(

@@ -77,8 +77,9 @@ def _one_blas_thread() -> None:
 
     After a call it shared out, an idle OpenBLAS thread spins for a while; pytest-xdist runs
     two workers on a machine of two cores, so it spins on the core the other worker computes
-    on (the same waste as a session's spinning threads, below). OpenBLAS reads the variable when numpy loads it, so it is set for
-    that import only: the processes the tests start get the environment as it was."""
+    on (the same waste as a session's spinning threads, below). OpenBLAS reads the variable
+    when numpy loads it, so it is set for that import only: the processes the tests start get
+    the environment as it was."""
     if "numpy" in sys.modules:
         return
     saved = os.environ.get("OPENBLAS_NUM_THREADS")

@@ -50,6 +50,9 @@ RUN_ARGV0 = (
 PROGRAM = [sys.executable, "-c",
            "import os, sys\nsys.argv = sys.argv[1:]\nif sys.path[:1] == ['']:\n"
            "    sys.path[0] = os.path.dirname(sys.argv[0])\n" + RUN_ARGV0, str(EPRUN)]
+# The first lines of a ``python -c`` script that calls eprun's functions from Python (as a user's
+# program would, in a process of its own): ``sys`` and ``eprun`` imported.
+IMPORT_EPRUN = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport eprun\n"
 
 
 # The note layers gives where exposing the int8 boundaries moved the final output. Whether it

@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import EPRUN, PROGRAM, Result, one_error_line, own_code_runs, run_eprun
+from conftest import EPRUN, IMPORT_EPRUN, PROGRAM, Result, one_error_line, own_code_runs, run_eprun
 from onnx import TensorProto, helper, numpy_helper
 
 import eprun as tool
@@ -569,20 +569,20 @@ def sensitivity_argv(pair) -> list[str]:
             "--max-units", "2", "--jobs", "2"]
 
 
+def environment(pid: int) -> list[bytes]:
+    """The environment process ``pid`` started with (``NAME=value`` each); empty once it is
+    gone."""
+    try:
+        return Path("/proc", str(pid), "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
 def tagged(tag: str) -> list[int]:
     """The processes alive whose environment holds ``EPRUN_TEST_TAG=tag``."""
     wanted = f"EPRUN_TEST_TAG={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path("/proc", entry, "environ").read_bytes()
-        except OSError:
-            continue
-        if wanted in environ.split(b"\0"):
-            found.append(int(entry))
-    return found
+    return [int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and wanted in environment(int(entry))]
 
 
 def start_tagged(argv: list[str], tag: str, cwd=None, env: dict | None = None):
@@ -646,8 +646,7 @@ def test_workers_run_numpys_blas_on_one_thread_when_eprun_is_called_from_python(
     runs (an idle OpenBLAS thread spins on the core the next worker computes on); a user's
     setting stays."""
     tag = uuid.uuid4().hex
-    script = (f"import numpy, sys\nsys.path.insert(0, {str(EPRUN.parent)!r})\nimport eprun\n"
-              "sys.exit(eprun.main(sys.argv[1:]))")
+    script = "import numpy\n" + IMPORT_EPRUN + "sys.exit(eprun.main(sys.argv[1:]))"
     env = {name: value for name, value in os.environ.items() if name != "OPENBLAS_NUM_THREADS"}
     if user is not None:
         env["OPENBLAS_NUM_THREADS"] = user.decode()
@@ -658,8 +657,8 @@ def test_workers_run_numpys_blas_on_one_thread_when_eprun_is_called_from_python(
     assert wait_for_a_child(run, tag), "no worker process was started"
     settings = []
     for pid in tagged(tag):
-        with contextlib.suppress(OSError):  # (one that ended meanwhile)
-            environ = Path("/proc", str(pid), "environ").read_bytes().split(b"\0")
+        environ = environment(pid)
+        if environ:  # (not one that ended meanwhile)
             settings.append((pid == run.pid, [entry for entry in environ
                                               if entry.startswith(b"OPENBLAS_NUM_THREADS=")]))
     out, err = run.communicate(timeout=60)
@@ -1268,7 +1267,7 @@ def test_a_capture_with_stdin_and_stdout_closed_gives_stderr_back():
     the real stderr takes neither number, the real stderr is remembered while the capture
     holds fd 2, and fd 2 is the real stderr again after it."""
     script = (
-        f"import os, sys\nsys.path.insert(0, {str(EPRUN.parent)!r})\nimport eprun\n"
+        IMPORT_EPRUN + "import os\n"
         "real = os.fstat(2)\n"
         "os.close(0); os.close(1)\n"
         "with eprun.installed(eprun.Invocation()):\n"

@@ -18,6 +18,7 @@ import models
 import pytest
 from conftest import (
     EPRUN,
+    IMPORT_EPRUN,
     PROGRAM,
     ROOT,
     RUN_ARGV0,
@@ -275,7 +276,7 @@ def test_partition_reads_the_graph_without_importing_onnx(lab_pair, mode):
 def test_messages_read_alone_are_the_ones_onnx_hands_out(lab_pair):
     """The premise of reading a graph without onnx: upb keeps one class per message type, so
     a model parsed before ``import onnx`` is a model onnx's own functions take."""
-    script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
+    script = (IMPORT_EPRUN +
               "messages = eprun.onnx_messages()\n"
               "standalone = 'onnx' not in sys.modules\n"
               "model = eprun.load_model(sys.argv[1])\n"
@@ -302,7 +303,7 @@ def test_only_partition_and_expose_read_messages_apart_from_onnx(lab_pair, tmp_p
     """A command that imports onnx anyway parses with onnx's own classes: loading the
     generated module apart too would cost it a few hundredths of a second for nothing."""
     fp32, int8 = lab_pair
-    script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
+    script = (IMPORT_EPRUN +
               "code = eprun.main(sys.argv[1:])\n"
               "apart = bool(eprun.onnx_messages.cache_info().currsize) and \\\n"
               "    eprun.onnx_messages() is not sys.modules.get('onnx')\n"
@@ -393,7 +394,7 @@ def test_expose_infers_the_types_onnx_infers_without_importing_it(lab_pair, tmp_
 
 
 def test_the_extension_read_alone_is_the_one_a_later_import_of_onnx_takes(lab_pair):
-    script = (f"import sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
+    script = (IMPORT_EPRUN +
               "model = eprun.load_model(sys.argv[1], graph_only=True)\n"
               "types = eprun.tensor_types(model)\n"
               "native = eprun.onnx_native()\n"
@@ -468,7 +469,7 @@ def test_only_sensitivity_imports_the_quantizer(lab_pair, tmp_path):
     it run one after the other in one process (what one of them imports stays imported), and
     sensitivity in another shows that the check sees the import."""
     fp32, int8 = lab_pair
-    script = (f"import json, sys; sys.path.insert(0, {str(EPRUN.parent)!r}); import eprun\n"
+    script = (IMPORT_EPRUN + "import json\n"
               "for argv in json.loads(sys.argv[1]):\n"
               "    code = eprun.main(argv)\n"
               "    print(code, 'onnxruntime.quantization' in sys.modules, file=sys.stderr)\n")

@@ -188,17 +188,38 @@ def deviations(tmp_path, oracles, case, requantize: bool, calibrated: bool = Fal
             if only is not None and not only(unit.name):
                 continue
             excluded = quantized_without(oracles, case, fp32, options, unit.name)
-            found[unit.name] = deviation_from(study, [unit.name], excluded)
+            found[unit.name] = deviation_from(study, [unit.name], excluded, oracle_output)
     return found, study
 
 
-def deviation_from(study: tool.SensitivityStudy, names: list[str], requantized) -> tuple:
+def oracle_output(requantized, feeds: dict) -> np.ndarray:
+    """``final_output`` of a model in ``oracle_folder`` on ``feeds``, kept beside it for the
+    run (the tests that share an exclusion feed it the same inputs); written and renamed as
+    the model is."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(feeds):
+        array = np.ascontiguousarray(feeds[name])
+        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode() + array.tobytes())
+    kept = requantized.with_name(f"{requantized.stem}.{digest.hexdigest()[:24]}.npy")
+    if kept.exists():
+        return np.load(kept)
+    real = final_output(requantized, feeds)
+    partial = kept.with_name(f"{kept.stem}.{os.getpid()}.partial.npy")
+    np.save(partial, real)
+    os.replace(partial, kept)
+    return real
+
+
+def deviation_from(study: tool.SensitivityStudy, names: list[str], requantized,
+                   output=final_output) -> tuple:
     """``study``'s prediction with the units ``names`` restored against the final output of
     ``requantized`` (quantize_static's model with them excluded), as a fraction of its range,
     and the prediction's ``inexact``."""
     restored = [unit for unit in study.units if unit.name in names]
     study.measure(restored)
-    real = final_output(requantized, study.int8_feed)
+    real = output(requantized, study.int8_feed)
     deviation = float(np.abs(study.last.astype(np.float64) - real).max()
                       / (np.abs(real).max() or 1.0))
     return deviation, study.inexact(restored)

@@ -8827,7 +8827,7 @@ def _check_table(answer: dict, colour: bool) -> list[str]:
             f"cosine >= {tolerance['min_cos']:g}")
     if stats:
         rule += ("; by a statistic where the table names one: its |c - r| over atol and its "
-                 "|c - r|/|r| over rtol fail")
+                 "|c - r|/|r| over rtol fail, and the cosine only under --min-cos")
     lines = [(f"check: {answer['candidate']} against {answer['reference']}, "
               f"{answer['profile']} profile ({rule}), "
               f"on {','.join(answer['providers']['actual'])}{over}")]

@@ -437,6 +437,26 @@ def test_nan_in_the_candidate_fails_however_loose_the_tolerances(run_eprun_here,
     assert "NaN or infinite" in result.stderr.splitlines()[-1] or stat == "elemwise"
 
 
+def test_a_statistic_replaces_the_profiles_cosine_and_min_cos_still_applies(run_eprun_here,
+                                                                             tmp_path):
+    """Under --check-error-stat the profile's cosine is no bound (Polygraphy has none), and the
+    table's rule says so; an explicit --min-cos still fails the output."""
+    reference, candidate = classifier(tmp_path, 5, 3.0)
+    x = models.contract_input(0, 16)
+    r, c = (models.run(path, x)[0].astype(np.float64).ravel() for path in (reference, candidate))
+    cosine = float(r @ c / (np.linalg.norm(r) * np.linalg.norm(c)))
+    assert cosine < 0.99  # the int8 profile's cosine (docs/commands.md)
+    loose = ["--profile", "int8", "--check-error-stat", "mean", "--atol", "1e3"]
+    judged = run_eprun_here("check", reference, candidate, *loose)
+    assert judged.code == 0 and judged.answer["outputs"][0]["cosine"] == pytest.approx(cosine)
+    table = run_eprun_here("check", reference, candidate, *loose, "--format", "table")
+    assert "and the cosine only under --min-cos" in table.stdout.splitlines()[0]
+    bounded = run_eprun_here("check", reference, candidate, *loose, "--min-cos", "0.99")
+    assert bounded.code == 1
+    (failure,) = bounded.answer["failures"]
+    assert failure["bound"] == "min_cos" and failure["cosine"] == pytest.approx(cosine)
+
+
 def classifier(folder, seed: int, noise: float):
     """x [N, 16] -> MatMul -> logits [N, 10]; the candidate's weights moved by ``noise``."""
     rng = np.random.default_rng(seed)

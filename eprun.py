@@ -687,10 +687,10 @@ INPUT_ARGS = (
         metavar="NAME:LO,HI",
         help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI "
              "inclusive); repeatable"),
-    arg("--inputs", dest="inputs_file", metavar="FILE.npz",
+    arg("--inputs", "--load-inputs", dest="inputs_file", metavar="FILE.npz",
         help="feed these arrays (numpy.savez, one per input name; or the JSON file "
-             "polygraphy run --save-inputs writes) instead of generated ones; their batch "
-             "sets the rows"),
+             "polygraphy run --save-inputs writes, --load-inputs as Polygraphy calls it) "
+             "instead of generated ones; their batch sets the rows"),
     arg("--iteration", type=parse_count, metavar="N",
         help="with a Polygraphy JSON file (--inputs, --load-outputs), the iteration to "
              "take (check: every one by default; the other commands: the first)"),
@@ -5272,8 +5272,8 @@ def read_polygraphy_inputs(file: str, names: list[str], iteration: int | None = 
                          f"feed dict {iteration} is missing {', '.join(missing)}")
     unread = [name for name in feed if name not in names]
     if unread:
-        note(f"{file!r}: {', '.join(map(repr, unread))} feed{'s' if len(unread) == 1 else ''} "
-             "no input of the model, left unread")
+        note_once(f"{file!r}: {', '.join(map(repr, unread))} "
+                  f"feed{'s' if len(unread) == 1 else ''} no input of the model, left unread")
     return {name: _polygraphy_array(feed[name], file, name, (dims or {}).get(name))
             for name in names}
 
@@ -5303,8 +5303,8 @@ def read_polygraphy_outputs(file: str, names: list[str], iteration: int = 0
     if not iterations:
         raise EprunError(f"{file!r}: runner {runner!r} holds no iteration")
     if len(runs) > 1:
-        note(f"{file!r} holds the results of {len(runs)} runners; compared with the first, "
-             f"{runner!r}")
+        note_once(f"{file!r} holds the results of {len(runs)} runners; compared with the "
+                  f"first, {runner!r}")
     result = _iteration_of(iterations, iteration, file, "iteration")
     outputs = result.get("outputs") if isinstance(result, dict) else None
     if not isinstance(outputs, dict):

@@ -201,6 +201,33 @@ def test_polygraphy_files_that_do_not_fit_are_one_line(capfd, polygraphy_run, tm
     assert err.startswith("eprun: error: ") and said in err and err.count("\n") == 1, err
 
 
+def test_load_inputs_is_polygraphys_name_for_inputs(capfd, polygraphy_run):
+    """A Polygraphy user's command line, flag for flag: the same answer as --inputs."""
+    fp32, int8, inputs, outputs = polygraphy_run
+    answers = [in_process(capfd, "check", fp32, int8, flag, inputs, "--load-outputs", outputs)
+               for flag in ("--load-inputs", "--inputs")]
+    assert answers[0] == answers[1] and answers[0][0] in (0, 1), answers[0][2]
+    assert json.loads(answers[0][1])["iterations"] == 2
+
+
+def test_what_every_iteration_of_a_file_shares_is_said_once(capfd, polygraphy_run, tmp_path):
+    """A member no input is called in every feed dict, and a second runner in the results:
+    each said once however many iterations read them."""
+    fp32, _, inputs, outputs = polygraphy_run
+    feeds = json.loads(inputs.read_text(encoding="utf-8"))
+    for feed in feeds:
+        feed["extra"] = feed["x"]
+    results = json.loads(outputs.read_text(encoding="utf-8"))
+    results["lst"].append(["another", results["lst"][0][1]])
+    (tmp_path / "in.json").write_text(json.dumps(feeds), encoding="utf-8")
+    (tmp_path / "out.json").write_text(json.dumps(results), encoding="utf-8")
+    code, out, err = in_process(capfd, "check", fp32, fp32, "--inputs", tmp_path / "in.json",
+                                "--load-outputs", tmp_path / "out.json")
+    assert code == 0 and json.loads(out)["iterations"] == len(feeds) == 2, err
+    assert err.count("'extra' feeds no input of the model, left unread") == 1, err
+    assert err.count("holds the results of 2 runners; compared with the first") == 1, err
+
+
 def test_a_calibration_file_is_never_polygraphys(capfd, polygraphy_run):
     fp32, int8, inputs, _ = polygraphy_run
     code, out, err = in_process(capfd, "sensitivity", fp32, int8, "1", "--calibration", inputs)

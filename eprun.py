@@ -1414,12 +1414,15 @@ def _refuse_folder_name(path: str) -> None:
 
 def require_output_path(path: str, inputs: list[str]) -> None:
     """Refuse an output path before anything is written: one that is (or resolves to) an input
-    file, a model's external data included (exit 2); whose folder does not exist (exit 3, the
-    path is not there); one under /dev, /proc or /sys, or that exists as anything but a
-    regular file (exit 4: a device or FIFO would be replaced by the rename), or that is a
-    symbolic link (exit 4: eprun never writes through one, see ``refuse_link``)."""
+    file, a model's external data included, or that is empty (exit 2); whose folder does not
+    exist (exit 3, the path is not there); one under a file, under /dev, /proc or /sys, or
+    that exists as anything but a regular file (exit 4: a device or FIFO would be replaced by
+    the rename), or that is a symbolic link (exit 4: eprun never writes through one, see
+    ``refuse_link``)."""
     import stat
 
+    if not path:
+        raise EprunError("an output path is empty; name a file", EXIT_USAGE)
     for source in inputs:
         if _same_file(source, path):
             raise EprunError(f"refusing to overwrite the input file {source!r} with "
@@ -1442,6 +1445,12 @@ def require_output_path(path: str, inputs: list[str]) -> None:
         raise EprunError(f"cannot write {_shortened(path)!r}: its file name is {len(name)} "
                          f"bytes, more than the {longest} a file name may have there")
     if not os.path.isdir(folder):
+        existing = folder
+        while not os.path.lexists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):  # no folder to create: a file is in the way
+            raise EprunError(f"cannot write {path!r}: it is under {existing!r}, which is a "
+                             "file, not a folder")
         raise EprunError(f"cannot write {path!r}: folder {folder!r} does not exist; create it "
                          "first", EXIT_MISSING)
     if os.path.isdir(path):
@@ -1452,9 +1461,16 @@ def require_output_path(path: str, inputs: list[str]) -> None:
                              "device, FIFO or socket); eprun replaces regular files only")
 
 
+def require_folder_named(out_dir: str, option: str) -> None:
+    """An empty folder option is a usage error (``os.makedirs("")`` would say nothing useful)."""
+    if not out_dir:
+        raise EprunError(f"{option} needs a folder (it is empty)", EXIT_USAGE)
+
+
 def require_out_dir(out_dir: str, option: str = "--out-dir") -> None:
-    """Before anything is measured: ``--out-dir`` (or ``option``) must be, or be creatable as,
-    a folder eprun can write into (not a file, nor under one)."""
+    """Before anything is measured: ``--out-dir`` (or ``option``) must name a folder that is,
+    or can be created as, a folder eprun can write into (not a file, nor under one)."""
+    require_folder_named(out_dir, option)
     existing = os.path.abspath(out_dir)
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
@@ -5369,7 +5385,7 @@ def golden_paths(save: str | None, load: str | None, inputs: list[str], option: 
     if load and shaped is not None and shaped.rows is not None:
         raise EprunError(f"--load-{option} feeds the inputs stored in {load!r}; drop --rows",
                          EXIT_USAGE)
-    if save:
+    if save is not None:  # ("" too: an empty path is refused, not taken for no path)
         # what must not be written over: the models, and an --inputs file
         inputs = [*inputs, *([shaped.file] if shaped is not None and shaped.file else [])]
         require_output_path(save, inputs)
@@ -8340,8 +8356,7 @@ def require_plots(save_plots: str | None, plot_format: str | None = None) -> Non
             raise EprunError("--plot-format says how --save-plots draws; give --save-plots DIR",
                              EXIT_USAGE)
         return
-    if not save_plots:
-        raise EprunError("--save-plots needs a folder (it is empty)", EXIT_USAGE)
+    require_folder_named(save_plots, "--save-plots")
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
@@ -12923,8 +12938,6 @@ def require_views(node_data: str | None, save_plots: str | None,
     """Before anything is measured: the folders ``--node-data`` and ``--save-plots`` name can
     be written into, and matplotlib is there for plots."""
     if node_data is not None:
-        if not node_data:
-            raise EprunError("--node-data needs a folder (it is empty)", EXIT_USAGE)
         require_out_dir(node_data, "--node-data")
     require_plots(save_plots, plot_format)
 

@@ -231,6 +231,14 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["expose", "@fp32", "{tmp}/" + "a" * 4000], 4, "its file name is 4000 bytes, more than"),
     (["report", "@fp32", "@int8", "--out-dir", "{tmp}/text.onnx/sub"], 4,
      "text.onnx', which is a file, not a folder"),
+    (["report", "@fp32", "@int8", "--out-dir", ""], 2, "--out-dir needs a folder (it is empty)"),
+    (["expose", "@fp32", ""], 2, "an output path is empty; name a file"),
+    (["check", "@fp32", "@int8", "--save-outputs", ""], 2, "an output path is empty"),
+    (["layers", "@fp32", "@int8", "1", "--save-boundaries", ""], 2, "an output path is empty"),
+    (["expose", "@fp32", "{tmp}/text.onnx/out.onnx"], 4,
+     "it is under '{tmp}/text.onnx', which is a file, not a folder"),
+    (["check", "@fp32", "@int8", "--save-outputs", "{tmp}/text.onnx/sub/out.json"], 4,
+     "it is under '{tmp}/text.onnx', which is a file, not a folder"),
 ])
 def test_bad_usage_and_unusable_models(files, tmp_path, argv, code, names):
     before = {name: hashlib.sha256(open(files[name], "rb").read()).hexdigest()

@@ -15178,9 +15178,24 @@ def _usage_hint(message: str, given: tuple[str, ...]) -> str:
         start = next((k for k in reversed(range(len(argv)))  # the extras trail: the last
                       if argv[k:k + len(words)] == words), None)
         if start and not any(word.startswith("-") for word in words):
+            flag = _flag_before(command, argv, start)
+            if flag is not None:  # not a list's item: the words follow a flag
+                return (f"; the lists come before the flags: put {' '.join(words)} before "
+                        f"{flag}")
             joined = ",".join([argv[start - 1], *words])
             return f"; a list is one argument, its items joined with commas: {joined}"
     return ""
+
+
+def _flag_before(command: Command, argv: list[str], start: int) -> str | None:
+    """The flag the word before ``argv[start]`` is (or is the value of), if it is one."""
+    before = argv[start - 1]
+    if before.startswith("-"):
+        return before
+    flag = argv[start - 2] if start >= 2 else ""
+    takes_value = any(flag in argument.names and argument.options.get("action") in
+                      (None, "store", "append") for argument in command.arguments)
+    return flag if flag.startswith("-") and takes_value else None
 
 
 def _seed_from(args: argparse.Namespace, extra: list[str]) -> None:

@@ -114,6 +114,13 @@ def test_a_usage_hint_reads_the_words_the_parser_was_given(capfd):
     # the extra words trail the command line: the last place they stand, not an earlier one
     code, _, err = in_process(capfd, "partition", "Add", "MatMul", "Add")
     assert code == 2 and "joined with commas: MatMul,Add" in err
+    # words after a flag, or after a flag's value, are no list's items: they go before it
+    for flag in (["--fail-on-fallback"], ["--format", "table"]):
+        code, _, err = in_process(capfd, "providers", "m.onnx", "CPUExecutionProvider", *flag,
+                                  "CUDAExecutionProvider")
+        assert code == 2 and err.count("\n") == 1, err
+        assert (f"the lists come before the flags: put CUDAExecutionProvider before {flag[0]}"
+                in err), err
 
 
 def test_without_onnxruntime_a_command_s_own_checks_come_first(lab_pair, capfd, monkeypatch,

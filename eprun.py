@@ -4015,12 +4015,13 @@ def open_session(source, options=None, what: str = "model", disabled: list[str] 
         with _options_from_eprun():
             session = ort.InferenceSession(source, sess_options=options, **extra)
     except Exception as exc:
+        said = native_message(exc)
         if handle is not None:
-            os.close(handle)
+            os.close(handle)  # (onnxruntime names the file by the descriptor: say the path)
+            said = re.sub(re.escape(source) + r"(?!\d)", lambda _: path, said)
         asked = "" if on.requested == [CPU_EP] else f" with providers {on.requested}"
         raise EprunError(f"onnxruntime cannot open {what}{asked}: "
-                         f"{type(exc).__name__}: {native_message(exc)}{_too_large_hint(path)}"
-                         ) from exc
+                         f"{type(exc).__name__}: {said}{_too_large_hint(path)}") from exc
     if handle is not None:  # the file stays open as long as the session that names it
         import weakref
 

@@ -28,6 +28,17 @@ def test_providers_missing_keeps_the_requested_order(tmp_path):
     assert [case["requested"] for case in answer["cases"]] == requests
 
 
+def test_a_session_that_cannot_open_names_the_file_not_its_descriptor(tmp_path):
+    """onnxruntime reads the file eprun holds open (/proc/self/fd/N) and names that in its
+    error: the user is told the path they gave."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n", encoding="utf-8")
+    with pytest.raises(tool.EprunError) as failed:
+        tool.open_session(str(notes), what=repr(str(notes)))
+    said = str(failed.value)
+    assert f"Load model from {notes} failed" in said and "/proc/self/fd" not in said, said
+
+
 # -- retries -----------------------------------------------------------------------------------
 
 class Flaky:

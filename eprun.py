@@ -8462,7 +8462,8 @@ def _draw_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict
     values = [entry.get(metric) for entry in entries]
     figure, axes = writer.figure((max(6.0, min(16.0, 0.35 * len(entries) + 4)), 4))
     positions = list(range(len(entries)))
-    local = growth.get("local_rel_error") if metric == "rel_error" else None
+    local = growth.get("local_rel_error") if metric == "rel_error" else _local_values(
+        entries, metric)
     if local:
         own = [value if value is not None else 0.0 for value in local]
         inherited = [max(0.0, (total or 0.0) - part) for total, part in zip(values, own)]
@@ -8475,7 +8476,7 @@ def _draw_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict
     described = quantity_of(metric)
     if _spans_decades(values) and described is not None and described.log_scale:
         axes.set_yscale("log")
-    _mark_boundaries(axes, answer, values, growth)
+    _mark_boundaries(axes, answer, values, growth, metric)
     picked, labels = _thinned(names)
     axes.set_xticks(picked)
     axes.set_xticklabels(labels, rotation=60, ha="right")
@@ -8487,9 +8488,19 @@ def _draw_boundaries(writer: PlotWriter, answer: dict, metric: str, growth: dict
     return writer.add(metric, figure)
 
 
-def _mark_boundaries(axes, answer: dict, values: list, growth: dict) -> None:
-    """The boundaries worth a mark: where the error is born, where it jumps most, and a band
-    on each whose value NaN or infinity got into."""
+def _local_values(entries: list[dict], metric: str) -> list | None:
+    """``metric`` of each boundary's local segment (``--local``), where it is an error that
+    adds up (lower is better) and was measured; None otherwise (an SQNR is not stacked)."""
+    if higher_is_better(metric) or not any(metric in (entry.get("local") or {})
+                                           for entry in entries):
+        return None
+    return [(entry.get("local") or {}).get(metric) for entry in entries]
+
+
+def _mark_boundaries(axes, answer: dict, values: list, growth: dict, metric: str) -> None:
+    """The boundaries worth a mark: where the error is born, where the relative error jumps
+    most (named so under another ``metric``), and a band on each whose value NaN or infinity
+    got into."""
     born = (answer.get("first_divergence") or first_divergence(answer["layers"])
             or {}).get("index")
     if born is not None:
@@ -8497,8 +8508,10 @@ def _mark_boundaries(axes, answer: dict, values: list, growth: dict) -> None:
                      label=f"born: boundary {born}")
     jump = growth.get("max_ratio")  # its index: the boundary the jump lands on
     if jump:
+        whose = "" if metric == "rel_error" else "rel_error "
         axes.axvline(jump["index"], color="#d73027", linestyle=":", linewidth=1.5,
-                     label=f"largest jump: x{jump['ratio']:.3g} at boundary {jump['index']}")
+                     label=f"largest {whose}jump: x{jump['ratio']:.3g} at boundary "
+                           f"{jump['index']}")
     lost = [k for k, value in enumerate(values) if value is None]
     for k in lost:  # NaN or infinity got into it: drawn as a band, never left out unseen
         axes.axvspan(k - 0.4, k + 0.4, color="#7f0000", alpha=0.25,

@@ -362,6 +362,40 @@ def test_the_jump_is_marked_where_growth_says_it_lands(capfd, lab_pair, tmp_path
     assert ratio == pytest.approx(growth["max_ratio"]["ratio"], rel=1e-12)
 
 
+def test_another_metric_stacks_its_own_local_part_and_names_whose_jump_is_marked(
+        capfd, lab_pair, tmp_path):
+    """--metrics mse --local: the bars are each boundary's local mse (its segment's, from the
+    answer) and the rest of its mse; the dotted line is the relative error's jump, and says
+    so. An SQNR is drawn as a line: dB do not stack."""
+    import eprun
+
+    fp32, int8 = lab_pair
+    layers = json.loads(in_process(capfd, "layers", fp32, int8, "1", "--metrics", "mse,sqnr",
+                                   "--local")[1])
+    growth = json.loads(in_process(capfd, "growth", fp32, int8, "1", "--local")[1])
+    kept = []
+
+    class Keeping(eprun.PlotWriter):
+        def add(self, what, figure):
+            kept.append(figure)
+            return what
+
+    writer = Keeping(str(tmp_path), str(int8), "layers")
+    for metric in ("mse", "sqnr_db"):
+        eprun.plot_boundaries(writer, layers, metric, growth)
+    (mse_axes,), (sqnr_axes,) = (figure.axes for figure in kept)
+    own, inherited = (container for container in mse_axes.containers)
+    local = [entry["local"]["mse"] for entry in layers["layers"]]
+    total = [entry["mse"] for entry in layers["layers"]]
+    assert [bar.get_height() for bar in own] == pytest.approx(local, rel=1e-12)
+    assert [bar.get_height() for bar in inherited] == pytest.approx(
+        [max(0.0, whole - part) for whole, part in zip(total, local)], rel=1e-12, abs=1e-15)
+    labels = [line.get_label() for line in mse_axes.lines]
+    assert any(label.startswith("largest rel_error jump: x") for label in labels), labels
+    assert not sqnr_axes.containers and any(line.get_label() == "sqnr_db"
+                                            for line in sqnr_axes.lines)
+
+
 def test_a_report_that_fails_keeps_the_last_ones_figures(capfd, lab_pair, tmp_path,
                                                          monkeypatch):
     import eprun

@@ -9419,6 +9419,11 @@ def require_qdq_form(model, path: str) -> None:
                          "sensitivity restores units of a QDQ model (quantize_static with "
                          "QuantFormat.QDQ): quantize the float model that way to rank its "
                          "units", EXIT_FAILURE)
+    if "MatMulNBits" in ops and not any(op in _QDQ_OPS for op in ops):
+        raise EprunError(f"{path!r} is weight-only, but none of its MatMulNBits is one "
+                         "MatMulNBitsQuantizer writes (of an initializer, without a bias or "
+                         "g_idx input): sensitivity restores those, or the units of a QDQ "
+                         "model")
     if not any(op in _QDQ_OPS for op in ops):
         raise EprunError(f"{path!r} has no QuantizeLinear/DequantizeLinear nodes; "
                          "sensitivity restores units of a QDQ model (quantize_static with "

@@ -334,6 +334,25 @@ def test_restoring_to_int8_is_refused_where_the_quantizer_cannot(run_eprun_here,
         assert result.stderr.count("\n") == 1
 
 
+def test_a_matmul_nbits_the_quantizer_never_writes_is_said_to_be_that(run_eprun_here,
+                                                                      tmp_path):
+    """MatMulNBits with a bias input (a Gemm's, folded by hand): no unit eprun can restore,
+    and the one line says so rather than asking for a QDQ model."""
+    form, settings = twin_case("nbits_symmetric")
+    model = int4.mlp()
+    twin = twin_of(model, form, settings)
+    for k, node in enumerate(node for node in twin.graph.node if node.op_type == "MatMulNBits"):
+        columns = int(onnx.helper.get_attribute_value(
+            next(a for a in node.attribute if a.name == "N")))
+        twin.graph.initializer.append(numpy_helper.from_array(
+            np.zeros(columns, np.float32), f"bias{k}"))
+        node.input.extend([""] * (5 - len(node.input)) + [f"bias{k}"])
+    fp32 = models.save(model, tmp_path / "f.onnx")
+    result = run_eprun_here("sensitivity", fp32, models.save(twin, tmp_path / "q4.onnx"), "5")
+    assert (result.code, result.stdout) == (4, "") and result.stderr.count("\n") == 1
+    assert "none of its MatMulNBits is one MatMulNBitsQuantizer writes" in result.stderr
+
+
 @pytest.mark.parametrize("case", ["nbits_symmetric", "qdq_signed"])
 def test_a_damaged_unit_of_a_twin_ranks_first(eprun, tmp_path, case):
     """layer1's scales three times too large: its unit gains most, and the recommendation, a

@@ -120,8 +120,8 @@ Exit codes:
     143  stopped by SIGTERM (129: SIGHUP)
 
 On failure stdout stays empty and stderr gets one line ``eprun: error: <what and why>``;
-``EPRUN_DEBUG=1`` adds the Python traceback. README.md is the binding description of every
-command and field.
+``EPRUN_DEBUG=1`` adds the Python traceback. docs/commands.md is the binding description of
+every command and field.
 """
 from __future__ import annotations
 
@@ -503,8 +503,8 @@ def declare(command: Command) -> Command:
     return command
 
 
-# The exit codes (code, name, meaning), for the help, the module docstring and the README;
-# the tests check that all three list every one.
+# The exit codes (code, name, meaning), for the help, the module docstring and
+# docs/commands.md's table; the tests check that all three list every one.
 EXIT_CODES = (
     (0, "success", "stdout holds the JSON answer and nothing else"),
     (1, "failed verdict", ("check or providers --fail-on-fallback: the answer on stdout, the "
@@ -5869,8 +5869,9 @@ class Metric:
     computed (``compute(reference, diff)`` -> a float, or None for "no value"; both float64
     arrays, ``diff`` = ``|candidate - reference|``), which way is better, whether a plot of
     it may use a log axis (where its values span decades), and its table heading (``label``,
-    else the field). Tables, the worst marker, Model Explorer node data, plots and
-    sensitivity's fields all read it from here."""
+    else the field). ``layers --metrics`` computes it at every boundary (and in each
+    ``--local`` segment); tables, the worst marker, Model Explorer node data and plots read
+    it from here, as sensitivity reads its ``sqnr_db`` from ``METRICS["sqnr"]``."""
 
     field: str
     compute: Callable[[Any, Any], Any] | None
@@ -5901,8 +5902,7 @@ def _mse(reference, diff) -> float:
 
 
 # --metrics NAME -> its Metric. One entry is the whole of a metric: ``--metrics`` offers it,
-# layers, growth's local segments and sensitivity compute it, tables show it, plots and node
-# data draw it.
+# layers computes it (its --local segments too), tables show it, plots and node data draw it.
 METRICS: dict[str, Metric] = {
     "sqnr": Metric("sqnr_db", _sqnr, higher_is_better=True),
     "mse": Metric("mse", _mse, log_scale=True),
@@ -12231,7 +12231,8 @@ def _note_invalid(path: str) -> None:
 # the lowest at which the name runs (1 BASIC, 2 EXTENDED, 3 LAYOUT, 4 ALL only). Where the
 # names are defined: onnxruntime/core/optimizer/graph_transformer_utils.cc (GenerateTransformers
 # and GenerateRewriteRules) of each release; each name is the string its class passes to
-# GraphTransformer(...) or RewriteRule(...). The README says how this list is kept up to date.
+# GraphTransformer(...) or RewriteRule(...). docs/commands.md says how this list is kept up to
+# date.
 TRANSFORMERS = (
     ("Level1_RuleBasedTransformer", 1, (1, 16), None),
     ("DoubleQDQPairsRemover", 1, (1, 16), None),

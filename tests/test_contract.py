@@ -90,10 +90,10 @@ def test_the_parser_offers_exactly_the_declared_commands(capfd, monkeypatch):
         assert re.search(rf"^\s+{name}\s", top, re.MULTILINE), name
 
 
-def test_every_exit_code_is_documented_in_help_docstring_and_readme(capfd, monkeypatch):
+def test_every_exit_code_is_in_the_help_docstring_and_commands_md(capfd, monkeypatch):
     top = " ".join(help_of(capfd, monkeypatch).split())
-    readme = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
-    table = readme[readme.index("## Exit codes"):]
+    commands = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    table = commands[commands.index("## Exit codes"):]
     for code, name, _ in tool.EXIT_CODES:
         assert f"{code} {name}" in top
         assert re.search(rf"^\s+{code}\s", tool.__doc__, re.MULTILINE), code

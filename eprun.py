@@ -5387,8 +5387,11 @@ def golden_paths(save: str | None, load: str | None, inputs: list[str], option: 
         raise EprunError(f"--load-{option} feeds the inputs stored in {load!r}; drop --rows",
                          EXIT_USAGE)
     if save is not None:  # ("" too: an empty path is refused, not taken for no path)
-        # what must not be written over: the models, and an --inputs file
-        inputs = [*inputs, *([shaped.file] if shaped is not None and shaped.file else [])]
+        # what must not be written over: the models and their weights, and an --inputs file
+        weights = [_safe_location(location, path) for path in inputs
+                   for location in external_locations(path)]
+        inputs = [*inputs, *weights,
+                  *([shaped.file] if shaped is not None and shaped.file else [])]
         require_output_path(save, inputs)
         if option == "outputs" and save.lower().endswith(".json"):
             require_output_path(polygraphy_inputs_path(save), inputs)

@@ -1009,6 +1009,17 @@ def test_expose_refuses_to_write_onto_its_own_weights(run_eprun_here, external):
     assert sorted(os.listdir(model.parent)) == ["m.onnx", "m.onnx.data"]
 
 
+@pytest.mark.parametrize("argv", [["check", "@m", "@m", "--save-outputs", "@data"],
+                                  ["layers", "@m", "@m", "1", "--save-boundaries", "@data"]])
+def test_a_golden_file_is_never_written_onto_the_models_weights(run_eprun_here, external, argv):
+    model, data = external
+    before = digest(model, data)
+    line = one_error_line(run_eprun_here(*[{"@m": model, "@data": data}.get(word, word)
+                                           for word in argv]), 2)
+    assert f"refusing to overwrite the input file {str(data)!r}" in line
+    assert digest(model, data) == before
+
+
 def test_outputs_that_are_not_regular_files_are_refused(
         run_eprun_here, lab_pair, external, tmp_path):
     fp32, _ = lab_pair

@@ -327,8 +327,8 @@ def test_a_null_total_growth_says_why(tmp_path):
 
 def test_eprun_format_is_a_persons_own_default(run_eprun_here, lab_pair):
     """JSON stays the default wherever stdout goes; EPRUN_FORMAT=table makes the table one's
-    own default, --format overrides it, and a value eprun does not print is a usage error
-    before anything is measured. Commands without a table ignore it."""
+    own default, --format overrides it, and a value eprun does not print is one warning and
+    JSON. Commands without a table ignore it."""
     import json
 
     fp32, int8 = lab_pair

@@ -1407,6 +1407,7 @@ def _refuse_folder_name(path: str) -> None:
     if os.path.lexists(named):
         raise EprunError(f"cannot write {path!r}: the trailing slash names a folder, and "
                          f"{named!r} is a file; name the output file without a trailing slash")
+    _refuse_under_no_folder(path, os.path.dirname(named))
     raise EprunError(f"cannot write {path!r}: the trailing slash names a folder, and folder "
                      f"{named!r} does not exist; name the output file without a trailing "
                      "slash", EXIT_MISSING)
@@ -1439,26 +1440,55 @@ def require_output_path(path: str, inputs: list[str]) -> None:
                              "path of a file")
     refuse_link(path)
     _refuse_folder_name(path)
+    stop = _refuse_under_no_folder(path, os.path.dirname(path))
     folder = os.path.dirname(os.path.abspath(path))
     name, longest = os.fsencode(os.path.basename(path)), _name_max(folder)
     if len(name) > longest:
         raise EprunError(f"cannot write {_shortened(path)!r}: its file name is {len(name)} "
                          f"bytes, more than the {longest} a file name may have there")
-    if not os.path.isdir(folder):
-        existing = folder
-        while not os.path.lexists(existing):
-            existing = os.path.dirname(existing)
-        if not os.path.isdir(existing):  # no folder to create: a file is in the way
-            raise EprunError(f"cannot write {path!r}: it is under {existing!r}, which is a "
-                             "file, not a folder")
-        raise EprunError(f"cannot write {path!r}: folder {folder!r} does not exist; create it "
-                         "first", EXIT_MISSING)
+    if stop is not None:  # (a part not there)
+        raise EprunError(f"cannot write {path!r}: folder {stop[0]!r} does not exist; create "
+                         "it first", EXIT_MISSING)
     if os.path.isdir(path):
         raise EprunError(f"cannot write {path!r}: it is a directory; name a file inside it")
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISREG(os.lstat(path).st_mode):
             raise EprunError(f"cannot write {path!r}: it exists and is not a regular file (a "
                              "device, FIFO or socket); eprun replaces regular files only")
+
+
+def _on_the_way(folder: str) -> tuple[str, bool] | None:
+    """Where the way to ``folder`` stops, its parts taken as written, as the system takes them
+    (``afile/../d`` needs ``afile`` to be a folder, although the text tidied says ``d``):
+    ``(part, True)`` for a part that is there but is no folder (a file, a FIFO, ...),
+    ``(part, False)`` for one that is not there (a dangling link too: what it names can be
+    made); None where the way is open."""
+    way = os.sep if folder.startswith(os.sep) else ""
+    for part in folder.split(os.sep):
+        if part in ("", "."):
+            continue
+        way = os.path.join(way, part)
+        if not os.path.exists(way):
+            return way, False
+        if not os.path.isdir(way):
+            return way, True
+    return None
+
+
+def _refuse_under_no_folder(path: str, folder: str) -> tuple[str, bool] | None:
+    """Exit 4 where a part of the way to ``folder`` (where output ``path`` goes) is there but
+    is no folder; else where the way stops (``_on_the_way``)."""
+    stop = _on_the_way(folder)
+    if stop is not None and stop[1]:
+        raise EprunError(f"cannot write {path!r}: it is under {stop[0]!r}, which is "
+                         f"{_not_a_folder(stop[0])}")
+    return stop
+
+
+def _not_a_folder(path: str) -> str:
+    """What ``path``, there but no folder, is: for "which is ..." in a message."""
+    return "a file, not a folder" if os.path.isfile(path) else \
+        "not a folder (a FIFO, socket or device)"
 
 
 def require_folder_named(out_dir: str, option: str) -> None:
@@ -1471,13 +1501,15 @@ def require_out_dir(out_dir: str, option: str = "--out-dir") -> None:
     """Before anything is measured: ``--out-dir`` (or ``option``) must name a folder that is,
     or can be created as, a folder eprun can write into (not a file, nor under one)."""
     require_folder_named(out_dir, option)
+    stop = _on_the_way(out_dir)
+    if stop is not None and stop[1]:
+        where = ("is" if os.path.abspath(stop[0]) == os.path.abspath(out_dir)
+                 else f"is under {stop[0]!r}, which is")
+        raise EprunError(f"{option} {out_dir!r} {where} {_not_a_folder(stop[0])}; choose "
+                         f"another {option}")
     existing = os.path.abspath(out_dir)
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        where = "is" if existing == os.path.abspath(out_dir) else f"is under {existing!r}, which is"
-        raise EprunError(f"{option} {out_dir!r} {where} a file, not a folder; choose another "
-                         f"{option}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise EprunError(f"{option} {out_dir!r}: eprun may not write into {existing!r}; "
                          f"choose another {option}")

@@ -281,6 +281,14 @@ def parse_top_k(text: str) -> int:
     return _decimal(text, "K ", minimum=1)
 
 
+def parse_file(text: str) -> str:
+    """The path of a file to read (``--inputs``, ``--load-outputs``, ...): an empty one names
+    none, and is not taken for the flag left out."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no file; give the file's path")
+    return text
+
+
 def parse_count(text: str) -> int:
     """A non-negative decimal integer of any size, for the count options (``--iteration``,
     ``--retries``, ``--jobs``, ...)."""
@@ -511,7 +519,7 @@ EXIT_CODES = (
         "reason on stderr")),
     (2, "usage", ("unknown command or option, wrong argument count, a bad seed or number, an "
         "unknown provider or policy name, a malformed --ep-option, an output that is an "
-        "input")),
+        "input, an empty path")),
     (3, "missing path", "a missing input file (or a directory), an output's folder"),
     (4, "other failure", ("an unreadable model, a session without a requested provider, a "
         "provider that fails to start, boundary counts that differ, a model eprun cannot feed "
@@ -552,6 +560,7 @@ class EpFlags:
 
     ep_library: list[str] = flag(
         "--ep-library", field_default=(), action="append", default=[], metavar="PATH",
+        type=parse_file,
         help="register this plugin EP library (onnxruntime 1.22+) before any session; "
              "repeatable. Installed plugin packages (onnxruntime-ep-*) are registered by "
              "themselves when a list names their EP")
@@ -633,7 +642,7 @@ class DaskFlags:
              "the same versions, and must read the models by the same absolute paths. "
              "pip install 'eprun[dask]'")
     dask_scheduler_file: str | None = flag(
-        "--dask-scheduler-file", metavar="FILE",
+        "--dask-scheduler-file", type=parse_file, metavar="FILE",
         help="as --dask-scheduler, the address read from the JSON file dask scheduler "
              "--scheduler-file writes")
 
@@ -687,7 +696,7 @@ INPUT_ARGS = (
         metavar="NAME:LO,HI",
         help="draw input NAME uniformly from [LO, HI) instead (integers: LO..HI "
              "inclusive); repeatable"),
-    arg("--inputs", "--load-inputs", dest="inputs_file", metavar="FILE.npz",
+    arg("--inputs", "--load-inputs", dest="inputs_file", type=parse_file, metavar="FILE.npz",
         help="feed these arrays (numpy.savez, one per input name; or the JSON file "
              "polygraphy run --save-inputs writes, --load-inputs as Polygraphy calls it) "
              "instead of generated ones; their batch sets the rows"),
@@ -13077,7 +13086,7 @@ PAIR_ARGS = (
     arg("--save-boundaries", metavar="FILE.npz",
         help="also store the fp32 model's boundary tensors and the inputs, for "
              "--load-boundaries on another machine"),
-    arg("--load-boundaries", metavar="FILE.npz",
+    arg("--load-boundaries", type=parse_file, metavar="FILE.npz",
         help="take the fp32 side from a file --save-boundaries wrote (on its inputs) instead "
              "of running the fp32 model; refused if its boundaries are not the stored ones"),
     NODE_DATA_ARG, *PLOT_ARGS,
@@ -14036,7 +14045,7 @@ declare(Command(
             help="also store the reference's outputs and the inputs, for --load-outputs on "
                  "another machine; FILE.json writes Polygraphy's RunResults instead (and the "
                  "inputs as FILE.inputs.json) for polygraphy run --load-outputs"),
-        arg("--load-outputs", metavar="FILE.npz",
+        arg("--load-outputs", type=parse_file, metavar="FILE.npz",
             help="compare with the reference outputs stored by --save-outputs (on their "
                  "inputs) instead of running the reference; refused if the reference model's "
                  "outputs are not the stored ones; FILE.json: what polygraphy run "
@@ -14288,7 +14297,7 @@ EXTRA_OPTION_ARG = arg(
     help="a quantize_static extra option the int8 model was made with and does not show (e.g. "
          "ForceQuantizeNoInputCheck=true); repeatable")
 CALIBRATION_ARG = arg(
-    "--calibration", metavar="FILE.npz",
+    "--calibration", type=parse_file, metavar="FILE.npz",
     help="the data the int8 model was calibrated on (numpy.savez, one array per input of the "
          "fp32 model, rows along the batch): quantize_static calibrates on it, so a range it "
          "would calibrate anew is exact")

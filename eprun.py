@@ -15242,24 +15242,47 @@ def _usage_hint(message: str, given: tuple[str, ...]) -> str:
         start = next((k for k in reversed(range(len(argv)))  # the extras trail: the last
                       if argv[k:k + len(words)] == words), None)
         if start and not any(word.startswith("-") for word in words):
-            flag = _flag_before(command, argv, start)
-            if flag is not None:  # not a list's item: the words follow a flag
-                return (f"; the lists come before the flags: put {' '.join(words)} before "
-                        f"{flag}")
-            joined = ",".join([argv[start - 1], *words])
-            return f"; a list is one argument, its items joined with commas: {joined}"
+            return _list_hint(command, argv, start, words, lists)
     return ""
 
 
-def _flag_before(command: Command, argv: list[str], start: int) -> str | None:
-    """The flag the word before ``argv[start]`` is (or is the value of), if it is one."""
-    before = argv[start - 1]
+def _list_hint(command: Command, argv: list[str], start: int, words: list[str],
+               lists: list[Arg]) -> str:
+    """The hint for ``words``, left over at ``argv[start]`` by a command that takes a list:
+    a flag's second value (the flag takes one, each time it is given), words after a flag
+    (they go before the flags), or a list's items given apart (joined with commas)."""
+    before, said = argv[start - 1], " ".join(words)
+    several = any(argument.options.get("nargs") in ("+", "*") for argument in lists)
+    flag = _option_named(command, argv[start - 2]) if start >= 2 else None
+    if not before.startswith("-") and flag is not None and "=" not in argv[start - 2] \
+            and flag.options.get("action") in (None, "store", "append"):
+        if flag.options.get("action") == "append":
+            return f"; {flag.names[0]} takes one value each time: give it again for {said}"
+        if not several:
+            return f"; {flag.names[0]} takes one value"
+        before = argv[start - 2]
     if before.startswith("-"):
-        return before
-    flag = argv[start - 2] if start >= 2 else ""
-    takes_value = any(flag in argument.names and argument.options.get("action") in
-                      (None, "store", "append") for argument in command.arguments)
-    return flag if flag.startswith("-") and takes_value else None
+        if several:
+            return f"; the lists come before the flags: put {said} before {before}"
+        return "; a list is one argument, its items joined with commas, before the flags"
+    joined = ",".join([before, *words])
+    return f"; a list is one argument, its items joined with commas: {joined}"
+
+
+def _option_named(command: Command, word: str) -> Arg | None:
+    """The flag of ``command`` that ``word`` names, as argparse reads it: the whole name or a
+    prefix of one name alone, a value after ``=`` aside; None for anything else."""
+    if not word.startswith("-"):
+        return None
+    typed = word.split("=", 1)[0]
+    flags = [argument for argument in command.arguments
+             if any(name.startswith("-") for name in argument.names)]
+    exact = [argument for argument in flags if typed in argument.names]
+    if exact:
+        return exact[0]
+    prefixed = [argument for argument in flags
+                if any(name.startswith(typed) for name in argument.names)]
+    return prefixed[0] if len(prefixed) == 1 else None
 
 
 def _seed_from(args: argparse.Namespace, extra: list[str]) -> None:

@@ -115,12 +115,21 @@ def test_a_usage_hint_reads_the_words_the_parser_was_given(capfd):
     code, _, err = in_process(capfd, "partition", "Add", "MatMul", "Add")
     assert code == 2 and "joined with commas: MatMul,Add" in err
     # words after a flag, or after a flag's value, are no list's items: they go before it
-    for flag in (["--fail-on-fallback"], ["--format", "table"]):
+    for flag in (["--fail-on-fallback"], ["--format", "table"], ["--form", "table"]):
         code, _, err = in_process(capfd, "providers", "m.onnx", "CPUExecutionProvider", *flag,
                                   "CUDAExecutionProvider")
         assert code == 2 and err.count("\n") == 1, err
         assert (f"the lists come before the flags: put CUDAExecutionProvider before {flag[0]}"
                 in err), err
+    # a second value of a flag given once: the flag takes one (each time, where it repeats)
+    for argv, said in (
+            (["providers", "m.onnx", "CPUExecutionProvider", "--ep-option",
+              "CPUExecutionProvider:a=b", "CPUExecutionProvider:c=d"],
+             ("--ep-option takes one value each time: give it again for "
+              "CPUExecutionProvider:c=d")),
+            (["partition", "m.onnx", "MatMul", "--ru", "ort", "Add"], "--rule takes one value")):
+        code, _, err = in_process(capfd, *argv)
+        assert code == 2 and said in err and "," not in err.split(";")[-1], err
 
 
 def test_without_onnxruntime_a_command_s_own_checks_come_first(lab_pair, capfd, monkeypatch,

@@ -2066,6 +2066,11 @@ _TEXT_EXTENSIONS = frozenset({".txtpb", ".textproto", ".prototxt", ".pbtxt", ".j
 # Field numbers of the protobuf messages _read_graph walks: ModelProto.graph,
 # GraphProto.initializer, and TensorProto's raw_data, external_data and data_location.
 _MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
+# ... and where a tensor hides further in (external_locations): GraphProto.node,
+# NodeProto.attribute, and AttributeProto's t, g, tensors and graphs (a Constant's value, an
+# If's or a Loop's body).
+_GRAPH_NODE, _NODE_ATTRIBUTE = 1, 5
+_ATTRIBUTE_TENSORS, _ATTRIBUTE_GRAPHS = (5, 10), (6, 11)
 _TENSOR_DIMS, _TENSOR_DATA_TYPE = 1, 2
 _TENSOR_RAW_DATA, _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 9, 13, 14
 
@@ -2248,10 +2253,11 @@ _READ_WHOLE_BYTES = 16 << 20
 
 
 def external_locations(path: str) -> list[str]:
-    """The ``location`` of every external-data tensor of the model file's main graph, read off
-    the wire without parsing anything (no onnx import): what a path handed to onnxruntime
-    will make it open, checked first (``_safe_location``) since older releases do not confine
-    it. Empty where the file is not plain protobuf as the walk expects: onnxruntime decides.
+    """The ``location`` of every external-data tensor of the model file's graph (subgraphs and
+    Constants' values too), read off the wire without parsing anything (no onnx import): what
+    a path handed to onnxruntime will make it open, checked first (``_safe_location``) since
+    older releases do not confine it. Empty where the file is not plain protobuf as the walk
+    expects: onnxruntime decides.
     Walked once per file (and stamp) in a run: a command opens many sessions of one model."""
     key = (os.path.abspath(path), file_stamp(path))
     known = current_invocation().locations
@@ -2261,22 +2267,42 @@ def external_locations(path: str) -> list[str]:
 
 
 def _walk_locations(path: str) -> list[str]:
-    """What ``external_locations`` caches: the external ``location`` of each main-graph initializer,
-    walked off the wire; empty where the file cannot be read or walked."""
-    locations = []
+    """What ``external_locations`` caches: the external ``location`` of each tensor of the
+    graph (an initializer, a Constant's value, in a subgraph too), walked off the wire; empty
+    where the file cannot be read or walked."""
+    locations: list[str] = []
     try:
         with open(path, "rb", buffering=0) as stream:
             size = os.fstat(stream.fileno()).st_size
             data = stream.read() if size <= _READ_WHOLE_BYTES else _FileBytes(stream, size)
             for number, wire, _, body, end in _wire_fields(data, 0, len(data)):
-                if number != _MODEL_GRAPH or wire != 2:
-                    continue
-                for g_number, g_wire, _, g_body, g_end in _wire_fields(data, body, end):
-                    if g_number == _GRAPH_INITIALIZER and g_wire == 2:
-                        locations += _tensor_locations(data, g_body, g_end)
-    except (OSError, ValueError, IndexError):
+                if number == _MODEL_GRAPH and wire == 2:
+                    _graph_locations(data, body, end, locations, depth=0)
+    except (OSError, ValueError, IndexError, RecursionError):
         return []
     return locations
+
+
+def _graph_locations(data, body: int, end: int, found: list[str], depth: int) -> None:
+    """Add the external locations of one serialized GraphProto's tensors to ``found``: its
+    initializers', then those its nodes' attributes hold, subgraphs walked in turn (as deep
+    as protobuf itself parses, 100 levels)."""
+    if depth > 100:
+        raise ValueError("graphs nested deeper than protobuf parses")
+    for number, wire, _, at, field_end in _wire_fields(data, body, end):
+        if wire != 2:
+            continue
+        if number == _GRAPH_INITIALIZER:
+            found += _tensor_locations(data, at, field_end)
+        elif number == _GRAPH_NODE:
+            for n_number, n_wire, _, n_at, n_end in _wire_fields(data, at, field_end):
+                if n_number != _NODE_ATTRIBUTE or n_wire != 2:
+                    continue
+                for a_number, a_wire, _, a_at, a_end in _wire_fields(data, n_at, n_end):
+                    if a_wire == 2 and a_number in _ATTRIBUTE_TENSORS:
+                        found += _tensor_locations(data, a_at, a_end)
+                    elif a_wire == 2 and a_number in _ATTRIBUTE_GRAPHS:
+                        _graph_locations(data, a_at, a_end, found, depth + 1)
 
 
 def _tensor_locations(data, body: int, end: int) -> list[str]:

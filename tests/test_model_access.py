@@ -409,6 +409,36 @@ def test_a_loop_body_weight_in_external_data_is_read_from_the_models_folder(
     expected = models.run(path, x)[0]
     assert result.answer["layers"][-1]["scale"] == pytest.approx(
         float(np.abs(expected).max()), rel=1e-6)
+    # a command that hands onnxruntime the path: the body's data is found beside the model
+    # (it was looked for beside /proc/self/fd/N where only the body had external data)
+    checked = run_eprun_here("check", path, path, "--seed", "2")
+    assert checked.code == 0 and checked.answer["passed"], checked.stderr
+
+
+def test_every_external_location_of_a_graph_is_found_where_onnx_finds_it(tmp_path):
+    """Initializers of the graph and of a subgraph, and a Constant's value inside it: the
+    wire walk finds each location onnx's own helper lists."""
+    from onnx.external_data_helper import _get_all_tensors, set_external_data
+
+    model = loop_model()
+    body = model.graph.node[1].attribute[0].g
+    body.node.append(helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(
+        np.arange(16, dtype=np.float32), "k")))
+    tensors = [model.graph.initializer[0], body.initializer[0], body.node[-1].attribute[0].t]
+    for k, tensor in enumerate(tensors):
+        (tmp_path / f"w{k}.bin").write_bytes(tensor.raw_data or
+                                             numpy_helper.to_array(tensor).tobytes())
+        set_external_data(tensor, f"w{k}.bin")
+        tensor.ClearField("raw_data")
+        tensor.ClearField("float_data")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    theirs = sorted(entry.value for tensor in _get_all_tensors(onnx.load(str(path),
+                                                                         load_external_data=False))
+                    for entry in tensor.external_data if entry.key == "location")
+    assert theirs == ["w0.bin", "w1.bin", "w2.bin"]
+    assert sorted(tool.external_locations(str(path))) == theirs
 
 
 def test_an_undefined_declared_type_is_filled_from_the_graph():

@@ -235,10 +235,23 @@ def test_providers_exits_3_only_for_a_missing_file(files, name):
     (["expose", "@fp32", ""], 2, "an output path is empty; name a file"),
     (["check", "@fp32", "@int8", "--save-outputs", ""], 2, "an output path is empty"),
     (["layers", "@fp32", "@int8", "1", "--save-boundaries", ""], 2, "an output path is empty"),
+    (["check", "@fp32", "@int8", "--load-outputs", ""], 2, "an empty path names no file"),
+    (["check", "@fp32", "@int8", "--inputs", ""], 2, "an empty path names no file"),
+    (["layers", "@fp32", "@int8", "1", "--load-boundaries", ""], 2,
+     "an empty path names no file"),
+    (["sensitivity", "@fp32", "@int8", "1", "--calibration", ""], 2,
+     "an empty path names no file"),
     (["expose", "@fp32", "{tmp}/text.onnx/out.onnx"], 4,
      "it is under '{tmp}/text.onnx', which is a file, not a folder"),
     (["check", "@fp32", "@int8", "--save-outputs", "{tmp}/text.onnx/sub/out.json"], 4,
      "it is under '{tmp}/text.onnx', which is a file, not a folder"),
+    # the way as the system walks it: '..' after a file does not tidy the file away
+    (["expose", "@fp32", "{tmp}/text.onnx/../out.onnx"], 4,
+     "it is under '{tmp}/text.onnx', which is a file, not a folder"),
+    (["report", "@fp32", "@int8", "--out-dir", "{tmp}/text.onnx/../r"], 4,
+     "is under '{tmp}/text.onnx', which is a file, not a folder"),
+    (["expose", "@fp32", "{tmp}/missing/../text.onnx/out.onnx"], 3,
+     "folder '{tmp}/missing' does not exist"),
 ])
 def test_bad_usage_and_unusable_models(files, tmp_path, argv, code, names):
     before = {name: hashlib.sha256(open(files[name], "rb").read()).hexdigest()

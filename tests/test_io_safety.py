@@ -578,6 +578,14 @@ def environment(pid: int) -> list[bytes]:
         return []
 
 
+def command_line(pid: int) -> bytes:
+    """Process ``pid``'s command line (its words NUL-separated); empty once it is gone."""
+    try:
+        return Path("/proc", str(pid), "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def tagged(tag: str) -> list[int]:
     """The processes alive whose environment holds ``EPRUN_TEST_TAG=tag``."""
     wanted = f"EPRUN_TEST_TAG={tag}".encode()
@@ -654,20 +662,25 @@ def test_workers_run_numpys_blas_on_one_thread_when_eprun_is_called_from_python(
     run = subprocess.Popen([sys.executable, "-c", script, *argv],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env={**env, "EPRUN_TEST_TAG": tag})
-    assert wait_for_a_child(run, tag), "no worker process was started"
-    settings = []
-    for pid in tagged(tag):
-        environ = environment(pid)
-        if environ:  # (not one that ended meanwhile)
-            settings.append((pid == run.pid, [entry for entry in environ
-                                              if entry.startswith(b"OPENBLAS_NUM_THREADS=")]))
+    settings: dict = {}
+    deadline = time.monotonic() + 60
+    # a worker is counted once it runs multiprocessing's spawn_main: until its exec, a child
+    # just forked shows the environment its parent started with
+    while run.poll() is None and time.monotonic() < deadline and \
+            not any(pid != run.pid for pid in settings):
+        for pid in tagged(tag):
+            environ, command = environment(pid), command_line(pid)
+            if environ and (pid == run.pid or b"--multiprocessing-fork" in command):
+                settings[pid] = [entry for entry in environ
+                                 if entry.startswith(b"OPENBLAS_NUM_THREADS=")]
+        time.sleep(0.005)
     out, err = run.communicate(timeout=60)
     assert run.returncode == 0, err
     assert json.loads(out)["units"]
     expected = [] if user is None else [b"OPENBLAS_NUM_THREADS=" + user]
-    assert (True, expected) in settings  # the caller's own process: as it was
-    assert [found for parent, found in settings if not parent] and all(
-        found == [b"OPENBLAS_NUM_THREADS=" + workers] for parent, found in settings if not parent)
+    assert settings.pop(run.pid) == expected  # the caller's own process: as it was
+    assert settings, "no worker process was started"
+    assert all(found == [b"OPENBLAS_NUM_THREADS=" + workers] for found in settings.values())
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])

@@ -2266,6 +2266,12 @@ def external_locations(path: str) -> list[str]:
     return known[key]
 
 
+def external_files(path: str) -> list[str]:
+    """The files the model file at ``path`` reads its external weights from
+    (``external_locations``), each confined to the model's folder (``_safe_location``)."""
+    return [_safe_location(location, path) for location in external_locations(path)]
+
+
 def _walk_locations(path: str) -> list[str]:
     """What ``external_locations`` caches: the external ``location`` of each tensor of the
     graph (an initializer, a Constant's value, in a subgraph too), walked off the wire; empty
@@ -2275,9 +2281,8 @@ def _walk_locations(path: str) -> list[str]:
         with open(path, "rb", buffering=0) as stream:
             size = os.fstat(stream.fileno()).st_size
             data = stream.read() if size <= _READ_WHOLE_BYTES else _FileBytes(stream, size)
-            for number, wire, _, body, end in _wire_fields(data, 0, len(data)):
-                if number == _MODEL_GRAPH and wire == 2:
-                    _graph_locations(data, body, end, locations, depth=0)
+            for _, body, end in _messages(data, 0, len(data), (_MODEL_GRAPH,)):
+                _graph_locations(data, body, end, locations, depth=0)
     except (OSError, ValueError, IndexError, RecursionError):
         return []
     return locations
@@ -2285,24 +2290,35 @@ def _walk_locations(path: str) -> list[str]:
 
 def _graph_locations(data, body: int, end: int, found: list[str], depth: int) -> None:
     """Add the external locations of one serialized GraphProto's tensors to ``found``: its
-    initializers', then those its nodes' attributes hold, subgraphs walked in turn (as deep
-    as protobuf itself parses, 100 levels)."""
-    if depth > 100:
+    initializers', then those its nodes' attributes hold (``_node_locations``)."""
+    if depth > 100:  # (as deep as protobuf itself parses)
         raise ValueError("graphs nested deeper than protobuf parses")
-    for number, wire, _, at, field_end in _wire_fields(data, body, end):
-        if wire != 2:
-            continue
+    for number, at, field_end in _messages(data, body, end,
+                                           (_GRAPH_INITIALIZER, _GRAPH_NODE)):
         if number == _GRAPH_INITIALIZER:
             found += _tensor_locations(data, at, field_end)
-        elif number == _GRAPH_NODE:
-            for n_number, n_wire, _, n_at, n_end in _wire_fields(data, at, field_end):
-                if n_number != _NODE_ATTRIBUTE or n_wire != 2:
-                    continue
-                for a_number, a_wire, _, a_at, a_end in _wire_fields(data, n_at, n_end):
-                    if a_wire == 2 and a_number in _ATTRIBUTE_TENSORS:
-                        found += _tensor_locations(data, a_at, a_end)
-                    elif a_wire == 2 and a_number in _ATTRIBUTE_GRAPHS:
-                        _graph_locations(data, a_at, a_end, found, depth + 1)
+        else:
+            _node_locations(data, at, field_end, found, depth)
+
+
+def _node_locations(data, body: int, end: int, found: list[str], depth: int) -> None:
+    """Add the external locations of the tensors one serialized NodeProto's attributes hold
+    (a Constant's value) to ``found``, and those of its subgraphs (an If's or a Loop's body)."""
+    for _, attribute, attribute_end in _messages(data, body, end, (_NODE_ATTRIBUTE,)):
+        for number, at, field_end in _messages(data, attribute, attribute_end,
+                                               _ATTRIBUTE_TENSORS + _ATTRIBUTE_GRAPHS):
+            if number in _ATTRIBUTE_TENSORS:
+                found += _tensor_locations(data, at, field_end)
+            else:
+                _graph_locations(data, at, field_end, found, depth + 1)
+
+
+def _messages(data, start: int, end: int, numbers: tuple[int, ...]):
+    """``(number, value start, field end)`` of each length-delimited field of the message in
+    ``data[start:end]`` whose number is one of ``numbers``."""
+    for number, wire, _, at, field_end in _wire_fields(data, start, end):
+        if wire == 2 and number in numbers:
+            yield number, at, field_end
 
 
 def _tensor_locations(data, body: int, end: int) -> list[str]:
@@ -4157,10 +4173,8 @@ def _pinned_source(path: str | None, source) -> tuple[Any, int | None, Any]:
     if path is None:
         return None, None, source
     before = file_stamp(path)
-    locations = external_locations(path)
-    for location in locations:
-        _safe_location(location, path)  # confined here, whatever the release confines
-    if not locations and os.path.isdir("/proc/self/fd"):
+    weights = external_files(path)  # confined here, whatever the release confines
+    if not weights and os.path.isdir("/proc/self/fd"):
         handle = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         return _stamp(os.fstat(handle)), handle, f"/proc/self/fd/{handle}"
     if not _is_text(path):
@@ -5455,8 +5469,7 @@ def golden_paths(save: str | None, load: str | None, inputs: list[str], option: 
                          EXIT_USAGE)
     if save is not None:  # ("" too: an empty path is refused, not taken for no path)
         # what must not be written over: the models and their weights, and an --inputs file
-        weights = [_safe_location(location, path) for path in inputs
-                   for location in external_locations(path)]
+        weights = [weight for path in inputs for weight in external_files(path)]
         inputs = [*inputs, *weights,
                   *([shaped.file] if shaped is not None and shaped.file else [])]
         require_output_path(save, inputs)
@@ -9489,12 +9502,12 @@ def require_qdq_form(model, path: str) -> None:
                          "sensitivity restores units of a QDQ model (quantize_static with "
                          "QuantFormat.QDQ): quantize the float model that way to rank its "
                          "units", EXIT_FAILURE)
-    if "MatMulNBits" in ops and not any(op in _QDQ_OPS for op in ops):
-        raise EprunError(f"{path!r} is weight-only, but none of its MatMulNBits is one "
-                         "MatMulNBitsQuantizer writes (of an initializer, without a bias or "
-                         "g_idx input): sensitivity restores those, or the units of a QDQ "
-                         "model")
     if not any(op in _QDQ_OPS for op in ops):
+        if "MatMulNBits" in ops:
+            raise EprunError(f"{path!r} is weight-only, but none of its MatMulNBits is one "
+                             "MatMulNBitsQuantizer writes (of an initializer, without a bias "
+                             "or g_idx input): sensitivity restores those, or the units of a "
+                             "QDQ model")
         raise EprunError(f"{path!r} has no QuantizeLinear/DequantizeLinear nodes; "
                          "sensitivity restores units of a QDQ model (quantize_static with "
                          "QuantFormat.QDQ)")

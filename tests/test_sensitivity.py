@@ -159,10 +159,16 @@ def quantized_without(oracles, case: str, fp32, options: dict, unit: str):
 
     arguments = {**CALIBRATION, **options, "exclude": [*options.get("exclude", ()), unit]}
     key = hashlib.sha256(json.dumps([case, arguments], sort_keys=True).encode()).hexdigest()
-    path = oracles / f"{key[:24]}.onnx"
+    return made_once(oracles / f"{key[:24]}.onnx",
+                     lambda partial: models.quantize(fp32, partial, **arguments))
+
+
+def made_once(path, write):
+    """``path``, written by ``write(partial)`` unless a test made it already this run: beside
+    its final name first, then renamed, so a worker reading it never sees half of it."""
     if not path.exists():
-        partial = oracles / f"{key[:24]}.{os.getpid()}.partial.onnx"
-        models.quantize(fp32, partial, **arguments)
+        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial{path.suffix}")
+        write(partial)
         os.replace(partial, path)
     return path
 
@@ -194,8 +200,7 @@ def deviations(tmp_path, oracles, case, requantize: bool, calibrated: bool = Fal
 
 def oracle_output(requantized, feeds: dict) -> np.ndarray:
     """``final_output`` of a model in ``oracle_folder`` on ``feeds``, kept beside it for the
-    run (the tests that share an exclusion feed it the same inputs); written and renamed as
-    the model is."""
+    run (the tests that share an exclusion feed it the same inputs)."""
     import hashlib
 
     digest = hashlib.sha256()
@@ -203,13 +208,8 @@ def oracle_output(requantized, feeds: dict) -> np.ndarray:
         array = np.ascontiguousarray(feeds[name])
         digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode() + array.tobytes())
     kept = requantized.with_name(f"{requantized.stem}.{digest.hexdigest()[:24]}.npy")
-    if kept.exists():
-        return np.load(kept)
-    real = final_output(requantized, feeds)
-    partial = kept.with_name(f"{kept.stem}.{os.getpid()}.partial.npy")
-    np.save(partial, real)
-    os.replace(partial, kept)
-    return real
+    return np.load(made_once(kept, lambda partial: np.save(partial,
+                                                           final_output(requantized, feeds))))
 
 
 def deviation_from(study: tool.SensitivityStudy, names: list[str], requantized,

@@ -338,13 +338,11 @@ def test_model_explorer_loads_the_node_data_with_eprun_s_range(capfd, lab_pair, 
     assert shown["Max"] == pytest.approx(max(errors), rel=1e-12)
 
 
-def test_the_jump_is_marked_where_growth_says_it_lands(capfd, lab_pair, tmp_path):
-    """The figure's dotted line stands at growth's max_ratio index (where the jump lands)."""
+def boundary_figures(folder, int8, layers: dict, growth: dict, metrics) -> list:
+    """The figures ``plot_boundaries`` draws of ``layers`` for each of ``metrics``, kept as
+    matplotlib figures instead of written."""
     import eprun
 
-    fp32, int8 = lab_pair
-    layers = json.loads(in_process(capfd, "layers", fp32, int8, "1")[1])
-    growth = json.loads(in_process(capfd, "growth", fp32, int8, "1")[1])
     kept = []
 
     class Keeping(eprun.PlotWriter):
@@ -352,9 +350,19 @@ def test_the_jump_is_marked_where_growth_says_it_lands(capfd, lab_pair, tmp_path
             kept.append(figure)
             return what
 
-    eprun.plot_boundaries(Keeping(str(tmp_path), str(int8), "layers"), layers, "rel_error",
-                          growth)
-    (axes,) = kept[0].axes
+    writer = Keeping(str(folder), str(int8), "layers")
+    for metric in metrics:
+        eprun.plot_boundaries(writer, layers, metric, growth)
+    return kept
+
+
+def test_the_jump_is_marked_where_growth_says_it_lands(capfd, lab_pair, tmp_path):
+    """The figure's dotted line stands at growth's max_ratio index (where the jump lands)."""
+    fp32, int8 = lab_pair
+    layers = json.loads(in_process(capfd, "layers", fp32, int8, "1")[1])
+    growth = json.loads(in_process(capfd, "growth", fp32, int8, "1")[1])
+    (figure,) = boundary_figures(tmp_path, int8, layers, growth, ["rel_error"])
+    (axes,) = figure.axes
     vertical = [line for line in axes.lines if line.get_label().startswith("largest jump")]
     assert list(vertical[0].get_xdata()) == [growth["max_ratio"]["index"]] * 2
     ratio = layers["layers"][growth["max_ratio"]["index"]]["rel_error"] / \
@@ -367,23 +375,12 @@ def test_another_metric_stacks_its_own_local_part_and_names_whose_jump_is_marked
     """--metrics mse --local: the bars are each boundary's local mse (its segment's, from the
     answer) and the rest of its mse; the dotted line is the relative error's jump, and says
     so. An SQNR is drawn as a line: dB do not stack."""
-    import eprun
-
     fp32, int8 = lab_pair
     layers = json.loads(in_process(capfd, "layers", fp32, int8, "1", "--metrics", "mse,sqnr",
                                    "--local")[1])
     growth = json.loads(in_process(capfd, "growth", fp32, int8, "1", "--local")[1])
-    kept = []
-
-    class Keeping(eprun.PlotWriter):
-        def add(self, what, figure):
-            kept.append(figure)
-            return what
-
-    writer = Keeping(str(tmp_path), str(int8), "layers")
-    for metric in ("mse", "sqnr_db"):
-        eprun.plot_boundaries(writer, layers, metric, growth)
-    (mse_axes,), (sqnr_axes,) = (figure.axes for figure in kept)
+    (mse_axes,), (sqnr_axes,) = (figure.axes for figure in boundary_figures(
+        tmp_path, int8, layers, growth, ["mse", "sqnr_db"]))
     own, inherited = (container for container in mse_axes.containers)
     local = [entry["local"]["mse"] for entry in layers["layers"]]
     total = [entry["mse"] for entry in layers["layers"]]

@@ -812,7 +812,8 @@ class Invocation:
     go before a signal ends the process (a Dask client: ``released_on_signal``).
     ``releases_kept``: the SIGBUS handler's C callback, kept alive (``install_bus_handler``).
     ``own_environment``: the variables eprun set for its own process, left out of the
-    environment of a command it runs (``child_environment``)."""
+    environment of a command it runs (``child_environment``). ``progress_shown``: a
+    ``Progress`` line is on the terminal now (``erase_progress``)."""
 
     program: bool = False
     terminals: list = dataclasses.field(default_factory=list)
@@ -828,6 +829,7 @@ class Invocation:
     releases: list = dataclasses.field(default_factory=list)
     releases_kept: Any = None
     own_environment: set = dataclasses.field(default_factory=set)
+    progress_shown: bool = False
 
 
 _INVOCATIONS = [Invocation()]  # the one in progress last; the first is that of direct calls
@@ -1058,12 +1060,21 @@ class Progress:
                 of += f", about {_duration(elapsed / done * (self.total - done))} left"
             line = f"\reprun: {self.what}: step {done}{of}\x1b[K"
             self.shown = write_fd(terminal, line.encode()) or self.shown
+            current_invocation().progress_shown = self.shown
 
     def close(self) -> None:
         """Erase the progress line, if one was shown."""
-        terminal = current_invocation().terminals[-1] if current_invocation().terminals else None
-        if self.shown and terminal is not None:
-            write_fd(terminal, b"\r\x1b[K")
+        if self.shown:
+            erase_progress()
+
+
+def erase_progress() -> None:
+    """Erase the progress line on the terminal, if one is shown (before a signal's last word,
+    which would otherwise land at its end)."""
+    invocation = current_invocation()
+    if invocation.progress_shown and invocation.terminals and invocation.terminals[-1] is not None:
+        write_fd(invocation.terminals[-1], b"\r\x1b[K")
+    invocation.progress_shown = False
 
 
 def _duration(seconds: float) -> str:
@@ -1232,6 +1243,7 @@ def _act_on_signal(signum: int) -> None:
                 release()
         remove_temporaries()
         if signum == signal.SIGINT:
+            erase_progress()
             write_fd(real_stderr(), b"eprun: error: interrupted\n")
         os._exit(code)
     if signum == signal.SIGINT:

@@ -238,6 +238,28 @@ def test_progress_goes_to_a_terminal_only(lab_pair):
     assert json.loads(piped.stdout) == answer
 
 
+def test_ctrl_c_erases_the_progress_line_before_its_one_line(tmp_path):
+    import pty
+
+    fp32 = models.save(models.chain(features=8, widths=[8] * 24, seed=3), tmp_path / "f.onnx")
+    int8 = models.quantize(fp32, tmp_path / "q.onnx", seed=4)
+    argv = [*PROGRAM, "sensitivity", str(fp32), str(int8), "5", "--jobs", "1"]
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=follower,
+                            env={**os.environ, "EPRUN_PROGRESS_AFTER": "0"})
+    os.close(follower)
+    shown = b""
+    while b"step 1 of 48" not in shown:  # a unit of 48 restored: the line is on the terminal
+        shown += os.read(leader, 4096)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    shown += read_all(leader)
+    os.close(leader)
+    assert proc.returncode == 130
+    assert re.search(rb"step [0-9]+ of 48[^\r]*\x1b\[K\r\x1b\[Keprun: error: interrupted\r?\n$",
+                     shown), shown
+
+
 # -- start-up: each command imports only what it uses -------------------------------------------
 
 def upb_protobuf() -> bool:

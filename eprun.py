@@ -92,7 +92,8 @@ level is process-wide, and cannot be read back); PLUGINS (the plugin EP librarie
 registered: onnxruntime keeps a registration for the rest of the process); _ONE_AT_A_TIME
 (main() holds the process's file descriptors 1 and 2, so calls take turns); in a
 sensitivity worker process, _WORKER (its open study: a process pool hands its tasks nothing
-else); and caches of what cannot change within a process, each a functools cache on its
+else); on a Dask worker, the bare module _eprun_dask_state in sys.modules (its studies by
+run and the runs that ended: an upload's reload of eprun's copy leaves it alone); and caches of what cannot change within a process, each a functools cache on its
 function: onnx's message classes and native extension (onnx_messages, onnx_native), the op
 types by their lower-case spelling (_op_types_by_case) and glibc's malloc_trim
 (_malloc_trim). (GraphIndex caches its readers and consumers per graph, on the object.)
@@ -654,6 +655,10 @@ class DaskFlags:
         if self.dask_scheduler is None and self.dask_scheduler_file is None:
             return None
         return DaskFlags(self.dask_scheduler, self.dask_scheduler_file)
+
+    def option(self) -> str:
+        """The flag that names the cluster, as typed: for messages."""
+        return "--dask-scheduler" if self.dask_scheduler is not None else "--dask-scheduler-file"
 
 
 PLOT_FORMATS = ("png", "svg")
@@ -11207,16 +11212,17 @@ def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
 DASK_TIMEOUT = 10.0
 
 
-def _import_distributed():
+def _import_distributed(flags: DaskFlags):
     """Dask's ``distributed`` (the optional dask extra), its logging kept off eprun's stderr:
     its import puts handlers on the distributed, tornado and bokeh loggers, which are swapped
-    for nothing (the top loggers end the propagation there)."""
+    for nothing (the top loggers, and those its configuration keeps from propagating, end
+    the propagation there: a logger with no handler on its way prints to stderr)."""
     import logging
 
     try:
         import distributed
     except ImportError:
-        raise EprunError(f"--dask-scheduler needs Dask's distributed, which {sys.executable} "
+        raise EprunError(f"{flags.option()} needs Dask's distributed, which {sys.executable} "
                          "does not have: pip install 'eprun[dask]'", EXIT_USAGE) from None
     names = [name for name in list(logging.root.manager.loggerDict)
              if name.split(".")[0] in ("distributed", "tornado", "bokeh")]
@@ -11226,12 +11232,15 @@ def _import_distributed():
             logger.removeHandler(handler)
         if "." not in name:
             logger.propagate = False
+        if not logger.propagate:
             logger.addHandler(logging.NullHandler())
     return distributed
 
 
-# A scheduler's address as distributed writes them: tcp://host:port (tls, ucx, ws likewise).
-_DASK_ADDRESS = r"(?:[a-z][a-z0-9+]*://)?(?:\[[0-9a-fA-F:.]+\]|[^\s/:\[\]]+):[0-9]{1,5}"
+# A scheduler's address as distributed writes them: tcp://host:port (tls, ucx, ws, wss
+# likewise), the protocol left out meaning tcp.
+_DASK_ADDRESS = (r"(?:(?:tcp|tls|ucx|ws|wss)://)?(?:\[[0-9a-fA-F:.]+\]|[^\s/:\[\]]+)"
+                 r":([0-9]{1,5})")
 
 
 def dask_address(flags: DaskFlags) -> str:
@@ -11241,10 +11250,11 @@ def dask_address(flags: DaskFlags) -> str:
     import json
 
     if flags.dask_scheduler is not None:
-        if not re.fullmatch(_DASK_ADDRESS, flags.dask_scheduler):
+        match = re.fullmatch(_DASK_ADDRESS, flags.dask_scheduler)
+        if match is None or not 0 < int(match.group(1)) < 65536:
             raise EprunError(f"--dask-scheduler {flags.dask_scheduler!r} is not a scheduler's "
-                             "address (PROTOCOL://HOST:PORT, e.g. tcp://127.0.0.1:8786)",
-                             EXIT_USAGE)
+                             "address (PROTOCOL://HOST:PORT, PROTOCOL one of tcp, tls, ucx, ws, "
+                             "wss and PORT 1 to 65535, e.g. tcp://127.0.0.1:8786)", EXIT_USAGE)
         return flags.dask_scheduler
     path = flags.dask_scheduler_file
     require_file(path, "scheduler")
@@ -11265,6 +11275,7 @@ def _require_reachable(distributed, address: str) -> None:
     there (distributed's own client waits for ever on a port that accepts and never
     answers)."""
     import asyncio
+    import time
 
     seconds = DASK_TIMEOUT
 
@@ -11274,25 +11285,28 @@ def _require_reachable(distributed, address: str) -> None:
                                       seconds + 1)
         await comm.close()
 
+    started = time.monotonic()
     try:
         asyncio.run(knock())
+    except MemoryError as exc:  # a frame length read off bytes that are no Dask message
+        raise EprunError(f"cannot reach the Dask scheduler at {address}: what answers there "
+                         "does not speak Dask's protocol") from exc
     except (OSError, asyncio.TimeoutError, ValueError, TypeError) as exc:
         why = one_line(exc) or type(exc).__name__
-        raise EprunError(f"cannot reach the Dask scheduler at {address} within {seconds:g} s "
-                         f"({why})") from exc
+        waited = (f" within {seconds:g} s" if time.monotonic() - started >= seconds else "")
+        raise EprunError(f"cannot reach the Dask scheduler at {address}{waited} ({why})"
+                         ) from exc
 
 
 def _eprun_copy(folder: str):
     """This very file, copied as ``eprun_<digest>.py`` into ``folder`` and imported under that
     name: the tasks name a module only this source has, so neither an eprun installed on a
     worker nor another version a concurrent run uploads is ever the one that runs."""
-    import hashlib
     import importlib.util
     import shutil
 
     source = os.path.abspath(__file__)
-    with open(source, "rb") as stream:
-        digest = hashlib.sha256(stream.read()).hexdigest()
+    digest = _file_digest(source)
     name = f"eprun_{digest[:16]}"
     copy = os.path.join(folder, f"{name}.py")
     shutil.copyfile(source, copy)
@@ -11310,11 +11324,11 @@ def _on_dask(study: SensitivityStudy, units: list[Unit], parallel: Parallel,
     ``units``' order: eprun's code reaches the scheduler and the workers from here (uploaded
     under a name of its own), each worker process opens its study once, a worker that ends
     is the cluster's business (its tasks run again elsewhere), and whatever ends this run
-    cancels the tasks and closes the client."""
+    cancels the tasks, has the workers drop the run and closes the client."""
     import asyncio
     import warnings
 
-    distributed = _import_distributed()
+    distributed = _import_distributed(parallel.dask)
     address = dask_address(parallel.dask)
     _require_reachable(distributed, address)
     with warnings.catch_warnings():
@@ -11338,7 +11352,8 @@ def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
                  units: list[Unit], parallel: Parallel, progress: Progress,
                  folder: str) -> list[tuple[dict, str | None]]:
     """``_on_dask`` once the client is connected: the copy uploaded, one task per unit, the
-    results gathered as they come, everything undone in the end."""
+    results gathered as they come, everything undone in the end (on a signal too, in a
+    bounded time)."""
     import uuid
 
     try:
@@ -11347,36 +11362,18 @@ def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
         raise EprunError(f"the Dask scheduler at {address} has no worker (none joined within "
                          f"{DASK_TIMEOUT:g} s)") from exc
     workers = len(client.nthreads())
-    note(f"the units run as tasks on the Dask cluster at {address} ({workers} worker"
-         f"{'s' if workers != 1 else ''})")
+    where = f"the Dask cluster at {address} ({workers} worker{'s' if workers != 1 else ''})"
+    note(f"the units run as tasks on {where}")
+    progress.what += f" on {where}"  # the note is held until the end; the progress line is not
     module, copy, digest = _eprun_copy(folder)
     token = uuid.uuid4().hex[:12]
     plugin = f"eprun-upload-{token}"
     futures: list = []
     from distributed.diagnostics.plugin import SchedulerUploadFile, UploadFile
 
-    try:
-        client.register_plugin(SchedulerUploadFile(copy, load=True), name=plugin)
-        client.register_plugin(UploadFile(copy, load=True), name=plugin)
-        spec = {**_worker_spec(study, parallel), "token": token, "digest": digest,
-                "versions": stack_versions()}
-        futures = [client.submit(module.dask_measure, spec, unit.name, pure=False,
-                                 key=f"eprun-unit-{token}-{k}") for k, unit in enumerate(units)]
-        index = {future.key: k for k, future in enumerate(futures)}
-        results: list = [None] * len(futures)
-        for done, future in enumerate(distributed.as_completed(futures, loop=client.loop), 1):
-            try:
-                results[index[future.key]] = future.result()
-            except Exception as exc:  # the task's words, one line; what a worker lacks
-                raise EprunError(one_line(exc) or type(exc).__name__) from exc
-            future.release()  # delivered: a worker lost later need not compute it again
-            progress.step(done)
-        for _, _, sessions, calls in results:
-            study.sessions += sessions
-            if study.requantizer is not None:
-                study.requantizer.calls += calls
-        return [(measured, inexact) for measured, inexact, _, _ in results]
-    finally:
+    def undo() -> None:
+        """Cancel the tasks, have every worker drop the run's study and scratch folder, and
+        take the uploads back."""
         with contextlib.suppress(Exception):
             client.cancel(futures)
         with contextlib.suppress(Exception):
@@ -11384,6 +11381,121 @@ def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
         for unregister in ("unregister_worker_plugin", "unregister_scheduler_plugin"):
             with contextlib.suppress(Exception):
                 getattr(client, unregister)(plugin)
+
+    with released_on_signal(lambda: _within(DASK_TIMEOUT, undo)):
+        try:
+            client.register_plugin(SchedulerUploadFile(copy, load=True), name=plugin)
+            client.register_plugin(UploadFile(copy, load=True), name=plugin)
+            spec = _worker_spec(study, parallel)
+            spec = {**_as_fields(spec), "token": token, "digest": digest,
+                    "versions": stack_versions(), "files": _read_files(spec)}
+            futures = [client.submit(module.dask_measure, spec, unit.name, pure=False,
+                                     key=f"eprun-unit-{token}-{k}")
+                       for k, unit in enumerate(units)]
+            results = _gathered(client, address, futures, progress)
+        finally:
+            undo()
+    for _, _, sessions, calls in results:
+        study.sessions += sessions
+        if study.requantizer is not None:
+            study.requantizer.calls += calls
+    return [(measured, inexact) for measured, inexact, _, _ in results]
+
+
+def _gathered(client, address: str, futures: list, progress: Progress) -> list:
+    """The results of ``futures`` in their order, taken as they come (``progress`` counts
+    them): a task's failure is its one line, and a cluster left with no worker for
+    ``DASK_TIMEOUT`` is one line too (distributed would wait for one for ever)."""
+    import time
+
+    from distributed import as_completed
+
+    index = {future.key: k for k, future in enumerate(futures)}
+    results: list = [None] * len(futures)
+    arriving = as_completed(futures, loop=client.loop)
+    done, looked, alone_since = 0, time.monotonic(), None
+    while done < len(futures):
+        if not arriving.has_ready():
+            time.sleep(0.02)
+            if time.monotonic() - looked >= 1:  # are there workers left to run the rest?
+                looked = time.monotonic()
+                with contextlib.suppress(Exception):  # (a lost scheduler fails the tasks)
+                    alone_since = None if client.nthreads() else alone_since or looked
+                if alone_since is not None and looked - alone_since >= DASK_TIMEOUT:
+                    raise EprunError(f"the Dask cluster at {address} lost its last worker, and "
+                                     f"none joined again within {DASK_TIMEOUT:g} s ({done} of "
+                                     f"{len(futures)} units done)")
+            continue
+        future = next(arriving)
+        try:
+            results[index[future.key]] = future.result()
+        except Exception as exc:  # the task's words, one line; what a worker lacks
+            raise EprunError(one_line(exc) or type(exc).__name__) from exc
+        future.release()  # delivered: a worker lost later need not compute it again
+        done += 1
+        progress.step(done)
+    return results
+
+
+def _within(seconds: float, work: Callable[[], Any]) -> None:
+    """``work`` run for at most ``seconds`` (in a thread left behind after that): what a signal
+    has to do before the process ends, against a cluster that may not answer."""
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    worker.join(seconds)
+
+
+# A record of eprun's in a spec a Dask worker gets: (this tag, the class's name, its fields).
+_RECORD = "eprun-record"
+
+
+def _as_fields(value):
+    """``value`` (a spec for a Dask worker) with eprun's records in it (the inputs, the
+    provider flags) as plain fields: this eprun may be a module named ``eprun``, which neither
+    the scheduler nor a worker may import (one may have none, or another version), so the
+    worker's copy makes them again as its own (``_from_fields``)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (_RECORD, type(value).__name__,
+                {field.name: _as_fields(getattr(value, field.name))
+                 for field in dataclasses.fields(value)})
+    if isinstance(value, dict):
+        return {key: _as_fields(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_as_fields(item) for item in value)
+    return value
+
+
+def _from_fields(value):
+    """``_as_fields`` undone, with this module's own records."""
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == _RECORD:
+        return globals()[value[1]](**_from_fields(value[2]))
+    if isinstance(value, dict):
+        return {key: _from_fields(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_from_fields(item) for item in value)
+    return value
+
+
+def _read_files(spec: dict) -> dict[str, str]:
+    """Each file a worker reads by path (the models, their external weights, the inputs and
+    calibration files) and the SHA-256 of its bytes here: a worker that sees other bytes
+    there would give other numbers, so it refuses (``_open_on_worker``)."""
+    inputs = spec.get("inputs")
+    paths = [spec["fp32"], spec["int8"], *external_files(spec["fp32"]),
+             *external_files(spec["int8"]), spec.get("calibration"),
+             inputs.file if inputs is not None else None]
+    return {path: _file_digest(path) for path in paths if path}
+
+
+def _file_digest(path: str) -> str:
+    """The SHA-256 of the file at ``path``, read a megabyte at a time."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def stack_versions() -> dict:
@@ -11427,8 +11539,11 @@ def _dask_state():
     import types
 
     fresh = types.ModuleType("_eprun_dask_state")
-    fresh.runs, fresh.lock, fresh.opened = {}, threading.Lock(), 0
-    return sys.modules.setdefault("_eprun_dask_state", fresh)
+    fresh.runs, fresh.lock, fresh.opened, fresh.ended = {}, threading.Lock(), 0, set()
+    state = sys.modules.setdefault("_eprun_dask_state", fresh)
+    if not hasattr(state, "ended"):  # made by an eprun before the runs' ends were kept
+        state.ended = set()
+    return state
 
 
 def _dask_worker() -> tuple[str, str | None]:
@@ -11450,17 +11565,25 @@ def dask_measure(spec: dict, name: str) -> tuple[dict, str | None, int, int]:
     where, _ = _dask_worker()
     try:
         state = _dask_state()
+        token = spec["token"]
         with state.lock:
-            study = state.runs.get(spec["token"])
-            if study is None:
-                study = state.runs[spec["token"]] = _open_on_worker(spec)
+            study = state.runs.get(token)
+            if study is None and token not in state.ended:
+                study = state.runs[token] = _open_on_worker(spec)
                 state.opened += 1  # (studies opened by this process, for whoever asks)
-            unit = {unit.name: unit for unit in study.units}[name]
-            before = study.sessions, study.requantizer.calls if study.requantizer else 0
-            measured = study.measure([unit])
-            calls = study.requantizer.calls if study.requantizer is not None else 0
-            return (measured, study.inexact([unit]), study.sessions - before[0],
-                    calls - before[1])
+            try:
+                if token in state.ended:
+                    raise EprunError("its run has ended")
+                unit = {unit.name: unit for unit in study.units}[name]
+                before = study.sessions, study.requantizer.calls if study.requantizer else 0
+                measured = study.measure([unit])
+                calls = study.requantizer.calls if study.requantizer is not None else 0
+                return (measured, study.inexact([unit]), study.sessions - before[0],
+                        calls - before[1])
+            finally:  # the run ended before or while this task ran (dask_forget: ended, then
+                if token in state.ended:  # pop): what this task opened or wrote goes too
+                    state.runs.pop(token, None)
+                    _drop_study(study)
     except Exception as exc:
         raise RuntimeError(f"on Dask worker {where}: {one_line(exc)}") from None
 
@@ -11468,38 +11591,55 @@ def dask_measure(spec: dict, name: str) -> tuple[dict, str | None, int, int]:
 def _open_on_worker(spec: dict) -> SensitivityStudy:
     """A worker's study of the pair, after checking it runs this very eprun on the same stack;
     a requantizing study works in a folder of the worker's own."""
-    import hashlib
+    import shutil
     import tempfile
 
-    with open(os.path.abspath(__file__), "rb") as stream:
-        if hashlib.sha256(stream.read()).hexdigest() != spec["digest"]:
-            raise EprunError(f"it imported another eprun ({__version__}, {__file__}) than the "
-                             "client's")
+    if _file_digest(os.path.abspath(__file__)) != spec["digest"]:
+        raise EprunError(f"it imported another eprun ({__version__}, {__file__}) than the "
+                         "client's")
     if stack_versions() != spec["versions"]:
         raise EprunError(f"it runs {stack_versions()}, the client {spec['versions']}: the "
                          "numbers would differ; install the same versions on every worker")
-    for key in ("fp32", "int8"):
-        if not os.access(spec[key], os.R_OK):
-            raise EprunError(f"cannot read {spec[key]} (workers read the models by this path: "
-                             "they must see the same files)")
+    for path, digest in spec["files"].items():
+        try:
+            if _file_digest(path) != digest:
+                raise EprunError(f"{path} holds other bytes there than where eprun runs "
+                                 "(workers read the files by this path: they must see the "
+                                 "same files)")
+        except OSError as exc:
+            raise EprunError(f"cannot read {path} (workers read the files by this path: they "
+                             f"must see the same files; {one_line(exc)})") from exc
     folder = (tempfile.mkdtemp(prefix="eprun-worker-", dir=_dask_worker()[1])
               if spec["requantize"] else None)
-    study = _worker_study(spec, folder)
+    try:
+        study = _worker_study(_from_fields(spec), folder)
+    except BaseException:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     study.dask_folder = folder
     return study
 
 
 def dask_forget(token: str) -> bool:
-    """The run ``token`` ended: this worker drops its study and its scratch folder."""
+    """The run ``token`` ended: this worker drops its study and its scratch folder (without
+    waiting for a task of the run: this runs on the worker's event loop)."""
+    state = _dask_state()
+    state.ended.add(token)  # first: a task opening the study now drops it itself
+    study = state.runs.pop(token, None)
+    _drop_study(study)
+    return study is not None
+
+
+def _drop_study(study: SensitivityStudy | None) -> None:
+    """A worker's study of a run closed, its scratch folder removed."""
     import shutil
 
-    study = _dask_state().runs.pop(token, None)
     if study is not None:
         with contextlib.suppress(Exception):
             study.close()
         if study.dask_folder:
             shutil.rmtree(study.dask_folder, ignore_errors=True)
-    return study is not None
 
 
 # -- ranking and the verified recommendation -------------------------------------------------------
@@ -14312,7 +14452,7 @@ def sensitivity(fp32: str, int8: str, seed: int,
         raise EprunError("--jobs counts processes on this machine; with a Dask cluster its "
                          "workers run the units: give one or the other", EXIT_USAGE)
     if cluster is not None:  # before anything is measured: the extra there, the scheduler up
-        _require_reachable(_import_distributed(), dask_address(cluster))
+        _require_reachable(_import_distributed(cluster), dask_address(cluster))
     parallel = Parallel(jobs=options.jobs, dask=cluster, spec={
         "fp32": fp32, "int8": int8, "seed": seed, "inputs": inputs,
         "calibration": options.calibration, "extra_options": options.extra_options,

@@ -9,17 +9,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import models
 import pytest
-from conftest import PROGRAM, run_eprun
+from conftest import IMPORT_EPRUN, run_eprun
 
 import eprun as tool
 
@@ -136,8 +138,9 @@ def scheduler_and_workers(processes, tmp_path, workers: int = 2, prefix=()) -> t
         time.sleep(0.1)
     for k in range(workers):
         add_worker(processes, address, f"w{k}", tmp_path, prefix)
-    with distributed.Client(address, timeout=30, set_as_default=False) as client:
-        client.wait_for_workers(workers, timeout=60)
+    if workers:
+        with distributed.Client(address, timeout=30, set_as_default=False) as client:
+            client.wait_for_workers(workers, timeout=60)
     return address, schedule
 
 
@@ -157,23 +160,66 @@ def busy_with_a_unit(address: str, name: str) -> bool:
             for worker in dask_scheduler.workers.values()))
 
 
-def test_a_scheduler_file_of_dask_processes_and_a_killed_worker(pair, alone, processes,
-                                                               tmp_path):
-    """The scheduler file names the cluster; a worker killed (SIGKILL) while it computes a
-    unit is the cluster's business: its task runs again on the other, the answer is the same."""
-    fp32, int8 = pair
+# The ``eprun`` command pip installs: ``cli()`` of the module named eprun, whose records the
+# scheduler and the workers cannot import (``python eprun.py``'s are ``__main__``'s, which
+# Dask's pickles carry whole).
+COMMAND = [sys.executable, "-c", IMPORT_EPRUN + "eprun.cli()"]
+
+
+def started_on(address: str, worker: str, schedule: Path) -> subprocess.Popen:
+    """``eprun sensitivity`` of the pair on the cluster of ``schedule``, once ``worker`` is
+    computing one of its units."""
+    running = subprocess.Popen([*COMMAND, "sensitivity", *map(str, started_on.pair), "5",
+                                "--dask-scheduler-file", str(schedule)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not busy_with_a_unit(address, worker) and running.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert running.poll() is None, f"the run ended before {worker} took a unit"
+    return running
+
+
+def left_behind(address: str, workers: list[Path]) -> dict:
+    """What runs leave on the cluster: clients, eprun's tasks and uploads on the scheduler and
+    the workers, the workers' open studies, tasks still executing and scratch folders."""
+    with distributed.Client(address, timeout=10, set_as_default=False) as monitor:
+        on_scheduler = monitor.run_on_scheduler(lambda dask_scheduler: (
+            len(dask_scheduler.clients),
+            sorted(str(key) for key in dask_scheduler.tasks if "eprun" in str(key)),
+            sorted(name for name in dask_scheduler.plugins if "eprun" in name)))
+        on_workers = monitor.run(lambda dask_worker: (
+            sorted(name for name in dask_worker.plugins if "eprun" in name),
+            len(getattr(sys.modules.get("_eprun_dask_state"), "runs", {})),
+            len(dask_worker.state.executing)))
+    scratch = sorted(path.name for folder in workers for path in folder.rglob("eprun-worker-*"))
+    return {"clients": on_scheduler[0], "tasks": on_scheduler[1], "uploads": on_scheduler[2],
+            "on workers": sorted(on_workers.values()), "scratch": scratch}
+
+
+def test_the_installed_command_on_dask_processes_a_sigterm_and_a_killed_worker(
+        pair, alone, processes, tmp_path):
+    """The scheduler file names the cluster, and the command pip installs runs there. SIGTERM
+    while the units run ends eprun (exit 143) and everything it started on the cluster; a
+    worker killed (SIGKILL) while it computes a unit is the cluster's business: its task runs
+    again on the other, the answer is the same."""
+    started_on.pair = pair
     address, schedule = scheduler_and_workers(processes, tmp_path, workers=1)
     victim = add_worker(processes, address, "victim", tmp_path)
     with distributed.Client(address, timeout=30, set_as_default=False) as client:
         client.wait_for_workers(2, timeout=60)
-    running = subprocess.Popen([*PROGRAM, "sensitivity", str(fp32), str(int8), "5",
-                                "--dask-scheduler-file", str(schedule)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not busy_with_a_unit(address, "victim") and running.poll() is None \
+    ended = started_on(address, "victim", schedule)
+    ended.send_signal(signal.SIGTERM)
+    ended.communicate(timeout=60)
+    assert ended.returncode == 128 + signal.SIGTERM
+    nothing = {"clients": 2, "tasks": [], "uploads": [], "scratch": [],
+               "on workers": [([], 0, 0), ([], 0, 0)]}  # this monitor, and fire-and-forget
+    deadline = time.monotonic() + 30  # (a unit computing when the signal came ends first)
+    while left_behind(address, [tmp_path / "w0", tmp_path / "victim"]) != nothing \
             and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert running.poll() is None, "the run ended before the victim took a unit"
+        time.sleep(0.1)
+    assert left_behind(address, [tmp_path / "w0", tmp_path / "victim"]) == nothing
+    running = started_on(address, "victim", schedule)
     os.killpg(victim.pid, signal.SIGKILL)
     out, err = running.communicate(timeout=300)
     assert running.returncode == 0, err
@@ -188,48 +234,114 @@ def test_a_dead_address_is_one_line_within_a_bounded_time(run_eprun_here, pair, 
     listener.listen(1)  # accepts, never answers: distributed's own client would wait for ever
     silent = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
     closed = f"tcp://127.0.0.1:{free_port()}"
+    talker = socket.socket()  # speaks first, and not Dask's protocol: an SSH server
+    talker.bind(("127.0.0.1", 0))
+    talker.listen(1)
+    threading.Thread(target=lambda: talker.accept()[0].sendall(b"SSH-2.0-OpenSSH_9.6\r\n"),
+                     daemon=True).start()
+    garbage = f"tcp://127.0.0.1:{talker.getsockname()[1]}"
+    why = {closed: " within 0.3 s", silent: " within 0.3 s",
+           garbage: ": what answers there does not speak Dask's protocol"}
     try:
-        for address in (closed, silent):
+        for address in (closed, silent, garbage):
             started = time.monotonic()
             result = run_eprun_here("sensitivity", fp32, int8, "5", "--dask-scheduler",
                                     address)
             assert result.code == 4, result.stderr
             (line,) = result.stderr.splitlines()
-            assert line.startswith(f"eprun: error: cannot reach the Dask scheduler at {address}")
+            assert line.startswith(f"eprun: error: cannot reach the Dask scheduler at {address}"
+                                   f"{why[address]}"), line
             assert time.monotonic() - started < 10
     finally:
         listener.close()
+        talker.close()
+
+
+def test_distributed_says_nothing_on_stderr(capfd):
+    """distributed's logging stays off eprun's stderr, from every logger its configuration
+    keeps from passing records up (a rescheduled task's warning, said by distributed.client,
+    reached Python's last resort: stderr)."""
+    tool._import_distributed(tool.DaskFlags("tcp://127.0.0.1:1", None))
+    names = [name for name in logging.root.manager.loggerDict
+             if name.split(".")[0] in ("distributed", "tornado")]
+    assert "distributed.client" in names
+    for name in names:
+        logging.getLogger(name).warning("Couldn't gather 1 keys, rescheduling")
+    assert capfd.readouterr().err == ""
 
 
 def test_without_distributed_it_is_usage_naming_the_extra(run_eprun_here, pair, monkeypatch):
     fp32, int8 = pair
     monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed: ImportError
-    result = run_eprun_here("sensitivity", fp32, int8, "5", "--dask-scheduler",
-                            "tcp://127.0.0.1:1")
-    assert result.code == 2
-    assert result.stderr.splitlines() == [
-        (f"eprun: error: --dask-scheduler needs Dask's distributed, which {sys.executable} does "
-        "not have: pip install 'eprun[dask]'")]
+    for flag, value in (("--dask-scheduler", "tcp://127.0.0.1:1"),
+                        ("--dask-scheduler-file", fp32)):
+        result = run_eprun_here("sensitivity", fp32, int8, "5", flag, value)
+        assert result.code == 2
+        assert result.stderr.splitlines() == [
+            (f"eprun: error: {flag} needs Dask's distributed, which {sys.executable} does "
+             "not have: pip install 'eprun[dask]'")]
 
 
-def test_a_worker_that_cannot_read_the_models_fails_the_run_naming_both(pair, processes,
-                                                                         tmp_path):
+def test_a_worker_that_cannot_read_the_models_or_reads_others_fails_the_run_naming_both(
+        pair, processes, tmp_path):
     """A worker on a machine without the shared folder: here, one in a mount namespace of its
-    own where the models' folder is an empty tmpfs."""
+    own where the models' folder is an empty tmpfs; then one with other models at those paths
+    (written through the worker's own view of the files), whose numbers would differ."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs unshare and root to give a worker its own view of the files")
     fp32, int8 = pair
     hidden = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
               f"mount -t tmpfs none {fp32.parent} && exec \"$0\" \"$@\""]
-    address, _ = scheduler_and_workers(processes, tmp_path, workers=1, prefix=hidden)
+    address, _ = scheduler_and_workers(processes, tmp_path, workers=0)
+    worker = add_worker(processes, address, "elsewhere", tmp_path, prefix=hidden)
+    with distributed.Client(address, timeout=30, set_as_default=False) as client:
+        client.wait_for_workers(1, timeout=60)
     result = run_eprun("sensitivity", fp32, int8, "5", "--dask-scheduler", address)
     assert result.code == 4, result.stderr
     line = result.stderr.splitlines()[-1]
     assert line.startswith("eprun: error: on Dask worker tcp://127.0.0.1:")
-    assert str(fp32) in line
+    assert f"cannot read {fp32}" in line
+    seen = Path(f"/proc/{worker.pid}/root{fp32.parent}")  # its files, as it sees them
+    shutil.copyfile(int8, seen / int8.name)
+    models.save(models.chain(features=8, widths=[12, 10, 10, 8, 8, 8, 8, 6], seed=5),
+                seen / fp32.name)
+    result = run_eprun("sensitivity", fp32, int8, "5", "--dask-scheduler", address)
+    assert result.code == 4, result.stderr
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith("eprun: error: on Dask worker tcp://127.0.0.1:")
+    assert f"{fp32} holds other bytes there than where eprun runs" in line
 
 
-@pytest.mark.parametrize("address", ["garbage", "tcp://", "", "tcp://host"])
+def test_a_cluster_that_loses_its_last_worker_is_one_line(run_eprun_here, pair, processes,
+                                                          tmp_path, monkeypatch):
+    """The only worker killed while it computes a unit: no worker joins again, so eprun ends
+    with one line (distributed would wait for one for ever) within about DASK_TIMEOUT."""
+    fp32, int8 = pair
+    monkeypatch.setattr(tool, "DASK_TIMEOUT", 1.0)
+    address, _ = scheduler_and_workers(processes, tmp_path, workers=0)
+    only = add_worker(processes, address, "only", tmp_path)
+    with distributed.Client(address, timeout=30, set_as_default=False) as client:
+        client.wait_for_workers(1, timeout=60)
+
+    def kill_when_busy() -> None:
+        deadline = time.monotonic() + 60
+        while not busy_with_a_unit(address, "only") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.killpg(only.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_busy, daemon=True)
+    killer.start()
+    result = run_eprun_here("sensitivity", fp32, int8, "5", "--dask-scheduler", address)
+    killer.join()
+    assert result.code == 4, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert re.fullmatch(rf"eprun: error: the Dask cluster at {address} lost its last worker, "
+                        r"and none joined again within 1 s \([0-9]+ of 16 units done\)", line)
+
+
+@pytest.mark.parametrize("address", ["garbage", "tcp://", "", "tcp://host",
+                                     "tcp://127.0.0.1:99999", "tcp://127.0.0.1:0",
+                                     "http://127.0.0.1:8786"])
 def test_an_address_that_is_none_is_usage(run_eprun_here, pair, address):
     fp32, int8 = pair
     result = run_eprun_here("sensitivity", fp32, int8, "5", "--dask-scheduler", address)

@@ -1064,6 +1064,7 @@ class Progress:
             if self.total and 0 < done < self.total:  # the steps so far, at their pace
                 of += f", about {_duration(elapsed / done * (self.total - done))} left"
             line = f"\reprun: {self.what}: step {done}{of}\x1b[K"
+            current_invocation().progress_shown = True  # first: a signal may come right after
             self.shown = write_fd(terminal, line.encode()) or self.shown
             current_invocation().progress_shown = self.shown
 

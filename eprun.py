@@ -93,8 +93,9 @@ registered: onnxruntime keeps a registration for the rest of the process); _ONE_
 (main() holds the process's file descriptors 1 and 2, so calls take turns); in a
 sensitivity worker process, _WORKER (its open study: a process pool hands its tasks nothing
 else); on a Dask worker, the bare module _eprun_dask_state in sys.modules (its studies by
-run and the runs that ended: an upload's reload of eprun's copy leaves it alone); and caches of what cannot change within a process, each a functools cache on its
-function: onnx's message classes and native extension (onnx_messages, onnx_native), the op
+run and the runs that ended: an upload's reload of eprun's copy leaves it alone); and caches
+of what cannot change within a process, each a functools cache on its function: onnx's
+message classes and native extension (onnx_messages, onnx_native), the op
 types by their lower-case spelling (_op_types_by_case) and glibc's malloc_trim
 (_malloc_trim). (GraphIndex caches its readers and consumers per graph, on the object.)
 
@@ -10089,6 +10090,8 @@ class Requantizer:
         self.op_types: list[str] | None = None  # None: quantize_static's default
         self.excluded: list[str] = []
         self.source = fp32_path
+        self.fp32_nodes = {node.name: node for node in _named_nodes(fp32_model.graph)}
+        self.fp32_initializers = {tensor.name: tensor for tensor in fp32_model.graph.initializer}
         self.fp32_path, self.large = self._named_copy(fp32_path)
         self.int8_quantizers = _activation_quantizers(index)
         named = list(_named_nodes(int8_model.graph))
@@ -10297,17 +10300,25 @@ class Requantizer:
                 self._take_activation(taking, node, quantizers, left)
         readers = sorted(_named_nodes(model.graph), key=lambda node: node.name in left)
         done: set[str] = set()
+        rescaled: set[str] = set()
         for node in readers:  # the quantized readers first: a weight is quantized for them
             for position, name in enumerate(node.input):
                 dequantize = _weight_dequantizer(index, name)
-                if dequantize is None or (node.name in left and dequantize.input[0] in done):
+                if dequantize is None or dequantize.input[0] in rescaled or \
+                        (node.name in left and dequantize.input[0] in done):
                     continue  # (a node left in float may read what was quantized for another)
+                first = dequantize.input[0] not in done
                 done.add(dequantize.input[0])
                 if self.calibrated and own[dequantize.input[0]].data_type == 6 and \
                         not self._same_input_scale(index, node):
                     continue  # an int32 bias follows its input's scale, calibrated anew here
-                taking.take(dequantize.input, self.int8_weight_readers.get(
-                    (node.name, position)), dequantize.input[0])
+                theirs = self.int8_weight_readers.get((node.name, position))
+                if first and own[dequantize.input[0]].data_type == 6 and \
+                        self._quantized_for_another(theirs, taking, index, node):
+                    self._take_bias_for(taking, index, node, dequantize)  # its first reader's
+                    rescaled.add(dequantize.input[0])
+                else:
+                    taking.take(dequantize.input, theirs, dequantize.input[0])
         arrays = {}
         for name, value in taking.values.items():  # small ones inline, large ones as arrays
             if value.nbytes < DETACH_MIN_BYTES:
@@ -10318,6 +10329,64 @@ class Requantizer:
         del model.graph.initializer[:]
         model.graph.initializer.extend(kept)
         return model, arrays, taking.unknown, taking.fresh
+
+    def _quantized_for_another(self, theirs, taking: _Taking, index: GraphIndex, node) -> bool:
+        """Whether the int8 model's int32 bias that ``node`` (a Gemm, Conv, LayerNorm, ... of
+        the requantized graph) reads, ``theirs`` its DequantizeLinear, was quantized for
+        another reader: onnxruntime before 1.20 quantizes a bias several nodes read once, for
+        the first of them it quantizes, so excluding that one gives the bias to the next at
+        its own scales, which the int8 model does not hold. Its scale is then not ``node``'s
+        input scale times weight scale (``_bias_scale``)."""
+        if theirs is None or len(self.int8_index.readers.get(theirs.output[0], ())) < 2:
+            return False
+        import numpy as np
+
+        scale, held = self._bias_scale(taking, index, node), self.int8_values(theirs.input[1])
+        return scale is not None and held is not None and not _same_numbers(
+            (np.asarray(scale, dtype=held.dtype).reshape(-1),), (held.reshape(-1),))
+
+    def _bias_scale(self, taking: _Taking, index: GraphIndex, node):
+        """The scale quantize_static gives ``node``'s int32 bias, from the scales its input and
+        weight are read with in the requantized graph (the int8 model's, once taken): input
+        scale x weight scale x a Gemm's beta, computed as the quantizer does. None where an
+        input is not read through a DequantizeLinear."""
+        from onnx import helper, numpy_helper
+
+        scales = []
+        for name in node.input[:2]:
+            dequantize = index.producer(name)
+            if dequantize is None or dequantize.op_type != "DequantizeLinear" or \
+                    dequantize.input[1] not in index.initializers:
+                return None
+            scale = dequantize.input[1]
+            scales.append(taking.values[scale] if scale in taking.values else
+                          numpy_helper.to_array(index.initializers[scale]))
+        beta = next((helper.get_attribute_value(attribute) for attribute in node.attribute
+                     if attribute.name == "beta"), 1.0) if node.op_type == "Gemm" else 1.0
+        return scales[0] * scales[1] * beta
+
+    def _take_bias_for(self, taking: _Taking, index: GraphIndex, node, dequantize) -> None:
+        """``dequantize``'s int32 bias quantized for ``node`` as quantize_static does, from the
+        fp32 model's bias (``_quantized_for_another``): its values over ``_bias_scale``,
+        rounded; what cannot be found is named in ``unknown``."""
+        import numpy as np
+
+        fp32_node = self.fp32_nodes.get(node.name)
+        name = fp32_node.input[2] if fp32_node is not None and len(fp32_node.input) > 2 else None
+        tensor = self.fp32_initializers.get(name)
+        scale = self._bias_scale(taking, index, node)
+        if tensor is None or scale is None:
+            taking.unknown.append(dequantize.input[0])
+            return
+        bias = _initializer_array(tensor, self.source)
+        own = index.initializers
+        taking.values[dequantize.input[0]] = np.asarray(
+            (np.asarray(bias) / scale).round().astype(np.int32)).reshape(
+                tuple(own[dequantize.input[0]].dims))
+        taking.values[dequantize.input[1]] = np.asarray(scale, dtype=bias.dtype).reshape(
+            tuple(own[dequantize.input[1]].dims))
+        for mine in dequantize.input[:2]:
+            taking.assigned[mine] = f"quantized for {node.name}"
 
     def _same_input_scale(self, index: GraphIndex, node) -> bool:
         """Whether ``node`` (a Gemm or Conv of the requantized graph) reads its input with the

@@ -57,6 +57,31 @@ def shared_bias_encoder() -> onnx.ModelProto:
     return model
 
 
+def gemms_sharing_a_bias() -> onnx.ModelProto:
+    """Three Gemms (Relus between) that read one bias: onnxruntime before 1.20 quantizes it
+    once, at the first Gemm's scales, and excluding that Gemm hands it to the second at its
+    own, which the int8 model does not hold (later releases give each reader a copy)."""
+    rng = np.random.default_rng(0)
+    features = 16
+    weights = [numpy_helper.from_array(
+        (rng.standard_normal((features, features)) * 0.5).astype(np.float32), f"W{k}")
+        for k in range(3)]
+    bias = numpy_helper.from_array((rng.standard_normal(features) * 0.5).astype(np.float32), "B")
+    nodes = []
+    for k in range(3):
+        source = "x" if k == 0 else f"r{k - 1}"
+        nodes.append(helper.make_node("Gemm", [source, f"W{k}", "B"],
+                                      ["y" if k == 2 else f"h{k}"], name=f"gemm{k}"))
+        if k < 2:
+            nodes.append(helper.make_node("Relu", [f"h{k}"], [f"r{k}"], name=f"relu{k}"))
+    graph = helper.make_graph(
+        nodes, "gemms_sharing_a_bias",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", features])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", features])],
+        [*weights, bias])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 CASES = {"chain": (named_chain, {}),
          "chain_u8_per_channel": (named_chain, {"activation_type": "QUInt8", "per_channel": True}),
          "residual": (models.residual_chain, {}),
@@ -96,7 +121,9 @@ QUANTIZER_CASES = {
     # 7-bit kernels, and int8 kernels with zero points: the weights are the int8 model's
     # either way, but with --calibration the int32 biases follow the quantizer's weight scale
     "chain_reduced_range": (named_chain, {"reduce_range": True}),
-    "chain_asymmetric_weights": (named_chain, {"extra_options": {"WeightSymmetric": False}})}
+    "chain_asymmetric_weights": (named_chain, {"extra_options": {"WeightSymmetric": False}}),
+    # a bias read by three Gemms: quantized once for the first quantized reader, before 1.20
+    "gemms_sharing_a_bias": (gemms_sharing_a_bias, {})}
 # An option that leaves no trace (the same graph as without it, other graphs once nodes are
 # excluded): told with --extra-option.
 TOLD_CASES = {"pass_through_forced": (lambda: real_models.pass_through_head(1), {

@@ -144,6 +144,29 @@ def matmul_nbits_quantizer(model, exclude=(), include=None, **settings) -> onnx.
     return quantizer.model.model
 
 
+# onnxruntime's MatMulNBitsQuantizer, which makes the twins of the tests that need it
+NBITS_QUANTIZER = "onnxruntime.quantization.matmul_nbits_quantizer"
+WITHOUT_NBITS_QUANTIZER = ("no onnxruntime.quantization.matmul_nbits_quantizer that imports "
+                           "here (it needs onnx_ir; older releases have none)")
+
+
+def quantizer_takes_bits() -> bool:
+    """Whether MatMulNBitsQuantizer has a ``bits`` argument (onnxruntime 1.23.2's does not,
+    although 1.23 runs 8-bit MatMulNBits)."""
+    import inspect
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    return "bits" in inspect.signature(MatMulNBitsQuantizer.__init__).parameters
+
+
+def skip_unless_3d_weights_quantized(twin) -> None:
+    """onnxruntime 1.23.2's MatMulNBitsQuantizer leaves a MatMul with a 3-D weight in float
+    (a later one squeezes it and adds a Reshape chain)."""
+    if any(node.op_type == "MatMul" and "W1" in node.input for node in twin.graph.node):
+        pytest.skip("this MatMulNBitsQuantizer leaves a MatMul with a 3-D weight in float")
+
+
 def leading_one_mlp() -> onnx.ModelProto:
     """int4.mlp with layer1's weight [1, K, N]: the quantizer squeezes it and puts a Reshape
     chain after the MatMulNBits, which a restored unit must not keep."""
@@ -173,16 +196,20 @@ def test_restoring_equals_matmul_nbits_quantizer_with_nodes_to_exclude(tmp_path,
     output MatMulNBitsQuantizer(fp32, the twin's settings, nodes_to_exclude=[...]) gives, bit for
     bit; and the settings eprun reads off the twin are the ones it was made with. (HQQ, the other
     algorithm that quantizes each weight alone, needs torch: not checked here.)"""
-    pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer",
-                        reason="MatMulNBitsQuantizer needs onnx_ir")
+    pytest.importorskip(NBITS_QUANTIZER, reason=WITHOUT_NBITS_QUANTIZER)
     from onnxruntime.quantization import QuantFormat
 
     settings = dict(QUANTIZER_SETTINGS[case])
+    if "bits" in settings and not quantizer_takes_bits():
+        pytest.skip("this MatMulNBitsQuantizer has no bits argument")
     if "quant_format" in settings:
         settings["quant_format"] = getattr(QuantFormat, settings["quant_format"])
     model = leading_one_mlp() if case == "leading_one_weight" else int4.mlp()
     fp32 = models.save(model, tmp_path / "f.onnx")
-    twin = models.save(matmul_nbits_quantizer(model, **settings), tmp_path / "q4.onnx")
+    quantized = matmul_nbits_quantizer(model, **settings)
+    if case == "leading_one_weight":
+        skip_unless_3d_weights_quantized(quantized)
+    twin = models.save(quantized, tmp_path / "q4.onnx")
     with tool.SensitivityStudy(str(fp32), str(twin), 5, None) as study:
         assert [unit.name for unit in study.units] == LAYERS
         read = study.quantizer_arguments()
@@ -206,10 +233,10 @@ def test_restoring_to_int8_is_the_quantizer_run_again_at_8_bits(eprun, tmp_path,
     then again at 8 bits with it included (the mixed precision LLM builds keep), bit for bit;
     the answer's figures are that twin's, and its recommendation's two lists write the last
     step's twin."""
-    pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer",
-                        reason="MatMulNBitsQuantizer needs onnx_ir")
-    if tool.ort_release() < (1, 23):
-        pytest.skip("8-bit MatMulNBits run from onnxruntime 1.23")
+    pytest.importorskip(NBITS_QUANTIZER, reason=WITHOUT_NBITS_QUANTIZER)
+    if tool.ort_release() < (1, 23) or not quantizer_takes_bits():
+        pytest.skip("8-bit MatMulNBits run from onnxruntime 1.23, and MatMulNBitsQuantizer "
+                    "writes them when it has a bits argument")
     model = int4.mlp(widths=(64, 64, 64, 16))
     fp32 = models.save(model, tmp_path / "f.onnx")
     twin = models.save(matmul_nbits_quantizer(model, **settings), tmp_path / "q4.onnx")
@@ -256,10 +283,10 @@ def float16_mlp() -> onnx.ModelProto:
 def test_restoring_a_float16_twin_to_int8_keeps_its_scales_in_float16(tmp_path):
     """The quantizer writes a float16 weight's 8-bit scales in float16: so does eprun, bit for
     bit (float32 scales beside float16 activations do not even open)."""
-    pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer",
-                        reason="MatMulNBitsQuantizer needs onnx_ir")
-    if tool.ort_release() < (1, 23):
-        pytest.skip("8-bit MatMulNBits run from onnxruntime 1.23")
+    pytest.importorskip(NBITS_QUANTIZER, reason=WITHOUT_NBITS_QUANTIZER)
+    if tool.ort_release() < (1, 23) or not quantizer_takes_bits():
+        pytest.skip("8-bit MatMulNBits run from onnxruntime 1.23, and MatMulNBitsQuantizer "
+                    "writes them when it has a bits argument")
     model = float16_mlp()
     settings = {"block_size": 32, "is_symmetric": True}
     fp32 = models.save(model, tmp_path / "f16.onnx")
@@ -290,12 +317,13 @@ def test_restoring_to_int8_refuses_what_the_quantizer_would_write_otherwise(run_
     """A weight two MatMuls share (the quantizer's 8-bit initializers would clash) and a 3-D
     weight (the quantizer reshapes it): one line each, exit 4, before anything is measured; an
     options record with another value is a usage error."""
-    pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer",
-                        reason="MatMulNBitsQuantizer (it needs onnx_ir) squeezes the 3-D weight")
+    pytest.importorskip(NBITS_QUANTIZER, reason=WITHOUT_NBITS_QUANTIZER)
     for name, model in (("tied", tied_mlp()), ("nd", leading_one_mlp())):
         fp32 = models.save(model, tmp_path / f"{name}.onnx")
-        twin = models.save(matmul_nbits_quantizer(model, block_size=32, is_symmetric=True),
-                           tmp_path / f"{name}4.onnx")
+        quantized = matmul_nbits_quantizer(model, block_size=32, is_symmetric=True)
+        if name == "nd":
+            skip_unless_3d_weights_quantized(quantized)
+        twin = models.save(quantized, tmp_path / f"{name}4.onnx")
         result = run_eprun_here("sensitivity", fp32, twin, "5", "--restore-to", "int8")
         assert (result.code, result.stdout) == (4, "") and result.stderr.count("\n") == 1
         assert ("read by several MatMuls" if name == "tied" else "is 3-D") in result.stderr

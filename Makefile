@@ -181,7 +181,7 @@ $(OLD_VENV)/.dev-installed: requirements-oldest.txt
 FORCE:
 
 clean:
-	rm -rf $(VENV) $(OLD_VENV) $(EP_VENVS) $(VIZ_VENV) .pytest_cache tests/__pycache__ __pycache__ build dist *.egg-info small.onnx small.inputs.npz
+	rm -rf $(VENV) $(OLD_VENV) $(EP_VENVS) $(VIZ_VENV) .venv-py39 .venv-py310 .pytest_cache tests/__pycache__ __pycache__ build dist *.egg-info small.onnx small.inputs.npz
 
 # Mutation testing: plant one bug at a time in a copy of eprun.py and check the suite goes red
 # (tests/mutation.py; MUTANTS=N sets the sample size, MUTATION_FLAGS adds options, e.g.

@@ -10298,6 +10298,25 @@ class Requantizer:
         for node in model.graph.node:
             if node.op_type == "QuantizeLinear" and node.input[0] not in own:
                 self._take_activation(taking, node, quantizers, left)
+        self._take_weights(taking, index, model, left)
+        arrays = {}
+        for name, value in taking.values.items():  # small ones inline, large ones as arrays
+            if value.nbytes < DETACH_MIN_BYTES:
+                own[name].CopyFrom(numpy_helper.from_array(value, name))
+            else:
+                arrays[name] = value
+        kept = [tensor for tensor in model.graph.initializer if tensor.name not in arrays]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        return model, arrays, taking.unknown, taking.fresh
+
+    def _take_weights(self, taking: _Taking, index: GraphIndex, model, left: set) -> None:
+        """``model``'s quantized weights and biases (``index`` its graph's, ``left`` the nodes
+        it keeps in float) get the numbers of those the same node reads at the same input in
+        the int8 model, each for the first quantized node that reads it, as the quantizer
+        quantizes it; a bias the int8 model quantized for another reader, as the quantizer
+        does for this one (``_take_bias_for``)."""
+        own = index.initializers
         readers = sorted(_named_nodes(model.graph), key=lambda node: node.name in left)
         done: set[str] = set()
         rescaled: set[str] = set()
@@ -10309,26 +10328,15 @@ class Requantizer:
                     continue  # (a node left in float may read what was quantized for another)
                 first = dequantize.input[0] not in done
                 done.add(dequantize.input[0])
-                if self.calibrated and own[dequantize.input[0]].data_type == 6 and \
-                        not self._same_input_scale(index, node):
+                bias = own[dequantize.input[0]].data_type == 6
+                if self.calibrated and bias and not self._same_input_scale(index, node):
                     continue  # an int32 bias follows its input's scale, calibrated anew here
                 theirs = self.int8_weight_readers.get((node.name, position))
-                if first and own[dequantize.input[0]].data_type == 6 and \
-                        self._quantized_for_another(theirs, taking, index, node):
+                if first and bias and self._quantized_for_another(theirs, taking, index, node):
                     self._take_bias_for(taking, index, node, dequantize)  # its first reader's
                     rescaled.add(dequantize.input[0])
                 else:
                     taking.take(dequantize.input, theirs, dequantize.input[0])
-        arrays = {}
-        for name, value in taking.values.items():  # small ones inline, large ones as arrays
-            if value.nbytes < DETACH_MIN_BYTES:
-                own[name].CopyFrom(numpy_helper.from_array(value, name))
-            else:
-                arrays[name] = value
-        kept = [tensor for tensor in model.graph.initializer if tensor.name not in arrays]
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(kept)
-        return model, arrays, taking.unknown, taking.fresh
 
     def _quantized_for_another(self, theirs, taking: _Taking, index: GraphIndex, node) -> bool:
         """Whether the int8 model's int32 bias that ``node`` (a Gemm, Conv, LayerNorm, ... of

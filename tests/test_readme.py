@@ -103,7 +103,8 @@ def printed_by(command: str, monkeypatch) -> str:
     """What ``command`` prints, stdout and stderr together in the order written. On the pinned
     stack (the ``.venv`` the examples name) an example of the ``PLAIN`` forms is main(argv) in
     this process, both streams written through one file as a shell's ``2>&1`` makes them; any
-    other runs through bash as typed (on another stack, only those reach here)."""
+    other runs through bash as typed, with this interpreter for ``.venv/bin/python`` (on
+    another stack, only those reach here: they check that stack)."""
     import shlex
     import tempfile
 
@@ -111,7 +112,8 @@ def printed_by(command: str, monkeypatch) -> str:
     if not (PINNED_STACK and plain):
         env = {**os.environ,
                "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-        return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        typed = command.replace(".venv/bin/python", shlex.quote(sys.executable))
+        return subprocess.run(["bash", "-c", typed], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=120).stdout
     import eprun
 

@@ -1076,12 +1076,13 @@ class Progress:
 
 
 def erase_progress() -> None:
-    """Erase the progress line on the terminal, if one is shown (before a signal's last word,
-    which would otherwise land at its end)."""
+    """Erase the progress line on the terminal, if one is shown (before a failure's line or a
+    signal's last word, which would otherwise land at its end). Within a capture that holds
+    no terminal, the line stays marked as shown, for the caller's capture to erase."""
     invocation = current_invocation()
     if invocation.progress_shown and invocation.terminals and invocation.terminals[-1] is not None:
         write_fd(invocation.terminals[-1], b"\r\x1b[K")
-    invocation.progress_shown = False
+        invocation.progress_shown = False
 
 
 def _duration(seconds: float) -> str:
@@ -5079,10 +5080,15 @@ def golden_members(inputs: list[str], tensors: list[str], shared: list[str] = ()
 def model_fingerprint(path: str) -> str:
     """A digest of everything a model's numbers come from: the model file and each external
     data file it names (graph and weights), in that order."""
+    return files_digest([path, *external_data_files(load_model(path), path)])
+
+
+def files_digest(files: list[str]) -> str:
+    """A SHA-256 of ``files``' sizes and bytes, in order, read a slice at a time."""
     import hashlib
 
     digest = hashlib.sha256()
-    for file in (path, *external_data_files(load_model(path), path)):
+    for file in files:
         digest.update(b"%d\0" % os.path.getsize(file))
         with open(file, "rb") as stream:
             for chunk in iter(lambda: stream.read(_COPY_SLICE), b""):
@@ -10369,7 +10375,8 @@ class Requantizer:
             scale = dequantize.input[1]
             scales.append(taking.values[scale] if scale in taking.values else
                           numpy_helper.to_array(index.initializers[scale]))
-        beta = next((helper.get_attribute_value(attribute) for attribute in node.attribute
+        original = self.fp32_nodes.get(node.name, node)  # (the quantizer sets beta to 1)
+        beta = next((helper.get_attribute_value(attribute) for attribute in original.attribute
                      if attribute.name == "beta"), 1.0) if node.op_type == "Gemm" else 1.0
         return scales[0] * scales[1] * beta
 
@@ -11384,8 +11391,8 @@ def _eprun_copy(folder: str):
     import shutil
 
     source = os.path.abspath(__file__)
-    digest = _file_digest(source)
-    name = f"eprun_{digest[:16]}"
+    digest = files_digest([source])
+    name = f"eprun_{digest.partition(':')[2][:16]}"
     copy = os.path.join(folder, f"{name}.py")
     shutil.copyfile(source, copy)
     if name not in sys.modules:
@@ -11442,7 +11449,8 @@ def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
     workers = len(client.nthreads())
     where = f"the Dask cluster at {address} ({workers} worker{'s' if workers != 1 else ''})"
     note(f"the units run as tasks on {where}")
-    progress.what += f" on {where}"  # the note is held until the end; the progress line is not
+    # the note is held until the end; the progress line is not (and fits a terminal's row)
+    progress.what += f" on {workers} Dask worker{'s' if workers != 1 else ''}"
     module, copy, digest = _eprun_copy(folder)
     token = uuid.uuid4().hex[:12]
     plugin = f"eprun-upload-{token}"
@@ -11471,8 +11479,8 @@ def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
                                      key=f"eprun-unit-{token}-{k}")
                        for k, unit in enumerate(units)]
             results = _gathered(client, address, futures, progress)
-        finally:
-            undo()
+        finally:  # (bounded: a scheduler that stops answering must not hold eprun here)
+            _within(DASK_TIMEOUT, undo)
     for _, _, sessions, calls in results:
         study.sessions += sessions
         if study.requantizer is not None:
@@ -11508,6 +11516,9 @@ def _gathered(client, address: str, futures: list, progress: Progress) -> list:
         try:
             results[index[future.key]] = future.result()
         except Exception as exc:  # the task's words, one line; what a worker lacks
+            if future.status == "cancelled":  # e.g. the scheduler lost: its words, and where
+                raise EprunError(f"the Dask cluster at {address} cancelled the units "
+                                 f"({one_line(exc) or type(exc).__name__})") from exc
             raise EprunError(one_line(exc) or type(exc).__name__) from exc
         future.release()  # delivered: a worker lost later need not compute it again
         done += 1
@@ -11532,10 +11543,12 @@ def _as_fields(value):
     provider flags) as plain fields: this eprun may be a module named ``eprun``, which neither
     the scheduler nor a worker may import (one may have none, or another version), so the
     worker's copy makes them again as its own (``_from_fields``)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if type(value).__module__ == __name__ and dataclasses.is_dataclass(value):
         return (_RECORD, type(value).__name__,
                 {field.name: _as_fields(getattr(value, field.name))
                  for field in dataclasses.fields(value)})
+    if type(value).__module__ == __name__:  # (a NamedTuple: none is in a spec today)
+        raise TypeError(f"{type(value).__name__} cannot go to a Dask worker as fields")
     if isinstance(value, dict):
         return {key: _as_fields(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -11546,7 +11559,10 @@ def _as_fields(value):
 def _from_fields(value):
     """``_as_fields`` undone, with this module's own records."""
     if isinstance(value, tuple) and len(value) == 3 and value[0] == _RECORD:
-        return globals()[value[1]](**_from_fields(value[2]))
+        record = globals()[value[1]]
+        if not dataclasses.is_dataclass(record):
+            raise TypeError(f"{value[1]} is no record of eprun's")
+        return record(**_from_fields(value[2]))
     if isinstance(value, dict):
         return {key: _from_fields(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -11555,25 +11571,21 @@ def _from_fields(value):
 
 
 def _read_files(spec: dict) -> dict[str, str]:
-    """Each file a worker reads by path (the models, their external weights, the inputs and
-    calibration files) and the SHA-256 of its bytes here: a worker that sees other bytes
-    there would give other numbers, so it refuses (``_open_on_worker``)."""
+    """Each file a worker reads by path (the models with their external weights, the inputs
+    and calibration files) and a digest of its bytes here (``_files_read_digest``): a worker
+    that sees other bytes there would give other numbers, so it refuses
+    (``_open_on_worker``)."""
     inputs = spec.get("inputs")
-    paths = [spec["fp32"], spec["int8"], *external_files(spec["fp32"]),
-             *external_files(spec["int8"]), spec.get("calibration"),
+    paths = [spec["fp32"], spec["int8"], spec.get("calibration"),
              inputs.file if inputs is not None else None]
-    return {path: _file_digest(path) for path in paths if path}
+    return {path: _files_read_digest(path, spec) for path in dict.fromkeys(paths) if path}
 
 
-def _file_digest(path: str) -> str:
-    """The SHA-256 of the file at ``path``, read a megabyte at a time."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _files_read_digest(path: str, spec: dict) -> str:
+    """A model's ``model_fingerprint`` (its external weights too, each file once), another
+    file's bytes."""
+    return (model_fingerprint(path) if path in (spec["fp32"], spec["int8"])
+            else files_digest([path]))
 
 
 def stack_versions() -> dict:
@@ -11672,7 +11684,7 @@ def _open_on_worker(spec: dict) -> SensitivityStudy:
     import shutil
     import tempfile
 
-    if _file_digest(os.path.abspath(__file__)) != spec["digest"]:
+    if files_digest([os.path.abspath(__file__)]) != spec["digest"]:
         raise EprunError(f"it imported another eprun ({__version__}, {__file__}) than the "
                          "client's")
     if stack_versions() != spec["versions"]:
@@ -11680,10 +11692,12 @@ def _open_on_worker(spec: dict) -> SensitivityStudy:
                          "numbers would differ; install the same versions on every worker")
     for path, digest in spec["files"].items():
         try:
-            if _file_digest(path) != digest:
-                raise EprunError(f"{path} holds other bytes there than where eprun runs "
-                                 "(workers read the files by this path: they must see the "
-                                 "same files)")
+            with open(path, "rb"):  # (what cannot be read is said as such, not as a model)
+                pass
+            if _files_read_digest(path, spec) != digest:
+                raise EprunError(f"{path} holds other bytes there than where eprun runs (or "
+                                 "its external weights do; workers read the files by this "
+                                 "path: they must see the same files)")
         except OSError as exc:
             raise EprunError(f"cannot read {path} (workers read the files by this path: they "
                              f"must see the same files; {one_line(exc)})") from exc
@@ -15961,6 +15975,7 @@ def _report_failure(exc: BaseException, store=None) -> None:
     else:
         message = (f"internal error: {type(exc).__name__}: {exc} (rerun with EPRUN_DEBUG=1 "
                    "and report it)")
+    erase_progress()  # (a failure while a progress line is shown: the line goes first)
     try:
         say(f"eprun: error: {one_line(message)}")
     except MemoryError:

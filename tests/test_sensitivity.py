@@ -60,7 +60,8 @@ def shared_bias_encoder() -> onnx.ModelProto:
 def gemms_sharing_a_bias() -> onnx.ModelProto:
     """Three Gemms (Relus between) that read one bias: onnxruntime before 1.20 quantizes it
     once, at the first Gemm's scales, and excluding that Gemm hands it to the second at its
-    own, which the int8 model does not hold (later releases give each reader a copy)."""
+    own, which the int8 model does not hold (later releases give each reader a copy). The
+    first and the last scale the bias by beta 0.5 (the quantizer writes them with beta 1)."""
     rng = np.random.default_rng(0)
     features = 16
     weights = [numpy_helper.from_array(
@@ -71,7 +72,8 @@ def gemms_sharing_a_bias() -> onnx.ModelProto:
     for k in range(3):
         source = "x" if k == 0 else f"r{k - 1}"
         nodes.append(helper.make_node("Gemm", [source, f"W{k}", "B"],
-                                      ["y" if k == 2 else f"h{k}"], name=f"gemm{k}"))
+                                      ["y" if k == 2 else f"h{k}"], name=f"gemm{k}",
+                                      beta=1.0 if k == 1 else 0.5))
         if k < 2:
             nodes.append(helper.make_node("Relu", [f"h{k}"], [f"r{k}"], name=f"relu{k}"))
     graph = helper.make_graph(

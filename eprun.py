@@ -11322,9 +11322,9 @@ def _import_distributed(flags: DaskFlags):
     return distributed
 
 
-# A scheduler's address as distributed writes them: tcp://host:port (tls, ucx, ws, wss
+# A scheduler's address as distributed writes them: tcp://host:port (tls, ucx, ucxx, ws, wss
 # likewise), the protocol left out meaning tcp.
-_DASK_ADDRESS = (r"(?:(?:tcp|tls|ucx|ws|wss)://)?(?:\[[0-9a-fA-F:.]+\]|[^\s/:\[\]]+)"
+_DASK_ADDRESS = (r"(?:(?:tcp|tls|ucxx?|wss?)://)?(?:\[[0-9a-fA-F:.]+\]|[^\s/:\[\]]+)"
                  r":([0-9]{1,5})")
 
 
@@ -11338,8 +11338,9 @@ def dask_address(flags: DaskFlags) -> str:
         match = re.fullmatch(_DASK_ADDRESS, flags.dask_scheduler)
         if match is None or not 0 < int(match.group(1)) < 65536:
             raise EprunError(f"--dask-scheduler {flags.dask_scheduler!r} is not a scheduler's "
-                             "address (PROTOCOL://HOST:PORT, PROTOCOL one of tcp, tls, ucx, ws, "
-                             "wss and PORT 1 to 65535, e.g. tcp://127.0.0.1:8786)", EXIT_USAGE)
+                             "address (PROTOCOL://HOST:PORT, PROTOCOL one of tcp, tls, ucx, "
+                             "ucxx, ws, wss and PORT 1 to 65535, e.g. tcp://127.0.0.1:8786)",
+                             EXIT_USAGE)
         return flags.dask_scheduler
     path = flags.dask_scheduler_file
     require_file(path, "scheduler")

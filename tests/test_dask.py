@@ -270,9 +270,8 @@ def test_distributed_says_nothing_on_stderr():
         "for name in names:\n"
         "    logging.getLogger(name).warning(\"Couldn't gather 1 keys, rescheduling\")\n"
         "print(' '.join(names))\n")
-    said = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60)
-    assert said.returncode == 0, said.stderr
+    said = run_eprun(prefix=[sys.executable, "-c", script])
+    assert said.code == 0, said.stderr
     assert "distributed.client" in said.stdout.split()
     assert said.stderr == ""
 

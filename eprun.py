@@ -10338,26 +10338,30 @@ class Requantizer:
                 if self.calibrated and bias and not self._same_input_scale(index, node):
                     continue  # an int32 bias follows its input's scale, calibrated anew here
                 theirs = self.int8_weight_readers.get((node.name, position))
-                if first and bias and self._quantized_for_another(theirs, taking, index, node):
-                    self._take_bias_for(taking, index, node, dequantize)  # its first reader's
-                    rescaled.add(dequantize.input[0])
+                moved = self._moved_bias_scale(theirs, taking, index, node) if first and bias \
+                    else None
+                if moved is not None:
+                    self._take_bias_for(taking, index, node, dequantize, moved)
+                    rescaled.add(dequantize.input[0])  # its first reader's, for every reader
                 else:
                     taking.take(dequantize.input, theirs, dequantize.input[0])
 
-    def _quantized_for_another(self, theirs, taking: _Taking, index: GraphIndex, node) -> bool:
-        """Whether the int8 model's int32 bias that ``node`` (a Gemm, Conv, LayerNorm, ... of
-        the requantized graph) reads, ``theirs`` its DequantizeLinear, was quantized for
-        another reader: onnxruntime before 1.20 quantizes a bias several nodes read once, for
-        the first of them it quantizes, so excluding that one gives the bias to the next at
-        its own scales, which the int8 model does not hold. Its scale is then not ``node``'s
-        input scale times weight scale (``_bias_scale``)."""
+    def _moved_bias_scale(self, theirs, taking: _Taking, index: GraphIndex, node):
+        """Where the int8 model's int32 bias that ``node`` (a Gemm, Conv, LayerNorm, ... of the
+        requantized graph) reads, ``theirs`` its DequantizeLinear, was quantized for another
+        reader, the scale it has for ``node`` (``_bias_scale``); else None. onnxruntime before
+        1.20 quantizes a bias several nodes read once, for the first of them it quantizes, so
+        excluding that one gives the bias to the next at its own scales, which the int8 model
+        does not hold."""
         if theirs is None or len(self.int8_index.readers.get(theirs.output[0], ())) < 2:
-            return False
+            return None
         import numpy as np
 
         scale, held = self._bias_scale(taking, index, node), self.int8_values(theirs.input[1])
-        return scale is not None and held is not None and not _same_numbers(
-            (np.asarray(scale, dtype=held.dtype).reshape(-1),), (held.reshape(-1),))
+        if scale is None or held is None or _same_numbers(
+                (np.asarray(scale, dtype=held.dtype).reshape(-1),), (held.reshape(-1),)):
+            return None
+        return scale
 
     def _bias_scale(self, taking: _Taking, index: GraphIndex, node):
         """The scale quantize_static gives ``node``'s int32 bias, from the scales its input and
@@ -10380,17 +10384,17 @@ class Requantizer:
                      if attribute.name == "beta"), 1.0) if node.op_type == "Gemm" else 1.0
         return scales[0] * scales[1] * beta
 
-    def _take_bias_for(self, taking: _Taking, index: GraphIndex, node, dequantize) -> None:
+    def _take_bias_for(self, taking: _Taking, index: GraphIndex, node, dequantize,
+                       scale) -> None:
         """``dequantize``'s int32 bias quantized for ``node`` as quantize_static does, from the
-        fp32 model's bias (``_quantized_for_another``): its values over ``_bias_scale``,
-        rounded; what cannot be found is named in ``unknown``."""
+        fp32 model's bias: its values over ``scale`` (``_moved_bias_scale``), rounded; where
+        the fp32 model has no such initializer, it is named in ``unknown``."""
         import numpy as np
 
         fp32_node = self.fp32_nodes.get(node.name)
         name = fp32_node.input[2] if fp32_node is not None and len(fp32_node.input) > 2 else None
         tensor = self.fp32_initializers.get(name)
-        scale = self._bias_scale(taking, index, node)
-        if tensor is None or scale is None:
+        if tensor is None:
             taking.unknown.append(dequantize.input[0])
             return
         bias = _initializer_array(tensor, self.source)

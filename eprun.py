@@ -11459,12 +11459,36 @@ def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
     module, copy, digest = _eprun_copy(folder)
     token = uuid.uuid4().hex[:12]
     plugin = f"eprun-upload-{token}"
+    spec = _worker_spec(study, parallel)
+    spec = {**_as_fields(spec), "token": token, "digest": digest,
+            "versions": stack_versions(), "files": _read_files(spec)}
     futures: list = []
+    ended, acting = threading.Event(), threading.Lock()
     from distributed.diagnostics.plugin import SchedulerUploadFile, UploadFile
 
+    def act(action: Callable[[], Any]) -> Any:
+        """One action on the cluster, unless the run has ended: the undo waits for the one
+        in progress, so nothing is uploaded or submitted after it."""
+        with acting:
+            if ended.is_set():
+                raise EprunError("the run ended")
+            return action()
+
+    def run(step: Callable[[int], None]) -> list:
+        """The copy uploaded, one task per unit, their results gathered."""
+        act(lambda: client.register_plugin(SchedulerUploadFile(copy, load=True), name=plugin))
+        act(lambda: client.register_plugin(UploadFile(copy, load=True), name=plugin))
+        for k, unit in enumerate(units):
+            futures.append(act(lambda k=k, unit=unit: client.submit(
+                module.dask_measure, spec, unit.name, pure=False, key=f"eprun-unit-{token}-{k}")))
+        return _gathered(client, address, futures, step, ended)
+
     def undo() -> None:
-        """Cancel the tasks, have every worker drop the run's study and scratch folder, and
-        take the uploads back."""
+        """End the run: cancel the tasks, have every worker drop the run's study and scratch
+        folder, and take the uploads back."""
+        ended.set()
+        with acting:
+            pass
         with contextlib.suppress(Exception):
             client.cancel(futures)
         with contextlib.suppress(Exception):
@@ -11475,15 +11499,7 @@ def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
 
     with released_on_signal(lambda: _within(DASK_TIMEOUT, undo)):
         try:
-            client.register_plugin(SchedulerUploadFile(copy, load=True), name=plugin)
-            client.register_plugin(UploadFile(copy, load=True), name=plugin)
-            spec = _worker_spec(study, parallel)
-            spec = {**_as_fields(spec), "token": token, "digest": digest,
-                    "versions": stack_versions(), "files": _read_files(spec)}
-            futures = [client.submit(module.dask_measure, spec, unit.name, pure=False,
-                                     key=f"eprun-unit-{token}-{k}")
-                       for k, unit in enumerate(units)]
-            results = _gathered(client, address, futures, progress)
+            results = _off_the_main_thread(run, progress)
         finally:  # (bounded: a scheduler that stops answering must not hold eprun here)
             _within(DASK_TIMEOUT, undo)
     for _, _, sessions, calls in results:
@@ -11493,10 +11509,43 @@ def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
     return [(measured, inexact) for measured, inexact, _, _ in results]
 
 
-def _gathered(client, address: str, futures: list, progress: Progress) -> list:
-    """The results of ``futures`` in their order, taken as they come (``progress`` counts
-    them): a task's failure is its one line, and a cluster left with no worker for
-    ``DASK_TIMEOUT`` is one line too (distributed would wait for one for ever)."""
+def _off_the_main_thread(work: Callable[[Callable[[int], None]], Any], progress: Progress):
+    """``work(step)`` run in a thread of its own, ``step(done)`` counted by ``progress``: this
+    (main) thread only waits for its reports. A signal's handler runs in the main thread and
+    talks to the cluster (the undo), which needs distributed's event loop free, and the loop
+    waits for any lock of distributed's the main thread holds when the signal lands
+    (``as_completed`` holds one while it is made, a client while it submits): the undo would
+    wait for ``DASK_TIMEOUT`` and leave the run's uploads behind."""
+    import queue
+
+    reports: queue.SimpleQueue = queue.SimpleQueue()  # (put and get take no Python lock)
+
+    def report() -> None:
+        """``work``'s steps, then its value or its exception."""
+        try:
+            reports.put(("value", work(lambda done: reports.put(("step", done)))))
+        except BaseException as exc:  # raised in the waiting thread
+            reports.put(("error", exc))
+
+    threading.Thread(target=report, name="eprun-dask", daemon=True).start()
+    while True:
+        try:  # (a signal the kernel gave another thread is handled at this thread's next step)
+            kind, value = reports.get(timeout=0.02)
+        except queue.Empty:
+            continue
+        if kind == "step":
+            progress.step(value)
+        elif kind == "value":
+            return value
+        else:
+            raise value
+
+
+def _gathered(client, address: str, futures: list, step: Callable[[int], None],
+              ended: threading.Event) -> list:
+    """The results of ``futures`` in their order, taken as they come (``step`` counts them),
+    until the run has ``ended``: a task's failure is its one line, and a cluster left with no
+    worker for ``DASK_TIMEOUT`` is one line too (distributed would wait for one for ever)."""
     import time
 
     from distributed import as_completed
@@ -11506,8 +11555,10 @@ def _gathered(client, address: str, futures: list, progress: Progress) -> list:
     arriving = as_completed(futures, loop=client.loop)
     done, looked, alone_since = 0, time.monotonic(), None
     while done < len(futures):
+        if ended.is_set():
+            raise EprunError("the run ended")
         if not arriving.has_ready():
-            time.sleep(0.02)
+            ended.wait(0.02)
             if time.monotonic() - looked >= 1:  # are there workers left to run the rest?
                 looked = time.monotonic()
                 with contextlib.suppress(Exception):  # (a lost scheduler fails the tasks)
@@ -11527,7 +11578,7 @@ def _gathered(client, address: str, futures: list, progress: Progress) -> list:
             raise EprunError(one_line(exc) or type(exc).__name__) from exc
         future.release()  # delivered: a worker lost later need not compute it again
         done += 1
-        progress.step(done)
+        step(done)
     return results
 
 

@@ -197,6 +197,12 @@ def left_behind(address: str, workers: list[Path]) -> dict:
             "on workers": sorted(on_workers.values()), "scratch": scratch}
 
 
+# What ``left_behind`` sees of a run that is over on a cluster of two workers: two clients (the
+# monitor asking, and the scheduler's own for fire-and-forget tasks), and nothing of eprun's.
+NOTHING_LEFT = {"clients": 2, "tasks": [], "uploads": [], "scratch": [],
+                "on workers": [([], 0, 0), ([], 0, 0)]}
+
+
 def test_the_installed_command_on_dask_processes_a_sigterm_and_a_killed_worker(
         pair, alone, processes, tmp_path):
     """The scheduler file names the cluster, and the command pip installs runs there. SIGTERM
@@ -212,18 +218,49 @@ def test_the_installed_command_on_dask_processes_a_sigterm_and_a_killed_worker(
     ended.send_signal(signal.SIGTERM)
     ended.communicate(timeout=60)
     assert ended.returncode == 128 + signal.SIGTERM
-    nothing = {"clients": 2, "tasks": [], "uploads": [], "scratch": [],
-               "on workers": [([], 0, 0), ([], 0, 0)]}  # this monitor, and fire-and-forget
     deadline = time.monotonic() + 30  # (a unit computing when the signal came ends first)
-    while left_behind(address, [tmp_path / "w0", tmp_path / "victim"]) != nothing \
+    while left_behind(address, [tmp_path / "w0", tmp_path / "victim"]) != NOTHING_LEFT \
             and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert left_behind(address, [tmp_path / "w0", tmp_path / "victim"]) == nothing
+    assert left_behind(address, [tmp_path / "w0", tmp_path / "victim"]) == NOTHING_LEFT
     running = started_on(address, "victim", schedule)
     os.killpg(victim.pid, signal.SIGKILL)
     out, err = running.communicate(timeout=300)
     assert running.returncode == 0, err
     assert out == alone
+
+
+# ``as_completed`` made with a signal landing while it holds its lock (the callbacks it gives
+# distributed's event loop take that lock once a future is done: the undo cancels them all).
+SIGNAL_IN_AS_COMPLETED = """
+import os, signal, time
+import distributed.client
+
+def update(self, futures):
+    with self.lock:
+        for future in futures:
+            self.futures[future] += 1
+            self.loop.add_callback(self._track_future, future)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+
+distributed.client.as_completed.update = update
+"""
+
+
+def test_a_signal_while_distributed_holds_a_lock_still_undoes_the_run_at_once(
+        pair, processes, tmp_path):
+    """Whatever code of distributed's runs when a signal lands, the signal's undo does not
+    wait for it: it ends eprun within a second or two, and leaves nothing on the cluster."""
+    address, _ = scheduler_and_workers(processes, tmp_path)
+    started = time.monotonic()
+    ended = subprocess.run([sys.executable, "-c", IMPORT_EPRUN + SIGNAL_IN_AS_COMPLETED +
+                            "eprun.cli()", "sensitivity", *map(str, pair), "5",
+                            "--dask-scheduler", address], capture_output=True, text=True,
+                           timeout=60)
+    assert ended.returncode == 128 + signal.SIGTERM, ended.stderr
+    assert time.monotonic() - started < tool.DASK_TIMEOUT
+    assert left_behind(address, [tmp_path / "w0", tmp_path / "w1"]) == NOTHING_LEFT
 
 
 def test_a_dead_address_is_one_line_within_a_bounded_time(run_eprun_here, pair, monkeypatch):

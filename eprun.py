@@ -11546,6 +11546,7 @@ def _gathered(client, address: str, futures: list, step: Callable[[int], None],
     """The results of ``futures`` in their order, taken as they come (``step`` counts them),
     until the run has ``ended``: a task's failure is its one line, and a cluster left with no
     worker for ``DASK_TIMEOUT`` is one line too (distributed would wait for one for ever)."""
+    import asyncio
     import time
 
     from distributed import as_completed
@@ -11561,8 +11562,15 @@ def _gathered(client, address: str, futures: list, step: Callable[[int], None],
             ended.wait(0.02)
             if time.monotonic() - looked >= 1:  # are there workers left to run the rest?
                 looked = time.monotonic()
-                with contextlib.suppress(Exception):  # (a lost scheduler fails the tasks)
-                    alone_since = None if client.nthreads() else alone_since or looked
+                try:
+                    alone_since = (None if client.nthreads(callback_timeout=DASK_TIMEOUT) else
+                                   alone_since or looked)
+                except (TimeoutError, asyncio.TimeoutError) as exc:  # (one from 3.11 on)
+                    raise EprunError(f"the Dask scheduler at {address} stopped answering (not "
+                                     f"a word within {DASK_TIMEOUT:g} s; {done} of "
+                                     f"{len(futures)} units done)") from exc
+                except Exception:  # (a lost scheduler fails the tasks)
+                    pass
                 if alone_since is not None and looked - alone_since >= DASK_TIMEOUT:
                     raise EprunError(f"the Dask cluster at {address} lost its last worker, and "
                                      f"none joined again within {DASK_TIMEOUT:g} s ({done} of "

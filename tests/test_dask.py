@@ -166,10 +166,11 @@ def busy_with_a_unit(address: str, name: str) -> bool:
 COMMAND = [sys.executable, "-c", IMPORT_EPRUN + "eprun.cli()"]
 
 
-def started_on(address: str, worker: str, schedule: Path) -> subprocess.Popen:
+def started_on(address: str, worker: str, schedule: Path,
+               command: list[str] = COMMAND) -> subprocess.Popen:
     """``eprun sensitivity`` of the pair on the cluster of ``schedule``, once ``worker`` is
     computing one of its units."""
-    running = subprocess.Popen([*COMMAND, "sensitivity", *map(str, started_on.pair), "5",
+    running = subprocess.Popen([*command, "sensitivity", *map(str, started_on.pair), "5",
                                 "--dask-scheduler-file", str(schedule)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -228,6 +229,29 @@ def test_the_installed_command_on_dask_processes_a_sigterm_and_a_killed_worker(
     out, err = running.communicate(timeout=300)
     assert running.returncode == 0, err
     assert out == alone
+
+
+def test_a_scheduler_that_stops_answering_ends_the_run_in_one_line(pair, processes, tmp_path):
+    """A scheduler that hangs (SIGSTOP: its connections stay open, nothing answers) ends the
+    run within a bounded time, exit 4, in one line (eprun waited for ever)."""
+    started_on.pair = pair
+    address, schedule = scheduler_and_workers(processes, tmp_path)
+    with distributed.Client(address, timeout=30, set_as_default=False) as monitor:
+        scheduler = monitor.run_on_scheduler(os.getpid)
+    command = [sys.executable, "-c", IMPORT_EPRUN + "eprun.DASK_TIMEOUT = 1.0\neprun.cli()"]
+    running = started_on(address, "w0", schedule, command)
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        out, err = running.communicate(timeout=60)
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+        if running.poll() is None:
+            running.kill()
+    assert running.returncode == 4
+    assert out == ""
+    (line,) = err.splitlines()
+    assert line.startswith(f"eprun: error: the Dask scheduler at {address} stopped answering "
+                           "(not a word within 1 s; "), line
 
 
 # ``as_completed`` made with a signal landing while it holds its lock (the callbacks it gives

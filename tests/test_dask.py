@@ -204,6 +204,15 @@ NOTHING_LEFT = {"clients": 2, "tasks": [], "uploads": [], "scratch": [],
                 "on workers": [([], 0, 0), ([], 0, 0)]}
 
 
+def left_once_settled(address: str, workers: list[Path]) -> dict:
+    """``left_behind`` once it is ``NOTHING_LEFT``, or after 30 s: a unit a worker was
+    computing when the run ended runs to its end first, then removes what it opened."""
+    deadline = time.monotonic() + 30
+    while left_behind(address, workers) != NOTHING_LEFT and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left_behind(address, workers)
+
+
 def test_the_installed_command_on_dask_processes_a_sigterm_and_a_killed_worker(
         pair, alone, processes, tmp_path):
     """The scheduler file names the cluster, and the command pip installs runs there. SIGTERM
@@ -219,11 +228,7 @@ def test_the_installed_command_on_dask_processes_a_sigterm_and_a_killed_worker(
     ended.send_signal(signal.SIGTERM)
     ended.communicate(timeout=60)
     assert ended.returncode == 128 + signal.SIGTERM
-    deadline = time.monotonic() + 30  # (a unit computing when the signal came ends first)
-    while left_behind(address, [tmp_path / "w0", tmp_path / "victim"]) != NOTHING_LEFT \
-            and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left_behind(address, [tmp_path / "w0", tmp_path / "victim"]) == NOTHING_LEFT
+    assert left_once_settled(address, [tmp_path / "w0", tmp_path / "victim"]) == NOTHING_LEFT
     running = started_on(address, "victim", schedule)
     os.killpg(victim.pid, signal.SIGKILL)
     out, err = running.communicate(timeout=300)
@@ -284,7 +289,7 @@ def test_a_signal_while_distributed_holds_a_lock_still_undoes_the_run_at_once(
                            timeout=60)
     assert ended.returncode == 128 + signal.SIGTERM, ended.stderr
     assert time.monotonic() - started < tool.DASK_TIMEOUT
-    assert left_behind(address, [tmp_path / "w0", tmp_path / "w1"]) == NOTHING_LEFT
+    assert left_once_settled(address, [tmp_path / "w0", tmp_path / "w1"]) == NOTHING_LEFT
 
 
 def test_a_dead_address_is_one_line_within_a_bounded_time(run_eprun_here, pair, monkeypatch):

@@ -11636,12 +11636,12 @@ def _from_fields(value):
 
 def _read_files(spec: dict) -> dict[str, str]:
     """Each file a worker reads by path (the models with their external weights, the inputs
-    and calibration files) and a digest of its bytes here (``_files_read_digest``): a worker
-    that sees other bytes there would give other numbers, so it refuses
-    (``_open_on_worker``)."""
+    and calibration files, the ``--ep-library`` files) and a digest of its bytes here
+    (``_files_read_digest``): a worker that sees other bytes there would give other numbers,
+    so it refuses (``_open_on_worker``)."""
     inputs = spec.get("inputs")
     paths = [spec["fp32"], spec["int8"], spec.get("calibration"),
-             inputs.file if inputs is not None else None]
+             inputs.file if inputs is not None else None, *spec["targets"][0].ep_library]
     return {path: _files_read_digest(path, spec) for path in dict.fromkeys(paths) if path}
 
 
@@ -11672,6 +11672,9 @@ def _worker_spec(study: SensitivityStudy, parallel: Parallel) -> dict:
     inputs = spec.get("inputs")
     if inputs is not None and inputs.file:
         spec["inputs"] = dataclasses.replace(inputs, file=os.path.abspath(inputs.file))
+    flags, reference = spec["targets"]
+    spec["targets"] = (dataclasses.replace(flags, ep_library=[
+        os.path.abspath(path) for path in flags.ep_library]), reference)
     return {**spec, **_settled(study)}
 
 
@@ -11759,9 +11762,11 @@ def _open_on_worker(spec: dict) -> SensitivityStudy:
             with open(path, "rb"):  # (what cannot be read is said as such, not as a model)
                 pass
             if _files_read_digest(path, spec) != digest:
-                raise EprunError(f"{path} holds other bytes there than where eprun runs (or "
-                                 "its external weights do; workers read the files by this "
-                                 "path: they must see the same files)")
+                weights = ("or its external weights do; "
+                           if path in (spec["fp32"], spec["int8"]) else "")
+                raise EprunError(f"{path} holds other bytes there than where eprun runs "
+                                 f"({weights}workers read the files by this path: they must "
+                                 "see the same files)")
         except OSError as exc:
             raise EprunError(f"cannot read {path} (workers read the files by this path: they "
                              f"must see the same files; {one_line(exc)})") from exc

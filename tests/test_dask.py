@@ -355,10 +355,12 @@ def test_without_distributed_it_is_usage_naming_the_extra(run_eprun_here, pair, 
 
 
 def test_a_worker_that_cannot_read_the_models_or_reads_others_fails_the_run_naming_both(
-        pair, processes, tmp_path):
+        pair, processes, tmp_path, run_eprun_here, monkeypatch):
     """A worker on a machine without the shared folder: here, one in a mount namespace of its
     own where the models' folder is an empty tmpfs; then one with other models at those paths
-    (written through the worker's own view of the files), whose numbers would differ."""
+    (written through the worker's own view of the files), whose numbers would differ; then
+    one with the models but another build of an ``--ep-library`` given by a relative path
+    (the workers read it by its absolute path, as the models)."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs unshare and root to give a worker its own view of the files")
     fp32, int8 = pair
@@ -382,6 +384,17 @@ def test_a_worker_that_cannot_read_the_models_or_reads_others_fails_the_run_nami
     line = result.stderr.splitlines()[-1]
     assert line.startswith("eprun: error: on Dask worker tcp://127.0.0.1:")
     assert f"{fp32} holds other bytes there than where eprun runs" in line
+    shutil.copyfile(fp32, seen / fp32.name)
+    (fp32.parent / "libplugin.so").write_bytes(b"the build eprun registers")
+    (seen / "libplugin.so").write_bytes(b"another build")
+    monkeypatch.setattr(tool, "prepare_providers", lambda *args, **kwargs: None)  # (no EP here)
+    result = run_eprun_here("sensitivity", fp32, int8, "5", "--dask-scheduler", address,
+                            "--ep-library", "libplugin.so", cwd=fp32.parent)
+    assert result.code == 4, result.stderr
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith("eprun: error: on Dask worker tcp://127.0.0.1:")
+    assert (f"{fp32.parent / 'libplugin.so'} holds other bytes there than where eprun runs "
+            "(workers read the files by this path") in line
 
 
 def test_a_cluster_that_loses_its_last_worker_is_one_line(run_eprun_here, pair, processes,

@@ -11299,6 +11299,9 @@ def _worker_measure(name: str) -> tuple[dict, str | None, int, int]:
 
 # Seconds eprun waits for a Dask scheduler to answer, and for a first worker to join it.
 DASK_TIMEOUT = 10.0
+# Seconds without a word from the scheduler, mid-run, before eprun gives up on it: a busy one
+# may be silent for a while (distributed's own connections wait 30 s), a hung one for ever.
+DASK_SILENCE = 60.0
 
 
 def _import_distributed(flags: DaskFlags):
@@ -11468,7 +11471,8 @@ def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
 
     def act(action: Callable[[], Any]) -> Any:
         """One action on the cluster, unless the run has ended: the undo waits for the one
-        in progress, so nothing is uploaded or submitted after it."""
+        in progress, so nothing is uploaded or submitted after it, and it cancels every
+        task submitted."""
         with acting:
             if ended.is_set():
                 raise EprunError("the run ended")
@@ -11476,10 +11480,15 @@ def _run_on_dask(distributed, client, address: str, study: SensitivityStudy,
 
     def run(step: Callable[[int], None]) -> list:
         """The copy uploaded, one task per unit, their results gathered."""
-        act(lambda: client.register_plugin(SchedulerUploadFile(copy, load=True), name=plugin))
-        act(lambda: client.register_plugin(UploadFile(copy, load=True), name=plugin))
+        try:
+            for upload in (SchedulerUploadFile, UploadFile):
+                act(lambda upload=upload: client.register_plugin(upload(copy, load=True),
+                                                                 name=plugin))
+        except OSError as exc:  # (distributed's CommClosedError is one)
+            raise EprunError(f"the Dask scheduler at {address} did not take eprun's code "
+                             f"({one_line(exc) or type(exc).__name__})") from exc
         for k, unit in enumerate(units):
-            futures.append(act(lambda k=k, unit=unit: client.submit(
+            act(lambda k=k, unit=unit: futures.append(client.submit(
                 module.dask_measure, spec, unit.name, pure=False, key=f"eprun-unit-{token}-{k}")))
         return _gathered(client, address, futures, step, ended)
 
@@ -11563,11 +11572,11 @@ def _gathered(client, address: str, futures: list, step: Callable[[int], None],
             if time.monotonic() - looked >= 1:  # are there workers left to run the rest?
                 looked = time.monotonic()
                 try:
-                    alone_since = (None if client.nthreads(callback_timeout=DASK_TIMEOUT) else
+                    alone_since = (None if client.nthreads(callback_timeout=DASK_SILENCE) else
                                    alone_since or looked)
                 except (TimeoutError, asyncio.TimeoutError) as exc:  # (one from 3.11 on)
                     raise EprunError(f"the Dask scheduler at {address} stopped answering (not "
-                                     f"a word within {DASK_TIMEOUT:g} s; {done} of "
+                                     f"a word within {DASK_SILENCE:g} s; {done} of "
                                      f"{len(futures)} units done)") from exc
                 except Exception:  # (a lost scheduler fails the tasks)
                     pass

@@ -238,12 +238,14 @@ def test_the_installed_command_on_dask_processes_a_sigterm_and_a_killed_worker(
 
 def test_a_scheduler_that_stops_answering_ends_the_run_in_one_line(pair, processes, tmp_path):
     """A scheduler that hangs (SIGSTOP: its connections stay open, nothing answers) ends the
-    run within a bounded time, exit 4, in one line (eprun waited for ever)."""
+    run once it has been silent for DASK_SILENCE, exit 4, in one line (eprun waited for
+    ever)."""
     started_on.pair = pair
     address, schedule = scheduler_and_workers(processes, tmp_path)
     with distributed.Client(address, timeout=30, set_as_default=False) as monitor:
         scheduler = monitor.run_on_scheduler(os.getpid)
-    command = [sys.executable, "-c", IMPORT_EPRUN + "eprun.DASK_TIMEOUT = 1.0\neprun.cli()"]
+    command = [sys.executable, "-c", IMPORT_EPRUN + "eprun.DASK_TIMEOUT = 1.0\n"
+               "eprun.DASK_SILENCE = 2.0\neprun.cli()"]
     running = started_on(address, "w0", schedule, command)
     os.kill(scheduler, signal.SIGSTOP)
     try:
@@ -256,7 +258,24 @@ def test_a_scheduler_that_stops_answering_ends_the_run_in_one_line(pair, process
     assert out == ""
     (line,) = err.splitlines()
     assert line.startswith(f"eprun: error: the Dask scheduler at {address} stopped answering "
-                           "(not a word within 1 s; "), line
+                           "(not a word within 2 s; "), line
+
+
+def test_a_scheduler_that_fails_the_upload_is_one_line(run_eprun_here, pair, local_cluster,
+                                                       monkeypatch):
+    """The connection lost while eprun uploads its code (as distributed says it after a
+    scheduler hung for TCP's timeout) is one line naming the scheduler, not an internal
+    error."""
+    def lost(*args, **kwargs):
+        raise distributed.comm.CommClosedError("in <TCP (closed)>: Stream is closed")
+
+    monkeypatch.setattr(distributed.Client, "register_plugin", lost)
+    result = run_eprun_here("sensitivity", *pair, "5", "--dask-scheduler",
+                            local_cluster.scheduler_address)
+    assert result.code == 4
+    assert result.stderr.splitlines()[-1] == (
+        f"eprun: error: the Dask scheduler at {local_cluster.scheduler_address} did not take "
+        "eprun's code (in <TCP (closed)>: Stream is closed)")
 
 
 # ``as_completed`` made with a signal landing while it holds its lock (the callbacks it gives

@@ -11657,8 +11657,12 @@ def _read_files(spec: dict) -> dict[str, str]:
 def _files_read_digest(path: str, spec: dict) -> str:
     """A model's ``model_fingerprint`` (its external weights too, each file once), another
     file's bytes."""
-    return (model_fingerprint(path) if path in (spec["fp32"], spec["int8"])
-            else files_digest([path]))
+    return model_fingerprint(path) if _is_model(path, spec) else files_digest([path])
+
+
+def _is_model(path: str, spec: dict) -> bool:
+    """Is ``path`` one of the run's two models?"""
+    return path in (spec["fp32"], spec["int8"])
 
 
 def stack_versions() -> dict:
@@ -11771,8 +11775,7 @@ def _open_on_worker(spec: dict) -> SensitivityStudy:
             with open(path, "rb"):  # (what cannot be read is said as such, not as a model)
                 pass
             if _files_read_digest(path, spec) != digest:
-                weights = ("or its external weights do; "
-                           if path in (spec["fp32"], spec["int8"]) else "")
+                weights = "or its external weights do; " if _is_model(path, spec) else ""
                 raise EprunError(f"{path} holds other bytes there than where eprun runs "
                                  f"({weights}workers read the files by this path: they must "
                                  "see the same files)")

@@ -302,11 +302,9 @@ def test_a_signal_while_distributed_holds_a_lock_still_undoes_the_run_at_once(
     wait for it: it ends eprun within a second or two, and leaves nothing on the cluster."""
     address, _ = scheduler_and_workers(processes, tmp_path)
     started = time.monotonic()
-    ended = subprocess.run([sys.executable, "-c", IMPORT_EPRUN + SIGNAL_IN_AS_COMPLETED +
-                            "eprun.cli()", "sensitivity", *map(str, pair), "5",
-                            "--dask-scheduler", address], capture_output=True, text=True,
-                           timeout=60)
-    assert ended.returncode == 128 + signal.SIGTERM, ended.stderr
+    ended = run_eprun("sensitivity", *pair, "5", "--dask-scheduler", address, prefix=[
+        sys.executable, "-c", IMPORT_EPRUN + SIGNAL_IN_AS_COMPLETED + "eprun.cli()"])
+    assert ended.code == 128 + signal.SIGTERM, ended.stderr
     assert time.monotonic() - started < tool.DASK_TIMEOUT
     assert left_once_settled(address, [tmp_path / "w0", tmp_path / "w1"]) == NOTHING_LEFT
 
